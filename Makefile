@@ -1,0 +1,41 @@
+# gptlab: `make demo` trains a small GPT offline; `make test` runs lint and the test suite.
+# Each target creates the virtual environment it needs (.venv) on first use.
+
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+
+.PHONY: demo test lint format bench venv clean
+
+venv: $(STAMP)
+
+# torch==2.13.0 first: a CPU build (an unpinned torch pulls a multi-GB CUDA build).
+$(STAMP): pyproject.toml
+	$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "gptlab needs Python 3.11 or newer"'
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet torch==2.13.0
+	$(PY) -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/gptlab demo $(ARGS)
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check gptlab tests bench
+
+format: $(STAMP)
+	$(VENV)/bin/ruff format gptlab tests bench
+	$(VENV)/bin/ruff check --fix gptlab tests bench
+
+test: lint
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+bench: $(STAMP)
+	$(PY) bench/tokenizer.py
+	$(PY) bench/generate.py --preset gpt2 --batch 1 --prompt-tokens 32 --new-tokens 128 --dtype bf16
+	$(PY) bench/train_shakespeare_char.py --recipe reference
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis

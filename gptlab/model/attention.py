@@ -1,0 +1,132 @@
+"""Masked multi-head self-attention (blueprint §2.2.1, eqs. 2–5).
+
+    Q = H·W_Q,  K = H·W_K,  V = H·W_V
+    Attention(Q, K, V) = softmax(Q·Kᵀ/√d_k + M)·V       M_ij = 0 if j ≤ i else −∞
+    MultiHead(H) = Concat(head_1, …, head_h)·W_O
+
+Two paths compute the same function and are tested to agree to 1e-5 (float32):
+
+* ``plain``: the equation written out; it can return the attention weights;
+* ``sdpa``: ``torch.nn.functional.scaled_dot_product_attention`` (flash / memory-
+  efficient kernels on GPU, a fused kernel on CPU).
+
+With ``n_kv_head < n_head`` (GQA; MQA at 1) groups of ``n_head/n_kv_head`` query
+heads share one key/value head, and a KV cache stores only the KV heads.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Protocol
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from gptlab.model.config import GPTConfig
+from gptlab.model.norms import RMSNorm
+from gptlab.model.positional import PositionalEncoding
+
+
+class LayerCache(Protocol):
+    """One layer's KV cache: append the new keys/values and return all of them so far."""
+
+    def update(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+
+def causal_mask(n_q: int, n_k: int, device: torch.device) -> torch.Tensor:
+    """Boolean ``(n_q, n_k)`` mask, True where query ``i`` may see key ``j``.
+
+    Queries are the last ``n_q`` of ``n_k`` positions: ``j ≤ i + (n_k − n_q)``.
+    """
+    return torch.ones(n_q, n_k, dtype=torch.bool, device=device).tril(diagonal=n_k - n_q)
+
+
+def _full_mask(
+    n_q: int, n_k: int, attn_mask: torch.Tensor | None, bias: torch.Tensor | None, device: torch.device, dtype: torch.dtype
+) -> torch.Tensor:
+    """The additive mask ``M`` (plus the ALiBi bias), broadcastable to ``(B, H, n_q, n_k)``."""
+    allowed = causal_mask(n_q, n_k, device) if attn_mask is None else attn_mask
+    m = torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill(~allowed, float("-inf"))
+    return m if bias is None else m + bias
+
+
+def plain_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torch.Tensor | None,
+    bias: torch.Tensor | None, dropout_p: float, need_weights: bool,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``softmax(Q·Kᵀ/√d_k + M)·V`` written out. q: (B, H, T_q, d_k); k, v: (B, H, T_k, d_k)."""
+    n_q, n_k, d_k = q.size(-2), k.size(-2), q.size(-1)
+    scores = (q @ k.transpose(-2, -1)) / math.sqrt(d_k)  # (B, H, T_q, T_k)
+    scores = scores.float() + _full_mask(n_q, n_k, attn_mask, bias, q.device, torch.float32)
+    weights = torch.softmax(scores, dim=-1).to(q.dtype)  # rows sum to 1, exact zeros where M = −∞
+    dropped = F.dropout(weights, dropout_p) if dropout_p > 0 else weights
+    return dropped @ v, (weights if need_weights else None)
+
+
+def sdpa_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torch.Tensor | None,
+    bias: torch.Tensor | None, dropout_p: float, need_weights: bool,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The same function through ``F.scaled_dot_product_attention``."""
+    n_q, n_k = q.size(-2), k.size(-2)
+    if attn_mask is None and bias is None:
+        if n_q == 1:  # one new token sees every cached key: no mask at all
+            return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p), None
+        if n_q == n_k:
+            return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True), None
+    if bias is None:
+        mask = causal_mask(n_q, n_k, q.device) if attn_mask is None else attn_mask
+    else:
+        mask = _full_mask(n_q, n_k, attn_mask, bias, q.device, q.dtype)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p), None
+
+
+ATTENTION_PATHS = {"plain": plain_attention, "sdpa": sdpa_attention}
+
+
+class CausalSelfAttention(nn.Module):
+    """``MultiHead(H) = Concat(head_1..head_h)·W_O`` with causal masking, optional GQA, QK-norm."""
+
+    def __init__(self, config: GPTConfig) -> None:
+        super().__init__()
+        assert config.n_kv_head is not None
+        self.n_head, self.n_kv_head, self.head_dim = config.n_head, config.n_kv_head, config.head_dim
+        q_dim, kv_dim = self.n_head * self.head_dim, self.n_kv_head * self.head_dim
+        self.q_dim, self.kv_dim = q_dim, kv_dim
+        # W_Q, W_K, W_V fused into one matrix: H·[W_Q | W_K | W_V]
+        self.qkv = nn.Linear(config.n_embd, q_dim + 2 * kv_dim, bias=config.bias)
+        self.proj = nn.Linear(q_dim, config.n_embd, bias=config.bias)  # W_O
+        self.proj.residual_out = True  # type: ignore[assignment]  (scaled init, see GPT._init_weights)
+        self.q_norm = RMSNorm(self.head_dim, eps=config.norm_eps) if config.qk_norm else nn.Identity()
+        self.k_norm = RMSNorm(self.head_dim, eps=config.norm_eps) if config.qk_norm else nn.Identity()
+        self.dropout = config.dropout
+        self.resid_dropout = nn.Dropout(config.dropout)
+        self.impl = "sdpa"
+
+    def forward(
+        self,
+        x: torch.Tensor,  # (B, T, d_model)
+        pos: torch.Tensor,  # (T,) or (B, T) absolute positions
+        positional: PositionalEncoding,
+        cache: LayerCache | None = None,
+        attn_mask: torch.Tensor | None = None,  # bool, broadcastable to (B, 1, T, T_k); True = may attend
+        need_weights: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        B, T, _ = x.shape
+        q, k, v = self.qkv(x).split([self.q_dim, self.kv_dim, self.kv_dim], dim=-1)
+        q = self.q_norm(q.view(B, T, self.n_head, self.head_dim)).transpose(1, 2)  # (B, H, T, d_k)
+        k = self.k_norm(k.view(B, T, self.n_kv_head, self.head_dim)).transpose(1, 2)  # (B, H_kv, T, d_k)
+        v = v.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)
+        q, k = positional.rotate(q, k, pos)
+        if cache is not None:
+            k, v = cache.update(k, v)  # all keys/values so far: (B, H_kv, T_k, d_k)
+        if self.n_kv_head != self.n_head:  # GQA/MQA: each KV head serves n_head/n_kv_head query heads
+            rep = self.n_head // self.n_kv_head
+            k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+        bias = positional.bias(T, k.size(-2), x.device, q.dtype)
+        path = "plain" if need_weights else self.impl
+        dropout_p = self.dropout if self.training else 0.0
+        y, weights = ATTENTION_PATHS[path](q, k, v, attn_mask, bias, dropout_p, need_weights)
+        y = y.transpose(1, 2).reshape(B, T, self.q_dim)  # Concat(head_1..head_h)
+        return self.resid_dropout(self.proj(y)), weights

@@ -1,0 +1,190 @@
+"""The decoder-only transformer (blueprint §2 and the pipeline of "Transformer Fundamentals").
+
+    h⁽⁰⁾_i = e_{x_i} + p_i                          token embedding + position (eq. 2.1)
+    h⁽ˡ⁾   = Block_l(h⁽ˡ⁻¹⁾),  l = 1..N              attention + FFN, residual + norm
+    P(x_t | x_<t) = softmax(h_out⁽ᵗ⁻¹⁾·W_eᵀ)         output head tied to the embedding (eq. 9)
+    L(θ) = −Σ_t log P_θ(x_t | x_<t)                 cross-entropy, averaged over tokens (eq. 10)
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from gptlab.errors import GptlabError
+from gptlab.model.block import Block
+from gptlab.model.config import GPTConfig
+from gptlab.model.kvcache import KVCache
+from gptlab.model.mlp import MixtureOfExperts
+from gptlab.model.norms import NORMS, make_norm
+from gptlab.model.positional import POSITIONAL
+
+
+@dataclass
+class ModelOutput:
+    """Everything one forward pass can report."""
+
+    logits: torch.Tensor  # (B, T, vocab_size), or (B, 1, vocab_size) with last_only
+    loss: torch.Tensor | None = None  # mean cross-entropy (+ MoE balancing loss)
+    aux_loss: torch.Tensor | None = None  # MoE load-balancing loss, summed over layers
+    hidden_states: list[torch.Tensor] | None = None  # residual stream: input + after each block
+    attentions: list[torch.Tensor] | None = None  # per layer (B, H, T, T_k), from the plain path
+
+
+class GPT(nn.Module):
+    """A GPT built from ``GPTConfig``: ``model(idx)`` → logits; ``model(idx, targets)`` → (logits, loss)."""
+
+    def __init__(self, config: GPTConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.wte = nn.Embedding(config.vocab_size, config.n_embd)  # W_e
+        self.positional = POSITIONAL[config.pos](config)
+        self.drop = nn.Dropout(config.dropout)
+        self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layer))
+        # pre-norm stacks end with a norm; a post-norm block's output is already normalised
+        self.norm_f = make_norm(config.norm, config.n_embd, config.norm_eps, config.bias) \
+            if config.norm_placement == "pre" else nn.Identity()
+        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        if config.tie_embeddings:
+            self.lm_head.weight = self.wte.weight  # eq. 9: logits = h·W_eᵀ, one shared matrix
+        self.apply(self._init_weights)
+
+    # ------------------------------------------------------------------ init
+    def _init_weights(self, module: nn.Module) -> None:
+        """GPT-2: N(0, 0.02) everywhere; residual output projections N(0, 0.02/√(2·n_layer))."""
+        std = self.config.init_std
+        if isinstance(module, nn.Linear):
+            if getattr(module, "residual_out", False):
+                if self.config.zero_init_residual:
+                    nn.init.zeros_(module.weight)
+                else:
+                    nn.init.normal_(module.weight, mean=0.0, std=std / math.sqrt(2 * self.config.n_layer))
+            else:
+                nn.init.normal_(module.weight, mean=0.0, std=std)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            nn.init.normal_(module.weight, mean=0.0, std=std)
+
+    # --------------------------------------------------------------- options
+    def set_attention_impl(self, impl: str) -> GPT:
+        """Choose the attention path of every layer: ``"sdpa"`` (fast) or ``"plain"`` (the equation)."""
+        from gptlab.model.attention import ATTENTION_PATHS
+
+        if impl not in ATTENTION_PATHS:
+            raise GptlabError(f"unknown attention path {impl!r}; choose one of {', '.join(ATTENTION_PATHS)}")
+        for block in self.blocks:
+            block.attn.impl = impl
+        return self
+
+    @property
+    def device(self) -> torch.device:
+        return self.wte.weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.wte.weight.dtype
+
+    # --------------------------------------------------------------- forward
+    def run(
+        self,
+        idx: torch.Tensor,  # (B, T) token ids
+        targets: torch.Tensor | None = None,  # (B, T); −1 is ignored
+        *,
+        pos: torch.Tensor | None = None,  # (T,) or (B, T); default: cache.length + arange(T)
+        cache: KVCache | None = None,
+        attn_mask: torch.Tensor | None = None,  # bool, broadcastable to (B, 1, T, T_k)
+        output_attentions: bool = False,
+        output_hidden_states: bool = False,
+        last_only: bool = False,  # compute logits for the last position only (generation)
+    ) -> ModelOutput:
+        """The whole forward pass, with every optional output."""
+        if idx.dim() != 2:
+            raise GptlabError(f"idx must have shape (B, T), got {tuple(idx.shape)}")
+        B, T = idx.shape
+        if pos is None:
+            start = cache.length if cache is not None else 0
+            if start + T > self.config.block_size:
+                raise GptlabError(f"sequence of {start + T} tokens exceeds the context length "
+                                  f"block_size={self.config.block_size}; shorten the input")
+            pos = torch.arange(start, start + T, device=idx.device)
+        x = self.positional.embed(self.wte(idx), pos)  # h⁽⁰⁾ = e_x + p: (B, T, d_model)
+        x = self.drop(x)
+        hidden = [x] if output_hidden_states else None
+        attentions: list[torch.Tensor] | None = [] if output_attentions else None
+        for i, block in enumerate(self.blocks):
+            layer_cache = cache.layers[i] if cache is not None else None
+            x, weights = block(x, pos, self.positional, layer_cache, attn_mask, output_attentions)
+            if hidden is not None:
+                hidden.append(x)
+            if attentions is not None:
+                assert weights is not None
+                attentions.append(weights)
+        x = self.norm_f(x)
+        if last_only:
+            x = x[:, -1:, :]
+        logits = self.lm_head(x)  # (B, T, vocab_size)
+        if self.config.logit_softcap is not None:
+            cap = self.config.logit_softcap
+            logits = cap * torch.tanh(logits / cap)
+        aux = self._aux_loss()
+        loss = None
+        if targets is not None:
+            loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), targets.reshape(-1), ignore_index=-1)
+            if aux is not None:
+                loss = loss + self.config.moe_aux_weight * aux
+        return ModelOutput(logits=logits, loss=loss, aux_loss=aux, hidden_states=hidden, attentions=attentions)
+
+    def _aux_loss(self) -> torch.Tensor | None:
+        losses = [m.aux_loss for m in self.modules() if isinstance(m, MixtureOfExperts) and m.aux_loss is not None]
+        return torch.stack(losses).sum() if losses else None
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None, **kwargs: Any) -> Any:
+        """``model(idx)`` → logits ``(B, T, vocab_size)``; ``model(idx, targets)`` → ``(logits, loss)``."""
+        out = self.run(idx, targets, **kwargs)
+        return out.logits if targets is None else (out.logits, out.loss)
+
+    # ------------------------------------------------------------ generation
+    @torch.no_grad()
+    def generate(self, idx: torch.Tensor, max_new_tokens: int, **sampling: Any) -> torch.Tensor:
+        """Continue ``idx`` (B, T) by ``max_new_tokens``: returns ``(B, T + max_new_tokens)``.
+
+        ``temperature=0`` is greedy; every option of ``gptlab.generate.SampleConfig`` is accepted.
+        """
+        from gptlab.generate import generate_ids
+
+        return generate_ids(self, idx, max_new_tokens, **sampling)
+
+    # ---------------------------------------------------------- parameters
+    def num_params(self) -> dict[str, int]:
+        """Parameter counts by part: embeddings, positions, attention, feed_forward, norms, head, total.
+
+        A tied head counts once (under embeddings); ``total_without_positions`` omits the learned table.
+        """
+        counts = dict.fromkeys(("embeddings", "positions", "attention", "feed_forward", "norms", "head"), 0)
+        seen: set[int] = set()
+        norm_types = tuple(NORMS.values())
+        for name, module in self.named_modules():
+            for p in module.parameters(recurse=False):
+                if id(p) in seen:
+                    continue
+                seen.add(id(p))
+                counts[_part_of(name, module, norm_types)] += p.numel()
+        counts["total"] = sum(counts.values())
+        counts["total_without_positions"] = counts["total"] - counts["positions"]
+        return counts
+
+
+def _part_of(name: str, module: nn.Module, norm_types: tuple[type, ...]) -> str:
+    if isinstance(module, norm_types):
+        return "norms"
+    parts = {"wte": "embeddings", "positional": "positions", "lm_head": "head"}
+    head = name.split(".")[0]
+    if head in parts:
+        return parts[head]
+    return "attention" if ".attn." in f".{name}." else "feed_forward"

@@ -1,0 +1,53 @@
+"""GPT-2's reversible byte <-> printable-character table.
+
+``vocab.bpe``, ``encoder.json`` and Hugging Face ``vocab.json``/``merges.txt``
+write every token's bytes as printable characters: the 188 printable Latin-1
+bytes stand for themselves and the other 68 bytes (controls, space, ...) are
+shifted to U+0100 upwards, so the space byte is ``"Ġ"`` (U+0120).
+
+    >>> token_to_bytes("Ġcat")
+    b' cat'
+    >>> bytes_to_token(b" cat")
+    'Ġcat'
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+from gptlab.errors import GptlabError
+
+
+@lru_cache(maxsize=1)
+def byte_to_char() -> dict[int, str]:
+    """The table of openai/gpt-2 ``bytes_to_unicode``: ``{33: "!", ..., 32: "Ġ", ...}``."""
+    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
+    printable += list(range(ord("®"), ord("ÿ") + 1))
+    table = {b: chr(b) for b in printable}
+    shifted = 0
+    for b in range(256):
+        if b not in table:
+            table[b] = chr(256 + shifted)
+            shifted += 1
+    return table
+
+
+@lru_cache(maxsize=1)
+def char_to_byte() -> dict[str, int]:
+    """The inverse of ``byte_to_char``: ``{"Ġ": 32, ...}``."""
+    return {c: b for b, c in byte_to_char().items()}
+
+
+def token_to_bytes(token: str) -> bytes:
+    """``"Ġcat" -> b" cat"``; a character outside the table is a ``GptlabError``."""
+    table = char_to_byte()
+    try:
+        return bytes(table[c] for c in token)
+    except KeyError as exc:
+        raise GptlabError(f"token {token!r} has the character {exc.args[0]!r}, which is not in GPT-2's byte table") from None
+
+
+def bytes_to_token(data: bytes) -> str:
+    """``b" cat" -> "Ġcat"``."""
+    table = byte_to_char()
+    return "".join(table[b] for b in data)

@@ -1,0 +1,43 @@
+"""Shared fixtures.
+
+Tests that need ``../shared/data`` use the ``shared_data`` fixture. Where the
+folder is absent they skip with the reason; with ``GPTLAB_REQUIRE_SHARED=1`` (CI
+sets it) they fail instead, so CI can never pass by skipping them.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+
+
+def require_shared(*relative: str) -> Path:
+    """Return ``SHARED_DATA/relative`` or skip (fail under GPTLAB_REQUIRE_SHARED=1)."""
+    path = SHARED_DATA.joinpath(*relative)
+    if not path.exists():
+        reason = f"{path} is absent (the ../shared folder beside the project holds it)"
+        if os.environ.get("GPTLAB_REQUIRE_SHARED") == "1":
+            pytest.fail(f"GPTLAB_REQUIRE_SHARED=1 but {reason}")
+        pytest.skip(reason)
+    return path
+
+
+@pytest.fixture
+def shared_data() -> Path:
+    """The ``../shared/data`` folder."""
+    return require_shared()
+
+
+@pytest.fixture
+def shakespeare_path() -> Path:
+    return require_shared("tinyshakespeare.txt")
+
+
+@pytest.fixture
+def gpt2_files() -> tuple[Path, Path]:
+    """``(vocab.bpe, encoder.json)`` of GPT-2."""
+    return require_shared("gpt2", "vocab.bpe"), require_shared("gpt2", "encoder.json")
