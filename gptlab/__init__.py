@@ -25,5 +25,18 @@ def __getattr__(name: str):  # lazy: keep ``import gptlab`` light
     raise AttributeError(f"module 'gptlab' has no attribute {name!r}")
 
 
-__all__ = ["GPT", "GPTConfig", "GptlabError", "KVCache", "save", "load", "from_hf", "to_hf", "quantize",
-           "generate_text", "SampleConfig", "TrainConfig", "__version__"]
+__all__ = [
+    "GPT",
+    "GPTConfig",
+    "GptlabError",
+    "KVCache",
+    "save",
+    "load",
+    "from_hf",
+    "to_hf",
+    "quantize",
+    "generate_text",
+    "SampleConfig",
+    "TrainConfig",
+    "__version__",
+]

@@ -43,7 +43,12 @@ def causal_mask(n_q: int, n_k: int, device: torch.device) -> torch.Tensor:
 
 
 def _full_mask(
-    n_q: int, n_k: int, attn_mask: torch.Tensor | None, bias: torch.Tensor | None, device: torch.device, dtype: torch.dtype
+    n_q: int,
+    n_k: int,
+    attn_mask: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    device: torch.device,
+    dtype: torch.dtype,
 ) -> torch.Tensor:
     """The additive mask ``M`` (plus the ALiBi bias), broadcastable to ``(B, H, n_q, n_k)``."""
     allowed = causal_mask(n_q, n_k, device) if attn_mask is None else attn_mask
@@ -52,8 +57,13 @@ def _full_mask(
 
 
 def plain_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torch.Tensor | None,
-    bias: torch.Tensor | None, dropout_p: float, need_weights: bool,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    attn_mask: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    dropout_p: float,
+    need_weights: bool,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``softmax(Q·Kᵀ/√d_k + M)·V`` written out. q: (B, H, T_q, d_k); k, v: (B, H, T_k, d_k)."""
     n_q, n_k, d_k = q.size(-2), k.size(-2), q.size(-1)
@@ -65,8 +75,13 @@ def plain_attention(
 
 
 def sdpa_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torch.Tensor | None,
-    bias: torch.Tensor | None, dropout_p: float, need_weights: bool,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    attn_mask: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    dropout_p: float,
+    need_weights: bool,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The same function through ``F.scaled_dot_product_attention``."""
     n_q, n_k = q.size(-2), k.size(-2)

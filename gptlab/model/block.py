@@ -23,19 +23,26 @@ from gptlab.model.positional import PositionalEncoding
 Sublayer = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor | None]]
 
 
-def pre_norm(x: torch.Tensor, norm: nn.Module, sublayer: Sublayer) -> tuple[torch.Tensor, torch.Tensor | None]:
+def pre_norm(
+    x: torch.Tensor, norm: nn.Module, sublayer: Sublayer
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``H + F(LN(H))``."""
     y, extra = sublayer(norm(x))
     return x + y, extra
 
 
-def post_norm(x: torch.Tensor, norm: nn.Module, sublayer: Sublayer) -> tuple[torch.Tensor, torch.Tensor | None]:
+def post_norm(
+    x: torch.Tensor, norm: nn.Module, sublayer: Sublayer
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``LN(H + F(H))``."""
     y, extra = sublayer(x)
     return norm(x + y), extra
 
 
-RESIDUALS: dict[str, Callable[..., tuple[torch.Tensor, torch.Tensor | None]]] = {"pre": pre_norm, "post": post_norm}
+RESIDUALS: dict[str, Callable[..., tuple[torch.Tensor, torch.Tensor | None]]] = {
+    "pre": pre_norm,
+    "post": post_norm,
+}
 
 
 class Block(nn.Module):
@@ -61,8 +68,14 @@ class Block(nn.Module):
         attn_mask: torch.Tensor | None = None,
         need_weights: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        attn = partial(self.attn, pos=pos, positional=positional, cache=cache, attn_mask=attn_mask,
-                       need_weights=need_weights)
+        attn = partial(
+            self.attn,
+            pos=pos,
+            positional=positional,
+            cache=cache,
+            attn_mask=attn_mask,
+            need_weights=need_weights,
+        )
         x, weights = self.residual(x, self.norm1, attn)
         x, _ = self.residual(x, self.norm2, self._ffn)
         return x, weights

@@ -66,7 +66,9 @@ class GPTConfig:
     moe_aux_weight: float = 0.01
     init_std: float = 0.02
     zero_init_residual: bool = False  # zero the residual output projections (a modern recipe)
-    extra: dict[str, Any] = field(default_factory=dict)  # free-form notes (e.g. the source of imported weights)
+    extra: dict[str, Any] = field(
+        default_factory=dict
+    )  # free-form notes (e.g. the source of imported weights)
 
     def __post_init__(self) -> None:
         if self.n_kv_head is None:
@@ -85,35 +87,52 @@ class GPTConfig:
 
         for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd", "d_ff", "n_kv_head"):
             value = getattr(self, name)
-            need(isinstance(value, int) and not isinstance(value, bool) and value > 0,
-                 f"{name} must be a positive integer, got {value!r}")
+            need(
+                isinstance(value, int) and not isinstance(value, bool) and value > 0,
+                f"{name} must be a positive integer, got {value!r}",
+            )
         need(self.pos in POS_OPTIONS, f"pos must be one of {', '.join(POS_OPTIONS)}; got {self.pos!r}")
         need(self.norm in NORM_OPTIONS, f"norm must be one of {', '.join(NORM_OPTIONS)}; got {self.norm!r}")
-        need(self.norm_placement in PLACEMENT_OPTIONS,
-             f"norm_placement must be one of {', '.join(PLACEMENT_OPTIONS)}; got {self.norm_placement!r}")
+        need(
+            self.norm_placement in PLACEMENT_OPTIONS,
+            f"norm_placement must be one of {', '.join(PLACEMENT_OPTIONS)}; got {self.norm_placement!r}",
+        )
         need(self.mlp in MLP_OPTIONS, f"mlp must be one of {', '.join(MLP_OPTIONS)}; got {self.mlp!r}")
-        need(self.n_embd % self.n_head == 0,
-             f"n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head}); "
-             f"change n_embd to a multiple of {self.n_head} or pick another n_head")
+        need(
+            self.n_embd % self.n_head == 0,
+            f"n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head}); "
+            f"change n_embd to a multiple of {self.n_head} or pick another n_head",
+        )
         assert self.n_kv_head is not None
-        need(self.n_kv_head <= self.n_head and self.n_head % self.n_kv_head == 0,
-             f"n_head ({self.n_head}) must be divisible by n_kv_head ({self.n_kv_head}); "
-             f"use n_kv_head = n_head (MHA), a divisor of n_head (GQA) or 1 (MQA)")
+        need(
+            self.n_kv_head <= self.n_head and self.n_head % self.n_kv_head == 0,
+            f"n_head ({self.n_head}) must be divisible by n_kv_head ({self.n_kv_head}); "
+            f"use n_kv_head = n_head (MHA), a divisor of n_head (GQA) or 1 (MQA)",
+        )
         if self.pos == "rope":
-            need(self.head_dim % 2 == 0, f"pos='rope' needs an even head size, but n_embd/n_head = {self.head_dim}")
+            need(
+                self.head_dim % 2 == 0,
+                f"pos='rope' needs an even head size, but n_embd/n_head = {self.head_dim}",
+            )
             need(self.rope_theta > 0, f"rope_theta must be positive, got {self.rope_theta}")
         if self.pos == "sinusoidal":
             need(self.n_embd % 2 == 0, f"pos='sinusoidal' needs an even n_embd, got {self.n_embd}")
         need(0.0 <= self.dropout < 1.0, f"dropout must be in [0, 1), got {self.dropout}")
         need(self.norm_eps > 0, f"norm_eps must be positive, got {self.norm_eps}")
         need(self.init_std > 0, f"init_std must be positive, got {self.init_std}")
-        need(self.logit_softcap is None or self.logit_softcap > 0,
-             f"logit_softcap must be positive or null, got {self.logit_softcap}")
-        need(self.n_experts >= 0 and self.n_experts != 1,
-             f"n_experts must be 0 (dense) or at least 2, got {self.n_experts}")
+        need(
+            self.logit_softcap is None or self.logit_softcap > 0,
+            f"logit_softcap must be positive or null, got {self.logit_softcap}",
+        )
+        need(
+            self.n_experts >= 0 and self.n_experts != 1,
+            f"n_experts must be 0 (dense) or at least 2, got {self.n_experts}",
+        )
         if self.n_experts:
-            need(1 <= self.experts_top_k <= self.n_experts,
-                 f"experts_top_k must be between 1 and n_experts ({self.n_experts}), got {self.experts_top_k}")
+            need(
+                1 <= self.experts_top_k <= self.n_experts,
+                f"experts_top_k must be between 1 and n_experts ({self.n_experts}), got {self.experts_top_k}",
+            )
 
     # ------------------------------------------------------------ derived sizes
     @property
@@ -138,7 +157,9 @@ class GPTConfig:
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:
-            raise GptlabError(f"unknown model config key(s) {', '.join(unknown)}; valid keys: {', '.join(sorted(known))}")
+            raise GptlabError(
+                f"unknown model config key(s) {', '.join(unknown)}; valid keys: {', '.join(sorted(known))}"
+            )
         try:
             return cls(**data)
         except TypeError as exc:
@@ -179,17 +200,49 @@ class GPTConfig:
         return list(PRESETS)
 
 
-_GPT2 = dict(vocab_size=50257, block_size=1024, pos="learned", norm="layernorm", norm_placement="pre",
-             mlp="gelu_tanh", bias=True, tie_embeddings=True, dropout=0.0)
+_GPT2 = dict(
+    vocab_size=50257,
+    block_size=1024,
+    pos="learned",
+    norm="layernorm",
+    norm_placement="pre",
+    mlp="gelu_tanh",
+    bias=True,
+    tie_embeddings=True,
+    dropout=0.0,
+)
 
 PRESETS: dict[str, dict[str, Any]] = {
     "gpt2": dict(_GPT2, n_layer=12, n_head=12, n_embd=768),
     "gpt2-medium": dict(_GPT2, n_layer=24, n_head=16, n_embd=1024),
     "gpt2-large": dict(_GPT2, n_layer=36, n_head=20, n_embd=1280),
     "gpt2-xl": dict(_GPT2, n_layer=48, n_head=25, n_embd=1600),
-    "llama-tiny": dict(vocab_size=32000, block_size=512, n_layer=4, n_head=8, n_kv_head=2, n_embd=256,
-                       pos="rope", rope_theta=10000.0, norm="rmsnorm", norm_eps=1e-5, norm_placement="pre",
-                       mlp="swiglu", bias=False, tie_embeddings=False),
-    "shakespeare-char": dict(vocab_size=65, block_size=64, n_layer=4, n_head=4, n_embd=128, pos="learned",
-                             norm="layernorm", mlp="gelu", bias=True, dropout=0.0),
+    "llama-tiny": dict(
+        vocab_size=32000,
+        block_size=512,
+        n_layer=4,
+        n_head=8,
+        n_kv_head=2,
+        n_embd=256,
+        pos="rope",
+        rope_theta=10000.0,
+        norm="rmsnorm",
+        norm_eps=1e-5,
+        norm_placement="pre",
+        mlp="swiglu",
+        bias=False,
+        tie_embeddings=False,
+    ),
+    "shakespeare-char": dict(
+        vocab_size=65,
+        block_size=64,
+        n_layer=4,
+        n_head=4,
+        n_embd=128,
+        pos="learned",
+        norm="layernorm",
+        mlp="gelu",
+        bias=True,
+        dropout=0.0,
+    ),
 }

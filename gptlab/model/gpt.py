@@ -1,9 +1,9 @@
 """The decoder-only transformer (blueprint §2 and the pipeline of "Transformer Fundamentals").
 
-    h⁽⁰⁾_i = e_{x_i} + p_i                          token embedding + position (eq. 2.1)
-    h⁽ˡ⁾   = Block_l(h⁽ˡ⁻¹⁾),  l = 1..N              attention + FFN, residual + norm
-    P(x_t | x_<t) = softmax(h_out⁽ᵗ⁻¹⁾·W_eᵀ)         output head tied to the embedding (eq. 9)
-    L(θ) = −Σ_t log P_θ(x_t | x_<t)                 cross-entropy, averaged over tokens (eq. 10)
+h⁽⁰⁾_i = e_{x_i} + p_i                          token embedding + position (eq. 2.1)
+h⁽ˡ⁾   = Block_l(h⁽ˡ⁻¹⁾),  l = 1..N              attention + FFN, residual + norm
+P(x_t | x_<t) = softmax(h_out⁽ᵗ⁻¹⁾·W_eᵀ)         output head tied to the embedding (eq. 9)
+L(θ) = −Σ_t log P_θ(x_t | x_<t)                 cross-entropy, averaged over tokens (eq. 10)
 """
 
 from __future__ import annotations
@@ -47,8 +47,11 @@ class GPT(nn.Module):
         self.drop = nn.Dropout(config.dropout)
         self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layer))
         # pre-norm stacks end with a norm; a post-norm block's output is already normalised
-        self.norm_f = make_norm(config.norm, config.n_embd, config.norm_eps, config.bias) \
-            if config.norm_placement == "pre" else nn.Identity()
+        self.norm_f = (
+            make_norm(config.norm, config.n_embd, config.norm_eps, config.bias)
+            if config.norm_placement == "pre"
+            else nn.Identity()
+        )
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         if config.tie_embeddings:
             self.lm_head.weight = self.wte.weight  # eq. 9: logits = h·W_eᵀ, one shared matrix
@@ -110,8 +113,10 @@ class GPT(nn.Module):
         if pos is None:
             start = cache.length if cache is not None else 0
             if start + T > self.config.block_size:
-                raise GptlabError(f"sequence of {start + T} tokens exceeds the context length "
-                                  f"block_size={self.config.block_size}; shorten the input")
+                raise GptlabError(
+                    f"sequence of {start + T} tokens exceeds the context length "
+                    f"block_size={self.config.block_size}; shorten the input"
+                )
             pos = torch.arange(start, start + T, device=idx.device)
         x = self.positional.embed(self.wte(idx), pos)  # h⁽⁰⁾ = e_x + p: (B, T, d_model)
         x = self.drop(x)
@@ -135,13 +140,19 @@ class GPT(nn.Module):
         aux = self._aux_loss()
         loss = None
         if targets is not None:
-            loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), targets.reshape(-1), ignore_index=-1)
+            loss = F.cross_entropy(
+                logits.reshape(-1, logits.size(-1)).float(), targets.reshape(-1), ignore_index=-1
+            )
             if aux is not None:
                 loss = loss + self.config.moe_aux_weight * aux
-        return ModelOutput(logits=logits, loss=loss, aux_loss=aux, hidden_states=hidden, attentions=attentions)
+        return ModelOutput(
+            logits=logits, loss=loss, aux_loss=aux, hidden_states=hidden, attentions=attentions
+        )
 
     def _aux_loss(self) -> torch.Tensor | None:
-        losses = [m.aux_loss for m in self.modules() if isinstance(m, MixtureOfExperts) and m.aux_loss is not None]
+        losses = [
+            m.aux_loss for m in self.modules() if isinstance(m, MixtureOfExperts) and m.aux_loss is not None
+        ]
         return torch.stack(losses).sum() if losses else None
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None, **kwargs: Any) -> Any:

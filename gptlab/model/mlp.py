@@ -124,5 +124,14 @@ def ffn_param_count(d_model: int, d_ff: int, gated: bool, bias: bool) -> int:
     return mats + biases
 
 
-__all__ = ["ACTIVATIONS", "MLPS", "FeedForward", "SwiGLU", "MixtureOfExperts", "make_mlp", "ffn_param_count",
-           "gelu_tanh", "relu2"]
+__all__ = [
+    "ACTIVATIONS",
+    "MLPS",
+    "FeedForward",
+    "SwiGLU",
+    "MixtureOfExperts",
+    "make_mlp",
+    "ffn_param_count",
+    "gelu_tanh",
+    "relu2",
+]

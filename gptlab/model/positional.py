@@ -35,7 +35,9 @@ class PositionalEncoding(nn.Module):
     def embed(self, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         return x
 
-    def rotate(self, q: torch.Tensor, k: torch.Tensor, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def rotate(
+        self, q: torch.Tensor, k: torch.Tensor, pos: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         return q, k
 
     def bias(self, n_q: int, n_k: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor | None:
@@ -98,7 +100,9 @@ class RotaryPositions(PositionalEncoding):
         self.register_buffer("cos", angles.cos().float(), persistent=False)
         self.register_buffer("sin", angles.sin().float(), persistent=False)
 
-    def rotate(self, q: torch.Tensor, k: torch.Tensor, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def rotate(
+        self, q: torch.Tensor, k: torch.Tensor, pos: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         cos, sin = self.cos[pos], self.sin[pos]  # (T, d_k) or (B, T, d_k)
         if cos.dim() == 3:  # per-sequence positions: broadcast over heads
             cos, sin = cos[:, None], sin[:, None]

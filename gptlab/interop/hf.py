@@ -1,0 +1,177 @@
+"""``from_hf`` / ``to_hf``: Hugging Face transformers model directories ↔ gptlab models, offline.
+
+    model = gptlab.from_hf("path/to/gpt2")          # GPT2LMHeadModel or LlamaForCausalLM folder
+    gptlab.to_hf(model, "out/")                      # AutoModelForCausalLM.from_pretrained("out/") loads it
+
+The architecture is chosen by ``model_type`` (import) or by the model's options
+(export) from ``FAMILIES``; each family is a config mapping plus a tensor-name
+table (``gptlab.interop.gpt2``, ``gptlab.interop.llama``). ``transformers`` is not
+imported: only ``config.json`` and the weight files are read and written.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from gptlab.checkpoint import load_model_state, model_state, write_tensors
+from gptlab.errors import GptlabError
+from gptlab.fileio import atomic_write_json
+from gptlab.interop import gpt2, llama
+from gptlab.interop.common import (
+    BIN_FILE,
+    BIN_INDEX,
+    CONFIG_FILE,
+    SAFETENSORS_FILE,
+    SAFETENSORS_INDEX,
+    Family,
+    export_state,
+    import_state,
+    normalise_names,
+    read_hf_config,
+    read_hf_weights,
+)
+from gptlab.model import GPT, GPTConfig
+
+#: Hugging Face ``model_type`` → converter. ``to_hf`` tries them in this order.
+FAMILIES: dict[str, Family] = {"gpt2": gpt2.FAMILY, "llama": llama.FAMILY}
+
+
+def family_for_hf(hf: dict[str, Any], path: Path) -> Family:
+    """The converter for a Hugging Face ``config.json`` (by ``model_type``, checked against ``architectures``)."""
+    model_type = hf.get("model_type")
+    family = FAMILIES.get(model_type) if isinstance(model_type, str) else None
+    if family is None:
+        raise GptlabError(
+            f"{path}: model_type {model_type!r} is not supported; gptlab converts "
+            f"{', '.join(f'{k} ({f.architecture})' for k, f in FAMILIES.items())}"
+        )
+    archs = hf.get("architectures") or [family.architecture]
+    if family.architecture not in archs:
+        raise GptlabError(
+            f"{path}: architectures {archs} is not {family.architecture}; gptlab converts causal "
+            f"language models only"
+        )
+    return family
+
+
+def hf_config_to_gptlab(directory: str | os.PathLike[str]) -> GPTConfig:
+    """The ``GPTConfig`` a Hugging Face directory describes (without reading the weights)."""
+    directory = Path(directory)
+    hf = read_hf_config(directory)
+    return _config(hf, directory / CONFIG_FILE)
+
+
+def _config(hf: dict[str, Any], path: Path) -> GPTConfig:
+    family = family_for_hf(hf, path)
+    try:
+        return family.config_from_hf(hf, path)
+    except GptlabError as exc:
+        msg = str(exc)
+        raise GptlabError(msg if msg.startswith(str(path)) else f"{path}: {msg}") from None
+
+
+def from_hf(directory: str | os.PathLike[str], dtype: torch.dtype | None = None) -> GPT:
+    """Read a ``GPT2LMHeadModel`` or ``LlamaForCausalLM`` directory into a ``GPT`` (eval mode, CPU).
+
+    Reads ``config.json`` and ``model.safetensors`` (or its sharded index, or
+    ``pytorch_model.bin`` with ``weights_only=True``). The weights keep full
+    precision (float32) unless ``dtype`` is given. Anything gptlab cannot
+    represent exactly is a ``GptlabError`` naming the file and the setting.
+    """
+    directory = Path(directory)
+    hf = read_hf_config(directory)
+    config = _config(hf, directory / CONFIG_FILE)
+    family = family_for_hf(hf, directory / CONFIG_FILE)
+    hf_state, source = read_hf_weights(directory)
+    hf_state = normalise_names(hf_state, family)
+    with torch.device("meta"):
+        shapes = model_state(GPT(config))  # names and shapes only, no memory
+    state = import_state(family, config, hf_state, shapes, source)
+    model = GPT(config)
+    load_model_state(model, {k: v.float() for k, v in state.items()}, source)
+    if dtype is not None:
+        model.to(dtype=dtype)
+    return model.eval()
+
+
+def tokenizer_from_hf(directory: str | os.PathLike[str]) -> Any | None:
+    """A ``GPT2Tokenizer`` from the directory's ``vocab.json`` + ``merges.txt``, or ``None`` if it has none.
+
+    (A ``tokenizer.json``-only or SentencePiece tokenizer is not read.)
+    """
+    directory = Path(directory)
+    if not ((directory / "vocab.json").is_file() and (directory / "merges.txt").is_file()):
+        return None
+    from gptlab.tokenizers import GPT2Tokenizer
+
+    return GPT2Tokenizer.from_dir(directory)
+
+
+def export_family(config: GPTConfig) -> Family:
+    """The first family of ``FAMILIES`` that can represent ``config``, or a ``GptlabError`` saying why none can."""
+    problems = {}
+    for key, family in FAMILIES.items():
+        problems[key] = family.export_problems(config)
+        if not problems[key]:
+            return family
+    why = "; ".join(f"as {FAMILIES[key].architecture} it needs {', '.join(p)}" for key, p in problems.items())
+    raise GptlabError(f"this model has no Hugging Face transformers equivalent: {why}")
+
+
+#: Files that would make a Hugging Face directory ambiguous if left beside ours.
+_STALE = (SAFETENSORS_INDEX, BIN_FILE, BIN_INDEX)
+
+
+def to_hf(model: GPT, directory: str | os.PathLike[str]) -> Path:
+    """Write ``model`` as a Hugging Face directory: ``config.json`` + ``model.safetensors``.
+
+    ``transformers.AutoModelForCausalLM.from_pretrained(directory)`` loads it as a
+    ``GPT2LMHeadModel`` (learned positions, pre-LayerNorm, GELU/ReLU MLP, MHA,
+    biases) or a ``LlamaForCausalLM`` (RoPE, pre-RMSNorm, SwiGLU, MHA/GQA/MQA).
+    Other options raise ``GptlabError`` naming what to change. Files are written atomically.
+    """
+    if not isinstance(model, GPT):
+        raise GptlabError(f"to_hf needs a gptlab GPT model, got {type(model).__name__}")
+    config = model.config
+    family = export_family(config)
+    directory = Path(directory)
+    _check_out_dir(directory)
+    tensors = export_state(family, config, model_state(model))
+    hf_config = family.config_to_hf(config)
+    hf_config["dtype"] = str(model.dtype).removeprefix("torch.")
+    directory.mkdir(parents=True, exist_ok=True)
+    write_tensors(directory / SAFETENSORS_FILE, tensors, metadata={"format": "pt"})
+    atomic_write_json(directory / CONFIG_FILE, hf_config)
+    return directory
+
+
+def _is_gptlab_config(path: Path) -> bool:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return False
+    return isinstance(data, dict) and "gptlab_format" in data
+
+
+def _check_out_dir(directory: Path) -> None:
+    if directory.exists() and not directory.is_dir():
+        raise GptlabError(f"{directory}: exists and is not a directory")
+    config = directory / CONFIG_FILE
+    if config.is_file() and _is_gptlab_config(config):
+        raise GptlabError(
+            f"{directory}: holds a gptlab checkpoint; write the Hugging Face model to another directory"
+        )
+    stale = [name for name in _STALE if (directory / name).exists()]
+    if stale:
+        raise GptlabError(
+            f"{directory}: already holds {', '.join(stale)}, which transformers could load instead "
+            f"of the new weights; choose an empty directory"
+        )
+
+
+__all__ = ["FAMILIES", "from_hf", "to_hf", "tokenizer_from_hf", "hf_config_to_gptlab", "export_family"]
