@@ -28,6 +28,12 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def _default_mode() -> int:
+    umask = os.umask(0)
+    os.umask(umask)
+    return 0o666 & ~umask
+
+
 def atomic_write(path: str | os.PathLike[str], write: Callable[[Path], None]) -> Path:
     """Call ``write(tmp_path)`` then fsync and rename ``tmp_path`` onto ``path``.
 
@@ -44,6 +50,7 @@ def atomic_write(path: str | os.PathLike[str], write: Callable[[Path], None]) ->
         write(tmp)
         with open(tmp, "rb+") as f:
             os.fsync(f.fileno())
+        os.chmod(tmp, _default_mode())  # mkstemp creates 0600; give the file the usual permissions
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)

@@ -1,0 +1,50 @@
+"""``gptlab attention CKPT "text" [--layer L] [--head H] -o attn.png`` (argument parsing only)."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "attention",
+        help="draw attention maps labelled with tokens",
+        description="One head (--layer and --head), every head of a layer (--layer), or a layers × heads "
+        "overview (neither). Layers and heads count from 0.",
+    )
+    p.add_argument("checkpoint", help="checkpoint or run directory")
+    p.add_argument("text", nargs="?", help="the input text")
+    p.add_argument("--ids", help='token ids instead of text, e.g. "464 2415 3332 319"')
+    p.add_argument("--layer", type=int, help="layer index (0-based)")
+    p.add_argument("--head", type=int, help="head index (0-based); needs --layer")
+    p.add_argument(
+        "-o", "--output", default="attention.png", help="image file (.png, .svg, .pdf; default attention.png)"
+    )
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from gptlab.errors import GptlabError
+    from gptlab.inspect.attention import attention_maps
+    from gptlab.inspect.inputs import cli_input, load_checkpoint, token_ids, token_labels
+    from gptlab.inspect.plots import image_format, plot_head, plot_layer, plot_overview
+
+    if args.head is not None and args.layer is None:
+        raise GptlabError("--head needs --layer (for every layer's heads, leave out both)")
+    image_format(args.output)  # a bad file name fails before the model is loaded
+    text = cli_input(args.text, args.ids)
+    model, tokenizer = load_checkpoint(args.checkpoint)
+    ids = token_ids(model, tokenizer, text)
+    maps = attention_maps(model, ids)
+    labels = token_labels(tokenizer, ids)
+    if args.layer is None:
+        size = plot_overview(maps, args.output)
+    elif args.head is None:
+        size = plot_layer(maps, labels, args.layer, args.output)
+    else:
+        size = plot_head(maps, labels, args.layer, args.head, args.output)
+    print(
+        f"wrote {args.output} ({size[0]}×{size[1]} px; {maps.size(0)} layers × {maps.size(1)} heads, "
+        f"{maps.size(2)} tokens)"
+    )
+    return 0

@@ -1,0 +1,364 @@
+"""``trace``: the blueprint's pipeline ("The cat sat on" → next token), stage by stage.
+
+    1. tokens         x = T(text)                                  (T,)
+    2. embedding      e_i = W_e[x_i]                                (T, d_model)
+    3. position       h⁽⁰⁾_i = e_i + p_i   (learned / sinusoidal; RoPE and ALiBi act inside attention)
+    4. blocks         h⁽ˡ⁾ = Block_l(h⁽ˡ⁻¹⁾), attention A = softmax(Q·Kᵀ/√d_k + M)   (H, T, T)
+    5. final state    h_out = norm(h⁽ᴺ⁾)                            (T, d_model)
+    6. logits         z = h_out·W_eᵀ                                (T, V)
+    7. next token     p = softmax(z_T / τ)                          (V,)
+
+The forward pass runs once with ``output_attentions=True`` (the plain attention
+path), so the weights shown are the ones the model used.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+
+from gptlab.errors import GptlabError
+from gptlab.inspect.inputs import token_ids, token_label, token_labels
+from gptlab.model import GPT
+from gptlab.model.positional import alibi_slopes
+
+N_VALUES = 4  # how many numbers of a vector to show
+TOP_ATTENTION = 3  # earlier tokens shown per head
+
+
+@dataclass
+class Trace:
+    """Everything ``gptlab trace`` shows; ``to_dict()`` is the ``--json`` output, ``render()`` the text."""
+
+    text: str | None
+    model: dict[str, Any]
+    tokens: list[dict[str, Any]]  # {position, id, token}
+    embedding: dict[str, Any]  # shape, table_shape, rows: [{position, token, values}]
+    position: dict[str, Any]  # kind, where, formula, shape?, rows? / values
+    input_norms: list[float]  # ‖h⁽⁰⁾_i‖ per position
+    layers: list[dict[str, Any]]  # {layer, residual_norms, attention: [{head, kv_head, top: [...]}]}
+    final: dict[str, Any]  # shape, norm, values (last position, after the final norm)
+    logits: dict[str, Any]  # shape, last-position statistics
+    temperature: float
+    next_tokens: list[dict[str, Any]]  # {id, token, logit, prob}
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def render(self) -> str:
+        return "\n".join(_render(self)) + "\n"
+
+
+# --------------------------------------------------------------- positions
+def _learned(model: GPT, T: int, labels: list[str]) -> dict[str, Any]:
+    table = model.positional.wpe.weight  # type: ignore[union-attr]
+    return {
+        "where": "added to the token embeddings",
+        "formula": "h⁽⁰⁾_i = e_i + p_i,  p_i = W_p[i]",
+        "shape": [T, table.size(1)],
+        "table": "W_p",
+        "table_shape": list(table.shape),
+        "rows": _rows(table[:T], labels),
+    }
+
+
+def _sinusoidal(model: GPT, T: int, labels: list[str]) -> dict[str, Any]:
+    table = model.positional.table  # type: ignore[union-attr]
+    return {
+        "where": "added to the token embeddings (a fixed table, not learned)",
+        "formula": "h⁽⁰⁾_i = e_i + PE_i,  PE[i, 2j] = sin(i/10000^(2j/d)),  PE[i, 2j+1] = cos(i/10000^(2j/d))",
+        "shape": [T, table.size(1)],
+        "table": "PE",
+        "table_shape": list(table.shape),
+        "rows": _rows(table[:T], labels),
+    }
+
+
+def _rope(model: GPT, T: int, labels: list[str]) -> dict[str, Any]:
+    c = model.config
+    d = c.head_dim
+    theta = [c.rope_theta ** (-2 * i / d) for i in range(d // 2)]
+    return {
+        "where": "inside every attention layer: q and k are rotated; nothing is added to h⁽⁰⁾",
+        "formula": f"rotate feature pairs of q, k by angle pos·θ_i, θ_i = {c.rope_theta:g}^(−2i/d_k), d_k = {d}",
+        "values": {
+            "theta_first": _round(theta[:N_VALUES]),
+            "theta_last": _round(theta[-1:]),
+            f"angles_at_pos_{T - 1}": _round([(T - 1) * t for t in theta[:N_VALUES]]),
+        },
+    }
+
+
+def _alibi(model: GPT, T: int, labels: list[str]) -> dict[str, Any]:
+    slopes = alibi_slopes(model.config.n_head).tolist()
+    return {
+        "where": "inside every attention layer: a distance penalty on the scores; nothing is added to h⁽⁰⁾",
+        "formula": "score_ij += −m_h·(i − j),  m_h = 2^(−8h/H)",
+        "values": {"slopes": _round(slopes)},
+    }
+
+
+def _none(model: GPT, T: int, labels: list[str]) -> dict[str, Any]:
+    return {"where": "nowhere: only the causal mask tells positions apart", "formula": "h⁽⁰⁾_i = e_i"}
+
+
+POSITION_STAGES: dict[str, Callable[[GPT, int, list[str]], dict[str, Any]]] = {
+    "learned": _learned,
+    "sinusoidal": _sinusoidal,
+    "rope": _rope,
+    "alibi": _alibi,
+    "none": _none,
+}
+
+
+def _round(values: Sequence[float], digits: int = 4) -> list[float]:
+    return [round(float(v), digits) for v in values]
+
+
+def _rows(matrix: torch.Tensor, labels: list[str]) -> list[dict[str, Any]]:
+    """First ``N_VALUES`` numbers of each row of a ``(T, d)`` matrix."""
+    return [
+        {"position": i, "token": labels[i], "values": _round(row[:N_VALUES].tolist())}
+        for i, row in enumerate(matrix.float())
+    ]
+
+
+# ------------------------------------------------------------------- trace
+@torch.no_grad()
+def trace(
+    model: GPT,
+    tokenizer: Any | None,
+    text: str | Sequence[int] | torch.Tensor,
+    temperature: float = 1.0,
+    top: int = 10,
+) -> Trace:
+    """Run ``text`` (or a list of token ids) through ``model`` and record every stage.
+
+    ``temperature`` τ scales the last logits before the softmax, ``p = softmax(z/τ)``;
+    τ = 0 is greedy (all probability on the arg-max). ``top`` next tokens are listed.
+    """
+    if not isinstance(temperature, int | float) or math.isnan(temperature) or temperature < 0:
+        raise GptlabError(f"temperature must be a number ≥ 0 (0 = greedy), got {temperature!r}")
+    if not isinstance(top, int) or top < 1:
+        raise GptlabError(f"top must be a positive integer, got {top!r}")
+    ids = token_ids(model, tokenizer, text)
+    labels = token_labels(tokenizer, ids)
+    c = model.config
+    T = len(ids)
+    was_training = model.training
+    model.eval()
+    try:
+        idx = torch.tensor([ids], dtype=torch.long, device=model.device)
+        out = model.run(idx, output_attentions=True, output_hidden_states=True)
+        tok_emb = model.wte(idx)[0]  # (T, d_model)
+        hidden = out.hidden_states or []
+        final = model.norm_f(hidden[-1])[0]  # (T, d_model)
+    finally:
+        model.train(was_training)
+    logits = out.logits[0].float()  # (T, V)
+    last = logits[-1]  # (V,)
+    probs = _probabilities(last, temperature)
+    k = min(top, last.numel())
+    top_p, top_i = probs.topk(k)
+
+    layers = []
+    for layer, (h, attn) in enumerate(zip(hidden[1:], out.attentions or [])):
+        heads = []
+        for head in range(attn.size(1)):
+            row = attn[0, head, -1].float()  # (T,): the last position over every position ≤ it
+            w, j = row.topk(min(TOP_ATTENTION, T))
+            heads.append(
+                {
+                    "head": head,
+                    "kv_head": head // c.n_rep,
+                    "top": [
+                        {"position": int(p), "token": labels[int(p)], "weight": round(float(x), 4)}
+                        for x, p in zip(w, j)
+                    ],
+                }
+            )
+        layers.append(
+            {"layer": layer, "residual_norms": _round(h[0].float().norm(dim=-1).tolist()), "attention": heads}
+        )
+    position = {"kind": c.pos, **POSITION_STAGES[c.pos](model, T, labels)}
+    return Trace(
+        text=text if isinstance(text, str) else None,
+        model={
+            k: getattr(c, k)
+            for k in (
+                "vocab_size",
+                "block_size",
+                "n_layer",
+                "n_head",
+                "n_kv_head",
+                "n_embd",
+                "d_ff",
+                "pos",
+                "norm",
+                "norm_placement",
+                "mlp",
+                "n_experts",
+                "tie_embeddings",
+            )
+        },
+        tokens=[{"position": i, "id": t, "token": lab} for i, (t, lab) in enumerate(zip(ids, labels))],
+        embedding={
+            "shape": list(tok_emb.shape),
+            "table_shape": list(model.wte.weight.shape),
+            "rows": _rows(tok_emb, labels),
+        },
+        position=position,
+        input_norms=_round(hidden[0][0].float().norm(dim=-1).tolist()),
+        layers=layers,
+        final={
+            "shape": list(final.shape),
+            "norm": round(float(final[-1].float().norm()), 4),
+            "values": _round(final[-1][:N_VALUES].tolist()),
+            "where": "after the final norm" if c.norm_placement == "pre" else "the last block's output",
+        },
+        logits={
+            "shape": list(logits.shape),
+            "min": round(float(last.min()), 4),
+            "max": round(float(last.max()), 4),
+            "mean": round(float(last.mean()), 4),
+            "std": round(float(last.std()), 4) if last.numel() > 1 else 0.0,
+            "softcap": c.logit_softcap,
+        },
+        temperature=float(temperature),
+        next_tokens=[
+            {"id": int(i), "token": token_label(tokenizer, int(i)), "logit": float(last[i]), "prob": float(p)}
+            for p, i in zip(top_p, top_i)
+        ],
+    )
+
+
+def _probabilities(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """``softmax(z/τ)``; τ = 0 puts all probability on the arg-max."""
+    if temperature == 0:
+        return torch.nn.functional.one_hot(logits.argmax(), logits.numel()).float()
+    return torch.softmax(logits / temperature, dim=-1)
+
+
+# ------------------------------------------------------------------ render
+def _vec(values: Sequence[float]) -> str:
+    return "[" + ", ".join(f"{v:+.4f}" for v in values) + ", …]"
+
+
+def _shape(shape: Sequence[int]) -> str:
+    return "(" + ", ".join(str(s) for s in shape) + ")"
+
+
+def _quoted(label: str) -> str:
+    return f"'{label}'"
+
+
+def _sample_rows(rows: list[dict[str, Any]], limit: int = 6) -> list[dict[str, Any] | None]:
+    """At most ``limit`` rows: the first ones, a gap (None), and the last."""
+    if len(rows) <= limit:
+        return list(rows)
+    return [*rows[: limit - 2], None, rows[-1]]
+
+
+def _render(t: Trace) -> list[str]:
+    m = t.model
+    T = len(t.tokens)
+    width = max(len(_quoted(x["token"])) for x in t.tokens)
+    head = f"{t.text!r}" if t.text is not None else f"ids {[x['id'] for x in t.tokens]}"
+    experts = f" ×{m['n_experts']} experts" if m["n_experts"] else ""
+    lines = [
+        f"gptlab trace {head}",
+        f"  model: {m['n_layer']} layers, d_model={m['n_embd']}, {m['n_head']} heads "
+        f"({m['n_kv_head']} KV), d_ff={m['d_ff']} {m['mlp']}{experts}, pos={m['pos']}, "
+        f"{m['norm_placement']}-{m['norm']}, vocab {m['vocab_size']}, context {m['block_size']}",
+        "",
+    ]
+
+    lines.append(f"1. Tokens   x = T(text): {T} tokens, shape ({T},)")
+    lines.append(f"   {'pos':>4}  {'id':>6}  token")
+    for x in t.tokens:
+        lines.append(f"   {x['position']:>4}  {x['id']:>6}  {_quoted(x['token'])}")
+    lines.append("")
+
+    e = t.embedding
+    lines.append(
+        f"2. Token embeddings   e_i = W_e[x_i]: {_shape(e['shape'])}, rows of W_e {_shape(e['table_shape'])}"
+    )
+    for r in _sample_rows(e["rows"]):
+        lines.append(
+            "   …"
+            if r is None
+            else f"   {r['position']:>4}  {_quoted(r['token']):<{width}}  {_vec(r['values'])}"
+        )
+    lines.append("")
+
+    p = t.position
+    lines.append(f"3. Position ({p['kind']}): {p['where']}")
+    lines.append(f"   {p['formula']}")
+    if "rows" in p:
+        lines.append(f"   p: {_shape(p['shape'])}, rows of {p['table']} {_shape(p['table_shape'])}")
+        for r in _sample_rows(p["rows"]):
+            lines.append("   …" if r is None else f"   {r['position']:>4}  {_vec(r['values'])}")
+    for name, values in p.get("values", {}).items():
+        lines.append(f"   {name}: {values}")
+    lines.append(
+        f"   h⁽⁰⁾: {_shape(e['shape'])}; ‖h⁽⁰⁾_i‖ last {t.input_norms[-1]:.3f}, "
+        f"mean {sum(t.input_norms) / T:.3f}"
+    )
+    lines.append("")
+
+    lines.append(
+        f"4. Transformer blocks: {m['n_layer']} × (attention + feed-forward), {m['norm_placement']}-norm"
+    )
+    lines.append(
+        f"   ‖h⁽ˡ⁾‖ is the residual-stream norm after block l; attention of the last token "
+        f"{_quoted(t.tokens[-1]['token'])} (top {TOP_ATTENTION} per head)"
+    )
+    for layer in t.layers:
+        norms = layer["residual_norms"]
+        lines.append(
+            f"   block {layer['layer']}: ‖h⁽{_sup(layer['layer'] + 1)}⁾‖ last {norms[-1]:.3f}, "
+            f"mean {sum(norms) / T:.3f}"
+        )
+        for h in layer["attention"]:
+            tops = "  ".join(f"{_quoted(a['token'])}@{a['position']} {a['weight']:.2f}" for a in h["top"])
+            lines.append(f"      head {h['head']:>2}: {tops}")
+    lines.append("")
+
+    f = t.final
+    lines.append(f"5. Final hidden state h_out ({f['where']}): {_shape(f['shape'])}")
+    lines.append(f"   last position: ‖h_out‖ {f['norm']:.3f}  {_vec(f['values'])}")
+    lines.append("")
+
+    lg = t.logits
+    cap = f", soft-capped at {lg['softcap']:g}" if lg["softcap"] else ""
+    lines.append(f"6. Logits   z = h_out·W_eᵀ: {_shape(lg['shape'])}{cap}")
+    lines.append(
+        f"   last position: min {lg['min']:+.3f}, max {lg['max']:+.3f}, mean {lg['mean']:+.3f}, "
+        f"std {lg['std']:.3f}"
+    )
+    lines.append("")
+
+    tau = "τ = 0: greedy, all probability on the arg-max" if t.temperature == 0 else f"τ = {t.temperature:g}"
+    lines.append(f"7. Next token   p = softmax(z/τ), {tau}: top {len(t.next_tokens)}")
+    nw = max(len(_quoted(x["token"])) for x in t.next_tokens)
+    for x in t.next_tokens:
+        bar = "█" * round(x["prob"] * 40)
+        lines.append(
+            f"   {_quoted(x['token']):<{nw}}  id {x['id']:>6}  logit {x['logit']:+8.3f}  "
+            f"p {x['prob']:.4f}  {bar}"
+        )
+    return lines
+
+
+_SUP = str.maketrans("0123456789", "⁰¹²³⁴⁵⁶⁷⁸⁹")
+
+
+def _sup(n: int) -> str:
+    return str(n).translate(_SUP)
+
+
+__all__ = ["POSITION_STAGES", "Trace", "trace"]
