@@ -1,42 +1,43 @@
-"""gptlab: a GPT from first principles, made into real software."""
+"""gptlab: a GPT from first principles, made into real software.
+
+Everything is imported lazily, so ``import gptlab.tokenizers`` works without torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
 
 from gptlab.errors import GptlabError
-from gptlab.model import GPT, GPTConfig, KVCache
 
 __version__ = "0.1.0"
 
+_LAZY = {
+    "GPT": ("gptlab.model", "GPT"),
+    "GPTConfig": ("gptlab.model", "GPTConfig"),
+    "KVCache": ("gptlab.model", "KVCache"),
+    "save": ("gptlab.checkpoint", "save"),
+    "load": ("gptlab.checkpoint", "load"),
+    "from_hf": ("gptlab.interop.hf", "from_hf"),
+    "to_hf": ("gptlab.interop.hf", "to_hf"),
+    "quantize": ("gptlab.quantize", "quantize"),
+    "generate_text": ("gptlab.generate", "generate_text"),
+    "SampleConfig": ("gptlab.generate", "SampleConfig"),
+    "TrainConfig": ("gptlab.train", "TrainConfig"),
+}
 
-def __getattr__(name: str):  # lazy: keep ``import gptlab`` light
-    lazy = {
-        "save": ("gptlab.checkpoint", "save"),
-        "load": ("gptlab.checkpoint", "load"),
-        "from_hf": ("gptlab.interop.hf", "from_hf"),
-        "to_hf": ("gptlab.interop.hf", "to_hf"),
-        "quantize": ("gptlab.quantize", "quantize"),
-        "generate_text": ("gptlab.generate", "generate_text"),
-        "SampleConfig": ("gptlab.generate", "SampleConfig"),
-        "TrainConfig": ("gptlab.train", "TrainConfig"),
-    }
-    if name in lazy:
-        import importlib
 
-        module, attr = lazy[name]
-        return getattr(importlib.import_module(module), attr)
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        module, attr = _LAZY[name]
+        value = getattr(importlib.import_module(module), attr)
+        globals()[name] = value
+        return value
     raise AttributeError(f"module 'gptlab' has no attribute {name!r}")
 
 
-__all__ = [
-    "GPT",
-    "GPTConfig",
-    "GptlabError",
-    "KVCache",
-    "save",
-    "load",
-    "from_hf",
-    "to_hf",
-    "quantize",
-    "generate_text",
-    "SampleConfig",
-    "TrainConfig",
-    "__version__",
-]
+def __dir__() -> list[str]:
+    return sorted(list(globals()) + list(_LAZY))
+
+
+__all__ = ["GptlabError", "__version__", *_LAZY]

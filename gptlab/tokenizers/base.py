@@ -8,22 +8,20 @@ from text to a sequence of token ids, with ``decode`` its inverse on the image
 of ``T`` (``decode(encode(s)) == s`` for every string ``s``).
 
 Subclasses hold only the algorithm (karpathy/minbpe style): ``_encode_ordinary``
-(text without special tokens -> ids), ``token_bytes``, ``_payload`` and
-``_from_payload``. This class adds special-token handling, decoding, validation
-and the JSON format shared by every kind.
+(text without special tokens -> ids), ``_payload``/``_from_payload`` (their part
+of the JSON) and a call to ``_set_decoder`` ({id: token bytes}). This class adds
+special-token handling, decoding, validation and the JSON format of every kind.
 
 Special tokens (``"<|endoftext|>"``) are matched only where the caller allows
 them; anywhere else their text is encoded as ordinary text, so a document that
 happens to contain ``"<|endoftext|>"`` cannot inject an end-of-text id:
 
     >>> from gptlab.tokenizers import CharTokenizer
-    >>> tok = CharTokenizer.from_text("ab<|>", special_tokens=["<|endoftext|>"])
-    >>> tok.encode("a<|endoftext|>", allowed_special="all")
-    [2, 5]
-    >>> len(tok.encode("a<|endoftext|>")) > 2
-    Traceback (most recent call last):
-    ...
-    gptlab.errors.GptlabError: the text has the character 'e' at position 3, which is not in the vocabulary; rebuild the tokenizer from a corpus that has it, or pass unk=... to CharTokenizer.from_text
+    >>> tok = CharTokenizer.from_text("<|>defnotx", special_tokens=["<|endoftext|>"])
+    >>> tok.encode("<|endoftext|>", allowed_special="all") == [tok.eot_id]
+    True
+    >>> len(tok.encode("<|endoftext|>")), tok.eot_id in tok.encode("<|endoftext|>")
+    (13, False)
 """
 
 from __future__ import annotations
@@ -72,7 +70,9 @@ def check_text(text: object) -> str:
 def check_special_tokens(special_tokens: Mapping[str, int], reserved: int) -> dict[str, int]:
     """Validate ``{text: id}``: non-empty strings, distinct ids >= ``reserved``."""
     if not isinstance(special_tokens, Mapping):
-        raise GptlabError(f"special_tokens must be a mapping of token text to id, got {type(special_tokens).__name__}")
+        raise GptlabError(
+            f"special_tokens must be a mapping of token text to id, got {type(special_tokens).__name__}"
+        )
     out: dict[str, int] = {}
     seen: dict[int, str] = {}
     for text, tid in special_tokens.items():
@@ -80,7 +80,9 @@ def check_special_tokens(special_tokens: Mapping[str, int], reserved: int) -> di
             raise GptlabError(f"a special token must be a non-empty string, got {text!r}")
         check_text(text)
         if isinstance(tid, bool) or not isinstance(tid, int) or tid < reserved:
-            raise GptlabError(f"special token {text!r} has id {tid!r}; it must be an int >= {reserved} (after the ordinary tokens)")
+            raise GptlabError(
+                f"special token {text!r} has id {tid!r}; it must be an int >= {reserved} (after the ordinary tokens)"
+            )
         if tid in seen:
             raise GptlabError(f"special tokens {seen[tid]!r} and {text!r} share the id {tid}")
         seen[tid] = text
@@ -101,6 +103,20 @@ def as_id_list(ids: Iterable[int]) -> list[int] | tuple[int, ...]:
         ids = tolist()
         return ids if isinstance(ids, list) else [ids]
     return list(ids)
+
+
+def join_ids(empty: Any, table: list[Any], ids: list[int] | tuple[int, ...], bad: Any) -> Any:
+    """``empty.join(table[i] for i in ids)``, with ``bad(ids)`` raised for any id not in ``table``.
+
+    >>> join_ids("", ["a", "b"], [1, 0, 1], ValueError)
+    'bab'
+    """
+    try:
+        if ids and min(ids) < 0:  # a negative index would silently wrap around
+            raise IndexError
+        return empty.join(map(table.__getitem__, ids))
+    except (IndexError, TypeError):  # out of range, a gap (None), or not an int
+        raise bad(ids) from None
 
 
 class Tokenizer:
@@ -132,6 +148,8 @@ class Tokenizer:
     def _set_decoder(self, decoder: dict[int, bytes]) -> None:
         self._decoder = decoder
         self._vocab_size = max(decoder, default=-1) + 1
+        # id -> bytes as a list (None for a gap): list indexing is twice as fast as a dict
+        self._table: list[bytes | None] = [decoder.get(i) for i in range(self._vocab_size)]
 
     def _encode_ordinary(self, text: str) -> list[int]:
         """Encode checked text, with no special-token handling."""
@@ -164,7 +182,9 @@ class Tokenizer:
     def _allowed(self, allowed_special: AllowedSpecial) -> frozenset[str]:
         if isinstance(allowed_special, str):
             if allowed_special != "all":
-                raise GptlabError(f"allowed_special must be 'all' or a set of special tokens, got {allowed_special!r}")
+                raise GptlabError(
+                    f"allowed_special must be 'all' or a set of special tokens, got {allowed_special!r}"
+                )
             return frozenset(self.special_tokens)
         allowed = frozenset(allowed_special)
         unknown = allowed - self.special_tokens.keys()
@@ -214,11 +234,7 @@ class Tokenizer:
 
         Generation streams text by feeding these bytes to an incremental UTF-8 decoder.
         """
-        ids = as_id_list(ids)
-        try:
-            return b"".join(map(self._decoder.__getitem__, ids))
-        except (KeyError, TypeError):
-            raise self._bad_id(ids) from None
+        return join_ids(b"", self._table, as_id_list(ids), self._bad_id)
 
     def decode(self, ids: Iterable[int]) -> str:
         """Ids -> text; bytes that are not valid UTF-8 become U+FFFD."""
@@ -227,7 +243,11 @@ class Tokenizer:
     def _bad_id(self, ids: Iterable[int]) -> GptlabError:
         """The error for the first id in ``ids`` that is not in the vocabulary."""
         position, bad = next(
-            ((i, t) for i, t in enumerate(ids) if isinstance(t, bool) or not isinstance(t, int) or t not in self._decoder),
+            (
+                (i, t)
+                for i, t in enumerate(ids)
+                if isinstance(t, bool) or not isinstance(t, int) or t not in self._decoder
+            ),
             (0, None),
         )
         return GptlabError(
@@ -267,7 +287,9 @@ def from_dict(d: Mapping[str, Any]) -> Tokenizer:
         raise GptlabError(f"this is not a gptlab tokenizer (format {d.get('format')!r}, expected {FORMAT!r})")
     version = d.get("version")
     if version != FORMAT_VERSION:
-        raise GptlabError(f"tokenizer format version {version!r} is not supported (this gptlab reads version {FORMAT_VERSION})")
+        raise GptlabError(
+            f"tokenizer format version {version!r} is not supported (this gptlab reads version {FORMAT_VERSION})"
+        )
     kind = d.get("kind")
     cls = KINDS.get(kind) if isinstance(kind, str) else None
     if cls is None:

@@ -44,7 +44,9 @@ def token_to_bytes(token: str) -> bytes:
     try:
         return bytes(table[c] for c in token)
     except KeyError as exc:
-        raise GptlabError(f"token {token!r} has the character {exc.args[0]!r}, which is not in GPT-2's byte table") from None
+        raise GptlabError(
+            f"token {token!r} has the character {exc.args[0]!r}, which is not in GPT-2's byte table"
+        ) from None
 
 
 def bytes_to_token(data: bytes) -> str:

@@ -22,11 +22,11 @@ locally and never touches the network.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from gptlab.errors import GptlabError
-from gptlab.tokenizers.base import AllowedSpecial, Tokenizer, check_special_tokens, check_text
+from gptlab.tokenizers.base import AllowedSpecial, Tokenizer, as_id_list, check_special_tokens, check_text
 from gptlab.tokenizers.patterns import compile_pattern, resolve
 
 INF = float("inf")
@@ -62,7 +62,9 @@ def bpe_merge(piece: bytes, ranks: Mapping[bytes, int]) -> list[int]:
     try:
         return [ranks[p] for p in parts]
     except KeyError as exc:
-        raise GptlabError(f"the byte {exc.args[0]!r} has no token in this vocabulary, so it cannot be encoded") from None
+        raise GptlabError(
+            f"the byte {exc.args[0]!r} has no token in this vocabulary, so it cannot be encoded"
+        ) from None
 
 
 def check_ranks(ranks: Mapping[bytes, int]) -> dict[bytes, int]:
@@ -99,8 +101,15 @@ class RankedTokenizer(Tokenizer):
         backend: str = "auto",
     ) -> None:
         ranks = check_ranks(ranks)
+        missing = [b for b in range(256) if bytes([b]) not in ranks]
+        if missing:
+            raise GptlabError(
+                f"the rank table has no token for byte 0x{missing[0]:02x} ({len(missing)} bytes missing); "
+                "byte-level BPE needs all 256 single bytes"
+            )
         super().__init__(check_special_tokens(special_tokens or {}, reserved=0))
-        clash = [s for s, i in self.special_tokens.items() if i in set(ranks.values())]
+        ids = set(ranks.values())
+        clash = [s for s, i in self.special_tokens.items() if i in ids]
         if clash:
             raise GptlabError(f"special token {clash[0]!r} has the id of an ordinary token")
         if backend not in BACKENDS:
@@ -135,7 +144,9 @@ class RankedTokenizer(Tokenizer):
             return self._encoding
         if tiktoken is None:
             if strict:
-                raise GptlabError("backend='tiktoken' needs the tiktoken package; install it or use backend='python'")
+                raise GptlabError(
+                    "backend='tiktoken' needs the tiktoken package; install it or use backend='python'"
+                )
             return None
         try:
             self._encoding = tiktoken.Encoding(
@@ -146,7 +157,9 @@ class RankedTokenizer(Tokenizer):
             )
         except Exception as exc:  # tiktoken's Rust regex may reject a custom pattern
             if strict:
-                raise GptlabError(f"tiktoken cannot use this tokenizer ({exc}); use backend='python'") from None
+                raise GptlabError(
+                    f"tiktoken cannot use this tokenizer ({exc}); use backend='python'"
+                ) from None
             return None
         return self._encoding
 
@@ -194,3 +207,14 @@ class RankedTokenizer(Tokenizer):
         return self._encoding.encode(text, allowed_special=allowed, disallowed_special=())
 
     encode.__doc__ = Tokenizer.encode.__doc__
+
+    def decode_bytes(self, ids: Iterable[int]) -> bytes:
+        ids = as_id_list(ids)
+        if self.backend != "tiktoken":
+            return super().decode_bytes(ids)
+        try:
+            return self._encoding.decode_bytes(ids if isinstance(ids, list) else list(ids))
+        except (KeyError, OverflowError, TypeError, ValueError):
+            raise self._bad_id(ids) from None
+
+    decode_bytes.__doc__ = Tokenizer.decode_bytes.__doc__
