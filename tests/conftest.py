@@ -12,6 +12,20 @@ from pathlib import Path
 
 import pytest
 
+# Tests use tiny models: one thread each is fastest, and it keeps parallel workers
+# (pytest -n 2) and the subprocesses tests start from oversubscribing the cores.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("MKL_NUM_THREADS", "1")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    try:
+        import torch
+    except ImportError:  # the tokenizer tests run without torch
+        return
+    torch.set_num_threads(1)
+
+
 SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 
 
