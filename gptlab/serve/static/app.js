@@ -1,0 +1,246 @@
+// gptlab playground: plain JavaScript, no build step, no external resources.
+// Streams POST /v1/gptlab/generate (server-sent events, one per token with its probability
+// and top alternatives) and draws POST /v1/gptlab/attention as a heads × positions heatmap.
+"use strict";
+
+const $ = (id) => document.getElementById(id);
+const state = { controller: null, text: "", attn: null, nLayer: 0 };
+
+function headers() {
+  const h = { "Content-Type": "application/json" };
+  const key = $("api_key").value.trim();
+  if (key) h["Authorization"] = "Bearer " + key;
+  return h;
+}
+
+function num(id, integer) {
+  const v = $(id).value.trim();
+  if (v === "") return undefined;
+  return integer ? parseInt(v, 10) : parseFloat(v);
+}
+
+function probColor(p) {  // red (unlikely) -> yellow -> green (likely)
+  return `hsl(${Math.round(120 * Math.max(0, Math.min(1, p)))}, 75%, 82%)`;
+}
+
+function showable(s) {  // make whitespace visible in the tooltip
+  return JSON.stringify(s).slice(1, -1);
+}
+
+// ----------------------------------------------------------------- tooltip
+const tip = $("tooltip");
+function showTip(ev, html) {
+  tip.innerHTML = html;
+  tip.hidden = false;
+  const x = Math.min(ev.clientX + 14, window.innerWidth - tip.offsetWidth - 8);
+  const y = Math.min(ev.clientY + 14, window.innerHeight - tip.offsetHeight - 8);
+  tip.style.left = x + "px";
+  tip.style.top = y + "px";
+}
+function hideTip() { tip.hidden = true; }
+function esc(s) {
+  return s.replace(/[&<>"]/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;" })[c]);
+}
+
+// ----------------------------------------------------------------- model info
+async function loadModel() {
+  try {
+    const r = await fetch("/v1/models", { headers: headers() });
+    const body = await r.json();
+    if (!r.ok) throw new Error(body.error ? body.error.message : r.statusText);
+    const m = body.data[0];
+    $("model").textContent = `${m.id} · context ${m.context_length} · vocab ${m.vocab_size}`;
+  } catch (e) {
+    $("model").textContent = "model info unavailable: " + e.message;
+  }
+  try {
+    const h = await (await fetch("/health")).json();
+    state.nLayer = h.n_layer || 0;
+  } catch (e) { /* optional */ }
+  const sel = $("layer");
+  sel.innerHTML = "";
+  const last = document.createElement("option");
+  last.value = "-1"; last.textContent = "last";
+  sel.appendChild(last);
+  for (let i = 0; i < state.nLayer; i++) {
+    const o = document.createElement("option");
+    o.value = String(i); o.textContent = String(i);
+    sel.appendChild(o);
+  }
+}
+
+// ----------------------------------------------------------------- generation
+function addToken(ev) {
+  if (!ev.text) return;
+  const span = document.createElement("span");
+  span.className = "tok";
+  span.textContent = ev.text;
+  if (ev.prob !== null && ev.prob !== undefined) {
+    span.style.background = probColor(ev.prob);
+    span.dataset.prob = ev.prob.toFixed(4);
+    const lines = [`p = ${ev.prob.toFixed(4)}  "${esc(showable(ev.text))}"`, ""];
+    for (const alt of ev.top || []) {
+      const mark = alt.text === ev.text ? ' class="chosen"' : "";
+      lines.push(`<span${mark}>${(alt.prob * 100).toFixed(1).padStart(5)}%  "${esc(showable(alt.text))}"</span>`);
+    }
+    span.addEventListener("mousemove", (e) => showTip(e, lines.join("\n")));
+    span.addEventListener("mouseleave", hideTip);
+  }
+  $("output").appendChild(span);
+  state.text += ev.text;
+  $("output").scrollTop = $("output").scrollHeight;
+}
+
+function showError(message) {
+  const div = document.createElement("span");
+  div.className = "error";
+  div.textContent = "error: " + message;
+  $("output").appendChild(div);
+}
+
+async function generate() {
+  const prompt = $("prompt").value;
+  const out = $("output");
+  out.innerHTML = '<span class="prompt-text"></span>';
+  out.firstChild.textContent = prompt;
+  state.text = prompt;
+  const body = {
+    prompt, max_tokens: num("max_tokens", true), temperature: num("temperature"), top_k: num("top_k", true),
+    top_p: num("top_p"), min_p: num("min_p"), repetition_penalty: num("repetition_penalty"),
+    seed: num("seed", true), top_n: 5,
+  };
+  const stop = $("stop").value;
+  if (stop) body.stop = [stop.replace(/\\n/g, "\n").replace(/\\t/g, "\t")];
+  Object.keys(body).forEach((k) => body[k] === undefined && delete body[k]);
+  state.controller = new AbortController();
+  $("generate").disabled = true;
+  $("stopbtn").disabled = false;
+  $("status").textContent = "generating…";
+  const t0 = performance.now();
+  let n = 0;
+  try {
+    const r = await fetch("/v1/gptlab/generate", {
+      method: "POST", headers: headers(), body: JSON.stringify(body), signal: state.controller.signal,
+    });
+    if (!r.ok) {
+      const err = await r.json().catch(() => ({}));
+      throw new Error(err.error ? err.error.message : r.status + " " + r.statusText);
+    }
+    const reader = r.body.getReader();
+    const decoder = new TextDecoder();
+    let buf = "";
+    for (;;) {
+      const { value, done } = await reader.read();
+      if (done) break;
+      buf += decoder.decode(value, { stream: true });
+      let cut;
+      while ((cut = buf.indexOf("\n\n")) >= 0) {
+        const block = buf.slice(0, cut);
+        buf = buf.slice(cut + 2);
+        for (const line of block.split("\n")) {
+          if (!line.startsWith("data: ")) continue;
+          const data = line.slice(6);
+          if (data === "[DONE]") continue;
+          const ev = JSON.parse(data);
+          if (ev.type === "token") { addToken(ev); n += 1; }
+          else if (ev.type === "prompt" && ev.warnings.length) $("status").textContent = ev.warnings.join("; ");
+          else if (ev.type === "done") {
+            const secs = (performance.now() - t0) / 1000;
+            $("status").textContent = `${ev.usage.completion_tokens} tokens, ${(n / secs).toFixed(1)} tokens/s, ` +
+              `finish: ${ev.finish_reason}` + (ev.warnings.length ? " · " + ev.warnings.join("; ") : "");
+          } else if (ev.type === "error") showError(ev.message);
+        }
+      }
+    }
+  } catch (e) {
+    if (e.name === "AbortError") $("status").textContent = `stopped after ${n} tokens`;
+    else { showError(e.message); $("status").textContent = ""; }
+  } finally {
+    state.controller = null;
+    $("generate").disabled = false;
+    $("stopbtn").disabled = true;
+  }
+  await loadAttention(true);
+}
+
+// ----------------------------------------------------------------- attention
+async function loadAttention(resetQuery) {
+  if (!state.text) return;
+  try {
+    const r = await fetch("/v1/gptlab/attention", {
+      method: "POST", headers: headers(),
+      body: JSON.stringify({ text: state.text, layer: parseInt($("layer").value || "-1", 10), max_tokens: 64 }),
+    });
+    const body = await r.json();
+    if (!r.ok) throw new Error(body.error ? body.error.message : r.statusText);
+    state.attn = body;
+    const q = $("query");
+    q.max = String(body.tokens.length - 1);
+    if (resetQuery || parseInt(q.value, 10) > body.tokens.length - 1) q.value = q.max;
+    drawAttention();
+  } catch (e) {
+    $("query-label").textContent = "attention unavailable: " + e.message;
+  }
+}
+
+const CELL_H = 16, LEFT = 34, BOTTOM = 70;
+function drawAttention() {
+  const a = state.attn;
+  if (!a) return;
+  const T = a.tokens.length, H = a.n_head, q = parseInt($("query").value, 10);
+  $("query-label").textContent = `query ${q}: "${showable(a.tokens[q])}" · layer ${a.layer} · ${H} heads`;
+  const wrap = $("attn-wrap");
+  const cw = Math.max(8, Math.min(28, Math.floor((wrap.clientWidth - LEFT - 16) / T)));
+  const cv = $("attn");
+  cv.width = LEFT + cw * T + 4;
+  cv.height = CELL_H * H + BOTTOM;
+  const g = cv.getContext("2d");
+  g.fillStyle = "#fff";
+  g.fillRect(0, 0, cv.width, cv.height);
+  g.font = "11px ui-monospace, monospace";
+  for (let h = 0; h < H; h++) {
+    const row = a.attentions[h][q];
+    const max = Math.max(...row) || 1;
+    g.fillStyle = "#6b7280";
+    g.textAlign = "right";
+    g.fillText("h" + h, LEFT - 5, h * CELL_H + CELL_H - 4);
+    for (let j = 0; j < T; j++) {
+      const v = j <= q ? row[j] / max : 0;
+      const light = Math.round(97 - 62 * v);
+      g.fillStyle = j <= q ? `hsl(222, 70%, ${light}%)` : "#eef0f4";
+      g.fillRect(LEFT + j * cw, h * CELL_H, cw - 1, CELL_H - 1);
+    }
+  }
+  g.fillStyle = "#1d2330";
+  for (let j = 0; j < T; j++) {
+    g.save();
+    g.translate(LEFT + j * cw + cw / 2 + 3, H * CELL_H + 6);
+    g.rotate(-Math.PI / 2.6);
+    g.textAlign = "right";
+    g.fillStyle = j === q ? "#b42318" : "#1d2330";
+    g.fillText(showable(a.tokens[j]).slice(0, 8), 0, 0);
+    g.restore();
+  }
+}
+
+$("attn").addEventListener("mousemove", (e) => {
+  const a = state.attn;
+  if (!a) return;
+  const rect = e.target.getBoundingClientRect();
+  const T = a.tokens.length, q = parseInt($("query").value, 10);
+  const cw = (e.target.width - LEFT - 4) / T;
+  const j = Math.floor((e.clientX - rect.left - LEFT) / cw), h = Math.floor((e.clientY - rect.top) / CELL_H);
+  if (j < 0 || j >= T || h < 0 || h >= a.n_head) return hideTip();
+  showTip(e, `head ${h}: "${esc(showable(a.tokens[q]))}" → "${esc(showable(a.tokens[j]))}"\nweight ${a.attentions[h][q][j].toFixed(4)}`);
+});
+$("attn").addEventListener("mouseleave", hideTip);
+$("query").addEventListener("input", drawAttention);
+$("layer").addEventListener("change", () => loadAttention(false));
+$("attn-refresh").addEventListener("click", () => { state.text = state.text || $("prompt").value; loadAttention(false); });
+$("generate").addEventListener("click", generate);
+$("stopbtn").addEventListener("click", () => state.controller && state.controller.abort());
+$("prompt").addEventListener("keydown", (e) => { if (e.key === "Enter" && (e.ctrlKey || e.metaKey)) generate(); });
+$("api_key").value = localStorage.getItem("gptlab_api_key") || "";
+$("api_key").addEventListener("change", () => { localStorage.setItem("gptlab_api_key", $("api_key").value); loadModel(); });
+window.addEventListener("resize", drawAttention);
+loadModel();
