@@ -2,8 +2,20 @@
 
 Per layer, ``K_cache, V_cache ∈ R^{B × H_kv × T_max × d_k}`` are allocated once; a
 decode step writes its new ``k_new, v_new`` at the current length and attends over
-``K_cache[:, :, :t]``. Per step this costs ``O(t·d_model)`` instead of recomputing
-``K, V`` for the whole prefix (``O(t·d_model²)``). Memory: ``2·L·H_kv·T·d_k`` numbers.
+``K_full = [K_cache; k_new]``. Per step this costs ``O(t·d_model)`` instead of
+recomputing ``K, V`` for the whole prefix (``O(t·d_model²)``). Memory:
+``2·L·B·H_kv·T_max·d_k`` numbers.
+
+Storage is chosen by the cache dtype:
+
+* a float dtype (float32, bfloat16, float16): the numbers themselves;
+* ``torch.int8``: ``k ≈ s·q`` with ``q ∈ [−127, 127]`` and one scale ``s = max|k|/127``
+  per (sequence, head, position), i.e. a scale per head for every cached vector.
+  Reads dequantise to the dtype the keys were written in.
+
+``KVStore.write/read`` address rows and positions directly; ``LayerKVCache`` (one
+shared length, what ``GPT.run`` uses) and ``gptlab.generate.BatchSession`` (a length
+per row) are both built on it.
 """
 
 from __future__ import annotations
@@ -13,42 +25,183 @@ import torch
 from gptlab.errors import GptlabError
 from gptlab.model.config import GPTConfig
 
+Rows = slice | torch.Tensor  # a range of batch rows (a view) or row indices (a gather)
+Positions = slice | torch.Tensor  # a range for every row, or one position per row
 
-class LayerKVCache:
-    """One layer's cache: ``update(k, v)`` appends and returns every key/value so far."""
 
-    def __init__(self, batch: int, n_kv_head: int, max_len: int, head_dim: int, dtype: torch.dtype,
-                 device: torch.device | str) -> None:
+class KVStore:
+    """Float storage ``(B, H_kv, T_max, d_k)`` for keys and values."""
+
+    def __init__(
+        self,
+        batch: int,
+        n_kv_head: int,
+        max_len: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        device: torch.device | str,
+    ) -> None:
         self.k = torch.zeros(batch, n_kv_head, max_len, head_dim, dtype=dtype, device=device)
         self.v = torch.zeros_like(self.k)
-        self.length = 0
+        self.compute_dtype = dtype  # what reads return: the dtype keys were written in
 
     @property
     def max_len(self) -> int:
         return self.k.size(2)
 
+    def write(self, rows: Rows, positions: Positions, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Store ``k, v`` (n, H_kv, T, d_k) at ``positions`` of ``rows``.
+
+        ``positions`` is a slice of length T (the same for every row) or a tensor (n,)
+        of one position per row (T = 1).
+        """
+        self.compute_dtype = k.dtype
+        _scatter(self.k, rows, positions, k.to(self.k.dtype))
+        _scatter(self.v, rows, positions, v.to(self.v.dtype))
+
+    def read(self, rows: Rows, end: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values of ``rows`` at positions ``[0, end)``: (n, H_kv, end, d_k)."""
+        k, v = self.k[rows, :, :end], self.v[rows, :, :end]
+        if k.dtype != self.compute_dtype:
+            k, v = k.to(self.compute_dtype), v.to(self.compute_dtype)
+        return k, v
+
+    def copy_rows(self, dst: torch.Tensor, src: torch.Tensor) -> None:
+        """Row ``dst[i]`` becomes a copy of row ``src[i]`` (beam search reorders its beams)."""
+        for t in self._tensors():
+            t[dst] = t[src]
+
+    def _tensors(self) -> list[torch.Tensor]:
+        return [self.k, self.v]
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self._tensors())
+
+
+class Int8KVStore(KVStore):
+    """int8 storage with one float32 scale per (row, head, position): ``k ≈ s·q``, ``s = max|k|/127``."""
+
+    def __init__(
+        self,
+        batch: int,
+        n_kv_head: int,
+        max_len: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        device: torch.device | str,
+    ) -> None:
+        self.k = torch.zeros(batch, n_kv_head, max_len, head_dim, dtype=torch.int8, device=device)
+        self.v = torch.zeros_like(self.k)
+        self.k_scale = torch.zeros(batch, n_kv_head, max_len, 1, dtype=torch.float32, device=device)
+        self.v_scale = torch.zeros_like(self.k_scale)
+        self.compute_dtype = dtype if dtype != torch.int8 else torch.float32
+
+    def write(self, rows: Rows, positions: Positions, k: torch.Tensor, v: torch.Tensor) -> None:
+        self.compute_dtype = k.dtype
+        for x, q_store, s_store in ((k, self.k, self.k_scale), (v, self.v, self.v_scale)):
+            q, scale = quantize_int8(x)
+            _scatter(q_store, rows, positions, q)
+            _scatter(s_store, rows, positions, scale)
+
+    def read(self, rows: Rows, end: int) -> tuple[torch.Tensor, torch.Tensor]:
+        dt = self.compute_dtype
+        k = self.k[rows, :, :end].to(dt) * self.k_scale[rows, :, :end].to(dt)
+        v = self.v[rows, :, :end].to(dt) * self.v_scale[rows, :, :end].to(dt)
+        return k, v
+
+    def _tensors(self) -> list[torch.Tensor]:
+        return [self.k, self.v, self.k_scale, self.v_scale]
+
+
+def quantize_int8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric int8 over the last dim: ``x ≈ s·q``, ``s = max|x|/127`` → (q int8, s float32 (…, 1))."""
+    x = x.float()
+    scale = x.abs().amax(dim=-1, keepdim=True).clamp(min=1e-8) / 127.0
+    return torch.round(x / scale).clamp(-127, 127).to(torch.int8), scale
+
+
+def _scatter(store: torch.Tensor, rows: Rows, positions: Positions, x: torch.Tensor) -> None:
+    if isinstance(positions, slice):
+        store[rows, :, positions] = x  # (n, H_kv, T, d)
+    else:  # one position per row: advanced indices on dims 0 and 2 → (n, H_kv, d)
+        if isinstance(rows, slice):
+            rows = torch.arange(store.size(0), device=store.device)[rows]
+        store[rows, :, positions] = x[:, :, 0]
+
+
+def make_store(
+    batch: int, n_kv_head: int, max_len: int, head_dim: int, dtype: torch.dtype, device: torch.device | str
+) -> KVStore:
+    """A float store, or an int8 store with per-head scales for ``dtype=torch.int8``."""
+    store_type = STORES.get(dtype, KVStore)
+    return store_type(batch, n_kv_head, max_len, head_dim, dtype, device)
+
+
+STORES: dict[torch.dtype, type[KVStore]] = {torch.int8: Int8KVStore}
+
+
+class LayerKVCache:
+    """One layer's cache: ``update(k, v)`` appends and returns every key/value so far."""
+
+    def __init__(
+        self,
+        batch: int,
+        n_kv_head: int,
+        max_len: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        device: torch.device | str,
+    ) -> None:
+        self.store = make_store(batch, n_kv_head, max_len, head_dim, dtype, device)
+        self.length = 0
+
+    @property
+    def k(self) -> torch.Tensor:
+        return self.store.k
+
+    @property
+    def v(self) -> torch.Tensor:
+        return self.store.v
+
+    @property
+    def max_len(self) -> int:
+        return self.store.max_len
+
     def update(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``K_full = [K_cache; k_new]``: write (B, H_kv, T, d_k) at ``length``, return ``[0, length + T)``."""
         end = self.length + k.size(2)
         if end > self.max_len:
             raise GptlabError(f"KV cache is full: {end} positions needed, {self.max_len} allocated")
-        self.k[:, :, self.length:end] = k
-        self.v[:, :, self.length:end] = v
+        rows = slice(None)
+        self.store.write(rows, slice(self.length, end), k, v)
         self.length = end
-        return self.k[:, :, :end], self.v[:, :, :end]
+        return self.store.read(rows, end)
 
     def nbytes(self) -> int:
-        return self.k.numel() * self.k.element_size() + self.v.numel() * self.v.element_size()
+        return self.store.nbytes()
 
 
 class KVCache:
-    """The caches of all layers of a model; ``length`` is the number of positions filled."""
+    """The caches of all layers of a model; ``length`` is the number of positions filled.
 
-    def __init__(self, config: GPTConfig, batch: int, max_len: int | None = None,
-                 dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu") -> None:
+    ``dtype`` is the storage type: the model's dtype, ``torch.bfloat16``, or
+    ``torch.int8`` (quantised with per-head scales).
+    """
+
+    def __init__(
+        self,
+        config: GPTConfig,
+        batch: int,
+        max_len: int | None = None,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str = "cpu",
+    ) -> None:
         assert config.n_kv_head is not None
         max_len = max_len or config.block_size
-        self.layers = [LayerKVCache(batch, config.n_kv_head, max_len, config.head_dim, dtype, device)
-                       for _ in range(config.n_layer)]
+        self.layers = [
+            LayerKVCache(batch, config.n_kv_head, max_len, config.head_dim, dtype, device)
+            for _ in range(config.n_layer)
+        ]
 
     @property
     def length(self) -> int:
@@ -59,5 +212,5 @@ class KVCache:
             layer.length = 0
 
     def nbytes(self) -> int:
-        """Bytes held: ``2·L·B·H_kv·T_max·d_k·bytes_per_number``."""
+        """Bytes held: ``2·L·B·H_kv·T_max·d_k·bytes_per_number`` (+ the int8 scales)."""
         return sum(layer.nbytes() for layer in self.layers)

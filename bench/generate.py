@@ -1,0 +1,227 @@
+"""Generation speed: prefill + greedy KV-cached decoding of a random-weight GPT on the CPU.
+
+    python bench/generate.py --preset gpt2 --batch 1 --prompt-tokens 32 --new-tokens 128 --dtype bf16
+
+Prints one JSON line: tokens_per_s (generated tokens / total time, prefill included),
+decode_tokens_per_s, ms_per_step, prefill_ms, dtype, batch, peak_rss_mb, and the
+bandwidth bound (weight bytes read per step ÷ the measured copy bandwidth).
+``--hf`` also times Hugging Face transformers' ``generate`` on the same shapes (gpt2 only);
+``--plot PATH`` times a decode step at contexts up to the block size and draws it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from gptlab.generate import BatchSession, SampleConfig  # noqa: E402
+from gptlab.generate.decode import _decode, _start  # noqa: E402
+from gptlab.model import GPT, GPTConfig  # noqa: E402
+from gptlab.quantize import quantize  # noqa: E402
+
+
+def copy_bandwidth_gbs() -> float:
+    """Memory copy bandwidth (read + write bytes per second) on a 256 MB buffer."""
+    src = torch.empty(64 * 2**20, dtype=torch.float32).fill_(1.0)
+    dst = torch.empty_like(src)
+    times = []
+    for _ in range(5):
+        t = time.perf_counter()
+        dst.copy_(src)
+        times.append(time.perf_counter() - t)
+    return 2 * src.numel() * 4 / min(times) / 1e9
+
+
+def weight_bytes(model: torch.nn.Module) -> int:
+    """Bytes a decode step reads: every matrix except the embedding table (only one row is read)."""
+    total = 0
+    seen = set()
+    for name, t in list(model.named_parameters()) + list(model.named_buffers()):
+        if id(t) in seen or name.startswith("wte") or "positional" in name:
+            continue
+        seen.add(id(t))
+        total += t.numel() * t.element_size()
+    if getattr(model, "quantization", None) != "int8" and model.config.tie_embeddings:
+        total += model.wte.weight.numel() * model.wte.weight.element_size()  # the tied head reads it
+    return total
+
+
+def build(preset: str, dtype: str) -> GPT:
+    torch.manual_seed(0)
+    model = GPT(GPTConfig.preset(preset)).eval()
+    return quantize(model, dtype)
+
+
+def run_once(model: GPT, prompts: list[list[int]], new_tokens: int) -> tuple[float, float, int]:
+    config = SampleConfig(max_new_tokens=new_tokens, temperature=0)
+    t0 = time.perf_counter()
+    session, requests = _start(model, None, prompts, config, None)
+    t1 = time.perf_counter()
+    n = sum(1 for e in _decode(session, requests, config, None, want_probs=False) if e.token_id is not None)
+    t2 = time.perf_counter()
+    return t1 - t0, t2 - t1, n
+
+
+def hf_bench(batch: int, prompt_tokens: int, new_tokens: int, repeats: int) -> dict:
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(GPT2Config()).eval()
+    idx = torch.randint(0, 50257, (batch, prompt_tokens))
+    kw = dict(max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False, pad_token_id=0)
+    with torch.inference_mode():
+        model.generate(idx, **dict(kw, max_new_tokens=4, min_new_tokens=4))
+        times = []
+        for _ in range(repeats):
+            t = time.perf_counter()
+            model.generate(idx, attention_mask=torch.ones_like(idx), **kw)
+            times.append(time.perf_counter() - t)
+    med = statistics.median(times)
+    return {"hf_tokens_per_s": round(batch * new_tokens / med, 2)}
+
+
+def context_sweep(model: GPT, plot: str, steps: int = 16) -> dict:
+    """Median time of a batch-1 decode step at several context lengths → a PNG."""
+    block = model.config.block_size
+    contexts = [c for c in (32, 128, 256, 384, 512, 640, 768, 896, 1024 - steps) if c + steps <= block]
+    medians = []
+    for c in contexts:
+        session = BatchSession(model, 1, block)
+        slot, _ = session.add(torch.randint(0, 1000, (c,)).tolist())
+        times = []
+        for _ in range(steps):
+            t = time.perf_counter()
+            session.step({slot: 1})
+            times.append(time.perf_counter() - t)
+        medians.append(1e3 * statistics.median(times))
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    ax.plot(contexts, medians, "o-")
+    ax.set_xlabel("context length (tokens in the KV cache)")
+    ax.set_ylabel("ms per decode step")
+    ax.set_ylim(0, max(medians) * 1.2)
+    ax.set_title(
+        f"{model.config.n_layer}-layer GPT, batch 1, {getattr(model, 'quantization', 'fp32')}, CPU 2 threads"
+    )
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(plot, dpi=120)
+    return {"context": contexts, "ms_per_step_at_context": [round(m, 2) for m in medians]}
+
+
+def quality(steps: int) -> dict:
+    """Held-out perplexity of a char model trained on tinyshakespeare, in fp32, bf16 and int8 weights."""
+    import copy
+    import math
+
+    from gptlab.tokenizers import CharTokenizer
+
+    path = Path(__file__).resolve().parents[2] / "shared" / "data" / "tinyshakespeare.txt"
+    text = path.read_text(encoding="utf-8")
+    tok = CharTokenizer.from_text(text)
+    data = torch.tensor(tok.encode(text))
+    split = int(0.9 * len(data))
+    train, held = data[:split], data[split : split + 50_000]
+    torch.manual_seed(0)
+    block = 128
+    model = GPT(GPTConfig.preset("shakespeare-char", block_size=block))
+    opt = torch.optim.AdamW(model.parameters(), lr=2e-3)
+    for _ in range(steps):
+        starts = torch.randint(0, len(train) - block - 1, (32,))
+        x = torch.stack([train[s : s + block] for s in starts])
+        y = torch.stack([train[s + 1 : s + block + 1] for s in starts])
+        _, loss = model(x, y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    model.eval()
+    n = (len(held) - 1) // block
+    x, y = held[: n * block].view(n, block), held[1 : n * block + 1].view(n, block)
+    out = {"quality_train_steps": steps}
+    for mode in ("fp32", "bf16", "int8"):
+        q = quantize(copy.deepcopy(model), mode)
+        with torch.no_grad():
+            losses = [float(q(x[i : i + 64], y[i : i + 64])[1]) * len(x[i : i + 64]) for i in range(0, n, 64)]
+        out[f"ppl_{mode}"] = round(math.exp(sum(losses) / n), 4)
+    out["int8_ppl_increase_pct"] = round(100 * (out["ppl_int8"] / out["ppl_fp32"] - 1), 3)
+    out["bf16_ppl_increase_pct"] = round(100 * (out["ppl_bf16"] / out["ppl_fp32"] - 1), 3)
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--preset", default="gpt2")
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--prompt-tokens", type=int, default=32)
+    p.add_argument("--new-tokens", type=int, default=128)
+    p.add_argument("--dtype", choices=["fp32", "bf16", "int8"], default="fp32")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--hf", action="store_true", help="also time transformers' generate (gpt2 shapes)")
+    p.add_argument("--plot", help="time a decode step against context length and save a PNG here")
+    p.add_argument(
+        "--quality",
+        type=int,
+        metavar="STEPS",
+        help="only measure held-out perplexity of fp32/bf16/int8 after training a char model STEPS steps",
+    )
+    args = p.parse_args()
+    torch.set_num_threads(args.threads)
+    if args.quality:
+        print(json.dumps(quality(args.quality)))
+        return
+    model = build(args.preset, args.dtype)
+    torch.manual_seed(1)
+    prompts = torch.randint(0, model.config.vocab_size, (args.batch, args.prompt_tokens)).tolist()
+    run_once(model, prompts, 8)  # warm-up
+    prefill, decode = [], []
+    for _ in range(args.repeats):
+        pf, dc, n = run_once(model, prompts, args.new_tokens)
+        prefill.append(pf)
+        decode.append(dc)
+    pf, dc = statistics.median(prefill), statistics.median(decode)
+    total_new = args.batch * args.new_tokens
+    bw = copy_bandwidth_gbs()
+    wbytes = weight_bytes(model)
+    result = {
+        "preset": args.preset,
+        "dtype": args.dtype,
+        "batch": args.batch,
+        "prompt_tokens": args.prompt_tokens,
+        "new_tokens": args.new_tokens,
+        "tokens_per_s": round(total_new / (pf + dc), 2),
+        "decode_tokens_per_s": round(args.batch * (args.new_tokens - 1) / dc, 2),
+        "ms_per_step": round(1e3 * dc / (args.new_tokens - 1), 2),
+        "prefill_ms": round(1e3 * pf, 2),
+        "weight_mb_per_step": round(wbytes / 1e6, 1),
+        "copy_bandwidth_gbs": round(bw, 2),
+        "bandwidth_bound_tokens_per_s": round(args.batch * bw * 1e9 / wbytes, 2),
+        "repeats": args.repeats,
+        "threads": args.threads,
+    }
+    result["fraction_of_bound"] = round(
+        result["decode_tokens_per_s"] / result["bandwidth_bound_tokens_per_s"], 3
+    )
+    if args.hf:
+        result.update(hf_bench(args.batch, args.prompt_tokens, args.new_tokens, args.repeats))
+    if args.plot:
+        result.update(context_sweep(model, args.plot))
+    result["peak_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,143 @@
+"""``gptlab sample CKPT``: stream text from a checkpoint (argument parsing only).
+
+gptlab sample runs/shakespeare --prompt "ROMEO:" --max-new-tokens 200 --temperature 0.8 --top-k 40
+gptlab sample ckpt/ --prompt-file prompt.txt --beam-width 4 --dtype int8 --num-samples 3 --seed 1
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+from gptlab.errors import GptlabError
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "sample",
+        help="generate text from a checkpoint, streamed to the terminal",
+        description="Generate text from a checkpoint (or the latest checkpoint of a run "
+        "directory), streaming tokens as they are produced.",
+    )
+    p.add_argument("checkpoint", metavar="CKPT", help="a checkpoint directory or a run directory")
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--prompt", default="", help="the text to continue (default: start from <|endoftext|>)")
+    src.add_argument("--prompt-file", help="read the prompt from this UTF-8 file")
+    p.add_argument("--tokenizer", help="a tokenizer file, if the checkpoint has none")
+    p.add_argument("--num-samples", type=int, default=1, help="how many samples (seed+i for sample i)")
+    p.add_argument("--max-new-tokens", type=int, default=256)
+    p.add_argument("--temperature", type=float, default=1.0, help="0 = greedy")
+    p.add_argument("--top-k", type=int)
+    p.add_argument("--top-p", type=float)
+    p.add_argument("--min-p", type=float)
+    p.add_argument("--repetition-penalty", type=float, default=1.0)
+    p.add_argument("--frequency-penalty", type=float, default=0.0)
+    p.add_argument("--presence-penalty", type=float, default=0.0)
+    p.add_argument("--beam-width", type=int, default=1, help="> 1: beam search instead of sampling")
+    p.add_argument("--length-penalty", type=float, default=1.0, help="beam score = log p / length^this")
+    p.add_argument(
+        "--no-early-stopping",
+        dest="early_stopping",
+        action="store_false",
+        help="beam search: continue while a live beam can still win",
+    )
+    p.add_argument("--stop", action="append", default=[], metavar="TEXT", help="a stop string (repeatable)")
+    p.add_argument(
+        "--stop-token", action="append", type=int, default=[], metavar="ID", help="a stop token id"
+    )
+    p.add_argument("--seed", type=int)
+    p.add_argument("--dtype", choices=["fp32", "bf16", "int8"], default="fp32", help="weight format")
+    p.add_argument(
+        "--cache-dtype", choices=["model", "bf16", "int8"], default="model", help="KV cache storage"
+    )
+    p.add_argument("--threads", type=int, help="torch threads (default: torch's choice)")
+    p.set_defaults(func=run)
+
+
+def _prompt(args: argparse.Namespace) -> str:
+    if args.prompt_file is None:
+        return args.prompt
+    path = Path(args.prompt_file)
+    if not path.is_file():
+        raise GptlabError(f"{path}: prompt file not found")
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise GptlabError(f"{path}: not UTF-8 text (invalid byte at offset {exc.start})") from None
+
+
+def _warn_line(
+    message: Any, category: Any, filename: str, lineno: int, file: Any = None, line: Any = None
+) -> None:
+    sys.stderr.write(f"\nwarning: {message}\n")
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    import gptlab
+    from gptlab.generate import SampleConfig, encode_prompt, stream_events
+    from gptlab.quantize import quantize
+
+    if args.num_samples < 1:
+        raise GptlabError(f"--num-samples must be at least 1, got {args.num_samples}")
+    if args.threads is not None:
+        if args.threads < 1:
+            raise GptlabError(f"--threads must be at least 1, got {args.threads}")
+        torch.set_num_threads(args.threads)
+    config = SampleConfig(
+        max_new_tokens=args.max_new_tokens,
+        temperature=args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        min_p=args.min_p,
+        repetition_penalty=args.repetition_penalty,
+        frequency_penalty=args.frequency_penalty,
+        presence_penalty=args.presence_penalty,
+        beam_width=args.beam_width,
+        length_penalty=args.length_penalty,
+        early_stopping=args.early_stopping,
+        stop=args.stop,
+        stop_tokens=args.stop_token,
+        seed=args.seed,
+    )
+    prompt = _prompt(args)
+    model, tokenizer = gptlab.load(args.checkpoint)
+    if args.tokenizer:
+        from gptlab.tokenizers import load as load_tokenizer
+
+        tokenizer = load_tokenizer(args.tokenizer)
+    if tokenizer is None:
+        raise GptlabError(f"{args.checkpoint} has no tokenizer.json; pass --tokenizer PATH")
+    encode_prompt(tokenizer, prompt)  # fail on a prompt the tokenizer cannot encode before printing anything
+    quantize(model, args.dtype)
+    cache_dtype = {"model": None, "bf16": torch.bfloat16, "int8": torch.int8}[args.cache_dtype]
+    out = sys.stdout
+    n_tokens, seconds = 0, 0.0
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        warnings.showwarning = _warn_line
+        for i in range(args.num_samples):
+            if i:
+                out.write("\n" + "-" * 40 + "\n")
+            seed = None if config.seed is None else config.seed + i
+            out.write(prompt)
+            out.flush()
+            started = time.perf_counter()
+            for event in stream_events(
+                model, tokenizer, prompt, config.replace(seed=seed), cache_dtype=cache_dtype, want_probs=False
+            ):
+                n_tokens += event.token_id is not None
+                if event.text:
+                    out.write(event.text)
+                    out.flush()
+            seconds += time.perf_counter() - started
+    out.write("\n")
+    out.flush()
+    rate = n_tokens / seconds if seconds > 0 else 0.0
+    sys.stderr.write(f"{n_tokens} tokens in {seconds:.2f} s: {rate:.1f} tokens/s ({args.dtype} weights)\n")
+    return 0

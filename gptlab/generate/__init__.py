@@ -1,0 +1,43 @@
+"""Generation: KV-cached prefill and decode, every decoding strategy, streaming, batching.
+
+    prefill:  logits = GPT(prompt), filling K_cache, V_cache          (blueprint §10)
+    decode:   logits_t = GPT(x_t | K_cache, V_cache), one token a step
+    choose:   greedy / temperature / top-k / top-p / min-p / beam     (blueprint §12)
+
+``stream_events`` (and ``stream``, its text-only view) is the primitive;
+``generate_text``, ``generate_batch`` and ``generate_ids`` (``GPT.generate``) are
+built on the same decoding loop over a ``BatchSession``.
+"""
+
+from gptlab.generate.beam import beam_search
+from gptlab.generate.config import SampleConfig
+from gptlab.generate.decode import (
+    TokenEvent,
+    encode_prompt,
+    generate_batch,
+    generate_ids,
+    generate_text,
+    stop_token_ids,
+    stream,
+    stream_events,
+)
+from gptlab.generate.sampling import Sampler
+from gptlab.generate.session import BatchSession, ContextWarning
+from gptlab.generate.textstream import TextStream
+
+__all__ = [
+    "BatchSession",
+    "ContextWarning",
+    "SampleConfig",
+    "Sampler",
+    "TextStream",
+    "TokenEvent",
+    "beam_search",
+    "encode_prompt",
+    "generate_batch",
+    "generate_ids",
+    "generate_text",
+    "stop_token_ids",
+    "stream",
+    "stream_events",
+]

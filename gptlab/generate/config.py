@@ -1,0 +1,139 @@
+"""``SampleConfig``: every decoding option in one validated dataclass (blueprint §12, "Decoding Strategies")."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from gptlab.errors import GptlabError
+
+
+@dataclass
+class SampleConfig:
+    """How to turn next-token logits into text.
+
+    ``temperature=0`` is greedy (``argmax_i p_i``); otherwise ``p_i ∝ exp(logit_i/τ)``,
+    truncated by top-k, top-p (nucleus) and min-p. ``beam_width > 1`` runs beam
+    search instead of sampling. Generation stops at ``max_new_tokens``, at a stop
+    token (``stop_tokens`` plus the tokenizer's ``<|endoftext|>``) or a stop string;
+    neither is emitted.
+    """
+
+    max_new_tokens: int = 256
+    temperature: float = 1.0  # 0 = greedy
+    top_k: int | None = None
+    top_p: float | None = None
+    min_p: float | None = None
+    repetition_penalty: float = 1.0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    beam_width: int = 1
+    length_penalty: float = 1.0
+    early_stopping: bool = True
+    stop: list[str] = field(default_factory=list)  # stop strings, never emitted
+    stop_tokens: list[int] = field(default_factory=list)  # plus the tokenizer's <|endoftext|>
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.stop, str):
+            self.stop = [self.stop]
+        self.stop = list(self.stop)
+        self.stop_tokens = list(self.stop_tokens)
+        self.validate()
+
+    def validate(self) -> None:
+        """Raise ``GptlabError`` naming the option to change."""
+
+        def need(ok: bool, msg: str) -> None:
+            if not ok:
+                raise GptlabError(f"invalid sampling option: {msg}")
+
+        def is_int(x: Any) -> bool:
+            return isinstance(x, int) and not isinstance(x, bool)
+
+        def is_num(x: Any) -> bool:
+            return (
+                isinstance(x, int | float) and not isinstance(x, bool) and x == x and abs(x) != float("inf")
+            )
+
+        need(
+            is_int(self.max_new_tokens) and self.max_new_tokens >= 0,
+            f"max_new_tokens must be a non-negative integer, got {self.max_new_tokens!r}",
+        )
+        need(
+            is_num(self.temperature) and self.temperature >= 0,
+            f"temperature must be a number ≥ 0 (0 = greedy), got {self.temperature!r}",
+        )
+        need(
+            self.top_k is None or (is_int(self.top_k) and self.top_k >= 1),
+            f"top_k must be a positive integer or null, got {self.top_k!r}",
+        )
+        need(
+            self.top_p is None or (is_num(self.top_p) and 0 < self.top_p <= 1),
+            f"top_p must be in (0, 1] or null, got {self.top_p!r}",
+        )
+        need(
+            self.min_p is None or (is_num(self.min_p) and 0 <= self.min_p <= 1),
+            f"min_p must be in [0, 1] or null, got {self.min_p!r}",
+        )
+        need(
+            is_num(self.repetition_penalty) and self.repetition_penalty > 0,
+            f"repetition_penalty must be > 0 (1 = off), got {self.repetition_penalty!r}",
+        )
+        need(
+            is_num(self.frequency_penalty),
+            f"frequency_penalty must be a number, got {self.frequency_penalty!r}",
+        )
+        need(
+            is_num(self.presence_penalty), f"presence_penalty must be a number, got {self.presence_penalty!r}"
+        )
+        need(
+            is_int(self.beam_width) and self.beam_width >= 1,
+            f"beam_width must be a positive integer (1 = no beam search), got {self.beam_width!r}",
+        )
+        need(is_num(self.length_penalty), f"length_penalty must be a number, got {self.length_penalty!r}")
+        need(
+            isinstance(self.early_stopping, bool),
+            f"early_stopping must be true or false, got {self.early_stopping!r}",
+        )
+        need(
+            all(isinstance(s, str) and s for s in self.stop),
+            f"stop must be a list of non-empty strings, got {self.stop!r}",
+        )
+        need(
+            all(is_int(t) and t >= 0 for t in self.stop_tokens),
+            f"stop_tokens must be a list of token ids (non-negative integers), got {self.stop_tokens!r}",
+        )
+        need(self.seed is None or is_int(self.seed), f"seed must be an integer or null, got {self.seed!r}")
+        if self.beam_width > 1:
+            truncation = [n for n in ("top_k", "top_p", "min_p") if getattr(self, n) is not None]
+            need(
+                not truncation,
+                f"beam search (beam_width={self.beam_width}) is deterministic and does not use "
+                f"{', '.join(truncation)}; drop them or set beam_width=1 to sample",
+            )
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+    # ------------------------------------------------------------------ JSON
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> SampleConfig:
+        if not isinstance(data, dict):
+            raise GptlabError(f"sampling options must be a JSON object, got {type(data).__name__}")
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise GptlabError(
+                f"unknown sampling option(s) {', '.join(unknown)}; valid options: {', '.join(sorted(known))}"
+            )
+        return cls(**data)
+
+    def replace(self, **changes: Any) -> SampleConfig:
+        """A copy with some options changed (and re-validated)."""
+        return SampleConfig.from_dict({**self.to_dict(), **changes})

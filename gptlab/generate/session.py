@@ -1,0 +1,277 @@
+"""``BatchSession``: prefill, then batched one-token decode steps over a shared KV cache.
+
+Every row ("slot") of the cache holds one sequence between its own ``start`` and
+``end``; rows can have different lengths (ragged continuous batching) and a
+left-padded batch is the special case where every row ends at the same place
+but starts after its padding. For one decode step over slots ``s``:
+
+    write k_new, v_new of slot s at cache index end_s
+    pos_s  = end_s − start_s                     (per-sequence positions)
+    mask_s = [start_s ≤ j ≤ end_s]               (keys a slot may see)
+    attend over K_cache[:, :, :max_s end_s + 1]
+
+ALiBi's bias ``−m·(i − j)`` is computed from the last key slot; for a shorter row
+that shifts the scores of the whole row by a constant, which softmax ignores.
+
+When a slot fills the cache, models with relative or no positions (RoPE, ALiBi,
+none) slide: the cache row is rebuilt from the last ``keep`` tokens. Learned and
+sinusoidal positions have no meaning past ``block_size``; their slot is ``full``.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Sequence
+
+import torch
+
+from gptlab.errors import GptlabError
+from gptlab.model.kvcache import KVStore, Positions, Rows, make_store
+
+
+class ContextWarning(UserWarning):
+    """A prompt was cut to the context length, or generation reached it."""
+
+
+class _Plan:
+    """Where the layers of one forward pass write and read (set by the session before each run)."""
+
+    __slots__ = ("rows", "write", "read_end")
+
+    def __init__(self) -> None:
+        self.rows: Rows = slice(0, 1)
+        self.write: Positions = slice(0, 0)
+        self.read_end = 0
+
+
+class _LayerView:
+    """What one attention layer sees as its cache: ``update(k, v) -> (K_full, V_full)``."""
+
+    __slots__ = ("store", "plan")
+
+    def __init__(self, store: KVStore, plan: _Plan) -> None:
+        self.store, self.plan = store, plan
+
+    def update(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        p = self.plan
+        self.store.write(p.rows, p.write, k, v)
+        return self.store.read(p.rows, p.read_end)
+
+
+def _rows(slots: Sequence[int]) -> Rows:
+    """A slice when the slots are consecutive (the cache read is then a view), else an index tensor."""
+    first = slots[0]
+    if list(slots) == list(range(first, first + len(slots))):
+        return slice(first, first + len(slots))
+    return torch.tensor(list(slots), dtype=torch.long)
+
+
+class BatchSession:
+    """A KV cache of ``max_batch`` rows and the forward passes that fill it.
+
+    ``add(prompt_ids) -> (slot, logits)`` prefills a free row; ``step({slot: token})``
+    runs one batched decode step; ``remove(slot)`` frees the row.
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        max_batch: int,
+        max_len: int | None = None,
+        cache_dtype: torch.dtype | None = None,
+    ) -> None:
+        config = model.config
+        block = config.block_size
+        max_len = block if max_len is None else max_len
+        if not isinstance(max_batch, int) or max_batch < 1:
+            raise GptlabError(f"max_batch must be a positive integer, got {max_batch!r}")
+        if not isinstance(max_len, int) or not 1 <= max_len <= block:
+            raise GptlabError(
+                f"max_len must be between 1 and the model's block_size ({block}), got {max_len!r}"
+            )
+        self.model = model
+        self.max_batch, self.max_len = max_batch, max_len
+        self.can_slide = not model.positional.absolute_table  # RoPE, ALiBi, none
+        self.keep = max(1, (max_len * 3) // 4)  # tokens kept when a full row slides
+        device = model.device
+        dtype = cache_dtype or model.dtype
+        with torch.inference_mode():
+            self.stores = [
+                make_store(max_batch, config.n_kv_head, max_len, config.head_dim, dtype, device)
+                for _ in range(config.n_layer)
+            ]
+        self._plan = _Plan()
+        self.layers = [_LayerView(s, self._plan) for s in self.stores]  # what GPT.run calls ``cache.layers``
+        self.start = [0] * max_batch
+        self.end = [0] * max_batch
+        self.tokens: dict[int, list[int]] = {}  # slot -> ids whose keys/values are cached
+
+    # --------------------------------------------------------------- slots
+    @property
+    def free_slots(self) -> int:
+        return self.max_batch - len(self.tokens)
+
+    def length(self, slot: int) -> int:
+        """Tokens cached for ``slot``."""
+        self._check(slot)
+        return self.end[slot] - self.start[slot]
+
+    def full(self, slot: int) -> bool:
+        """True when ``slot`` cannot take another token (and cannot slide)."""
+        return self.end[slot] >= self.max_len and not self.can_slide
+
+    def remove(self, slot: int) -> None:
+        self._check(slot)
+        del self.tokens[slot]
+
+    def _check(self, slot: int) -> None:
+        if slot not in self.tokens:
+            raise GptlabError(f"slot {slot!r} is not in use; use a slot returned by add()")
+
+    def _take(self, n: int) -> list[int]:
+        free = [s for s in range(self.max_batch) if s not in self.tokens]
+        if len(free) < n:
+            raise GptlabError(
+                f"the session has {len(free)} free slot(s) but {n} are needed; "
+                f"remove() finished sequences or make a session with a larger max_batch"
+            )
+        return free[:n]
+
+    def fit(self, ids: Sequence[int]) -> list[int]:
+        """``ids`` as a list, cut to its last ``max_len`` tokens (with a ``ContextWarning``)."""
+        ids = [int(t) for t in ids]
+        if not ids:
+            raise GptlabError("the prompt is empty; give at least one token (e.g. <|endoftext|>)")
+        vocab = self.model.config.vocab_size
+        bad = next((t for t in ids if not 0 <= t < vocab), None)
+        if bad is not None:
+            raise GptlabError(f"token id {bad} is outside the model's vocabulary (0..{vocab - 1})")
+        if len(ids) > self.max_len:
+            warnings.warn(
+                f"the prompt has {len(ids)} tokens, more than the context of {self.max_len}; "
+                f"keeping its last {self.max_len} tokens",
+                ContextWarning,
+                stacklevel=3,
+            )
+            ids = ids[-self.max_len :]
+        return ids
+
+    # --------------------------------------------------------------- passes
+    def add(self, prompt_ids: Sequence[int]) -> tuple[int, torch.Tensor]:
+        """Prefill a free slot with ``prompt_ids`` → ``(slot, next-token logits (vocab,) float32)``."""
+        return self.add_many([prompt_ids])[0]
+
+    @torch.inference_mode()
+    def add_many(self, prompts: Sequence[Sequence[int]]) -> list[tuple[int, torch.Tensor]]:
+        """Prefill several prompts in one left-padded pass (a mask hides the padding).
+
+        Row b holds its prompt at cache indices ``[P_b, T)`` with ``P_b = T − len_b``;
+        positions are ``index − P_b``. A padding query row attends to itself only, so
+        no softmax row is empty.
+        """
+        ids = [self.fit(p) for p in prompts]
+        slots = self._take(len(ids))
+        _n, T = len(ids), max(map(len, ids))
+        device = self.model.device
+        pads = [T - len(p) for p in ids]
+        idx = torch.tensor(
+            [[0] * pad + p for pad, p in zip(pads, ids, strict=True)], dtype=torch.long, device=device
+        )
+        if any(pads):
+            start = torch.tensor(pads, device=device)[:, None]  # (n, 1)
+            j = torch.arange(T, device=device)
+            pos = (j[None, :] - start).clamp(min=0)  # (n, T)
+            causal = j[None, :] <= j[:, None]  # (T, T)
+            mask = (causal[None] & (j[None, None, :] >= start[:, :, None])) | torch.eye(
+                T, dtype=torch.bool, device=device
+            )[None]
+            mask = mask[:, None]  # (n, 1, T, T)
+        else:
+            pos, mask = torch.arange(T, device=device), None
+        logits = self._run(idx, pos, mask, _rows(slots), slice(0, T), T)
+        for b, s in enumerate(slots):
+            self.start[s], self.end[s], self.tokens[s] = pads[b], T, list(ids[b])
+        return [(s, logits[b]) for b, s in enumerate(slots)]
+
+    @torch.inference_mode()
+    def step(self, tokens: dict[int, int]) -> dict[int, torch.Tensor]:
+        """Append one token to each given slot in one batched pass → next-token logits per slot."""
+        slots = sorted(tokens)
+        if not slots:
+            return {}
+        for s in slots:
+            self._check(s)
+            if self.end[s] >= self.max_len:
+                if not self.can_slide:
+                    raise GptlabError(
+                        f"slot {s} holds {self.length(s)} tokens, the context limit of this "
+                        f"model (learned/sinusoidal positions cannot go further)"
+                    )
+                self._slide(s)
+        device = self.model.device
+        ends = [self.end[s] for s in slots]
+        starts = [self.start[s] for s in slots]
+        idx = torch.tensor([[tokens[s]] for s in slots], dtype=torch.long, device=device)  # (n, 1)
+        same_end = min(ends) == max(ends)
+        if same_end and not any(starts):  # every row is the same length: no mask, shared position
+            write: Positions = slice(ends[0], ends[0] + 1)
+            pos = torch.tensor([ends[0]], device=device)
+            mask = None
+        else:
+            end_t = torch.tensor(ends, device=device)
+            start_t = torch.tensor(starts, device=device)
+            write = slice(ends[0], ends[0] + 1) if same_end else end_t
+            pos = (end_t - start_t)[:, None]  # (n, 1)
+            j = torch.arange(max(ends) + 1, device=device)
+            mask = ((j[None, :] >= start_t[:, None]) & (j[None, :] <= end_t[:, None]))[:, None, None, :]
+        logits = self._run(idx, pos, mask, _rows(slots), write, max(ends) + 1)
+        out = {}
+        for i, s in enumerate(slots):
+            self.end[s] += 1
+            self.tokens[s].append(int(tokens[s]))
+            out[s] = logits[i]
+        return out
+
+    @torch.inference_mode()
+    def copy(self, dst: Sequence[int], src: Sequence[int]) -> None:
+        """Slot ``dst[i]`` becomes a copy of slot ``src[i]`` (free destinations are taken)."""
+        pairs = [(d, s) for d, s in zip(dst, src, strict=True) if d != s]
+        if not pairs:
+            return
+        for d, s in pairs:
+            self._check(s)
+            if not 0 <= d < self.max_batch:
+                raise GptlabError(f"slot {d} is outside 0..{self.max_batch - 1}")
+        end = max(self.end[s] for _, s in pairs)
+        d_idx = torch.tensor([d for d, _ in pairs], dtype=torch.long)
+        s_idx = torch.tensor([s for _, s in pairs], dtype=torch.long)
+        for store in self.stores:
+            for t in store._tensors():
+                t[d_idx, :, :end] = t[s_idx, :, :end]
+        snapshot = {s: (self.start[s], self.end[s], list(self.tokens[s])) for _, s in pairs}
+        for d, s in pairs:
+            self.start[d], self.end[d], toks = snapshot[s]
+            self.tokens[d] = list(toks)
+
+    def _slide(self, slot: int) -> None:
+        """Rebuild a full row from its last ``keep`` tokens (positions restart at 0)."""
+        kept = self.tokens[slot][-self.keep :]
+        T = len(kept)
+        idx = torch.tensor([kept], dtype=torch.long, device=self.model.device)
+        self._run(idx, torch.arange(T, device=self.model.device), None, slice(slot, slot + 1), slice(0, T), T)
+        self.start[slot], self.end[slot], self.tokens[slot] = 0, T, kept
+
+    def _run(
+        self,
+        idx: torch.Tensor,
+        pos: torch.Tensor,
+        mask: torch.Tensor | None,
+        rows: Rows,
+        write: Positions,
+        read_end: int,
+    ) -> torch.Tensor:
+        """One forward pass through the planned cache rows → last-position logits (n, vocab) float32."""
+        plan = self._plan
+        plan.rows, plan.write, plan.read_end = rows, write, read_end
+        out = self.model.run(idx, pos=pos, cache=self, attn_mask=mask, last_only=True)
+        return out.logits[:, -1].float()

@@ -1,0 +1,82 @@
+"""Weights for inference: bf16 and int8 (per output channel, dequantisation fused into the matmul)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import gptlab
+from gptlab.errors import GptlabError
+from gptlab.model import GPT, GPTConfig
+from gptlab.quantize import Int8Linear
+from gptlab.tokenizers import CharTokenizer
+
+
+def test_int8_linear_is_the_dequantised_matmul_and_channel_error_is_bounded():
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(64, 48)
+    q = Int8Linear(linear, dtype=torch.float32)
+    x = torch.randn(5, 64)
+    dequant = q.weight.float() * q.scales[:, None]
+    torch.testing.assert_close(q(x), x @ dequant.T + linear.bias, atol=1e-4, rtol=1e-4)
+    step = linear.weight.abs().amax(dim=1, keepdim=True) / 127  # rounding error ≤ half a step per weight
+    assert ((dequant - linear.weight).abs() <= step / 2 + 1e-7).all()
+    assert q.weight.dtype == torch.int8
+
+
+def _perplexity(model: GPT, data: torch.Tensor, block: int) -> float:
+    n = (len(data) - 1) // block
+    x = data[: n * block].view(n, block)
+    y = data[1 : n * block + 1].view(n, block)
+    with torch.no_grad():
+        _, loss = model(x, y)
+    return math.exp(float(loss))
+
+
+def test_int8_costs_at_most_one_percent_perplexity_on_a_trained_model(shakespeare_path):
+    text = shakespeare_path.read_text(encoding="utf-8")[:120_000]
+    tok = CharTokenizer.from_text(text)
+    data = torch.tensor(tok.encode(text))
+    train, held_out = data[:100_000], data[100_000:]
+    torch.manual_seed(0)
+    block = 64
+    model = GPT(GPTConfig(vocab_size=tok.vocab_size, block_size=block, n_layer=2, n_head=4, n_embd=64))
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    for _ in range(150):
+        starts = torch.randint(0, len(train) - block - 1, (16,))
+        x = torch.stack([train[s : s + block] for s in starts])
+        y = torch.stack([train[s + 1 : s + block + 1] for s in starts])
+        _, loss = model(x, y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    model.eval()
+    fp32 = _perplexity(model, held_out, block)
+    assert fp32 < 0.5 * tok.vocab_size  # it learned something
+    import copy
+
+    int8 = _perplexity(gptlab.quantize(copy.deepcopy(model), "int8"), held_out, block)
+    bf16 = _perplexity(gptlab.quantize(copy.deepcopy(model), "bf16"), held_out, block)
+    assert int8 <= 1.01 * fp32, (fp32, int8)
+    assert bf16 <= 1.01 * fp32, (fp32, bf16)
+
+
+def test_quantized_models_generate_and_shrink():
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=50, block_size=16, n_layer=2, n_head=2, n_embd=32)).eval()
+    idx = torch.randint(0, 50, (2, 4))
+
+    def nbytes(m: torch.nn.Module) -> int:
+        tensors = {id(t): t for t in [*m.parameters(), *m.buffers()]}
+        return sum(t.numel() * t.element_size() for t in tensors.values())
+
+    before = nbytes(model.blocks)
+    q = gptlab.quantize(model, "int8")
+    assert q is model and nbytes(model.blocks) < 0.35 * before
+    assert model.generate(idx, 5, temperature=0).shape == (2, 9)
+    with pytest.raises(GptlabError, match="already int8"):
+        gptlab.quantize(model, "bf16")
+    with pytest.raises(GptlabError, match="choose one of"):
+        gptlab.quantize(model, "int4")
