@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from gptlab.generate import BatchSession, SampleConfig  # noqa: E402
 from gptlab.generate.decode import _decode, _start  # noqa: E402
 from gptlab.model import GPT, GPTConfig  # noqa: E402
-from gptlab.quantize import quantize  # noqa: E402
+from gptlab.quantization import quantize  # noqa: E402
 
 
 def copy_bandwidth_gbs() -> float:
@@ -50,7 +50,7 @@ def weight_bytes(model: torch.nn.Module) -> int:
             continue
         seen.add(id(t))
         total += t.numel() * t.element_size()
-    if getattr(model, "quantization", None) != "int8" and model.config.tie_embeddings:
+    if isinstance(model.lm_head, torch.nn.Linear) and model.config.tie_embeddings:
         total += model.wte.weight.numel() * model.wte.weight.element_size()  # the tied head reads it
     return total
 

@@ -20,7 +20,7 @@ _LAZY = {
     "load": ("gptlab.checkpoint", "load"),
     "from_hf": ("gptlab.interop.hf", "from_hf"),
     "to_hf": ("gptlab.interop.hf", "to_hf"),
-    "quantize": ("gptlab.quantize", "quantize"),
+    "quantize": ("gptlab.quantization", "quantize"),
     "generate_text": ("gptlab.generate", "generate_text"),
     "SampleConfig": ("gptlab.generate", "SampleConfig"),
     "TrainConfig": ("gptlab.train", "TrainConfig"),

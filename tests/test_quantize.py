@@ -10,7 +10,7 @@ import torch
 import gptlab
 from gptlab.errors import GptlabError
 from gptlab.model import GPT, GPTConfig
-from gptlab.quantize import Int8Linear
+from gptlab.quantization import Int8Linear
 from gptlab.tokenizers import CharTokenizer
 
 

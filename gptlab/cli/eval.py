@@ -1,0 +1,53 @@
+"""``gptlab eval CKPT --text FILE | --data DATA_DIR``: loss, perplexity and bits per byte."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "eval",
+        help="loss, perplexity and bits per byte of a checkpoint on a text or a dataset",
+        description="Evaluate a checkpoint (or a run directory's latest checkpoint) on a text file or on a "
+        "prepared dataset's split.",
+    )
+    p.add_argument("checkpoint", help="checkpoint or run directory")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--text", help="a UTF-8 text file, tokenized with the checkpoint's tokenizer")
+    src.add_argument("--data", help="a dataset directory made by `gptlab prepare`")
+    p.add_argument("--split", default="val", choices=["train", "val"], help="dataset split (default val)")
+    p.add_argument("--batch-size", type=int, default=16, help="windows per batch (default 16)")
+    p.add_argument(
+        "--max-batches", type=int, default=None, help="evaluate at most this many batches (default all)"
+    )
+    p.add_argument(
+        "--dtype", default="float32", choices=["float32", "bfloat16"], help="autocast dtype (default float32)"
+    )
+    p.add_argument("--device", default="cpu", help="cpu, cuda, ... (default cpu)")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from gptlab.evaluate import evaluate_path
+
+    result, source = evaluate_path(
+        args.checkpoint,
+        text=args.text,
+        data=args.data,
+        split=args.split,
+        batch_size=args.batch_size,
+        max_batches=args.max_batches,
+        dtype=args.dtype,
+        device=args.device,
+    )
+    if args.json:
+        print(json.dumps({"source": source, **result.to_dict()}))
+    else:
+        print(
+            f"{source}: loss {result.loss:.4f} nats/token, perplexity {result.perplexity:.3f}, "
+            f"{result.bits_per_byte:.4f} bits/byte over {result.tokens:,} tokens"
+        )
+    return 0

@@ -1,0 +1,58 @@
+"""``gptlab prepare INPUT... --out DATA_DIR --tokenizer char|bpe:N|gpt2:DIR|FILE``: corpora → token shards."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "prepare",
+        help="tokenize text files, directories or JSONL into train.bin/val.bin",
+        description="Tokenize corpora into a dataset directory: train.bin, val.bin (numpy memmaps), "
+        "tokenizer.json and meta.json.",
+    )
+    p.add_argument(
+        "inputs",
+        nargs="+",
+        metavar="INPUT",
+        help="text files, directories (recursive) or JSONL with a 'text' field",
+    )
+    p.add_argument("--out", required=True, help="the dataset directory to write")
+    p.add_argument(
+        "--tokenizer",
+        default="char",
+        help="char, bpe:N (train a BPE of N tokens), gpt2:DIR, or a saved tokenizer file (default char)",
+    )
+    p.add_argument(
+        "--val-fraction",
+        type=float,
+        default=0.1,
+        help="share of tokens held out for validation (default 0.1)",
+    )
+    p.add_argument(
+        "--block-size",
+        type=int,
+        default=64,
+        help="smallest context you will train with; each split must hold one block (default 64)",
+    )
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from gptlab.data import prepare
+
+    meta = prepare(
+        args.inputs,
+        args.out,
+        tokenizer=args.tokenizer,
+        val_fraction=args.val_fraction,
+        block_size=args.block_size,
+        progress=not args.no_progress,
+    )
+    print(
+        f"{args.out}: {meta['train_tokens']:,} train + {meta['val_tokens']:,} val tokens "
+        f"({meta['dtype']}, vocabulary {meta['vocab_size']:,}, {meta['documents']} document(s))"
+    )
+    return 0

@@ -1,0 +1,115 @@
+"""``gptlab demo``: prepare a character-level dataset, train the ``shakespeare-char`` recipe, print a sample.
+
+Offline by default: the corpus is Python's own documentation text (``pydoc_data``).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from pathlib import Path
+
+from gptlab.errors import GptlabError
+
+RECIPE = "shakespeare-char"
+RUN_FILES = ("metrics.jsonl", "loss.png", "train_config.json", "best.json")
+
+
+def _clear_previous_run(out: Path) -> None:
+    """Remove the previous demo's checkpoints and records (only files a training run writes)."""
+    from gptlab.checkpoint import clean_incomplete, list_checkpoints
+
+    if not out.is_dir():
+        return
+    if list_checkpoints(out) and not (out / "train_config.json").exists():
+        raise GptlabError(f"{out}: holds checkpoints that are not a demo run; choose another --out")
+    clean_incomplete(out)
+    for _, path in list_checkpoints(out):
+        shutil.rmtree(path)
+    for name in RUN_FILES:
+        (out / name).unlink(missing_ok=True)
+
+
+def _prepare(corpus: Path, data_dir: Path) -> dict:
+    from gptlab.data import prepare
+
+    try:
+        return prepare([corpus], data_dir, tokenizer="char", progress=True)
+    except GptlabError:
+        if not (data_dir / "meta.json").exists():
+            raise
+        shutil.rmtree(data_dir)  # the demo's own dataset, made from another corpus
+        return prepare([corpus], data_dir, tokenizer="char", progress=True)
+
+
+def run_demo(
+    out: str | os.PathLike[str] = "runs/demo",
+    data: str | os.PathLike[str] | None = None,
+    max_steps: int | None = None,
+    overrides: list[str] | None = None,
+) -> str:
+    """Run the demo; return the sample text."""
+    from gptlab.checkpoint import load
+    from gptlab.corpus import write_default_corpus
+    from gptlab.train import train
+    from gptlab.train_config import build_config
+
+    t0 = time.perf_counter()
+    out = Path(out)
+    if data is None:
+        corpus = write_default_corpus(out / "corpus.txt")
+        print(f"corpus: Python's documentation text (pydoc_data, {corpus.stat().st_size:,} bytes, offline)")
+    else:
+        corpus = Path(data)
+        if not corpus.is_file():
+            raise GptlabError(f"{corpus}: no such file; --data takes one UTF-8 text file")
+        print(f"corpus: {corpus} ({corpus.stat().st_size:,} bytes)")
+    items = list(overrides or []) + ([f"max_steps={max_steps}"] if max_steps is not None else [])
+    cfg = build_config(RECIPE, items)
+    meta = _prepare(corpus, out / "data")
+    print(
+        f"dataset: {meta['train_tokens']:,} train / {meta['val_tokens']:,} val characters, "
+        f"vocabulary {meta['vocab_size']}"
+    )
+    _clear_previous_run(out)
+    print(
+        f"training: recipe {RECIPE}, {cfg.max_steps} steps "
+        f"({cfg.model.get('n_layer', 4)} layers, d_model {cfg.model.get('n_embd', 128)}, "
+        f"context {cfg.model.get('block_size', 64)}, {cfg.optimizer}, {cfg.dtype})"
+    )
+    result = train(cfg, out / "data", out)
+    model, tok = load(out)
+    sample = _sample(model, tok)
+    print("\n---- sample ----")
+    print(sample)
+    print("----------------")
+    val = f"{result.val_loss:.3f}" if result.val_loss is not None else "n/a"
+    print(
+        f"val loss {val} after {result.step} steps ({result.tokens_per_s:,.0f} tokens/s, "
+        f"{time.perf_counter() - t0:.0f} s in all)"
+    )
+    print(f"loss plot: {out / 'loss.png'}")
+    print(f"checkpoint: {result.checkpoint}  (try: gptlab sample {out} --prompt ...)")
+    return sample
+
+
+def _sample(model, tok, n: int = 400) -> str:  # type: ignore[no-untyped-def]
+    prompt = "\n" if "\n" in getattr(tok, "chars", ["\n"]) else tok.decode([0])
+    try:
+        from gptlab.generate import SampleConfig, generate_text
+    except ImportError:  # the generation package is not installed: a plain sampling loop
+        return _plain_sample(model, tok, prompt, n)
+    return prompt + generate_text(model, tok, prompt, SampleConfig(max_new_tokens=n, temperature=0.8, seed=0))
+
+
+def _plain_sample(model, tok, prompt: str, n: int) -> str:  # type: ignore[no-untyped-def]
+    import torch
+
+    torch.manual_seed(0)
+    idx = torch.tensor([tok.encode(prompt)])
+    with torch.no_grad():
+        for _ in range(n):
+            logits = model(idx[:, -model.config.block_size :])[:, -1, :] / 0.8
+            idx = torch.cat([idx, torch.multinomial(torch.softmax(logits, -1), 1)], dim=1)
+    return tok.decode(idx[0].tolist())

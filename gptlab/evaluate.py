@@ -1,0 +1,149 @@
+"""Evaluation: mean cross-entropy (eq. 10 per token), perplexity and bits per byte.
+
+loss = −(1/N)·Σ_t log P_θ(x_t | x_<t)   (nats per token)
+perplexity = exp(loss)
+bits per byte = loss / ln 2 · (tokens / UTF-8 bytes)   (comparable across tokenizers)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from gptlab.errors import GptlabError
+
+
+@dataclass
+class EvalResult:
+    loss: float
+    tokens: int
+    bytes_per_token: float
+
+    @property
+    def perplexity(self) -> float:
+        return math.exp(min(self.loss, 700.0))
+
+    @property
+    def bits_per_byte(self) -> float:
+        return self.loss / math.log(2) / self.bytes_per_token
+
+    def to_dict(self, prefix: str = "") -> dict[str, float]:
+        return {
+            f"{prefix}loss": self.loss,
+            f"{prefix}ppl": self.perplexity,
+            f"{prefix}bpb": self.bits_per_byte,
+            f"{prefix}tokens": self.tokens,
+        }
+
+
+@torch.no_grad()
+def loss_sum(
+    model: Any,
+    batches: Iterable[tuple[torch.Tensor, torch.Tensor]],
+    device: str | torch.device,
+    autocast: Any = None,
+) -> tuple[torch.Tensor, int]:
+    """``(Σ token losses, token count)`` over ``batches`` (a float64 tensor sum, so ranks can all-reduce it)."""
+    was_training = model.training
+    model.eval()
+    total = torch.zeros((), dtype=torch.float64, device=device)
+    count = 0
+    try:
+        for x, y in batches:
+            x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+            with autocast if autocast is not None else contextlib.nullcontext():
+                out = model.run(x, y)
+            total += out.loss.double() * y.numel()
+            count += y.numel()
+    finally:
+        model.train(was_training)
+    return total, count
+
+
+def evaluate_tokens(
+    model: Any,
+    tokens: Any,
+    batch_size: int,
+    bytes_per_token: float,
+    device: str = "cpu",
+    max_batches: int | None = None,
+    autocast: Any = None,
+) -> EvalResult:
+    """Loss over non-overlapping windows of ``tokens`` (a 1-D id array) at the model's context length."""
+    from gptlab.data import eval_batches
+
+    T = model.config.block_size
+    if len(tokens) < 2:
+        raise GptlabError("the evaluation text has fewer than 2 tokens; give a longer text")
+    T = min(T, len(tokens) - 1)
+    total, count = loss_sum(model, eval_batches(tokens, T, batch_size, max_batches), device, autocast)
+    return EvalResult(loss=float(total) / max(count, 1), tokens=count, bytes_per_token=bytes_per_token)
+
+
+def evaluate_path(
+    checkpoint: str | os.PathLike[str],
+    text: str | os.PathLike[str] | None = None,
+    data: str | os.PathLike[str] | None = None,
+    split: str = "val",
+    batch_size: int = 16,
+    max_batches: int | None = None,
+    dtype: str = "float32",
+    device: str = "cpu",
+) -> tuple[EvalResult, str]:
+    """Evaluate a checkpoint (or a run directory's latest) on a text file or a dataset split."""
+    import numpy as np
+
+    from gptlab.checkpoint import load, resolve_checkpoint
+
+    if batch_size < 1 or (max_batches is not None and max_batches < 1):
+        raise GptlabError("--batch-size and --max-batches must be at least 1")
+    if (text is None) == (data is None):
+        raise GptlabError("give exactly one of --text FILE or --data DATA_DIR")
+    directory = resolve_checkpoint(checkpoint)
+    model, tok = load(directory, device=device)
+    autocast = (
+        torch.autocast(torch.device(device).type, dtype=torch.bfloat16) if dtype == "bfloat16" else None
+    )
+    if text is not None:
+        from gptlab.tokenizers.loading import read_text_file
+
+        if tok is None:
+            raise GptlabError(
+                f"{directory}: has no tokenizer.json, so a text cannot be tokenized; use --data"
+            )
+        content = read_text_file(text)
+        ids = tok.encode(content)
+        if len(ids) < 2:
+            raise GptlabError(f"{text}: too short to evaluate (fewer than 2 tokens)")
+        tokens = np.asarray(ids, dtype=np.int64)
+        bpt = len(content.encode("utf-8")) / len(ids)
+        source = str(text)
+    else:
+        from gptlab.data import TokenDataset
+
+        ds = TokenDataset(data)
+        if tok is not None and ds.tokenizer.to_dict() != tok.to_dict():
+            raise GptlabError(
+                f"{data} was tokenized with a different tokenizer than {directory}; "
+                f"evaluate on a dataset prepared with the checkpoint's tokenizer.json"
+            )
+        if ds.vocab_size > model.config.vocab_size:
+            raise GptlabError(
+                f"{data} has a vocabulary of {ds.vocab_size}, larger than the model's "
+                f"{model.config.vocab_size}"
+            )
+        tokens = ds.split(split)
+        bpt = ds.bytes_per_token(split)
+        source = f"{data} ({split})"
+    if max_batches is None and len(tokens) > 50_000_000:
+        max_batches = 1000
+    result = evaluate_tokens(
+        model, tokens, batch_size, bpt, device=device, max_batches=max_batches, autocast=autocast
+    )
+    return result, f"{directory} on {source}"

@@ -1,0 +1,132 @@
+"""Training records: ``metrics.jsonl`` (one JSON object per line), ``loss.png``, and optional
+TensorBoard / Weights & Biases logging when those packages are installed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from gptlab.errors import GptlabError
+from gptlab.fileio import atomic_write, atomic_write_text
+
+METRICS_FILE = "metrics.jsonl"
+PLOT_FILE = "loss.png"
+
+
+def read_metrics(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """Records of a metrics.jsonl; a torn last line (a killed run) is skipped."""
+    path = Path(path)
+    if not path.is_file():
+        return []
+    records = []
+    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(rec, dict) and "step" in rec:
+            records.append(rec)
+    return records
+
+
+class MetricsLog:
+    """Appends records to ``RUN_DIR/metrics.jsonl`` and keeps them for the plot."""
+
+    def __init__(
+        self,
+        run_dir: str | os.PathLike[str],
+        resume_step: int | None,
+        loggers: list[str],
+        config: dict[str, Any],
+    ) -> None:
+        self.path = Path(run_dir) / METRICS_FILE
+        self.plot_path = Path(run_dir) / PLOT_FILE
+        # a resumed run drops the records after its checkpoint (it will write them again)
+        keep = resume_step or 0
+        self.records = (
+            [r for r in read_metrics(self.path) if r["step"] <= keep] if resume_step is not None else []
+        )
+        atomic_write_text(self.path, "".join(json.dumps(r) + "\n" for r in self.records))
+        self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 (kept open for the run)
+        self.sinks = [SINKS[name](Path(run_dir), config) for name in loggers]
+
+    def log(self, record: dict[str, Any]) -> None:
+        self.records.append(record)
+        self._file.write(json.dumps(record) + "\n")
+        self._file.flush()
+        for sink in self.sinks:
+            sink.log(record)
+
+    def close(self) -> None:
+        self._file.close()
+        for sink in self.sinks:
+            sink.close()
+
+    def plot(self, tokens_per_step: int) -> Path:
+        """Write ``loss.png``: train and val loss against steps (bottom axis) and tokens (top axis)."""
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        train = [(r["step"], r["loss"]) for r in self.records if "loss" in r]
+        evals = [r for r in self.records if "val_loss" in r]
+        fig, ax = plt.subplots(figsize=(8, 4.5), dpi=100)
+        if train:
+            ax.plot(*zip(*train), lw=0.6, alpha=0.5, color="tab:blue", label="train (per step)")
+        if evals:
+            steps = [r["step"] for r in evals]
+            ax.plot(steps, [r["train_loss"] for r in evals], "o-", color="tab:blue", label="train (eval)")
+            ax.plot(steps, [r["val_loss"] for r in evals], "o-", color="tab:orange", label="val")
+        ax.set_xlabel("step")
+        ax.set_ylabel("cross-entropy loss (nats/token)")
+        ax.grid(alpha=0.3)
+        ax.legend()
+        top = ax.secondary_xaxis(
+            "top", functions=(lambda s: s * tokens_per_step, lambda t: t / tokens_per_step)
+        )
+        top.set_xlabel("tokens")
+        fig.tight_layout()
+        atomic_write(self.plot_path, lambda tmp: fig.savefig(tmp, format="png"))
+        plt.close(fig)
+        return self.plot_path
+
+
+class _TensorBoard:
+    def __init__(self, run_dir: Path, config: dict[str, Any]) -> None:
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+        except ImportError:
+            raise GptlabError(
+                'loggers=["tensorboard"] needs the tensorboard package: pip install tensorboard'
+            ) from None
+        self.writer = SummaryWriter(str(run_dir / "tensorboard"))
+
+    def log(self, record: dict[str, Any]) -> None:
+        for key, value in record.items():
+            if key != "step" and isinstance(value, int | float):
+                self.writer.add_scalar(key, value, record["step"])
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+class _WandB:
+    def __init__(self, run_dir: Path, config: dict[str, Any]) -> None:
+        try:
+            import wandb
+        except ImportError:
+            raise GptlabError('loggers=["wandb"] needs the wandb package: pip install wandb') from None
+        self.run = wandb.init(project="gptlab", name=run_dir.name, dir=str(run_dir), config=config)
+
+    def log(self, record: dict[str, Any]) -> None:
+        self.run.log({k: v for k, v in record.items() if k != "step"}, step=record["step"])
+
+    def close(self) -> None:
+        self.run.finish()
+
+
+SINKS = {"tensorboard": _TensorBoard, "wandb": _WandB}

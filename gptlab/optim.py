@@ -1,0 +1,141 @@
+"""Optimizers: AdamW with decoupled weight decay (blueprint §3.2), optionally Muon for hidden matrices.
+
+AdamW, per parameter θ with gradient g:  m ← β₁m + (1−β₁)g,  v ← β₂v + (1−β₂)g²,
+    θ ← θ − η·λ·θ − η·m̂/(√v̂ + ε)       (decay λ applied to matrices only, not to biases, norms or embeddings)
+
+Muon (``torch.optim.Muon``) for the 2-D matrices inside the blocks: momentum, then the update
+is orthogonalised by Newton–Schulz iterations, ``θ ← θ − η·NS(μB + g)``; every other
+parameter (embeddings, head, norms, biases) stays with AdamW.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch import nn
+
+from gptlab.errors import GptlabError
+
+EMBEDDING_PREFIXES = ("wte.", "positional.", "lm_head.")
+
+
+class Optimizers:
+    """Several optimizers stepped together (AdamW alone, or Muon + AdamW); each group keeps ``base_lr``."""
+
+    def __init__(self, optimizers: dict[str, torch.optim.Optimizer]) -> None:
+        self.optimizers = optimizers
+
+    @property
+    def param_groups(self) -> Iterator[dict[str, Any]]:
+        for opt in self.optimizers.values():
+            yield from opt.param_groups
+
+    def set_lr_scale(self, scale: float) -> None:
+        """``lr = base_lr · scale`` in every group (the schedule gives ``scale = η_t/η``)."""
+        for group in self.param_groups:
+            group["lr"] = group["base_lr"] * scale
+
+    def step(self) -> None:
+        for opt in self.optimizers.values():
+            opt.step()
+
+    def zero_grad(self) -> None:
+        for opt in self.optimizers.values():
+            opt.zero_grad(set_to_none=True)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {name: opt.state_dict() for name, opt in self.optimizers.items()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if set(state) != set(self.optimizers):
+            raise GptlabError(
+                f"the checkpoint holds optimizer state for {', '.join(sorted(state))} but this run "
+                f"uses {', '.join(sorted(self.optimizers))}; keep the optimizer setting when resuming"
+            )
+        for name, opt in self.optimizers.items():
+            opt.load_state_dict(state[name])
+
+
+def _split(model: nn.Module) -> tuple[list[nn.Parameter], list[nn.Parameter], list[nn.Parameter]]:
+    """(hidden matrices, other decayed matrices, undecayed) — each parameter once (a tied head is ``wte``)."""
+    hidden, matrices, rest = [], [], []
+    seen: set[int] = set()
+    for name, p in model.named_parameters():
+        if id(p) in seen or not p.requires_grad:
+            continue
+        seen.add(id(p))
+        if p.dim() < 2 or name.startswith(EMBEDDING_PREFIXES[:2]):
+            rest.append(p)  # biases, norm gains, token and position embeddings
+        elif name.startswith("blocks."):
+            hidden.append(p)
+        else:
+            matrices.append(p)  # an untied output head
+    return hidden, matrices, rest
+
+
+def _adamw(
+    groups: list[dict[str, Any]], lr: float, betas: tuple[float, float], device_type: str
+) -> torch.optim.AdamW:
+    groups = [g for g in groups if g["params"]]
+    fused = device_type in ("cuda", "cpu") and all(
+        p.dtype.is_floating_point for g in groups for p in g["params"]
+    )
+    opt = torch.optim.AdamW(groups, lr=lr, betas=betas, fused=fused or None, foreach=None if fused else True)
+    return opt
+
+
+def build_optimizer(
+    model: nn.Module,
+    name: str,
+    lr: float,
+    weight_decay: float,
+    betas: tuple[float, float],
+    device_type: str,
+    muon_lr: float = 0.02,
+    muon_momentum: float = 0.95,
+    muon_weight_decay: float = 0.0,
+) -> Optimizers:
+    """``adamw`` or ``muon`` (Muon for the blocks' matrices, AdamW for the rest)."""
+    hidden, matrices, rest = _split(model)
+    if name == "adamw":
+        opt = _adamw(
+            [
+                {"params": hidden + matrices, "weight_decay": weight_decay, "base_lr": lr},
+                {"params": rest, "weight_decay": 0.0, "base_lr": lr},
+            ],
+            lr,
+            betas,
+            device_type,
+        )
+        return Optimizers({"adamw": opt})
+    if name == "muon":
+        if not hasattr(torch.optim, "Muon"):
+            raise GptlabError(
+                f"optimizer=muon needs torch.optim.Muon (torch ≥ 2.9); this torch is "
+                f"{torch.__version__}: upgrade torch or use optimizer=adamw"
+            )
+        muon = torch.optim.Muon(
+            hidden,
+            lr=muon_lr,
+            momentum=muon_momentum,
+            weight_decay=muon_weight_decay,
+            adjust_lr_fn="original",
+        )
+        for group in muon.param_groups:
+            group["base_lr"] = muon_lr
+        adamw = _adamw(
+            [
+                {"params": matrices, "weight_decay": weight_decay, "base_lr": lr},
+                {"params": rest, "weight_decay": 0.0, "base_lr": lr},
+            ],
+            lr,
+            betas,
+            device_type,
+        )
+        return Optimizers({"muon": muon, "adamw": adamw})
+    raise GptlabError(f"unknown optimizer {name!r}; choose one of {', '.join(OPTIMIZERS)}")
+
+
+OPTIMIZERS = ("adamw", "muon")

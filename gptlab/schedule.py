@@ -1,0 +1,54 @@
+"""Learning-rate schedules, chosen by name: the rate at step ``t`` (0-based) as a function of the config.
+
+Warmup (all schedules): ``η_t = η·(t + 1)/W`` for ``t < W``. After it:
+
+* ``cosine``:   ``η_t = η_min + ½·(η − η_min)·(1 + cos(π·(t − W)/(S − W)))``, reaching ``η_min`` at ``S``;
+* ``linear``:   constant ``η`` until the warm-down starts at ``S − D``, then linear to ``η_min`` at ``S``;
+* ``constant``: ``η`` throughout.
+
+``S`` is ``max_steps``, ``W`` ``warmup_steps``, ``D`` ``warmdown_steps``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+
+def _cosine(t: int, lr: float, min_lr: float, warmup: int, total: int, warmdown: int) -> float:
+    span = max(total - warmup, 1)
+    ratio = min(max(t - warmup, 0) / span, 1.0)
+    return min_lr + 0.5 * (lr - min_lr) * (1.0 + math.cos(math.pi * ratio))
+
+
+def _linear(t: int, lr: float, min_lr: float, warmup: int, total: int, warmdown: int) -> float:
+    start = total - warmdown
+    if warmdown <= 0 or t < start:
+        return lr
+    return lr + (min_lr - lr) * min((t - start + 1) / warmdown, 1.0)
+
+
+def _constant(t: int, lr: float, min_lr: float, warmup: int, total: int, warmdown: int) -> float:
+    return lr
+
+
+SCHEDULES: dict[str, Callable[[int, float, float, int, int, int], float]] = {
+    "cosine": _cosine,
+    "linear": _linear,
+    "constant": _constant,
+}
+
+
+def learning_rate(
+    step: int,
+    schedule: str,
+    lr: float,
+    min_lr: float,
+    warmup_steps: int,
+    max_steps: int,
+    warmdown_steps: int = 0,
+) -> float:
+    """``η_t`` of the schedule named ``schedule`` (see the module docstring)."""
+    if step < warmup_steps:
+        return lr * (step + 1) / warmup_steps
+    return SCHEDULES[schedule](step, lr, min_lr, warmup_steps, max_steps, warmdown_steps)

@@ -1,0 +1,70 @@
+"""DDP under torchrun: 2 CPU processes (gloo) equal one process on the same global batch."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from gptlab import checkpoint as ckpt
+from gptlab.data import prepare
+from gptlab.train import train
+from gptlab.train_config import build_config
+
+TINY = [
+    "model.n_layer=1",
+    "model.n_embd=32",
+    "model.n_head=2",
+    "model.block_size=16",
+    "threads=1",
+    "progress=false",
+    "eval_batches=2",
+    "warmup_steps=2",
+    "lr=3e-3",
+    "max_steps=3",
+    "eval_every=3",
+]
+
+
+def test_two_process_gloo_equals_single_process(tmp_path):
+    text = "\n".join(f"line {i}: the cat sat on mat number {i % 13} and purred." for i in range(500))
+    (tmp_path / "c.txt").write_text(text)
+    prepare([tmp_path / "c.txt"], tmp_path / "ds", block_size=16)
+    torchrun = Path(sys.executable).with_name("torchrun")
+    launcher = [str(torchrun)] if torchrun.exists() else [sys.executable, "-m", "torch.distributed.run"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(
+        [
+            *launcher,
+            "--standalone",
+            "--nproc_per_node=2",
+            "-m",
+            "gptlab",
+            "train",
+            "--data",
+            str(tmp_path / "ds"),
+            "--out",
+            str(tmp_path / "ddp"),
+            *TINY,
+            "batch_size=2",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    single = train(build_config(None, [*TINY, "batch_size=4"]), tmp_path / "ds", tmp_path / "one")
+    a = ckpt.read_tensors(ckpt.resolve_checkpoint(tmp_path / "ddp") / ckpt.WEIGHTS_FILE)
+    b = ckpt.read_tensors(ckpt.resolve_checkpoint(tmp_path / "one") / ckpt.WEIGHTS_FILE)
+    assert sorted(a) == sorted(b)
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], rtol=1e-4, atol=1e-5)
+    # the evaluation is shared across ranks and reduced: the same val loss as one process
+    assert ckpt.read_json(tmp_path / "ddp" / "best.json")["val_loss"] == pytest.approx(
+        single.val_loss, rel=1e-4
+    )
