@@ -33,7 +33,8 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
+        weight = self.weight if self.weight.dtype == x.dtype else self.weight.to(x.dtype)  # bf16 autocast
+        return F.rms_norm(x, self.weight.shape, weight, self.eps)
 
 
 NORMS: dict[str, type[nn.Module]] = {"layernorm": LayerNorm, "rmsnorm": RMSNorm}
