@@ -23,11 +23,11 @@ demo: $(STAMP)
 	$(VENV)/bin/gptlab demo $(ARGS)
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check gptlab tests bench
+	$(VENV)/bin/ruff check gptlab tests bench tools
 
 format: $(STAMP)
-	$(VENV)/bin/ruff format gptlab tests bench
-	$(VENV)/bin/ruff check --fix gptlab tests bench
+	$(VENV)/bin/ruff format gptlab tests bench tools
+	$(VENV)/bin/ruff check --fix gptlab tests bench tools
 
 test: lint
 	$(PY) -m pytest $(PYTEST_ARGS)

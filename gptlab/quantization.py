@@ -28,8 +28,11 @@ _FUSED = hasattr(torch.ops.aten, "_weight_int8pack_mm")
 def _onednn_bf16() -> bool:
     """True where oneDNN can run bf16 matmuls on this CPU from prepacked weights."""
     try:
-        return bool(torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
-                    and hasattr(torch.ops.mkldnn, "_reorder_linear_weight"))
+        return bool(
+            torch.backends.mkldnn.is_available()
+            and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+            and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
+        )
     except (AttributeError, RuntimeError):
         return False
 

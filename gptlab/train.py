@@ -214,7 +214,7 @@ class _Trainer:
         self.tokens_per_step = cfg.batch_size * T * cfg.grad_accum * info.world_size
 
         torch.manual_seed(cfg.seed)  # the same initial weights on every rank
-        self.model = GPT(self.model_config).to(self.device)
+        self.model = GPT(self.model_config).set_attention_impl(cfg.attention).to(self.device)
         self.optimizer = build_optimizer(
             self.model,
             cfg.optimizer,

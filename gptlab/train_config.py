@@ -17,8 +17,10 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from gptlab import configs
 from gptlab.errors import GptlabError
 from gptlab.model import GPTConfig
+from gptlab.model.attention import ATTENTION_PATHS
 
 DTYPES = ("float32", "bfloat16", "float16")
 DEFAULT_PRESET = "shakespeare-char"
@@ -51,6 +53,7 @@ class TrainConfig:
     seed: int = 1337
     dtype: str = "float32"  # float32 | bfloat16 (autocast, CPU or CUDA) | float16 (CUDA, with a GradScaler)
     compile: bool = False  # torch.compile the model
+    attention: str = "sdpa"  # sdpa (fused kernel) | plain (the written-out equation: faster for bf16 on CPU)
     device: str = "auto"  # auto | cpu | cuda | cuda:N | mps
     threads: int = 0  # CPU threads per process; 0: the available cores divided among processes
     log_every: int = 1  # steps between metrics.jsonl records (each record reads the loss: a sync on GPU)
@@ -119,6 +122,10 @@ class TrainConfig:
         )
         need(self.dtype in DTYPES, f"dtype must be one of {', '.join(DTYPES)}; got {self.dtype!r}")
         need(
+            self.attention in ATTENTION_PATHS,
+            f"attention must be one of {', '.join(ATTENTION_PATHS)}; got {self.attention!r}",
+        )
+        need(
             isinstance(self.loggers, list) and all(x in ("tensorboard", "wandb") for x in self.loggers),
             f'loggers must be a list of "tensorboard" and/or "wandb", got {self.loggers!r}',
         )
@@ -149,16 +156,7 @@ class TrainConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TrainConfig:
-        if not isinstance(data, dict):
-            raise GptlabError(f"a train config must be a table of settings, got {type(data).__name__}")
-        known = [f.name for f in dataclasses.fields(cls)]
-        unknown = sorted(set(data) - set(known))
-        if unknown:
-            raise GptlabError(
-                f"unknown config key(s) {', '.join(unknown)}; valid keys: {', '.join(known)} "
-                f"(and model.<GPTConfig field>)"
-            )
-        return cls(**data)
+        return configs.from_dict(cls, data, "config", hint=" (and model.<GPTConfig field>)")
 
 
 def recipe_names() -> list[str]:

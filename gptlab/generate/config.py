@@ -6,6 +6,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from gptlab import configs
 from gptlab.errors import GptlabError
 
 
@@ -124,15 +125,7 @@ class SampleConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> SampleConfig:
-        if not isinstance(data, dict):
-            raise GptlabError(f"sampling options must be a JSON object, got {type(data).__name__}")
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise GptlabError(
-                f"unknown sampling option(s) {', '.join(unknown)}; valid options: {', '.join(sorted(known))}"
-            )
-        return cls(**data)
+        return configs.from_dict(cls, data, "sampling option")
 
     def replace(self, **changes: Any) -> SampleConfig:
         """A copy with some options changed (and re-validated)."""

@@ -14,6 +14,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from gptlab import configs
 from gptlab.errors import GptlabError
 
 POS_OPTIONS = ("learned", "sinusoidal", "rope", "alibi", "none")
@@ -152,18 +153,7 @@ class GPTConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> GPTConfig:
-        if not isinstance(data, dict):
-            raise GptlabError(f"a model config must be a JSON object, got {type(data).__name__}")
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise GptlabError(
-                f"unknown model config key(s) {', '.join(unknown)}; valid keys: {', '.join(sorted(known))}"
-            )
-        try:
-            return cls(**data)
-        except TypeError as exc:
-            raise GptlabError(f"invalid model config: {exc}") from None
+        return configs.from_dict(cls, data, "model config")
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2, sort_keys=True)
