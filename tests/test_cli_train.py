@@ -14,6 +14,7 @@ import urllib.request
 
 import pytest
 import torch
+from _tiny import TINY_TRAIN
 
 from gptlab import checkpoint as ckpt
 from gptlab.cli import main
@@ -22,18 +23,7 @@ from gptlab.metrics import read_metrics
 from gptlab.train import train
 from gptlab.train_config import build_config
 
-TINY = [
-    "model.n_layer=1",
-    "model.n_embd=32",
-    "model.n_head=2",
-    "model.block_size=16",
-    "batch_size=4",
-    "threads=1",
-    "progress=false",
-    "eval_batches=2",
-    "warmup_steps=2",
-    "lr=3e-3",
-]
+TINY = [*TINY_TRAIN, "batch_size=4"]
 
 
 @pytest.fixture(scope="module")

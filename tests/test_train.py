@@ -8,6 +8,7 @@ import shutil
 
 import pytest
 import torch
+from _tiny import TINY_TRAIN
 
 from gptlab import checkpoint as ckpt
 from gptlab import train as gtrain
@@ -18,18 +19,7 @@ from gptlab.model import GPT
 from gptlab.schedule import learning_rate
 from gptlab.train_config import TrainConfig, build_config, recipe_names
 
-TINY = [
-    "model.n_layer=1",
-    "model.n_embd=32",
-    "model.n_head=2",
-    "model.block_size=16",
-    "batch_size=4",
-    "threads=1",
-    "progress=false",
-    "eval_batches=2",
-    "warmup_steps=2",
-    "lr=3e-3",
-]
+TINY = [*TINY_TRAIN, "batch_size=4"]
 
 
 @pytest.fixture(scope="module")

@@ -9,25 +9,14 @@ from pathlib import Path
 
 import pytest
 import torch
+from _tiny import TINY_TRAIN
 
 from gptlab import checkpoint as ckpt
 from gptlab.data import prepare
 from gptlab.train import train
 from gptlab.train_config import build_config
 
-TINY = [
-    "model.n_layer=1",
-    "model.n_embd=32",
-    "model.n_head=2",
-    "model.block_size=16",
-    "threads=1",
-    "progress=false",
-    "eval_batches=2",
-    "warmup_steps=2",
-    "lr=3e-3",
-    "max_steps=3",
-    "eval_every=3",
-]
+TINY = [*TINY_TRAIN, "max_steps=3", "eval_every=3"]
 
 
 def test_two_process_gloo_equals_single_process(tmp_path):

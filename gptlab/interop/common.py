@@ -12,10 +12,10 @@ and writing needs only ``torch`` and ``safetensors``.
 
 from __future__ import annotations
 
-import pickle
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from pickle import UnpicklingError  # raised by torch.load(weights_only=True) on a refused or corrupt file
 from typing import Any
 
 import torch
@@ -189,7 +189,7 @@ def read_bin(path: Path) -> Tensors:
         state = torch.load(path, weights_only=True, map_location="cpu")
     except FileNotFoundError:
         raise GptlabError(f"{path}: file not found") from None
-    except (RuntimeError, EOFError, OSError, ValueError, pickle.UnpicklingError) as exc:
+    except (RuntimeError, EOFError, OSError, ValueError, UnpicklingError) as exc:
         msg = " ".join(str(exc).split())[:300]
         raise GptlabError(
             f"{path}: cannot read this PyTorch weights file (truncated, corrupt, or holds more "
