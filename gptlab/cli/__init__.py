@@ -35,7 +35,7 @@ class _Parser(argparse.ArgumentParser):
     """An ArgumentParser whose usage errors are one ``error:`` line and status 2."""
 
     def error(self, message: str) -> None:  # type: ignore[override]
-        sys.stderr.write(f"error: {message} (see 'gptlab {self.prog.split(' ', 1)[-1]} --help')\n")
+        sys.stderr.write(f"error: {message} (see '{self.prog} --help')\n")
         raise SystemExit(2)
 
 
