@@ -125,8 +125,8 @@ def context_sweep(model: GPT, plot: str, steps: int = 16) -> dict:
 def quality(steps: int) -> dict:
     """Held-out perplexity of a char model trained on tinyshakespeare, in fp32, bf16 and int8 weights."""
     import copy
-    import math
 
+    from gptlab.evaluate import evaluate_tokens
     from gptlab.tokenizers import CharTokenizer
 
     path = Path(__file__).resolve().parents[2] / "shared" / "data" / "tinyshakespeare.txt"
@@ -148,14 +148,12 @@ def quality(steps: int) -> dict:
         loss.backward()
         opt.step()
     model.eval()
-    n = (len(held) - 1) // block
-    x, y = held[: n * block].view(n, block), held[1 : n * block + 1].view(n, block)
     out = {"quality_train_steps": steps}
     for mode in ("fp32", "bf16", "int8"):
         q = quantize(copy.deepcopy(model), mode)
-        with torch.no_grad():
-            losses = [float(q(x[i : i + 64], y[i : i + 64])[1]) * len(x[i : i + 64]) for i in range(0, n, 64)]
-        out[f"ppl_{mode}"] = round(math.exp(sum(losses) / n), 4)
+        out[f"ppl_{mode}"] = round(
+            evaluate_tokens(q, held.numpy(), batch_size=64, bytes_per_token=1.0).perplexity, 4
+        )
     out["int8_ppl_increase_pct"] = round(100 * (out["ppl_int8"] / out["ppl_fp32"] - 1), 3)
     out["bf16_ppl_increase_pct"] = round(100 * (out["ppl_bf16"] / out["ppl_fp32"] - 1), 3)
     return out

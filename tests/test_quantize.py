@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import math
-
 import pytest
 import torch
 
 import gptlab
 from gptlab.errors import GptlabError
+from gptlab.evaluate import evaluate_tokens
 from gptlab.model import GPT, GPTConfig
 from gptlab.quantization import Int8Linear
 from gptlab.tokenizers import CharTokenizer
@@ -27,12 +26,8 @@ def test_int8_linear_is_the_dequantised_matmul_and_channel_error_is_bounded():
 
 
 def _perplexity(model: GPT, data: torch.Tensor, block: int) -> float:
-    n = (len(data) - 1) // block
-    x = data[: n * block].view(n, block)
-    y = data[1 : n * block + 1].view(n, block)
-    with torch.no_grad():
-        _, loss = model(x, y)
-    return math.exp(float(loss))
+    assert model.config.block_size == block
+    return evaluate_tokens(model, data.numpy(), batch_size=len(data), bytes_per_token=1.0).perplexity
 
 
 def test_int8_costs_at_most_one_percent_perplexity_on_a_trained_model(shakespeare_path):

@@ -41,9 +41,12 @@ class KVStore:
         dtype: torch.dtype,
         device: torch.device | str,
     ) -> None:
-        self.k = torch.zeros(batch, n_kv_head, max_len, head_dim, dtype=dtype, device=device)
-        self.v = torch.zeros_like(self.k)
         self.compute_dtype = dtype  # what reads return: the dtype keys were written in
+        self._allocate((batch, n_kv_head, max_len, head_dim), dtype, device)
+
+    def _allocate(self, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device | str) -> None:
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros_like(self.k)
 
     @property
     def max_len(self) -> int:
@@ -81,20 +84,13 @@ class KVStore:
 class Int8KVStore(KVStore):
     """int8 storage with one float32 scale per (row, head, position): ``k ≈ s·q``, ``s = max|k|/127``."""
 
-    def __init__(
-        self,
-        batch: int,
-        n_kv_head: int,
-        max_len: int,
-        head_dim: int,
-        dtype: torch.dtype,
-        device: torch.device | str,
-    ) -> None:
-        self.k = torch.zeros(batch, n_kv_head, max_len, head_dim, dtype=torch.int8, device=device)
+    def _allocate(self, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device | str) -> None:
+        self.k = torch.zeros(shape, dtype=torch.int8, device=device)
         self.v = torch.zeros_like(self.k)
-        self.k_scale = torch.zeros(batch, n_kv_head, max_len, 1, dtype=torch.float32, device=device)
+        self.k_scale = torch.zeros(*shape[:-1], 1, dtype=torch.float32, device=device)
         self.v_scale = torch.zeros_like(self.k_scale)
-        self.compute_dtype = dtype if dtype != torch.int8 else torch.float32
+        if dtype == torch.int8:  # reads dequantise to a float dtype
+            self.compute_dtype = torch.float32
 
     def write(self, rows: Rows, positions: Positions, k: torch.Tensor, v: torch.Tensor) -> None:
         self.compute_dtype = k.dtype
