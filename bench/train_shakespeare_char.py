@@ -6,7 +6,8 @@
 ``best`` is gptlab's ``shakespeare-char`` recipe. The dataset is prepared (90/10
 split) into a temporary directory; ``train_wall_s`` counts training steps only
 (compilation included, evaluation and checkpoints excluded), ``wall_s`` the whole
-run; ``val_loss`` is measured in float32 over the whole validation split at the end.
+run; ``steady_ms_per_step``/``steady_tokens_per_s`` exclude the first 50 steps (compilation,
+warm-up), the way a per-iteration figure is read; ``val_loss`` is measured in float32 over the whole validation split at the end.
 """
 
 from __future__ import annotations
@@ -77,6 +78,7 @@ def main() -> int:
                 "tokens_per_s": round(result.tokens_per_s, 1),
                 "ms_per_step": round(1000 * result.train_wall_s / max(result.step, 1), 2),
                 "steady_ms_per_step": steady,
+                "steady_tokens_per_s": steady and round(1000 * result.tokens / result.step / steady, 1),
                 "train_wall_s": round(result.train_wall_s, 2),
                 "wall_s": round(time.perf_counter() - t0, 2),
                 "val_loss": round(val.loss, 4),

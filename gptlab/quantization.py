@@ -1,17 +1,20 @@
-"""Weights for inference: ``quantize(model, "bf16" | "int8")``.
+"""Weights for inference: ``quantize(model, "fp32" | "bf16" | "int8")``.
 
-bf16: every parameter is cast to bfloat16 (positional tables stay float32 buffers); on a CPU with
-oneDNN bf16 support each ``nn.Linear`` is prepacked into oneDNN's blocked layout (``PackedBF16Linear``).
+Every ``nn.Linear`` becomes an inference linear ``y = x·Wᵀ + b`` whose weight is stored as
 
-int8 (weight-only, per output channel): each ``nn.Linear`` weight row ``W_o`` becomes
+* fp32: the model's own parameters (tied weights stay tied);
+* bf16: every parameter cast to bfloat16 (positional tables stay float32 buffers);
+* int8 (weight-only, per output channel): ``q_o = round(W_o / s_o) ∈ [−127, 127]``,
+  ``s_o = max_k |W_o,k| / 127``, so ``y ≈ (x·qᵀ) ⊙ s``; activations, embeddings and norms are bf16.
 
-    q_o = round(W_o / s_o) ∈ [−127, 127],   s_o = max_k |W_o,k| / 127
-    y = x·Wᵀ ≈ (x·qᵀ) ⊙ s
-
-and the dequantisation is fused into the matmul by ``torch.ops.aten._weight_int8pack_mm``
-(the CPU kernel gpt-fast uses) where torch has it; elsewhere the weight is dequantised on
-the fly. Activations, embeddings and norms are bfloat16. A decode step reads about a
-quarter of the fp32 bytes, which is what bounds batch-1 speed on a CPU.
+A decode step multiplies one row by every matrix, so it is bound by how fast the weights stream
+from memory. On a CPU that one-row product is ``gemv``, ``y_o = s_o·Σ_k x_k·w_ok``, written as one
+reduction that inductor compiles into a single pass over the weights, converting each one to float
+in registers (no (N, K) temporary), for matrices of at least ``GEMV_MIN_BYTES``. Measured on gpt2's matrices it reads 1.3–2.6× faster than the
+library kernels (docs/benchmarks.md). More rows (a prefill, a batch of sequences) use each format's
+batched kernel: ``F.linear``; bf16 weights prepacked for oneDNN's AVX-512-bf16 kernels; int8
+through ``torch.ops.aten._weight_int8pack_mm`` (the CPU kernel gpt-fast uses), or dequantised on
+the fly where torch lacks it. Without a C++ compiler the one-row product uses those too.
 """
 
 from __future__ import annotations
@@ -20,9 +23,26 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from gptlab.compiling import Compiled
 from gptlab.errors import GptlabError
 
 _FUSED = hasattr(torch.ops.aten, "_weight_int8pack_mm")
+
+
+def gemv(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
+    """``y_o = s_o · Σ_k x_k·w_ok`` (``s = 1`` when ``scale`` is None) for one row x (1, K), w (N, K).
+
+    float32 sums, x's dtype out. A broadcast product and a sum, so that compiled the weights
+    (fp32, bf16 or int8) stream through once and nothing (N, K) is materialised.
+    """
+    y = (x.float()[:, None, :] * w.float()[None]).sum(-1)
+    if scale is not None:
+        y = y * scale.float()
+    return y.to(x.dtype)
+
+
+_gemv = Compiled(gemv, "the one-row decode kernel", dynamic=True)
+GEMV_MIN_BYTES = 256 * 1024  # smaller matrices sit in cache: the library kernels are as fast, with no compile
 
 
 def _onednn_bf16() -> bool:
@@ -37,59 +57,96 @@ def _onednn_bf16() -> bool:
         return False
 
 
-class PackedBF16Linear(nn.Module):
-    """``y = x·Wᵀ + b`` in bf16, with ``W`` reordered once into oneDNN's blocked layout.
+class InferenceLinear(nn.Module):
+    """``y = x·Wᵀ + b``: one row on a CPU (a decode step) → ``gemv``; more rows → ``_matmul``.
 
-    A decode step multiplies a few rows by every weight matrix, so it is bound by how fast
-    the weights stream from memory; the blocked layout lets oneDNN's AVX-512-bf16 kernels
-    do that at close to bandwidth, where a plain bf16 ``F.linear`` is compute-bound.
+    Subclasses hold ``weight`` (and ``scales`` for int8) in their storage format and say how
+    to multiply many rows.
     """
+
+    fmt = "fp32"
 
     def __init__(self, linear: nn.Linear) -> None:
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
-        w = linear.weight.detach().to(torch.bfloat16)
-        self.register_buffer("packed", torch.ops.mkldnn._reorder_linear_weight(w, None), persistent=False)
-        bias = linear.bias.detach().to(torch.bfloat16) if linear.bias is not None else None
-        self.register_buffer("bias", bias, persistent=False)
+        self.register_buffer("scales", None)  # per-output-channel scales of an int8 weight
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        shape = x.shape
-        x2 = x.reshape(-1, self.in_features).to(torch.bfloat16).contiguous()
-        y = torch.ops.mkldnn._linear_pointwise(x2, self.packed, self.bias, "none", [], "")
-        return y.reshape(*shape[:-1], self.out_features)
+    def _matmul(self, x2: torch.Tensor) -> torch.Tensor:
+        return F.linear(x2, self.weight.to(x2.dtype))
 
-    def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, bf16 oneDNN-packed"
-
-
-class Int8Linear(nn.Module):
-    """``y = (x·qᵀ) ⊙ s + b`` with int8 ``q`` (out, in) and one scale per output channel."""
-
-    def __init__(self, linear: nn.Linear, dtype: torch.dtype = torch.bfloat16) -> None:
-        super().__init__()
-        w = linear.weight.detach().float()
-        scale = w.abs().amax(dim=1).clamp(min=1e-8) / 127.0  # s_o
-        self.in_features, self.out_features = linear.in_features, linear.out_features
-        self.register_buffer("weight", torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8))
-        self.register_buffer("scales", scale.to(dtype))
-        bias = linear.bias.detach().to(dtype) if linear.bias is not None else None
-        self.register_buffer("bias", bias)
+    def _streams(self) -> bool:
+        """True when the weight is large enough that reading it bounds a one-row product."""
+        return self.weight.numel() * self.weight.element_size() >= GEMV_MIN_BYTES
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         x2 = x.reshape(-1, self.in_features)
-        scales = self.scales if self.scales.dtype == x.dtype else self.scales.to(x.dtype)
-        if _FUSED and x.device.type == "cpu":
-            y = torch.ops.aten._weight_int8pack_mm(x2.contiguous(), self.weight, scales)
+        one_row = x2.size(0) == 1 and x2.device.type == "cpu" and not torch.is_grad_enabled()
+        if one_row and self._streams():
+            y = _gemv(x2, self.weight, self.scales)
         else:
-            y = F.linear(x2, self.weight.to(x.dtype)) * scales
+            y = self._matmul(x2)
         if self.bias is not None:
             y = y + self.bias.to(y.dtype)
         return y.reshape(*shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, int8 per-channel"
+        return f"in_features={self.in_features}, out_features={self.out_features}, {self.fmt}"
+
+
+class FloatLinear(InferenceLinear):
+    """Float weights: the original ``nn.Linear``'s own parameters, so ties and state_dict keys hold."""
+
+    def __init__(self, linear: nn.Linear) -> None:
+        super().__init__(linear)
+        self.weight, self.bias = linear.weight, linear.bias
+
+
+class PackedBF16Linear(InferenceLinear):
+    """bf16 weights; many rows multiply through a copy reordered once into oneDNN's blocked layout.
+
+    The blocked layout lets oneDNN's AVX-512-bf16 kernels stream the weights for a handful of
+    rows, where a plain bf16 ``F.linear`` is compute-bound.
+    """
+
+    fmt = "bf16"
+
+    def __init__(self, linear: nn.Linear) -> None:
+        super().__init__(linear)
+        w = linear.weight.detach().to(torch.bfloat16)
+        self.register_buffer("weight", w, persistent=False)
+        packed = torch.ops.mkldnn._reorder_linear_weight(w, None) if _onednn_bf16() else None
+        self.register_buffer("packed", packed, persistent=False)
+        bias = linear.bias.detach().to(torch.bfloat16) if linear.bias is not None else None
+        self.register_buffer("bias", bias, persistent=False)
+
+    def _matmul(self, x2: torch.Tensor) -> torch.Tensor:
+        if self.packed is None or x2.device.type != "cpu":
+            return F.linear(x2, self.weight.to(x2.dtype))
+        x2 = x2.to(torch.bfloat16).contiguous()
+        return torch.ops.mkldnn._linear_pointwise(x2, self.packed, None, "none", [], "")
+
+
+class Int8Linear(InferenceLinear):
+    """``y = (x·qᵀ) ⊙ s + b`` with int8 ``q`` (out, in) and one scale per output channel."""
+
+    fmt = "int8 per-channel"
+
+    def __init__(self, linear: nn.Linear, dtype: torch.dtype = torch.bfloat16) -> None:
+        super().__init__(linear)
+        w = linear.weight.detach().float()
+        scale = w.abs().amax(dim=1).clamp(min=1e-8) / 127.0  # s_o
+        self.register_buffer("weight", torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8))
+        self.scales = scale.to(dtype)
+        bias = linear.bias.detach().to(dtype) if linear.bias is not None else None
+        self.register_buffer("bias", bias)
+
+    def _matmul(self, x2: torch.Tensor) -> torch.Tensor:
+        assert self.scales is not None
+        scales = self.scales.to(x2.dtype)
+        if _FUSED and x2.device.type == "cpu":
+            return torch.ops.aten._weight_int8pack_mm(x2.contiguous(), self.weight, scales)
+        return F.linear(x2, self.weight.to(x2.dtype)) * scales
 
 
 def _cast_params(model: nn.Module, dtype: torch.dtype) -> None:
@@ -105,20 +162,23 @@ def _to_int8(model: nn.Module) -> None:
 
 def _to_bf16(model: nn.Module) -> None:
     _cast_params(model, torch.bfloat16)
-    device = next(model.parameters()).device
-    if device.type == "cpu" and _onednn_bf16():
-        _replace_linears(model, PackedBF16Linear)
+    _replace_linears(model, PackedBF16Linear)
+
+
+def _to_fp32(model: nn.Module) -> None:
+    _cast_params(model, torch.float32)
+    _replace_linears(model, FloatLinear)
 
 
 def _replace_linears(model: nn.Module, make: type[nn.Module]) -> None:
     for module in list(model.modules()):
         for child_name, child in list(module.named_children()):
-            if isinstance(child, nn.Linear):
+            if isinstance(child, nn.Linear | FloatLinear):  # FloatLinear holds the float parameters
                 setattr(module, child_name, make(child))
 
 
 QUANTIZERS = {
-    "fp32": lambda model: _cast_params(model, torch.float32),
+    "fp32": _to_fp32,
     "bf16": _to_bf16,
     "int8": _to_int8,
 }
@@ -132,10 +192,13 @@ def quantize(model: nn.Module, mode: str) -> nn.Module:
     """
     if mode not in QUANTIZERS:
         raise GptlabError(f"unknown weight format {mode!r}; choose one of {', '.join(QUANTIZERS)}")
-    if getattr(model, "quantization", None) == "int8" and mode != "int8":
-        raise GptlabError("this model is already int8; load the float checkpoint again to use another format")
-    if getattr(model, "quantization", None) == "int8":
+    current = getattr(model, "quantization", None)
+    if current == mode:
         return model
+    if current in ("bf16", "int8"):
+        raise GptlabError(
+            f"this model is already {current}; load the float checkpoint again to use another format"
+        )
     QUANTIZERS[mode](model)
     model.quantization = mode  # type: ignore[assignment]
     return model.eval()

@@ -146,3 +146,18 @@ def test_session_slots_are_reused_and_errors_name_the_fix():
         BatchSession(model, 1).add([])
     with pytest.raises(GptlabError, match="vocabulary"):
         BatchSession(model, 1).add([999])
+
+
+def test_half_precision_models_cache_in_float32_on_cpu_unless_told():
+    model = tiny(pos="rope").to(torch.bfloat16)
+    assert BatchSession(model, 1).stores[0].k.dtype == torch.float32  # bf16 attention is slow on CPU
+    assert BatchSession(model, 1, cache_dtype=torch.bfloat16).stores[0].k.dtype == torch.bfloat16
+    assert BatchSession(tiny(), 1).stores[0].k.dtype == torch.float32
+    ids = [3, 1, 4, 1, 5, 9, 2, 6]
+    session = BatchSession(model, 1)
+    slot, logits = session.add(ids[:4])
+    for t in range(4, len(ids)):
+        ref = uncached(model, ids[:t]).float()
+        assert logits.dtype == torch.float32
+        assert (logits - ref).abs().max() <= 0.05 * ref.abs().max()  # bf16 activations either way
+        logits = session.step({slot: ids[t]})[slot]

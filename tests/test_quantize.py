@@ -75,3 +75,44 @@ def test_quantized_models_generate_and_shrink():
         gptlab.quantize(model, "bf16")
     with pytest.raises(GptlabError, match="choose one of"):
         gptlab.quantize(model, "int4")
+
+
+# ------------------------------------------------------------- the one-row (decode) kernel
+from gptlab import quantization as qz  # noqa: E402
+
+FORMATS = {
+    "fp32": (qz.FloatLinear, torch.float32, 1e-5),
+    "bf16": (qz.PackedBF16Linear, torch.bfloat16, 2e-2),
+    "int8": (qz.Int8Linear, torch.bfloat16, 2e-2),
+}
+
+
+@pytest.mark.parametrize("fmt", sorted(FORMATS))
+def test_one_row_kernel_equals_the_batched_product(fmt):
+    make, act, tol = FORMATS[fmt]
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(512, 1024)  # large enough to take the streaming one-row kernel in every format
+    layer = make(linear)
+    assert layer._streams()
+    x = torch.randn(3, 512).to(act)
+    with torch.inference_mode():
+        batched = layer(x)  # three rows: the format's batched kernel
+        rows = torch.cat([layer(x[i : i + 1]) for i in range(3)])  # one row each: gemv
+        manual = qz.gemv(x, layer.weight, layer.scales) + layer.bias.to(act)  # the equation, uncompiled
+    assert rows.dtype == act and rows.shape == (3, 1024)
+    scale = batched.float().abs().max()
+    assert (rows.float() - batched.float()).abs().max() <= tol * scale
+    assert (rows.float() - manual.float()).abs().max() <= tol * scale
+    if qz._gemv.enabled:  # a C++ compiler is here: the compiled kernel ran and stayed on
+        assert qz._gemv._compiled is not None
+
+
+def test_fp32_inference_keeps_tied_weights_and_checkpoint_names():
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=50, block_size=16, n_layer=2, n_head=2, n_embd=32))
+    keys = set(model.state_dict())
+    gptlab.quantize(model, "fp32")
+    assert isinstance(model.lm_head, qz.FloatLinear)
+    assert model.lm_head.weight is model.wte.weight
+    assert set(model.state_dict()) == keys
+    assert gptlab.quantize(model, "int8").quantization == "int8"  # fp32 inference weights convert further

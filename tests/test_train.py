@@ -170,3 +170,30 @@ def test_schedule_shapes():
     assert all(a >= b for a, b in zip(lrs[9:], lrs[10:])) and lrs[-1] == pytest.approx(1e-4, rel=1e-2)
     lin = [learning_rate(t, "linear", 1.0, 0.0, 0, 100, 20) for t in range(100)]
     assert lin[79] == 1.0 and lin[99] == 0.0 and lin[89] == pytest.approx(0.5)
+
+
+def test_compiled_blocks_train_like_eager_and_keep_checkpoint_names(dataset, tmp_path):
+    if not gtrain.can_compile("cpu"):
+        pytest.skip("torch.compile needs a C++ compiler on CPU (none found)")
+    eager = _train(dataset, tmp_path / "eager", "max_steps=6", "eval_every=6")
+    compiled = _train(dataset, tmp_path / "compiled", "max_steps=6", "eval_every=6", "compile=true")
+    losses = [
+        [r["loss"] for r in read_metrics(run / "metrics.jsonl") if "loss" in r]
+        for run in (
+            tmp_path / "eager",
+            tmp_path / "compiled",
+        )
+    ]
+    assert len(losses[0]) == len(losses[1]) == 6
+    # the same arithmetic up to fusion's rounding: every step's loss agrees closely
+    assert max(abs(a - b) for a, b in zip(*losses, strict=True)) < 1e-4, losses
+    a, b = _weights(eager.checkpoint), _weights(compiled.checkpoint)
+    assert a.keys() == b.keys()  # regional compilation leaves parameter names alone
+    assert max((a[k] - b[k]).abs().max().item() for k in a) < 1e-3
+
+
+def test_compile_without_a_compiler_warns_and_trains_uncompiled(dataset, tmp_path, monkeypatch):
+    monkeypatch.setattr(gtrain, "can_compile", lambda device_type: False)
+    with pytest.warns(UserWarning, match="needs a C\\+\\+ compiler"):
+        result = _train(dataset, tmp_path / "run", "max_steps=2", "eval_every=2", "compile=true")
+    assert result.step == 2

@@ -26,7 +26,7 @@ from collections.abc import Sequence
 import torch
 
 from gptlab.errors import GptlabError
-from gptlab.model.kvcache import KVStore, Positions, Rows, make_store
+from gptlab.model.kvcache import KVStore, Positions, Rows, default_cache_dtype, make_store
 
 
 class ContextWarning(UserWarning):
@@ -94,7 +94,7 @@ class BatchSession:
         self.can_slide = not model.positional.absolute_table  # RoPE, ALiBi, none
         self.keep = max(1, (max_len * 3) // 4)  # tokens kept when a full row slides
         device = model.device
-        dtype = cache_dtype or model.dtype
+        dtype = cache_dtype or default_cache_dtype(model.dtype, device)
         with torch.inference_mode():
             self.stores = [
                 make_store(max_batch, config.n_kv_head, max_len, config.head_dim, dtype, device)

@@ -136,6 +136,9 @@ class CausalSelfAttention(nn.Module):
         q, k = positional.rotate(q, k, pos)
         if cache is not None:
             k, v = cache.update(k, v)  # all keys/values so far: (B, H_kv, T_k, d_k)
+            if k.dtype != q.dtype:  # attend in the wider of the activations' and the cache's dtypes
+                wide = torch.promote_types(q.dtype, k.dtype)
+                q, k, v = q.to(wide), k.to(wide), v.to(wide)
         if self.n_kv_head != self.n_head:  # GQA/MQA: each KV head serves n_head/n_kv_head query heads
             rep = self.n_head // self.n_kv_head
             k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
@@ -143,5 +146,5 @@ class CausalSelfAttention(nn.Module):
         path = "plain" if need_weights else self.impl
         dropout_p = self.dropout if self.training else 0.0
         y, weights = ATTENTION_PATHS[path](q, k, v, attn_mask, bias, dropout_p, need_weights)
-        y = y.transpose(1, 2).reshape(B, T, self.q_dim)  # Concat(head_1..head_h)
+        y = y.transpose(1, 2).reshape(B, T, self.q_dim).to(x.dtype)  # Concat(head_1..head_h)
         return self.resid_dropout(self.proj(y)), weights

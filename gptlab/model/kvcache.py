@@ -8,7 +8,8 @@ recomputing ``K, V`` for the whole prefix (``O(t·d_model²)``). Memory:
 
 Storage is chosen by the cache dtype:
 
-* a float dtype (float32, bfloat16, float16): the numbers themselves;
+* a float dtype (float32, bfloat16, float16): the numbers themselves, read back as stored
+  (attention then computes in the wider of the activations' and the cache's dtypes);
 * ``torch.int8``: ``k ≈ s·q`` with ``q ∈ [−127, 127]`` and one scale ``s = max|k|/127``
   per (sequence, head, position), i.e. a scale per head for every cached vector.
   Reads dequantise to the dtype the keys were written in.
@@ -41,7 +42,7 @@ class KVStore:
         dtype: torch.dtype,
         device: torch.device | str,
     ) -> None:
-        self.compute_dtype = dtype  # what reads return: the dtype keys were written in
+        self.compute_dtype = dtype  # int8 reads dequantise to the dtype keys were written in
         self._allocate((batch, n_kv_head, max_len, head_dim), dtype, device)
 
     def _allocate(self, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device | str) -> None:
@@ -58,16 +59,12 @@ class KVStore:
         ``positions`` is a slice of length T (the same for every row) or a tensor (n,)
         of one position per row (T = 1).
         """
-        self.compute_dtype = k.dtype
         _scatter(self.k, rows, positions, k.to(self.k.dtype))
         _scatter(self.v, rows, positions, v.to(self.v.dtype))
 
     def read(self, rows: Rows, end: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Keys and values of ``rows`` at positions ``[0, end)``: (n, H_kv, end, d_k)."""
-        k, v = self.k[rows, :, :end], self.v[rows, :, :end]
-        if k.dtype != self.compute_dtype:
-            k, v = k.to(self.compute_dtype), v.to(self.compute_dtype)
-        return k, v
+        """Keys and values of ``rows`` at positions ``[0, end)``: (n, H_kv, end, d_k), as stored."""
+        return self.k[rows, :, :end], self.v[rows, :, :end]
 
     def copy_rows(self, dst: torch.Tensor, src: torch.Tensor) -> None:
         """Row ``dst[i]`` becomes a copy of row ``src[i]`` (beam search reorders its beams)."""
@@ -100,7 +97,8 @@ class Int8KVStore(KVStore):
             _scatter(s_store, rows, positions, scale)
 
     def read(self, rows: Rows, end: int) -> tuple[torch.Tensor, torch.Tensor]:
-        dt = self.compute_dtype
+        # float32 on a CPU, where half-precision attention is slow (see default_cache_dtype)
+        dt = torch.float32 if self.k.device.type == "cpu" else self.compute_dtype
         k = self.k[rows, :, :end].to(dt) * self.k_scale[rows, :, :end].to(dt)
         v = self.v[rows, :, :end].to(dt) * self.v_scale[rows, :, :end].to(dt)
         return k, v
@@ -123,6 +121,17 @@ def _scatter(store: torch.Tensor, rows: Rows, positions: Positions, x: torch.Ten
         if isinstance(rows, slice):
             rows = torch.arange(store.size(0), device=store.device)[rows]
         store[rows, :, positions] = x[:, :, 0]
+
+
+def default_cache_dtype(model_dtype: torch.dtype, device: torch.device | str) -> torch.dtype:
+    """The model's dtype, except float32 for half-precision weights on a CPU.
+
+    There a decode step's bf16 attention is 5× slower than converting the new query to float32
+    and attending over a float32 cache (125 vs 24 µs per layer at 160 cached tokens, gpt2
+    shapes; docs/benchmarks.md), at twice the cache memory. Pass a cache dtype to choose.
+    """
+    half = model_dtype in (torch.bfloat16, torch.float16)
+    return torch.float32 if half and torch.device(device).type == "cpu" else model_dtype
 
 
 def make_store(

@@ -1,0 +1,56 @@
+"""When ``torch.compile`` can run here, and a compiled function that falls back to eager when it cannot.
+
+On a CPU, inductor (``torch.compile``'s default back-end) writes C++ and builds it with the
+machine's compiler; on CUDA it writes Triton. ``compiled(fn)`` compiles lazily on first use
+and, where no compiler is found or compilation fails, warns once and keeps calling ``fn``
+itself, so a compiled path is only ever faster, never an error. ``GPTLAB_COMPILE=0`` turns
+these compiled kernels off (the first call of each compiles, which takes seconds on a cold
+cache; inductor keeps its results on disk).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+
+def cxx_compiler() -> str | None:
+    """The C++ compiler inductor would use (``$CXX``, g++, clang++ or c++), or None."""
+    return next((c for c in (os.environ.get("CXX"), "g++", "clang++", "c++") if c and shutil.which(c)), None)
+
+
+def can_compile(device_type: str) -> bool:
+    """True where ``torch.compile`` can generate kernels for ``device_type``."""
+    return device_type != "cpu" or cxx_compiler() is not None
+
+
+class Compiled:
+    """``fn`` through ``torch.compile``, or ``fn`` itself.
+
+    ``dynamic=True`` compiles one kernel for every shape (sizes are symbols), which also keeps
+    a function called with many shapes under dynamo's recompilation limit.
+
+    The first call that fails to compile turns the compiled path off for good, with a warning.
+    """
+
+    def __init__(self, fn: Callable[..., Any], what: str, dynamic: bool = False) -> None:
+        self.fn, self.what, self.dynamic = fn, what, dynamic
+        self._compiled: Callable[..., Any] | None = None
+        self.enabled = os.environ.get("GPTLAB_COMPILE", "1") != "0" and can_compile("cpu")
+
+    def __call__(self, *args: Any) -> Any:
+        if not self.enabled:
+            return self.fn(*args)
+        if self._compiled is None:
+            import torch
+
+            self._compiled = torch.compile(self.fn, dynamic=self.dynamic)
+        try:
+            return self._compiled(*args)
+        except Exception as exc:  # a missing header, a broken toolchain: keep working, uncompiled
+            self.enabled = False
+            warnings.warn(f"{self.what}: torch.compile failed ({exc}); using the eager kernel", stacklevel=2)
+            return self.fn(*args)
