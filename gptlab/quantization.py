@@ -29,8 +29,10 @@ from gptlab.errors import GptlabError
 _FUSED = hasattr(torch.ops.aten, "_weight_int8pack_mm")
 
 
-def gemv(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
-    """``y_o = s_o · Σ_k x_k·w_ok`` (``s = 1`` when ``scale`` is None) for one row x (1, K), w (N, K).
+def gemv(
+    x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None, bias: torch.Tensor | None
+) -> torch.Tensor:
+    """``y_o = s_o · Σ_k x_k·w_ok + b_o`` (``s = 1``, ``b = 0`` when None) for one row x (1, K), w (N, K).
 
     float32 sums, x's dtype out. A broadcast product and a sum, so that compiled the weights
     (fp32, bf16 or int8) stream through once and nothing (N, K) is materialised.
@@ -38,7 +40,7 @@ def gemv(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None) -> torch.
     y = (x.float()[:, None, :] * w.float()[None]).sum(-1)
     if scale is not None:
         y = y * scale.float()
-    return y.to(x.dtype)
+    return y.to(x.dtype) if bias is None else (y.to(x.dtype) + bias.to(x.dtype))
 
 
 _gemv = Compiled(gemv, "the one-row decode kernel", dynamic=True)
@@ -83,11 +85,11 @@ class InferenceLinear(nn.Module):
         x2 = x.reshape(-1, self.in_features)
         one_row = x2.size(0) == 1 and x2.device.type == "cpu" and not torch.is_grad_enabled()
         if one_row and self._streams():
-            y = _gemv(x2, self.weight, self.scales)
+            y = _gemv(x2, self.weight, self.scales, self.bias)
         else:
             y = self._matmul(x2)
-        if self.bias is not None:
-            y = y + self.bias.to(y.dtype)
+            if self.bias is not None:
+                y = y + self.bias.to(y.dtype)
         return y.reshape(*shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:

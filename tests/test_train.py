@@ -172,7 +172,7 @@ def test_schedule_shapes():
     assert lin[79] == 1.0 and lin[99] == 0.0 and lin[89] == pytest.approx(0.5)
 
 
-def test_compiled_blocks_train_like_eager_and_keep_checkpoint_names(dataset, tmp_path):
+def test_compiled_training_matches_eager_and_keeps_checkpoint_names(dataset, tmp_path):
     if not gtrain.can_compile("cpu"):
         pytest.skip("torch.compile needs a C++ compiler on CPU (none found)")
     eager = _train(dataset, tmp_path / "eager", "max_steps=6", "eval_every=6")
@@ -188,7 +188,7 @@ def test_compiled_blocks_train_like_eager_and_keep_checkpoint_names(dataset, tmp
     # the same arithmetic up to fusion's rounding: every step's loss agrees closely
     assert max(abs(a - b) for a, b in zip(*losses, strict=True)) < 1e-4, losses
     a, b = _weights(eager.checkpoint), _weights(compiled.checkpoint)
-    assert a.keys() == b.keys()  # regional compilation leaves parameter names alone
+    assert a.keys() == b.keys()  # checkpoints hold the uncompiled model's parameter names
     assert max((a[k] - b[k]).abs().max().item() for k in a) < 1e-3
 
 

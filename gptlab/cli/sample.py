@@ -52,7 +52,10 @@ def register(subparsers: Any) -> None:
     p.add_argument("--seed", type=int)
     p.add_argument("--dtype", choices=["fp32", "bf16", "int8"], default="fp32", help="weight format")
     p.add_argument(
-        "--cache-dtype", choices=["model", "bf16", "int8"], default="model", help="KV cache storage"
+        "--cache-dtype",
+        choices=["model", "fp32", "bf16", "int8"],
+        default="model",
+        help="KV cache storage (model: the model's dtype; float32 on a CPU for bf16/int8 weights)",
     )
     p.add_argument("--threads", type=int, help="torch threads (default: torch's choice)")
     p.set_defaults(func=run)
@@ -115,7 +118,9 @@ def run(args: argparse.Namespace) -> int:
         raise GptlabError(f"{args.checkpoint} has no tokenizer.json; pass --tokenizer PATH")
     encode_prompt(tokenizer, prompt)  # fail on a prompt the tokenizer cannot encode before printing anything
     quantize(model, args.dtype)
-    cache_dtype = {"model": None, "bf16": torch.bfloat16, "int8": torch.int8}[args.cache_dtype]
+    cache_dtype = {"model": None, "fp32": torch.float32, "bf16": torch.bfloat16, "int8": torch.int8}[
+        args.cache_dtype
+    ]
     out = sys.stdout
     n_tokens, seconds = 0, 0.0
     with warnings.catch_warnings():

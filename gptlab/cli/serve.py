@@ -98,20 +98,16 @@ def check_bind(host: str, port: int) -> None:
 
 
 def load_for_serving(checkpoint: str, dtype: str) -> tuple[Any, Any]:
-    import torch
-
     import gptlab
     from gptlab.errors import GptlabError
 
-    model, tokenizer = gptlab.load(checkpoint, dtype=torch.bfloat16 if dtype == "bf16" else None)
+    model, tokenizer = gptlab.load(checkpoint)
     if tokenizer is None:
         raise GptlabError(
             f"{checkpoint}: the checkpoint has no tokenizer.json; serving needs one "
             "(save the model with its tokenizer: gptlab.save(model, tokenizer, dir))"
         )
-    if dtype == "int8":
-        model = gptlab.quantize(model, "int8")
-    return model, tokenizer
+    return gptlab.quantize(model, dtype), tokenizer
 
 
 def run(args: argparse.Namespace) -> int:
