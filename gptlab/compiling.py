@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import types
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -37,7 +38,11 @@ class Compiled:
     """
 
     def __init__(self, fn: Callable[..., Any], what: str, dynamic: bool = False) -> None:
-        self.fn, self.what, self.dynamic = fn, what, dynamic
+        # dynamo keeps compiled graphs (and its limit of recompilations) per code object: a
+        # private copy of fn's code gives every Compiled its own
+        own = types.FunctionType(fn.__code__.replace(), fn.__globals__, fn.__name__, fn.__defaults__)
+        own.__kwdefaults__, own.__doc__ = fn.__kwdefaults__, fn.__doc__
+        self.fn, self.what, self.dynamic = own, what, dynamic
         self._compiled: Callable[..., Any] | None = None
         self.enabled = os.environ.get("GPTLAB_COMPILE", "1") != "0" and can_compile("cpu")
 

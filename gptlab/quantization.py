@@ -43,7 +43,11 @@ def gemv(
     return y.to(x.dtype) if bias is None else (y.to(x.dtype) + bias.to(x.dtype))
 
 
-_gemv = Compiled(gemv, "the one-row decode kernel", dynamic=True)
+# one compiled kernel family per weight dtype, each with its own recompilation budget
+_GEMV = {
+    dtype: Compiled(gemv, f"the one-row decode kernel ({dtype})", dynamic=True)
+    for dtype in (torch.float32, torch.bfloat16, torch.float16, torch.int8)
+}
 GEMV_MIN_BYTES = 256 * 1024  # smaller matrices sit in cache: the library kernels are as fast, with no compile
 
 
@@ -85,7 +89,11 @@ class InferenceLinear(nn.Module):
         x2 = x.reshape(-1, self.in_features)
         one_row = x2.size(0) == 1 and x2.device.type == "cpu" and not torch.is_grad_enabled()
         if one_row and self._streams():
-            y = _gemv(x2, self.weight, self.scales, self.bias)
+            # plain tensors with no storage offset: dynamo then compiles one graph for every shape
+            # (it specialises on a Parameter's shape and on an offset of x)
+            kernel = _GEMV.get(self.weight.dtype, gemv)
+            bias = self.bias.detach() if self.bias is not None else None
+            y = kernel(x2.contiguous(), self.weight.detach(), self.scales, bias)
         else:
             y = self._matmul(x2)
             if self.bias is not None:

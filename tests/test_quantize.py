@@ -103,8 +103,28 @@ def test_one_row_kernel_equals_the_batched_product(fmt):
     scale = batched.float().abs().max()
     assert (rows.float() - batched.float()).abs().max() <= tol * scale
     assert (rows.float() - manual.float()).abs().max() <= tol * scale
-    if qz._gemv.enabled:  # a C++ compiler is here: the compiled kernel ran and stayed on
-        assert qz._gemv._compiled is not None
+    kernel = qz._GEMV[layer.weight.dtype]
+    if kernel.enabled:  # a C++ compiler is here: the compiled kernel ran and stayed on
+        assert kernel._compiled is not None
+
+
+def test_each_weight_format_compiles_its_one_row_kernel_a_few_times_only():
+    import torch._dynamo.utils as dynamo_utils
+
+    if not qz._GEMV[torch.int8].enabled:
+        pytest.skip("no C++ compiler: the one-row kernels are not compiled")
+    frames = dynamo_utils.counters["frames"]
+    for fmt in ("int8", "bf16", "fp32"):
+        torch.manual_seed(0)
+        config = GPTConfig(vocab_size=600, block_size=32, n_layer=2, n_head=8, n_embd=512)
+        model = gptlab.quantize(GPT(config), fmt)  # five matrix shapes, every one streamed
+        idx = torch.randint(0, 600, (1, 5))
+        before = frames["ok"]
+        for _ in range(2):
+            assert model.generate(idx, 4, temperature=0).shape == (1, 9)
+        # square and oblong matrices, with and without bias: at most three graphs per format, not
+        # one per shape (dynamo allows 8 per code object; past that a kernel would silently run eager)
+        assert frames["ok"] - before <= 3, (fmt, frames["ok"] - before)
 
 
 def test_fp32_inference_keeps_tied_weights_and_checkpoint_names():
