@@ -35,6 +35,7 @@ test: lint
 bench: $(STAMP)
 	$(PY) bench/tokenizer.py
 	$(PY) bench/generate.py --preset gpt2 --batch 1 --prompt-tokens 32 --new-tokens 128 --dtype bf16
+	$(PY) bench/baseline_minimal.py --max-steps 300
 	$(PY) bench/train_shakespeare_char.py --recipe reference
 
 clean:

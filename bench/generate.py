@@ -103,20 +103,27 @@ def hf_bench(batch: int, prompt_tokens: int, new_tokens: int, repeats: int) -> d
     return {"hf_tokens_per_s": round(batch * new_tokens / med, 2)}
 
 
-def context_sweep(model: GPT, plot: str, steps: int = 16) -> dict:
-    """Median time of a batch-1 decode step at several context lengths → a PNG."""
+def context_sweep(model: GPT, plot: str, steps: int = 16, rounds: int = 4) -> dict:
+    """Median time of a batch-1 decode step at several context lengths → a PNG.
+
+    The contexts are timed round-robin (``rounds`` × ``steps / rounds`` steps each), so the
+    machine's drift over time falls on every context alike instead of showing up as a trend.
+    """
     block = model.config.block_size
     contexts = [c for c in (32, 128, 256, 384, 512, 640, 768, 896, 1024 - steps) if c + steps <= block]
-    medians = []
+    sessions = []
     for c in contexts:
         session = BatchSession(model, 1, block)
         slot, _ = session.add(torch.randint(0, 1000, (c,)).tolist())
-        times = []
-        for _ in range(steps):
-            t = time.perf_counter()
-            session.step({slot: 1})
-            times.append(time.perf_counter() - t)
-        medians.append(1e3 * statistics.median(times))
+        sessions.append((session, slot))
+    times: list[list[float]] = [[] for _ in contexts]
+    for _ in range(rounds):
+        for i, (session, slot) in enumerate(sessions):
+            for _ in range(steps // rounds):
+                t = time.perf_counter()
+                session.step({slot: 1})
+                times[i].append(time.perf_counter() - t)
+    medians = [1e3 * statistics.median(t) for t in times]
     import matplotlib
 
     matplotlib.use("Agg")
