@@ -10,7 +10,7 @@ Every ``nn.Linear`` becomes an inference linear ``y = x·Wᵀ + b`` whose weight
 A decode step multiplies one row by every matrix, so it is bound by how fast the weights stream
 from memory. On a CPU that one-row product is ``gemv``, ``y_o = s_o·Σ_k x_k·w_ok``, written as one
 reduction that inductor compiles into a single pass over the weights, converting each one to float
-in registers (no (N, K) temporary), for matrices of at least ``GEMV_MIN_BYTES``. Measured on gpt2's matrices it reads 1.3–2.6× faster than the
+in registers (no (N, K) temporary), in models whose matrices total ``STREAM_MIN_BYTES`` or more. Measured on gpt2's matrices it reads 1.3–2.6× faster than the
 library kernels (docs/benchmarks.md). More rows (a prefill, a batch of sequences) use each format's
 batched kernel: ``F.linear``; bf16 weights prepacked for oneDNN's AVX-512-bf16 kernels; int8
 through ``torch.ops.aten._weight_int8pack_mm`` (the CPU kernel gpt-fast uses), or dequantised on
@@ -48,7 +48,9 @@ _GEMV = {
     dtype: Compiled(gemv, f"the one-row decode kernel ({dtype})", dynamic=True)
     for dtype in (torch.float32, torch.bfloat16, torch.float16, torch.int8)
 }
-GEMV_MIN_BYTES = 256 * 1024  # smaller matrices sit in cache: the library kernels are as fast, with no compile
+# A model whose matrices fit in the CPU's caches gains nothing from the one-row kernel (the
+# library kernels are as fast there) and would only wait for its compilation.
+STREAM_MIN_BYTES = 32 * 2**20
 
 
 def _onednn_bf16() -> bool:
@@ -71,6 +73,7 @@ class InferenceLinear(nn.Module):
     """
 
     fmt = "fp32"
+    streams = False  # use the one-row kernel: set by quantize() for models too large for the caches
 
     def __init__(self, linear: nn.Linear) -> None:
         super().__init__()
@@ -80,15 +83,11 @@ class InferenceLinear(nn.Module):
     def _matmul(self, x2: torch.Tensor) -> torch.Tensor:
         return F.linear(x2, self.weight.to(x2.dtype))
 
-    def _streams(self) -> bool:
-        """True when the weight is large enough that reading it bounds a one-row product."""
-        return self.weight.numel() * self.weight.element_size() >= GEMV_MIN_BYTES
-
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         x2 = x.reshape(-1, self.in_features)
         one_row = x2.size(0) == 1 and x2.device.type == "cpu" and not torch.is_grad_enabled()
-        if one_row and self._streams():
+        if one_row and self.streams:
             # plain tensors with no storage offset: dynamo then compiles one graph for every shape
             # (it specialises on a Parameter's shape and on an offset of x)
             kernel = _GEMV.get(self.weight.dtype, gemv)
@@ -210,5 +209,9 @@ def quantize(model: nn.Module, mode: str) -> nn.Module:
             f"this model is already {current}; load the float checkpoint again to use another format"
         )
     QUANTIZERS[mode](model)
+    linears = [m for m in model.modules() if isinstance(m, InferenceLinear)]
+    streams = sum(m.weight.numel() * m.weight.element_size() for m in linears) >= STREAM_MIN_BYTES
+    for m in linears:
+        m.streams = streams  # a decode step reads every weight from memory: the one-row kernel pays
     model.quantization = mode  # type: ignore[assignment]
     return model.eval()

@@ -91,9 +91,9 @@ FORMATS = {
 def test_one_row_kernel_equals_the_batched_product(fmt):
     make, act, tol = FORMATS[fmt]
     torch.manual_seed(0)
-    linear = torch.nn.Linear(512, 1024)  # large enough to take the streaming one-row kernel in every format
+    linear = torch.nn.Linear(512, 1024)
     layer = make(linear)
-    assert layer._streams()
+    layer.streams = True  # what quantize() sets for a model too large for the caches
     x = torch.randn(3, 512).to(act)
     with torch.inference_mode():
         batched = layer(x)  # three rows: the format's batched kernel
@@ -108,16 +108,17 @@ def test_one_row_kernel_equals_the_batched_product(fmt):
         assert kernel._compiled is not None
 
 
-def test_each_weight_format_compiles_its_one_row_kernel_a_few_times_only():
+def test_each_weight_format_compiles_its_one_row_kernel_a_few_times_only(monkeypatch):
     import torch._dynamo.utils as dynamo_utils
 
+    monkeypatch.setattr(qz, "STREAM_MIN_BYTES", 0)  # a small model, treated as one that streams
     if not qz._GEMV[torch.int8].enabled:
         pytest.skip("no C++ compiler: the one-row kernels are not compiled")
     frames = dynamo_utils.counters["frames"]
     for fmt in ("int8", "bf16", "fp32"):
         torch.manual_seed(0)
         config = GPTConfig(vocab_size=600, block_size=32, n_layer=2, n_head=8, n_embd=512)
-        model = gptlab.quantize(GPT(config), fmt)  # five matrix shapes, every one streamed
+        model = gptlab.quantize(GPT(config), fmt)  # five matrix shapes
         idx = torch.randint(0, 600, (1, 5))
         before = frames["ok"]
         for _ in range(2):
@@ -136,3 +137,13 @@ def test_fp32_inference_keeps_tied_weights_and_checkpoint_names():
     assert model.lm_head.weight is model.wte.weight
     assert set(model.state_dict()) == keys
     assert gptlab.quantize(model, "int8").quantization == "int8"  # fp32 inference weights convert further
+
+
+def test_only_models_too_large_for_the_caches_take_the_one_row_kernel():
+    small = gptlab.quantize(
+        GPT(GPTConfig(vocab_size=50, block_size=16, n_layer=2, n_head=2, n_embd=32)), "fp32"
+    )
+    assert not any(m.streams for m in small.modules() if isinstance(m, qz.InferenceLinear))
+    config = GPTConfig(vocab_size=50, block_size=16, n_layer=12, n_head=8, n_embd=512)  # 151 MB of fp32
+    large = gptlab.quantize(GPT(config), "fp32")
+    assert all(m.streams for m in large.modules() if isinstance(m, qz.InferenceLinear))
