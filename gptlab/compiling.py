@@ -1,7 +1,7 @@
 """When ``torch.compile`` can run here, and a compiled function that falls back to eager when it cannot.
 
 On a CPU, inductor (``torch.compile``'s default back-end) writes C++ and builds it with the
-machine's compiler; on CUDA it writes Triton. ``compiled(fn)`` compiles lazily on first use
+machine's compiler; on CUDA it writes Triton. ``Compiled(fn)`` compiles lazily on first use
 and, where no compiler is found or compilation fails, warns once and keeps calling ``fn``
 itself, so a compiled path is only ever faster, never an error. ``GPTLAB_COMPILE=0`` turns
 these compiled kernels off (the first call of each compiles, which takes seconds on a cold

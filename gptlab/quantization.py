@@ -10,8 +10,8 @@ Every ``nn.Linear`` becomes an inference linear ``y = x·Wᵀ + b`` whose weight
 A decode step multiplies one row by every matrix, so it is bound by how fast the weights stream
 from memory. On a CPU that one-row product is ``gemv``, ``y_o = s_o·Σ_k x_k·w_ok``, written as one
 reduction that inductor compiles into a single pass over the weights, converting each one to float
-in registers (no (N, K) temporary), in models whose matrices total ``STREAM_MIN_BYTES`` or more. Measured on gpt2's matrices it reads 1.3–2.6× faster than the
-library kernels (docs/benchmarks.md). More rows (a prefill, a batch of sequences) use each format's
+in registers (no (N, K) temporary), in models whose matrices total ``STREAM_MIN_BYTES`` or more.
+Measured on gpt2's matrices it reads 1.3–2.6× faster than the library kernels (docs/benchmarks.md). More rows (a prefill, a batch of sequences) use each format's
 batched kernel: ``F.linear``; bf16 weights prepacked for oneDNN's AVX-512-bf16 kernels; int8
 through ``torch.ops.aten._weight_int8pack_mm`` (the CPU kernel gpt-fast uses), or dequantised on
 the fly where torch lacks it. Without a C++ compiler the one-row product uses those too.
@@ -87,10 +87,10 @@ class InferenceLinear(nn.Module):
         shape = x.shape
         x2 = x.reshape(-1, self.in_features)
         one_row = x2.size(0) == 1 and x2.device.type == "cpu" and not torch.is_grad_enabled()
-        if one_row and self.streams:
+        kernel = _GEMV.get(self.weight.dtype) if one_row and self.streams else None
+        if kernel is not None and kernel.enabled:  # uncompiled, gemv would materialise (N, K) floats
             # plain tensors with no storage offset: dynamo then compiles one graph for every shape
             # (it specialises on a Parameter's shape and on an offset of x)
-            kernel = _GEMV.get(self.weight.dtype, gemv)
             bias = self.bias.detach() if self.bias is not None else None
             y = kernel(x2.contiguous(), self.weight.detach(), self.scales, bias)
         else:
@@ -124,7 +124,8 @@ class PackedBF16Linear(InferenceLinear):
         super().__init__(linear)
         w = linear.weight.detach().to(torch.bfloat16)
         self.register_buffer("weight", w, persistent=False)
-        packed = torch.ops.mkldnn._reorder_linear_weight(w, None) if _onednn_bf16() else None
+        on_cpu = w.device.type == "cpu" and _onednn_bf16()
+        packed = torch.ops.mkldnn._reorder_linear_weight(w, None) if on_cpu else None
         self.register_buffer("packed", packed, persistent=False)
         bias = linear.bias.detach().to(torch.bfloat16) if linear.bias is not None else None
         self.register_buffer("bias", bias, persistent=False)

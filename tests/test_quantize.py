@@ -147,3 +147,20 @@ def test_only_models_too_large_for_the_caches_take_the_one_row_kernel():
     config = GPTConfig(vocab_size=50, block_size=16, n_layer=12, n_head=8, n_embd=512)  # 151 MB of fp32
     large = gptlab.quantize(GPT(config), "fp32")
     assert all(m.streams for m in large.modules() if isinstance(m, qz.InferenceLinear))
+
+
+def test_without_a_compiled_kernel_one_row_uses_the_library_kernel(monkeypatch):
+    torch.manual_seed(0)
+    layer = qz.Int8Linear(torch.nn.Linear(256, 512))
+    layer.streams = True
+    kernel = qz._GEMV[torch.int8]
+    monkeypatch.setattr(kernel, "enabled", False)  # no C++ compiler, or GPTLAB_COMPILE=0
+
+    def never(*args):
+        raise AssertionError("the uncompiled one-row formula materialises (N, K) floats")
+
+    monkeypatch.setattr(kernel, "fn", never)
+    x = torch.randn(4, 256).bfloat16()
+    with torch.inference_mode():
+        one = layer(x[:1])
+        assert (one.float() - layer(x)[:1].float()).abs().max() <= 2e-2 * one.float().abs().max()
