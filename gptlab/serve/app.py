@@ -341,9 +341,26 @@ def create_app(
             scheduler.submit(job)
         return channel, jobs
 
-    async def events(channel: Channel, jobs: list[Job]) -> AsyncIterator[TokenEvent | EndEvent]:
-        """The events of ``jobs`` until all have ended; cancels those left if the consumer stops."""
+    async def cancel_on_disconnect(request: Request, jobs: list[Job]) -> None:
+        while True:
+            await asyncio.sleep(0.1)
+            if await request.is_disconnected():
+                for job in jobs:
+                    job.cancel()
+                return
+
+    async def events(
+        request: Request, channel: Channel, jobs: list[Job]
+    ) -> AsyncIterator[TokenEvent | EndEvent]:
+        """The events of ``jobs`` until all have ended; cancels those left if the consumer stops
+        or the client leaves.
+
+        A watcher polls for the client's disconnect: Starlette reports a closed stream by an
+        error from ``send`` and leaves this generator suspended, so ``finally`` alone would run
+        only when the generator is garbage-collected, and generation would go on until then.
+        """
         left = len(jobs)
+        watcher = asyncio.create_task(cancel_on_disconnect(request, jobs))
         try:
             while left:
                 for event in await channel.get():
@@ -353,6 +370,7 @@ def create_app(
                             raise GenerationError(event)
                     yield event
         finally:
+            watcher.cancel()
             for job in jobs:
                 job.cancel()
 
@@ -362,26 +380,14 @@ def create_app(
         """Gather the whole text of every choice (non-streaming), cancelling if the client leaves."""
         texts: dict[int, list[str]] = {job.index: [] for job in jobs}
         ends: dict[int, EndEvent] = {}
-
-        async def watch() -> None:
-            while True:
-                await asyncio.sleep(0.25)
-                if await request.is_disconnected():
-                    for job in jobs:
-                        job.cancel()
-                    return
-
-        watcher = asyncio.create_task(watch())
         try:
-            async for event in events(channel, jobs):
+            async for event in events(request, channel, jobs):
                 if isinstance(event, TokenEvent):
                     texts[event.index].append(event.text)
                 else:
                     ends[event.index] = event
         except GenerationError as exc:
             raise exc.api_error() from None
-        finally:
-            watcher.cancel()
         return texts, ends
 
     def sse(payload: Any) -> str:
@@ -482,7 +488,7 @@ def create_app(
                     for index, text in echo.items():
                         if text:
                             yield sse(chunk(index, text, None))
-                    async for event in events(channel, jobs):
+                    async for event in events(request, channel, jobs):
                         if isinstance(event, TokenEvent):
                             if not event.text:
                                 continue
@@ -562,7 +568,7 @@ def create_app(
                         if n == 0 and warnings:
                             payload["warnings"] = warnings
                         yield sse(payload)
-                    async for event in events(channel, jobs):
+                    async for event in events(request, channel, jobs):
                         if isinstance(event, TokenEvent):
                             text = strip[event.index](event.text)
                             if text:
@@ -623,7 +629,7 @@ def create_app(
                 {"type": "prompt", "tokens": [token_text(tokenizer, i) for i in ids], "warnings": warnings}
             )
             try:
-                async for event in events(channel, jobs):
+                async for event in events(request, channel, jobs):
                     if isinstance(event, TokenEvent):
                         yield sse(
                             {
