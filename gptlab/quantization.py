@@ -66,7 +66,8 @@ def _onednn_bf16() -> bool:
 
 
 class InferenceLinear(nn.Module):
-    """``y = x·Wᵀ + b``: one row on a CPU (a decode step) → ``gemv``; more rows → ``_matmul``.
+    """``y = x·Wᵀ + b``: one row on a CPU (a decode step) of a model that ``streams`` → ``gemv``;
+    anything else → ``_matmul``.
 
     Subclasses hold ``weight`` (and ``scales`` for int8) in their storage format and say how
     to multiply many rows.

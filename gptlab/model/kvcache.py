@@ -42,7 +42,6 @@ class KVStore:
         dtype: torch.dtype,
         device: torch.device | str,
     ) -> None:
-        self.compute_dtype = dtype  # int8 reads dequantise to the dtype keys were written in
         self._allocate((batch, n_kv_head, max_len, head_dim), dtype, device)
 
     def _allocate(self, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device | str) -> None:
@@ -86,8 +85,7 @@ class Int8KVStore(KVStore):
         self.v = torch.zeros_like(self.k)
         self.k_scale = torch.zeros(*shape[:-1], 1, dtype=torch.float32, device=device)
         self.v_scale = torch.zeros_like(self.k_scale)
-        if dtype == torch.int8:  # reads dequantise to a float dtype
-            self.compute_dtype = torch.float32
+        self.compute_dtype = torch.float32  # off a CPU, reads dequantise to the dtype keys were written in
 
     def write(self, rows: Rows, positions: Positions, k: torch.Tensor, v: torch.Tensor) -> None:
         self.compute_dtype = k.dtype
