@@ -3,7 +3,8 @@
     python bench/generate.py --preset gpt2 --batch 1 --prompt-tokens 32 --new-tokens 128 --dtype bf16
 
 Prints one JSON line: tokens_per_s (generated tokens / total time, prefill included),
-decode_tokens_per_s, ms_per_step, prefill_ms, dtype, batch, peak_rss_mb, and the
+decode_tokens_per_s, ms_per_step, prefill_ms, dtype, batch, peak_rss_mb, compiled_step (one
+compiled graph per decode step), first_run_s (an 8-token warm-up, compilation included), and the
 bandwidth bounds: weight bytes read per step against the read bandwidth measured in the same
 run, and against the issue's 10.5 GB/s.
 ``--hf`` also times Hugging Face transformers' ``generate`` on the same shapes (gpt2 only);
@@ -27,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from gptlab.generate import BatchSession, SampleConfig  # noqa: E402
 from gptlab.generate.decode import _decode, _start  # noqa: E402
+from gptlab.generate.fused_step import compile_decode, fused_step  # noqa: E402
 from gptlab.model import GPT, GPTConfig  # noqa: E402
 from gptlab.quantization import quantize  # noqa: E402
 
@@ -189,6 +191,12 @@ def main() -> None:
     p.add_argument("--dtype", choices=["fp32", "bf16", "int8"], default="fp32")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument(
+        "--no-compile",
+        dest="compile",
+        action="store_false",
+        help="run batch-1 decode steps layer by layer (gptlab sample without --compile)",
+    )
     p.add_argument("--hf", action="store_true", help="also time transformers' generate (gpt2 shapes)")
     p.add_argument("--plot", help="time a decode step against context length and save a PNG here")
     p.add_argument(
@@ -204,9 +212,13 @@ def main() -> None:
         return
     load_start = os.getloadavg()[0]
     model = build(args.preset, args.dtype)
+    if args.compile:
+        compile_decode(model)  # batch 1: each decode step one compiled graph
     torch.manual_seed(1)
     prompts = torch.randint(0, model.config.vocab_size, (args.batch, args.prompt_tokens)).tolist()
-    run_once(model, prompts, 8)  # warm-up
+    t = time.perf_counter()
+    run_once(model, prompts, 8)  # warm-up: compiles the decode step of a model that streams
+    first_run = time.perf_counter() - t
     prefill, decode = [], []
     for _ in range(args.repeats):
         pf, dc, n = run_once(model, prompts, args.new_tokens)
@@ -235,6 +247,8 @@ def main() -> None:
         "fraction_of_bound": round(decode_tps * wbytes / (args.batch * read_bw * 1e9), 3),
         "issue_bound_tokens_per_s": round(args.batch * ISSUE_BANDWIDTH_GBS * 1e9 / wbytes, 2),
         "fraction_of_issue_bound": round(decode_tps * wbytes / (args.batch * ISSUE_BANDWIDTH_GBS * 1e9), 3),
+        "compiled_step": fused_step(model, BatchSession(model, 1, 8).stores) is not None and args.batch == 1,
+        "first_run_s": round(first_run, 2),
         "repeats": args.repeats,
         "threads": args.threads,
         "loadavg_at_start": round(load_start, 2),

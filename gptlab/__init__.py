@@ -22,6 +22,7 @@ _LAZY = {
     "to_hf": ("gptlab.interop.hf", "to_hf"),
     "quantize": ("gptlab.quantization", "quantize"),
     "generate_text": ("gptlab.generate", "generate_text"),
+    "compile_decode": ("gptlab.generate", "compile_decode"),
     "SampleConfig": ("gptlab.generate", "SampleConfig"),
     "TrainConfig": ("gptlab.train", "TrainConfig"),
 }

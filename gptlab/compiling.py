@@ -32,17 +32,24 @@ class Compiled:
     """``fn`` through ``torch.compile``, or ``fn`` itself.
 
     ``dynamic=True`` compiles one kernel for every shape (sizes are symbols), which also keeps
-    a function called with many shapes under dynamo's recompilation limit.
+    a function called with many shapes under dynamo's recompilation limit. ``options`` are
+    inductor settings for this function only.
 
     The first call that fails to compile turns the compiled path off for good, with a warning.
     """
 
-    def __init__(self, fn: Callable[..., Any], what: str, dynamic: bool = False) -> None:
+    def __init__(
+        self,
+        fn: Callable[..., Any],
+        what: str,
+        dynamic: bool = False,
+        options: dict[str, Any] | None = None,
+    ) -> None:
         # dynamo keeps compiled graphs (and its limit of recompilations) per code object: a
         # private copy of fn's code gives every Compiled its own
         own = types.FunctionType(fn.__code__.replace(), fn.__globals__, fn.__name__, fn.__defaults__)
         own.__kwdefaults__, own.__doc__ = fn.__kwdefaults__, fn.__doc__
-        self.fn, self.what, self.dynamic = own, what, dynamic
+        self.fn, self.what, self.dynamic, self.options = own, what, dynamic, options
         self._compiled: Callable[..., Any] | None = None
         self.enabled = os.environ.get("GPTLAB_COMPILE", "1") != "0" and can_compile("cpu")
 
@@ -52,7 +59,7 @@ class Compiled:
         if self._compiled is None:
             import torch
 
-            self._compiled = torch.compile(self.fn, dynamic=self.dynamic)
+            self._compiled = torch.compile(self.fn, dynamic=self.dynamic, options=self.options)
         try:
             return self._compiled(*args)
         except Exception as exc:  # a missing header, a broken toolchain: keep working, uncompiled

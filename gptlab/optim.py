@@ -37,9 +37,28 @@ class Optimizers:
         for group in self.param_groups:
             group["lr"] = group["base_lr"] * scale
 
-    def step(self) -> None:
+    @property
+    def takes_grad_scale(self) -> bool:
+        """True when every optimizer is a fused AdamW, whose update can divide the gradients by a scale."""
+        return all(
+            isinstance(opt, torch.optim.AdamW) and opt.defaults.get("fused")
+            for opt in self.optimizers.values()
+        )
+
+    def step(self, grad_scale: torch.Tensor | None = None) -> None:
+        """One update of every optimizer; ``grad_scale`` (needs ``takes_grad_scale``): use ``g / grad_scale``.
+
+        Fused AdamW divides inside its one pass over the parameters (the hook ``GradScaler`` uses),
+        which spares a separate pass that scales every gradient in place.
+        """
         for opt in self.optimizers.values():
-            opt.step()
+            if grad_scale is not None:
+                opt.grad_scale = grad_scale  # type: ignore[attr-defined]
+            try:
+                opt.step()
+            finally:
+                if grad_scale is not None:
+                    opt.grad_scale = None  # type: ignore[attr-defined]
 
     def zero_grad(self) -> None:
         for opt in self.optimizers.values():

@@ -89,7 +89,9 @@ class InferenceLinear(nn.Module):
         x2 = x.reshape(-1, self.in_features)
         one_row = x2.size(0) == 1 and x2.device.type == "cpu" and not torch.is_grad_enabled()
         kernel = _GEMV.get(self.weight.dtype) if one_row and self.streams else None
-        if kernel is not None and kernel.enabled:  # uncompiled, gemv would materialise (N, K) floats
+        if one_row and torch.compiler.is_compiling():  # a compiled decode step: gemv joins its graph
+            y = gemv(x2, self.weight, self.scales, self.bias)
+        elif kernel is not None and kernel.enabled:  # uncompiled, gemv would materialise (N, K) floats
             # plain tensors with no storage offset: dynamo then compiles one graph for every shape
             # (it specialises on a Parameter's shape and on an offset of x)
             bias = self.bias.detach() if self.bias is not None else None
@@ -158,6 +160,11 @@ class Int8Linear(InferenceLinear):
         if _FUSED and x2.device.type == "cpu":
             return torch.ops.aten._weight_int8pack_mm(x2.contiguous(), self.weight, scales)
         return F.linear(x2, self.weight.to(x2.dtype)) * scales
+
+
+def streams(model: nn.Module) -> bool:
+    """True when ``quantize`` found ``model`` too large for the caches (its decode steps stream weights)."""
+    return any(m.streams for m in model.modules() if isinstance(m, InferenceLinear))
 
 
 def _cast_params(model: nn.Module, dtype: torch.dtype) -> None:

@@ -392,17 +392,20 @@ class _Trainer:
         if self.scaler is not None:
             for opt in self.optimizer.optimizers.values():
                 self.scaler.unscale_(opt)
-        params = self.model.parameters()
-        if cfg.grad_clip > 0:
-            norm = torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
-        else:
-            norm = torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        norm = torch.nn.utils.get_total_norm([p.grad for p in params])
+        grad_scale = None
+        if cfg.grad_clip > 0:  # g ← g·min(1, c/(‖g‖ + 10⁻⁶)), as clip_grad_norm_
+            if self.scaler is None and self.optimizer.takes_grad_scale:  # inside the fused update
+                grad_scale = ((norm + 1e-6) / cfg.grad_clip).clamp(min=1.0)
+            else:
+                torch.nn.utils.clip_grads_with_norm_(params, cfg.grad_clip, norm)
         if self.scaler is not None:
             for opt in self.optimizer.optimizers.values():
                 self.scaler.step(opt)
             self.scaler.update()
         else:
-            self.optimizer.step()
+            self.optimizer.step(grad_scale)
         self.optimizer.zero_grad()
         self.step += 1
         return total, norm

@@ -36,6 +36,14 @@ def test_sample_streams_the_prompt_and_continuation(ckpt, capsys, dtype):
         assert out == "abc" + expected + "\n"
 
 
+def test_sample_compile_gives_the_same_greedy_text(ckpt, capsys):
+    args = [str(ckpt), "--prompt", "abc", "--max-new-tokens", "12", "--temperature", "0"]
+    assert main(["sample", *args]) == 0
+    layered = capsys.readouterr().out
+    assert main(["sample", *args, "--compile"]) == 0  # each decode step one compiled graph
+    assert capsys.readouterr().out == layered
+
+
 def test_num_samples_and_seed_reproduce(ckpt, tmp_path, capsys):
     prompt = tmp_path / "p.txt"
     prompt.write_text("ab", encoding="utf-8")

@@ -197,3 +197,29 @@ def test_compile_without_a_compiler_warns_and_trains_uncompiled(dataset, tmp_pat
     with pytest.warns(UserWarning, match="needs a C\\+\\+ compiler"):
         result = _train(dataset, tmp_path / "run", "max_steps=2", "eval_every=2", "compile=true")
     assert result.step == 2
+
+
+def test_clipping_inside_the_fused_update_equals_clip_grad_norm():
+    from gptlab.model import GPTConfig
+    from gptlab.optim import build_optimizer
+
+    def model_with_grads() -> tuple[GPT, torch.Tensor]:
+        torch.manual_seed(0)
+        model = GPT(GPTConfig(vocab_size=40, block_size=16, n_layer=2, n_head=2, n_embd=32))
+        idx = torch.randint(0, 40, (4, 16))
+        _, loss = model(idx, idx)
+        (loss * 100).backward()  # a norm well above the clip
+        return model, torch.nn.utils.get_total_norm([p.grad for p in model.parameters()])
+
+    clip = 0.5
+    a, norm = model_with_grads()
+    opt_a = build_optimizer(a, "adamw", 1e-2, 0.1, (0.9, 0.99), "cpu")
+    torch.nn.utils.clip_grad_norm_(a.parameters(), clip)
+    opt_a.step()
+    b, _ = model_with_grads()
+    opt_b = build_optimizer(b, "adamw", 1e-2, 0.1, (0.9, 0.99), "cpu")
+    assert opt_b.takes_grad_scale and norm > 10 * clip
+    opt_b.step(((norm + 1e-6) / clip).clamp(min=1.0))
+    for (name, pa), pb in zip(a.named_parameters(), b.parameters(), strict=True):
+        assert torch.allclose(pa, pb, rtol=1e-6, atol=1e-7), name
+    assert not build_optimizer(a, "muon", 1e-2, 0.1, (0.9, 0.99), "cpu").takes_grad_scale

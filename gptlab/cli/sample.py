@@ -58,6 +58,12 @@ def register(subparsers: Any) -> None:
         help="KV cache storage (model: the model's dtype; float32 on a CPU for bf16/int8 weights)",
     )
     p.add_argument("--threads", type=int, help="torch threads (default: torch's choice)")
+    p.add_argument(
+        "--compile",
+        action="store_true",
+        help="CPU: run each decode step as one compiled graph (faster steps after a compilation of "
+        "seconds to a minute; pays off for long or many samples)",
+    )
     p.set_defaults(func=run)
 
 
@@ -118,6 +124,10 @@ def run(args: argparse.Namespace) -> int:
         raise GptlabError(f"{args.checkpoint} has no tokenizer.json; pass --tokenizer PATH")
     encode_prompt(tokenizer, prompt)  # fail on a prompt the tokenizer cannot encode before printing anything
     quantize(model, args.dtype)
+    if args.compile:
+        from gptlab.generate import compile_decode
+
+        compile_decode(model)
     cache_dtype = {"model": None, "fp32": torch.float32, "bf16": torch.bfloat16, "int8": torch.int8}[
         args.cache_dtype
     ]

@@ -6,7 +6,8 @@
 
 ``stream_events`` (and ``stream``, its text-only view) is the primitive;
 ``generate_text``, ``generate_batch`` and ``generate_ids`` (``GPT.generate``) are
-built on the same decoding loop over a ``BatchSession``.
+built on the same decoding loop over a ``BatchSession``. ``compile_decode(model)`` makes each
+one-sequence decode step on a CPU a single compiled graph.
 """
 
 from gptlab.generate.beam import beam_search
@@ -21,6 +22,7 @@ from gptlab.generate.decode import (
     stream,
     stream_events,
 )
+from gptlab.generate.fused_step import compile_decode
 from gptlab.generate.sampling import Sampler
 from gptlab.generate.session import BatchSession, ContextWarning
 from gptlab.generate.textstream import TextStream
@@ -33,6 +35,7 @@ __all__ = [
     "TextStream",
     "TokenEvent",
     "beam_search",
+    "compile_decode",
     "encode_prompt",
     "generate_batch",
     "generate_ids",

@@ -26,6 +26,7 @@ from collections.abc import Sequence
 import torch
 
 from gptlab.errors import GptlabError
+from gptlab.generate.fused_step import fused_step
 from gptlab.model.kvcache import KVStore, Positions, Rows, default_cache_dtype, make_store
 
 
@@ -100,6 +101,8 @@ class BatchSession:
                 make_store(max_batch, config.n_kv_head, max_len, config.head_dim, dtype, device)
                 for _ in range(config.n_layer)
             ]
+        # one row, and compile_decode(model) asked: each decode step is one compiled graph
+        self._fused = fused_step(model, self.stores) if max_batch == 1 else None
         self._plan = _Plan()
         self.layers = [_LayerView(s, self._plan) for s in self.stores]  # what GPT.run calls ``cache.layers``
         self.start = [0] * max_batch
@@ -224,7 +227,11 @@ class BatchSession:
             pos = (end_t - start_t)[:, None]  # (n, 1)
             j = torch.arange(max(ends) + 1, device=device)
             mask = ((j[None, :] >= start_t[:, None]) & (j[None, :] <= end_t[:, None]))[:, None, None, :]
-        logits = self._run(idx, pos, mask, _rows(slots), write, max(ends) + 1)
+        if self._fused is not None:  # a session of one row: slot 0, no mask
+            keys, values = [st.k for st in self.stores], [st.v for st in self.stores]
+            logits = self._fused(self.model, idx, pos, keys, values, ends[0] + 1)
+        else:
+            logits = self._run(idx, pos, mask, _rows(slots), write, max(ends) + 1)
         out = {}
         for i, s in enumerate(slots):
             self.end[s] += 1

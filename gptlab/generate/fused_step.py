@@ -1,0 +1,92 @@
+"""A decode step as one compiled graph (CPU, one sequence): ``compile_decode(model)``.
+
+A decode step of gpt2 runs ~300 small operations: 48 one-row matrix products and, around
+them, norms, views, the cache write and read, attention and residual adds. Run one by one,
+the Python and dispatch between them cost as much as the products (≈ 6 of 14 ms per int8 step,
+docs/benchmarks.md). ``decode_step`` is that whole step,
+
+    write k_t, v_t at cache index t = end − 1;   attend over K, V[0, end);   logits_t
+
+written over plain tensors (the session's cache rows) and an ``end`` that ``torch.compile``
+treats as a symbol, so one graph serves every length and nothing recompiles as the cache
+fills. Inside it each ``InferenceLinear`` inlines its ``gemv`` and inductor fuses the step
+into a dozen kernels per layer.
+
+``compile_decode(model)`` asks for it (``gptlab sample --compile``, ``gptlab serve --compile``).
+From then on ``BatchSession.step`` uses it for a session of one row on a CPU with a C++ compiler
+and a float KV cache; ``GPTLAB_COMPILE=0`` turns it off. Its logits equal the layer-by-layer
+path's (tested). The first step compiles: for gpt2 ≈ 40 s on a cold inductor cache and ≈ 15 s
+once inductor has it on disk, so it pays for long generations, repeated sampling and serving,
+not for one short sample. Every later step, in any session of the model, reuses the graph.
+"""
+
+from __future__ import annotations
+
+import weakref
+
+import torch
+from torch import nn
+
+from gptlab.compiling import Compiled
+from gptlab.model.kvcache import KVStore
+
+# Inductor inlines a cheap elementwise producer into each consumer. In front of a one-row
+# product that would recompute a norm's output once per output channel (50,257 times for the
+# head); realising every producer of more than a few operations computes it once.
+_OPTIONS = {"realize_opcount_threshold": 10}
+
+
+class _StepLayer:
+    """One layer's cache for the step: write at ``end − 1``, read ``[0, end)``."""
+
+    def __init__(self, k: torch.Tensor, v: torch.Tensor, end: int) -> None:
+        self.k, self.v, self.end = k, v, end
+
+    def update(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        self.k[:, :, self.end - 1 : self.end] = k.to(self.k.dtype)
+        self.v[:, :, self.end - 1 : self.end] = v.to(self.v.dtype)
+        return self.k[:, :, : self.end], self.v[:, :, : self.end]
+
+
+class _StepCache:
+    """What ``GPT.run`` calls ``cache``: one ``_StepLayer`` per layer."""
+
+    def __init__(self, keys: list[torch.Tensor], values: list[torch.Tensor], end: int) -> None:
+        self.layers = [_StepLayer(k, v, end) for k, v in zip(keys, values, strict=True)]
+
+
+def decode_step(
+    model: nn.Module,
+    idx: torch.Tensor,  # (1, 1) the new token
+    pos: torch.Tensor,  # (1,) its position
+    keys: list[torch.Tensor],  # per layer (1, H_kv, T_max, d_k)
+    values: list[torch.Tensor],
+    end: int,  # cached positions after this step
+) -> torch.Tensor:
+    """Next-token logits (1, vocab) float32 after appending ``idx`` at cache index ``end − 1``."""
+    out = model.run(idx, pos=pos, cache=_StepCache(keys, values, end), last_only=True)
+    return out.logits[:, -1].float()
+
+
+_STEPS: weakref.WeakKeyDictionary[nn.Module, Compiled] = weakref.WeakKeyDictionary()
+
+
+def compile_decode(model: nn.Module) -> nn.Module:
+    """Run ``model``'s one-sequence decode steps on a CPU as one compiled graph; returns ``model``.
+
+    Compilation happens at the first step. Prepare the weights first (``gptlab.quantize``): the
+    graph inlines each ``InferenceLinear``'s one-row product.
+    """
+    if model not in _STEPS:
+        _STEPS[model] = Compiled(decode_step, "the compiled decode step", dynamic=True, options=_OPTIONS)
+    return model
+
+
+def fused_step(model: nn.Module, stores: list[KVStore]) -> Compiled | None:
+    """The model's compiled ``decode_step`` if ``compile_decode`` asked for it and it can run here."""
+    step = _STEPS.get(model)
+    if step is None or not step.enabled or model.device.type != "cpu":
+        return None
+    if any(type(s) is not KVStore for s in stores):  # an int8 cache dequantises on reads: layer by layer
+        return None
+    return step

@@ -1,0 +1,93 @@
+"""The compiled decode step (``gptlab.generate.fused_step``) computes what the layer-by-layer step does."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import gptlab
+import gptlab.generate.session as session_mod
+from gptlab.compiling import can_compile
+from gptlab.generate import BatchSession
+from gptlab.generate.fused_step import compile_decode, fused_step
+from gptlab.model import GPT, GPTConfig
+
+needs_compiler = pytest.mark.skipif(not can_compile("cpu"), reason="no C++ compiler for torch.compile")
+
+VARIANTS = {
+    # gpt2's shape: learned positions, LayerNorm, GELU, biases
+    "learned": dict(pos="learned"),
+    # relative positions slide past the context; GQA stores 2 KV heads for 4 query heads
+    "rope-gqa-rmsnorm-swiglu": dict(pos="rope", n_kv_head=2, norm="rmsnorm", mlp="swiglu", qk_norm=True),
+    "alibi-mqa": dict(pos="alibi", n_kv_head=1, bias=False),
+}
+
+
+def _model(fmt: str, **options) -> GPT:
+    torch.manual_seed(0)
+    config = GPTConfig(vocab_size=97, block_size=24, n_layer=2, n_head=4, n_embd=64, **options)
+    return compile_decode(gptlab.quantize(GPT(config), fmt))
+
+
+def _greedy_logits(model: GPT, prompt: list[int], steps: int, fused: bool, monkeypatch) -> list[torch.Tensor]:
+    with monkeypatch.context() as m:
+        if not fused:
+            m.setattr(session_mod, "fused_step", lambda *args: None)
+        session = BatchSession(model, 1)
+        assert (session._fused is not None) == fused
+        slot, logits = session.add(prompt)
+        out = [logits]
+        for _ in range(steps):
+            logits = session.step({slot: int(logits.argmax())})[slot]
+            out.append(logits)
+    return out
+
+
+@needs_compiler
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_compiled_step_equals_the_layer_by_layer_step(monkeypatch, variant):
+    model = _model("fp32", **VARIANTS[variant])
+    # 5 prompt tokens and 30 steps: past the context of 24, so RoPE and ALiBi slide (the cache's
+    # end moves back) and learned positions stop at the limit
+    steps = 30 if variant != "learned" else 24 - 5
+    fused = _greedy_logits(model, [3, 1, 4, 1, 5], steps, True, monkeypatch)
+    layered = _greedy_logits(model, [3, 1, 4, 1, 5], steps, False, monkeypatch)
+    for t, (a, b) in enumerate(zip(fused, layered, strict=True)):
+        assert torch.allclose(a, b, atol=1e-5, rtol=1e-5), (variant, t, (a - b).abs().max())
+
+
+@needs_compiler
+@pytest.mark.parametrize("fmt", ["bf16", "int8"])
+def test_compiled_half_and_int8_steps_agree_with_the_layer_by_layer_step(monkeypatch, fmt):
+    model = _model(fmt)
+    fused = _greedy_logits(model, [3, 1, 4, 1, 5], 8, True, monkeypatch)
+    layered = _greedy_logits(model, [3, 1, 4, 1, 5], 8, False, monkeypatch)
+    for a, b in zip(fused, layered, strict=True):  # bf16 activations: agreement to bf16 precision
+        assert (a - b).abs().max() <= 2e-2 * b.abs().max()
+        assert a.argmax() == b.argmax()
+
+
+@needs_compiler
+def test_compiled_step_compiles_once_for_every_cache_length(monkeypatch):
+    import torch._dynamo.utils as dynamo_utils
+
+    from gptlab.generate.fused_step import _STEPS
+
+    model = _model("int8")
+    frames = dynamo_utils.counters["frames"]
+    assert model.generate(torch.tensor([[1, 2, 3]]), 3, temperature=0).shape == (1, 6)  # cache ends 4..6
+    assert _STEPS[model]._compiled is not None
+    before = frames["ok"]
+    assert model.generate(torch.tensor([list(range(8))]), 16, temperature=0).shape == (1, 24)  # ends 9..24
+    assert frames["ok"] == before  # nothing new compiled: the cache length is a symbol, not a constant
+
+
+@needs_compiler
+def test_the_compiled_step_is_used_only_where_it_applies(monkeypatch):
+    model = _model("bf16")
+    assert BatchSession(model, 1)._fused is not None
+    assert BatchSession(model, 2)._fused is None  # several rows: the batched kernels
+    assert BatchSession(model, 1, cache_dtype=torch.int8)._fused is None  # an int8 cache dequantises
+    assert fused_step(gptlab.quantize(GPT(model.config), "bf16"), []) is None  # not asked for
+    monkeypatch.setenv("GPTLAB_COMPILE", "0")
+    assert BatchSession(_model("bf16"), 1)._fused is None
