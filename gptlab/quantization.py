@@ -162,11 +162,6 @@ class Int8Linear(InferenceLinear):
         return F.linear(x2, self.weight.to(x2.dtype)) * scales
 
 
-def streams(model: nn.Module) -> bool:
-    """True when ``quantize`` found ``model`` too large for the caches (its decode steps stream weights)."""
-    return any(m.streams for m in model.modules() if isinstance(m, InferenceLinear))
-
-
 def _cast_params(model: nn.Module, dtype: torch.dtype) -> None:
     """Cast parameters (not buffers: positional tables stay float32) to ``dtype``."""
     for p in model.parameters():

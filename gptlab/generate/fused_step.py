@@ -12,7 +12,7 @@ treats as a symbol, so one graph serves every length and nothing recompiles as t
 fills. Inside it each ``InferenceLinear`` inlines its ``gemv`` and inductor fuses the step
 into a dozen kernels per layer.
 
-``compile_decode(model)`` asks for it (``gptlab sample --compile``, ``gptlab serve --compile``).
+``compile_decode(model)`` asks for it (``gptlab sample --compile``).
 From then on ``BatchSession.step`` uses it for a session of one row on a CPU with a C++ compiler
 and a float KV cache; ``GPTLAB_COMPILE=0`` turns it off. Its logits equal the layer-by-layer
 path's (tested). The first step compiles: for gpt2 ≈ 40 s on a cold inductor cache and ≈ 15 s
