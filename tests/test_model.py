@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 from gptlab import GPT, GPTConfig
 from gptlab.model.attention import CausalSelfAttention, plain_attention, sdpa_attention
-from gptlab.model.mlp import FeedForward, ffn_param_count, gelu_tanh
+from gptlab.model.mlp import FeedForward, _CompiledGELU, ffn_param_count, gelu, gelu_tanh
 from gptlab.model.norms import LayerNorm
 from gptlab.model.positional import alibi_slopes, sinusoidal_table
 
@@ -115,6 +115,41 @@ def test_gelu_tanh_is_the_tanh_approximation() -> None:
     expected = 0.5 * x * (1 + torch.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x**3)))
     torch.testing.assert_close(gelu_tanh(x), expected)
     assert not torch.allclose(F.gelu(x), expected, atol=1e-6)  # it is not exact GELU
+
+
+def test_compiled_gelu_equals_exact_gelu_and_its_derivative() -> None:
+    """The compiled path's GELU (one shared exponential) is F.gelu to 1e-6, value and slope."""
+    x = torch.linspace(-12, 12, 20001, dtype=torch.float32, requires_grad=True)
+    y = _CompiledGELU.apply(x)
+    (slope,) = torch.autograd.grad(y.sum(), x)
+    ref = x.detach().clone().requires_grad_()
+    (ref_slope,) = torch.autograd.grad(F.gelu(ref).sum(), ref)
+    assert (y - F.gelu(x)).abs().max().item() < 2e-6
+    assert (slope - ref_slope).abs().max().item() < 1e-6
+    xb = torch.randn(64, 128).to(torch.bfloat16)
+    assert _CompiledGELU.apply(xb).dtype == torch.bfloat16
+    torch.testing.assert_close(_CompiledGELU.apply(xb), F.gelu(xb))  # bf16 tolerance
+
+
+def test_gelu_uses_the_shared_exponential_only_when_compiled() -> None:
+    calls = []
+    original = _CompiledGELU.forward
+
+    def spy(ctx, x):  # type: ignore[no-untyped-def]
+        calls.append(x.shape)
+        return original(ctx, x)
+
+    x = torch.randn(8)
+    assert torch.equal(gelu(x), F.gelu(x)) and not calls  # eager: the library kernel
+    _CompiledGELU.forward = staticmethod(spy)  # type: ignore[method-assign]
+    try:
+        torch._dynamo.reset()
+        out = torch.compile(gelu, backend="eager")(x)
+    finally:
+        _CompiledGELU.forward = staticmethod(original)  # type: ignore[method-assign]
+        torch._dynamo.reset()
+    assert calls, "the compiled graph did not trace _CompiledGELU"
+    torch.testing.assert_close(out, F.gelu(x), atol=2e-6, rtol=0)
 
 
 def test_tied_head_shares_storage_with_the_embedding() -> None:
