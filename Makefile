@@ -23,11 +23,11 @@ demo: $(STAMP)
 	$(VENV)/bin/gptlab demo $(ARGS)
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check gptlab tests bench tools
+	$(VENV)/bin/ruff check src tests bench tools
 
 format: $(STAMP)
-	$(VENV)/bin/ruff format gptlab tests bench tools
-	$(VENV)/bin/ruff check --fix gptlab tests bench tools
+	$(VENV)/bin/ruff format src tests bench tools
+	$(VENV)/bin/ruff check --fix src tests bench tools
 
 test: lint
 	$(PY) -m pytest $(PYTEST_ARGS)

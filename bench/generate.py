@@ -24,13 +24,13 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from gptlab.generate import BatchSession, SampleConfig  # noqa: E402
 from gptlab.generate.decode import _decode, _start  # noqa: E402
 from gptlab.generate.fused_step import compile_decode, fused_step  # noqa: E402
+from gptlab.generate.quantization import quantize  # noqa: E402
 from gptlab.model import GPT, GPTConfig  # noqa: E402
-from gptlab.quantization import quantize  # noqa: E402
 
 ISSUE_BANDWIDTH_GBS = 10.5  # the figure the generation issue gives for this machine
 
@@ -60,7 +60,7 @@ def read_bandwidth_gbs() -> float:
 def weight_bytes(model: torch.nn.Module) -> int:
     """Bytes a decode step must read: every matrix product's weights, scales and biases (a tied head
     reads the embedding table); not the embedding lookup (one row) or the small norm vectors."""
-    from gptlab.quantization import InferenceLinear
+    from gptlab.generate.quantization import InferenceLinear
 
     total = 0
     for m in model.modules():
@@ -149,8 +149,8 @@ def quality(steps: int) -> dict:
     """Held-out perplexity of a char model trained on tinyshakespeare, in fp32, bf16 and int8 weights."""
     import copy
 
-    from gptlab.evaluate import evaluate_tokens
     from gptlab.tokenizers import CharTokenizer
+    from gptlab.train.evaluate import evaluate_tokens
 
     path = Path(__file__).resolve().parents[2] / "shared" / "data" / "tinyshakespeare.txt"
     text = path.read_text(encoding="utf-8")

@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "src"))
 
 from gptlab.tokenizers import EOT, BPETokenizer, CharTokenizer, GPT2Tokenizer  # noqa: E402
 

@@ -27,7 +27,7 @@ DEFAULT_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data" / 
 
 def _steady_ms_per_step(run_dir: Path, skip: int = 50) -> float | None:
     """Median-free steady state: mean step time after the first ``skip`` steps (compilation, warm-up)."""
-    from gptlab.metrics import read_metrics
+    from gptlab.train.metrics import read_metrics
 
     times = [(r["step"], r["time_s"]) for r in read_metrics(run_dir / "metrics.jsonl") if "time_s" in r]
     if len(times) <= skip + 1:
@@ -50,9 +50,9 @@ def main() -> int:
 
     from gptlab.checkpoint import load
     from gptlab.data import TokenDataset, prepare
-    from gptlab.evaluate import evaluate_tokens
     from gptlab.train import train
-    from gptlab.train_config import build_config
+    from gptlab.train.config import build_config
+    from gptlab.train.evaluate import evaluate_tokens
 
     overrides = ["progress=false", *args.overrides]
     if args.max_steps is not None:

@@ -19,9 +19,9 @@ from _tiny import TINY_TRAIN
 from gptlab import checkpoint as ckpt
 from gptlab.cli import main
 from gptlab.data import prepare
-from gptlab.metrics import read_metrics
 from gptlab.train import train
-from gptlab.train_config import build_config
+from gptlab.train.config import build_config
+from gptlab.train.metrics import read_metrics
 
 TINY = [*TINY_TRAIN, "batch_size=4"]
 

@@ -49,7 +49,7 @@ def test_streaming_chunks_equal_one_pass(tmp_path, monkeypatch):
     text = "".join(f"line {i} ünï ✓ " * (i % 7) + "\n" for i in range(3000))
     (tmp_path / "t.txt").write_text(text, encoding="utf-8")
     prepare([tmp_path / "t.txt"], tmp_path / "a", block_size=8)
-    monkeypatch.setattr(gdata, "CHUNK_BYTES", 97)  # chunks cut mid-character and mid-line
+    monkeypatch.setattr(gdata.sources, "CHUNK_BYTES", 97)  # chunks cut mid-character and mid-line
     prepare([tmp_path / "t.txt"], tmp_path / "b", block_size=8)
     for split in ("train", "val"):
         assert np.array_equal(

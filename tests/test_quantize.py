@@ -7,10 +7,10 @@ import torch
 
 import gptlab
 from gptlab.errors import GptlabError
-from gptlab.evaluate import evaluate_tokens
+from gptlab.generate.quantization import Int8Linear
 from gptlab.model import GPT, GPTConfig
-from gptlab.quantization import Int8Linear
 from gptlab.tokenizers import CharTokenizer
+from gptlab.train.evaluate import evaluate_tokens
 
 
 def test_int8_linear_is_the_dequantised_matmul_and_channel_error_is_bounded():
@@ -78,7 +78,7 @@ def test_quantized_models_generate_and_shrink():
 
 
 # ------------------------------------------------------------- the one-row (decode) kernel
-from gptlab import quantization as qz  # noqa: E402
+from gptlab.generate import quantization as qz  # noqa: E402
 
 FORMATS = {
     "fp32": (qz.FloatLinear, torch.float32, 1e-5),

@@ -11,13 +11,13 @@ import torch
 from _tiny import TINY_TRAIN
 
 from gptlab import checkpoint as ckpt
-from gptlab import train as gtrain
 from gptlab.data import prepare
 from gptlab.errors import GptlabError
-from gptlab.metrics import read_metrics
 from gptlab.model import GPT
-from gptlab.schedule import learning_rate
-from gptlab.train_config import TrainConfig, build_config, recipe_names
+from gptlab.train import loop as gtrain
+from gptlab.train.config import TrainConfig, build_config, recipe_names
+from gptlab.train.metrics import read_metrics
+from gptlab.train.schedule import learning_rate
 
 TINY = [*TINY_TRAIN, "batch_size=4"]
 
@@ -201,7 +201,7 @@ def test_compile_without_a_compiler_warns_and_trains_uncompiled(dataset, tmp_pat
 
 def test_clipping_inside_the_fused_update_equals_clip_grad_norm():
     from gptlab.model import GPTConfig
-    from gptlab.optim import build_optimizer
+    from gptlab.train.optim import build_optimizer
 
     def model_with_grads() -> tuple[GPT, torch.Tensor]:
         torch.manual_seed(0)

@@ -14,7 +14,7 @@ from _tiny import TINY_TRAIN
 from gptlab import checkpoint as ckpt
 from gptlab.data import prepare
 from gptlab.train import train
-from gptlab.train_config import build_config
+from gptlab.train.config import build_config
 
 TINY = [*TINY_TRAIN, "max_steps=3", "eval_every=3"]
 

@@ -20,7 +20,7 @@ _LAZY = {
     "load": ("gptlab.checkpoint", "load"),
     "from_hf": ("gptlab.interop.hf", "from_hf"),
     "to_hf": ("gptlab.interop.hf", "to_hf"),
-    "quantize": ("gptlab.quantization", "quantize"),
+    "quantize": ("gptlab.generate.quantization", "quantize"),
     "generate_text": ("gptlab.generate", "generate_text"),
     "compile_decode": ("gptlab.generate", "compile_decode"),
     "SampleConfig": ("gptlab.generate", "SampleConfig"),

@@ -90,7 +90,7 @@ def run(args: argparse.Namespace) -> int:
 
     import gptlab
     from gptlab.generate import SampleConfig, encode_prompt, stream_events
-    from gptlab.quantization import quantize
+    from gptlab.generate.quantization import quantize
 
     if args.num_samples < 1:
         raise GptlabError(f"--num-samples must be at least 1, got {args.num_samples}")

@@ -4,7 +4,7 @@ A config file is TOML: top-level keys are ``TrainConfig`` fields and a ``[model]
 table holds ``GPTConfig`` fields (``preset = "..."`` picks a base preset; the
 default base is ``shakespeare-char``). Overrides are ``key=value`` strings whose
 value is read as TOML (``lr=3e-3``, ``compile=true``, ``model.pos="rope"``; a bare
-word is a string). Built-in recipes live in ``gptlab/recipes/<name>.toml`` and are
+word is a string). Built-in recipes live in ``gptlab/train/recipes/<name>.toml`` and are
 named without the suffix: ``--config shakespeare-char``.
 """
 
@@ -66,8 +66,8 @@ class TrainConfig:
 
     # ------------------------------------------------------------------ checks
     def validate(self) -> None:
-        from gptlab.optim import OPTIMIZERS
-        from gptlab.schedule import SCHEDULES
+        from gptlab.train.optim import OPTIMIZERS
+        from gptlab.train.schedule import SCHEDULES
 
         def need(ok: bool, msg: str) -> None:
             if not ok:
@@ -161,7 +161,9 @@ class TrainConfig:
 
 def recipe_names() -> list[str]:
     return sorted(
-        p.name[:-5] for p in (resources.files("gptlab") / "recipes").iterdir() if p.name.endswith(".toml")
+        p.name[:-5]
+        for p in (resources.files("gptlab.train") / "recipes").iterdir()
+        if p.name.endswith(".toml")
     )
 
 
@@ -172,7 +174,7 @@ def read_config_file(name: str) -> dict[str, Any]:
         data = path.read_bytes()
         source = str(path)
     else:
-        recipe = resources.files("gptlab") / "recipes" / f"{name}.toml"
+        recipe = resources.files("gptlab.train") / "recipes" / f"{name}.toml"
         if not recipe.is_file():
             raise GptlabError(
                 f"{name}: no such config file or built-in recipe; recipes: {', '.join(recipe_names())}"

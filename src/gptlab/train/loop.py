@@ -2,7 +2,7 @@
 
     L(θ) = −(1/BT)·Σ_b Σ_t log P_θ(x_t | x_<t)      per micro-batch; averaged over A micro-batches
     g = (1/A)·Σ_a ∇L_a(θ),  clipped to ‖g‖ ≤ c          one micro-batch of 2B = two of B
-    θ ← AdamW(θ, g, η_t)                               η_t from ``gptlab.schedule``
+    θ ← AdamW(θ, g, η_t)                               η_t from ``gptlab.train.schedule``
 
 ``train(cfg, data_dir, run_dir)`` owns the optimizer, schedule, mixed precision,
 accumulation, evaluation, records, checkpoint cadence and DDP. Resuming loads the
@@ -26,17 +26,17 @@ from typing import Any
 import torch
 
 from gptlab import checkpoint as ckpt
-from gptlab import distributed
 from gptlab.compiling import can_compile
 from gptlab.data import TokenDataset, WindowSampler, eval_batches
 from gptlab.errors import GptlabError
-from gptlab.evaluate import EvalResult, loss_sum
 from gptlab.fileio import atomic_write_json
-from gptlab.metrics import MetricsLog
 from gptlab.model import GPT
-from gptlab.optim import build_optimizer
-from gptlab.schedule import learning_rate
-from gptlab.train_config import TrainConfig, build_config
+from gptlab.train import distributed
+from gptlab.train.config import TrainConfig, build_config
+from gptlab.train.evaluate import EvalResult, loss_sum
+from gptlab.train.metrics import MetricsLog
+from gptlab.train.optim import build_optimizer
+from gptlab.train.schedule import learning_rate
 
 RUN_CONFIG_FILE = "train_config.json"
 BEST_FILE = "best.json"

@@ -6,7 +6,7 @@ import argparse
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    from gptlab.corpus import CORPORA
+    from gptlab.data.corpus import CORPORA
 
     p = subparsers.add_parser(
         "download",
@@ -20,7 +20,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from gptlab.corpus import download
+    from gptlab.data.corpus import download
 
     print(download(args.name, args.out))
     return 0

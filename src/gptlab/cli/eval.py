@@ -31,7 +31,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from gptlab.evaluate import evaluate_path
+    from gptlab.train.evaluate import evaluate_path
 
     result, source = evaluate_path(
         args.checkpoint,

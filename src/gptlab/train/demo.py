@@ -51,9 +51,9 @@ def run_demo(
 ) -> str:
     """Run the demo; return the sample text."""
     from gptlab.checkpoint import load
-    from gptlab.corpus import write_default_corpus
+    from gptlab.data.corpus import write_default_corpus
     from gptlab.train import train
-    from gptlab.train_config import build_config
+    from gptlab.train.config import build_config
 
     t0 = time.perf_counter()
     out = Path(out)

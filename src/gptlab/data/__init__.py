@@ -1,0 +1,32 @@
+"""Data: corpora → token shards on disk (``prepare``), and shards → batches (``WindowSampler``).
+
+sources.py   the files of a corpus, read as UTF-8 chunks that stream
+corpus.py    built-in corpora (an offline default, an optional download)
+prepare.py   tokenize into ``train.bin``/``val.bin`` + ``meta.json`` + ``tokenizer.json``
+dataset.py   ``TokenDataset``: a prepared directory read back as memmaps
+sampler.py   ``WindowSampler`` (training, exact resume) and ``eval_batches``
+"""
+
+from gptlab.data.dataset import DATASET_FORMAT, EOT, META_FILE, SPLITS, TOKENIZER_FILE, TokenDataset
+from gptlab.data.prepare import build_tokenizer, prepare, token_dtype
+from gptlab.data.sampler import WindowSampler, eval_batches, n_eval_batches
+from gptlab.data.sources import count_documents, describe_sources, find_sources, iter_chunks
+
+__all__ = [
+    "DATASET_FORMAT",
+    "EOT",
+    "META_FILE",
+    "SPLITS",
+    "TOKENIZER_FILE",
+    "TokenDataset",
+    "WindowSampler",
+    "build_tokenizer",
+    "count_documents",
+    "describe_sources",
+    "eval_batches",
+    "find_sources",
+    "iter_chunks",
+    "n_eval_batches",
+    "prepare",
+    "token_dtype",
+]

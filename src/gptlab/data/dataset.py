@@ -1,0 +1,80 @@
+"""A prepared dataset directory, read back: token memmaps per split, the tokenizer and the meta."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from gptlab.data.sources import PathLike
+from gptlab.errors import GptlabError
+
+DATASET_FORMAT = 1
+META_FILE = "meta.json"
+TOKENIZER_FILE = "tokenizer.json"
+SPLITS = ("train", "val")
+EOT = "<|endoftext|>"
+
+
+class TokenDataset:
+    """A prepared dataset directory: ``train``/``val`` token memmaps, the tokenizer and the meta."""
+
+    def __init__(self, directory: PathLike) -> None:
+        self.dir = Path(directory)
+        meta_path = self.dir / META_FILE
+        if not meta_path.is_file():
+            hint = (
+                " (a run directory? give the dataset directory made by `gptlab prepare`)"
+                if any(self.dir.glob("ckpt-*"))
+                else " (make one with `gptlab prepare INPUT --out DIR`)"
+            )
+            raise GptlabError(f"{self.dir}: not a dataset directory, {META_FILE} is missing{hint}")
+        try:
+            self.meta: dict[str, Any] = json.loads(meta_path.read_text(encoding="utf-8"))
+            self.dtype = np.dtype(self.meta["dtype"])
+            self.vocab_size = int(self.meta["vocab_size"])
+        except (ValueError, KeyError, TypeError) as exc:
+            raise GptlabError(
+                f"{meta_path}: corrupt dataset meta ({exc}); prepare the dataset again"
+            ) from None
+        self._splits: dict[str, np.ndarray] = {}
+        self._tokenizer: Any = None
+
+    def split(self, name: str) -> np.ndarray:
+        if name not in SPLITS:
+            raise GptlabError(f"unknown split {name!r}; choose one of {', '.join(SPLITS)}")
+        if name not in self._splits:
+            path = self.dir / f"{name}.bin"
+            expected = int(self.meta.get(f"{name}_tokens", -1))
+            if not path.is_file() or path.stat().st_size != expected * self.dtype.itemsize:
+                raise GptlabError(
+                    f"{path}: missing or of the wrong size (meta.json says {expected} tokens); "
+                    f"prepare the dataset again"
+                )
+            self._splits[name] = np.memmap(path, dtype=self.dtype, mode="r")
+        return self._splits[name]
+
+    @property
+    def tokenizer(self) -> Any:
+        if self._tokenizer is None:
+            from gptlab import tokenizers
+
+            self._tokenizer = tokenizers.load(self.dir / TOKENIZER_FILE)
+        return self._tokenizer
+
+    def bytes_per_token(self, name: str) -> float:
+        """UTF-8 bytes of text per token in a split (for bits per byte)."""
+        return float(self.meta[f"{name}_bytes"]) / max(int(self.meta[f"{name}_tokens"]), 1)
+
+    @property
+    def fingerprint(self) -> str:
+        """Identifies the dataset's content (sources, tokenizer, split)."""
+        key = json.dumps(
+            [self.meta.get("sources"), self.meta.get("tokenizer"), self.meta.get("val_fraction")],
+            sort_keys=True,
+            default=str,
+        )
+        return hashlib.sha256(key.encode()).hexdigest()[:16]
