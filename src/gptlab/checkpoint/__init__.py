@@ -1,0 +1,78 @@
+"""Checkpoints and run directories: the only package that reads or writes them.
+
+A checkpoint is a directory::
+
+    config.json         {"gptlab_format": 1, "model": GPTConfig.to_dict()}
+    model.safetensors   the weights (a tied head is stored once, as wte.weight)
+    tokenizer.json      optional: the tokenizer (JSON, see gptlab.tokenizers)
+
+A run directory (written by ``gptlab train``) holds checkpoints ``ckpt-<step>/``;
+each is written under a temporary name and renamed into place when complete, so a
+``ckpt-*`` directory that exists is complete. ``load(RUN_DIR)`` takes the latest.
+
+    files.py   file names, safetensors and JSON reads/writes, resolving a path to a checkpoint
+    model.py   one checkpoint: ``save``/``load`` a model (and its tokenizer)
+    run.py     training checkpoints in a run directory: state, cleaning, pruning
+
+Every file is written atomically (temporary file, fsync, rename). Nothing is pickled.
+"""
+
+from gptlab.checkpoint.files import (
+    CKPT_PATTERN,
+    CONFIG_FILE,
+    FORMAT_VERSION,
+    TOKENIZER_FILE,
+    WEIGHTS_FILE,
+    list_checkpoints,
+    read_json,
+    read_tensors,
+    resolve_checkpoint,
+    write_tensors,
+)
+from gptlab.checkpoint.model import (
+    load,
+    load_model_state,
+    load_tokenizer,
+    model_state,
+    read_config,
+    save,
+    write_config,
+)
+from gptlab.checkpoint.run import (
+    TRAIN_STATE_FILE,
+    TRAIN_TENSORS_FILE,
+    clean_incomplete,
+    flatten_state,
+    prune_checkpoints,
+    read_training_checkpoint,
+    save_training_checkpoint,
+    unflatten_state,
+)
+
+__all__ = [
+    "CKPT_PATTERN",
+    "CONFIG_FILE",
+    "FORMAT_VERSION",
+    "TOKENIZER_FILE",
+    "TRAIN_STATE_FILE",
+    "TRAIN_TENSORS_FILE",
+    "WEIGHTS_FILE",
+    "clean_incomplete",
+    "flatten_state",
+    "list_checkpoints",
+    "load",
+    "load_model_state",
+    "load_tokenizer",
+    "model_state",
+    "prune_checkpoints",
+    "read_config",
+    "read_json",
+    "read_tensors",
+    "read_training_checkpoint",
+    "resolve_checkpoint",
+    "save",
+    "save_training_checkpoint",
+    "unflatten_state",
+    "write_config",
+    "write_tensors",
+]

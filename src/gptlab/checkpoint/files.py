@@ -1,0 +1,90 @@
+"""Files inside a checkpoint (safetensors for tensors, JSON for everything else, both written atomically),
+and where a checkpoint is: a directory itself, or the latest complete ``ckpt-<step>`` of a run directory."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+
+from gptlab.errors import GptlabError
+from gptlab.fileio import atomic_write
+
+FORMAT_VERSION = 1
+CONFIG_FILE = "config.json"
+WEIGHTS_FILE = "model.safetensors"
+TOKENIZER_FILE = "tokenizer.json"
+CKPT_PATTERN = re.compile(r"^ckpt-(\d+)$")
+
+
+def write_tensors(
+    path: str | os.PathLike[str], tensors: dict[str, torch.Tensor], metadata: dict[str, str] | None = None
+) -> None:
+    """Atomically write a safetensors file (tensors are made contiguous and unshared)."""
+    clean = {
+        k: v.detach().contiguous().clone() if _shares_storage(v, tensors) else v.detach().contiguous()
+        for k, v in tensors.items()
+    }
+    atomic_write(path, lambda tmp: save_file(clean, str(tmp), metadata=metadata))
+
+
+def _shares_storage(t: torch.Tensor, tensors: dict[str, torch.Tensor]) -> bool:
+    ptr = t.untyped_storage().data_ptr()
+    return sum(1 for v in tensors.values() if v.untyped_storage().data_ptr() == ptr) > 1
+
+
+def read_tensors(path: str | os.PathLike[str]) -> dict[str, torch.Tensor]:
+    """Read a safetensors file; a missing or corrupt file is a ``GptlabError`` naming it."""
+    path = Path(path)
+    if not path.is_file():
+        raise GptlabError(f"{path}: file not found")
+    try:
+        return load_file(str(path))
+    except (SafetensorError, OSError, ValueError, RuntimeError) as exc:
+        raise GptlabError(f"{path}: not a valid safetensors file (truncated or corrupt?): {exc}") from None
+
+
+def read_json(path: str | os.PathLike[str]) -> Any:
+    """Read a JSON file; a missing or corrupt file is a ``GptlabError`` naming it."""
+    path = Path(path)
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise GptlabError(f"{path}: file not found") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise GptlabError(f"{path}: not valid JSON (truncated or corrupt?): {exc}") from None
+
+
+def list_checkpoints(run_dir: str | os.PathLike[str]) -> list[tuple[int, Path]]:
+    """The complete checkpoints of a run directory, as ``(step, path)`` sorted by step."""
+    run_dir = Path(run_dir)
+    found = []
+    for child in run_dir.iterdir() if run_dir.is_dir() else []:
+        m = CKPT_PATTERN.match(child.name)
+        if m and child.is_dir() and (child / CONFIG_FILE).is_file():
+            found.append((int(m.group(1)), child))
+    return sorted(found)
+
+
+def resolve_checkpoint(path: str | os.PathLike[str]) -> Path:
+    """A checkpoint directory itself, or the latest complete checkpoint of a run directory."""
+    path = Path(path)
+    if not path.exists():
+        raise GptlabError(f"{path}: no such checkpoint or run directory")
+    if not path.is_dir():
+        raise GptlabError(f"{path}: a checkpoint is a directory holding {CONFIG_FILE} and {WEIGHTS_FILE}")
+    if (path / CONFIG_FILE).exists() or (path / WEIGHTS_FILE).exists():
+        return path
+    ckpts = list_checkpoints(path)
+    if not ckpts:
+        raise GptlabError(
+            f"{path}: holds neither a checkpoint ({CONFIG_FILE}, {WEIGHTS_FILE}) "
+            f"nor any complete ckpt-<step> directory"
+        )
+    return ckpts[-1][1]

@@ -1,0 +1,110 @@
+"""One checkpoint directory: ``config.json`` + ``model.safetensors`` (+ ``tokenizer.json``)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from gptlab.checkpoint.files import (
+    CONFIG_FILE,
+    FORMAT_VERSION,
+    TOKENIZER_FILE,
+    WEIGHTS_FILE,
+    read_json,
+    read_tensors,
+    resolve_checkpoint,
+    write_tensors,
+)
+from gptlab.errors import GptlabError
+from gptlab.fileio import atomic_write_json
+from gptlab.model import GPT, GPTConfig
+
+
+def model_state(model: GPT) -> dict[str, torch.Tensor]:
+    """The model's weights as saved: a tied ``lm_head.weight`` is left out (it is ``wte.weight``)."""
+    state = model.state_dict()
+    if model.config.tie_embeddings:
+        state.pop("lm_head.weight", None)
+    return state
+
+
+def load_model_state(model: GPT, state: dict[str, torch.Tensor], source: str | os.PathLike[str]) -> None:
+    """Copy ``state`` into ``model``; a missing, extra or mis-shaped tensor names ``source``."""
+    expected = model_state(model)
+    missing = sorted(set(expected) - set(state))
+    extra = sorted(set(state) - set(expected))
+    if missing or extra:
+        raise GptlabError(
+            f"{source}: weights do not match config.json "
+            f"(missing: {', '.join(missing[:5]) or 'none'}; unexpected: {', '.join(extra[:5]) or 'none'})"
+        )
+    for name, tensor in state.items():
+        if tuple(tensor.shape) != tuple(expected[name].shape):
+            raise GptlabError(
+                f"{source}: tensor {name} has shape {tuple(tensor.shape)} but config.json "
+                f"implies {tuple(expected[name].shape)}"
+            )
+    model.load_state_dict(state, strict=not model.config.tie_embeddings)
+
+
+def write_config(path: str | os.PathLike[str], config: GPTConfig, **extra: Any) -> None:
+    atomic_write_json(path, {"gptlab_format": FORMAT_VERSION, "model": config.to_dict(), **extra})
+
+
+def read_config(path: str | os.PathLike[str]) -> GPTConfig:
+    data = read_json(path)
+    if not isinstance(data, dict) or "model" not in data or "gptlab_format" not in data:
+        raise GptlabError(
+            f"{path}: not a gptlab config.json (for a Hugging Face model use `gptlab convert --from-hf`)"
+        )
+    if data["gptlab_format"] != FORMAT_VERSION:
+        raise GptlabError(
+            f"{path}: checkpoint format {data['gptlab_format']} is not supported "
+            f"(this gptlab reads format {FORMAT_VERSION})"
+        )
+    try:
+        return GPTConfig.from_dict(data["model"])
+    except GptlabError as exc:
+        raise GptlabError(f"{path}: {exc}") from None
+
+
+def save(model: GPT, tokenizer: Any | None, directory: str | os.PathLike[str]) -> Path:
+    """Write ``model`` (and ``tokenizer``, if given) as a checkpoint directory."""
+    directory = Path(directory)
+    if directory.exists() and not directory.is_dir():
+        raise GptlabError(f"{directory}: exists and is not a directory")
+    directory.mkdir(parents=True, exist_ok=True)
+    write_tensors(
+        directory / WEIGHTS_FILE, model_state(model), metadata={"format": "pt", "gptlab_format": "1"}
+    )
+    if tokenizer is not None:
+        tokenizer.save(directory / TOKENIZER_FILE)
+    write_config(directory / CONFIG_FILE, model.config)
+    return directory
+
+
+def load(
+    path: str | os.PathLike[str], device: str | torch.device = "cpu", dtype: torch.dtype | None = None
+) -> tuple[GPT, Any | None]:
+    """Read a checkpoint directory (or a run directory: its latest checkpoint) → ``(model, tokenizer_or_None)``."""
+    directory = resolve_checkpoint(path)
+    config = read_config(directory / CONFIG_FILE)
+    state = read_tensors(directory / WEIGHTS_FILE)
+    model = GPT(config)
+    load_model_state(model, state, directory / WEIGHTS_FILE)
+    if dtype is not None:
+        model.to(dtype=dtype)
+    model.to(device).eval()
+    return model, load_tokenizer(directory)
+
+
+def load_tokenizer(directory: str | os.PathLike[str]) -> Any | None:
+    path = Path(directory) / TOKENIZER_FILE
+    if not path.exists():
+        return None
+    from gptlab import tokenizers
+
+    return tokenizers.load(path)
