@@ -13,6 +13,7 @@ each is written under a temporary name and renamed into place when complete, so 
     files.py   file names, safetensors and JSON reads/writes, resolving a path to a checkpoint
     model.py   one checkpoint: ``save``/``load`` a model (and its tokenizer)
     run.py     training checkpoints in a run directory: state, cleaning, pruning
+    lora.py    LoRA checkpoints: adapters + a reference to the base, merged on load
 
 Every file is written atomically (temporary file, fsync, rename). Nothing is pickled.
 """
@@ -35,6 +36,7 @@ from gptlab.checkpoint.model import (
     load_tokenizer,
     model_state,
     read_config,
+    restore_weights,
     save,
     write_config,
 )
@@ -70,6 +72,7 @@ __all__ = [
     "read_tensors",
     "read_training_checkpoint",
     "resolve_checkpoint",
+    "restore_weights",
     "save",
     "save_training_checkpoint",
     "unflatten_state",

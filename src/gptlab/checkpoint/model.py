@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+from gptlab.checkpoint import lora
 from gptlab.checkpoint.files import (
     CONFIG_FILE,
     FORMAT_VERSION,
@@ -76,6 +77,8 @@ def save(model: GPT, tokenizer: Any | None, directory: str | os.PathLike[str]) -
     directory = Path(directory)
     if directory.exists() and not directory.is_dir():
         raise GptlabError(f"{directory}: exists and is not a directory")
+    if lora.is_lora_model(model):  # a LoRA run's checkpoints hold only the adapters
+        return lora.save_adapters(model, tokenizer, directory)
     directory.mkdir(parents=True, exist_ok=True)
     write_tensors(
         directory / WEIGHTS_FILE, model_state(model), metadata={"format": "pt", "gptlab_format": "1"}
@@ -91,6 +94,8 @@ def load(
 ) -> tuple[GPT, Any | None]:
     """Read a checkpoint directory (or a run directory: its latest checkpoint) → ``(model, tokenizer_or_None)``."""
     directory = resolve_checkpoint(path)
+    if lora.is_lora_checkpoint(directory):  # the one place LoRA adapters are merged on load
+        return lora.load_merged(directory, device, dtype)
     config = read_config(directory / CONFIG_FILE)
     state = read_tensors(directory / WEIGHTS_FILE)
     model = GPT(config)
@@ -99,6 +104,15 @@ def load(
         model.to(dtype=dtype)
     model.to(device).eval()
     return model, load_tokenizer(directory)
+
+
+def restore_weights(model: GPT, directory: str | os.PathLike[str]) -> None:
+    """Resume: copy a training checkpoint's weights (or, for a LoRA run, its adapters) into ``model``."""
+    directory = Path(directory)
+    if lora.is_lora_checkpoint(directory):
+        lora.load_adapters(model, directory)
+    else:
+        load_model_state(model, read_tensors(directory / WEIGHTS_FILE), directory)
 
 
 def load_tokenizer(directory: str | os.PathLike[str]) -> Any | None:

@@ -18,6 +18,7 @@ from gptlab.errors import GptlabError
 COMMANDS = [
     "prepare",
     "train",
+    "merge",
     "eval",
     "sample",
     "tokenizer",

@@ -1,4 +1,5 @@
-"""``gptlab prepare INPUT... --out DATA_DIR --tokenizer char|bpe:N|gpt2:DIR|FILE``: corpora → token shards."""
+"""``gptlab prepare INPUT... --out DATA_DIR --tokenizer char|bpe:N|gpt2:DIR|FILE|MODEL [--format text|chat|alpaca]``:
+corpora → token shards (instruction data: rows with a loss mask)."""
 
 from __future__ import annotations
 
@@ -37,22 +38,54 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="smallest context you will train with; each split must hold one block (default 64)",
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument(
+        "--format",
+        default="text",
+        choices=["text", "chat", "alpaca"],
+        help="text (default); chat: JSONL of {messages: [{role, content}]}; alpaca: {instruction, input, output}",
+    )
+    chat = p.add_argument_group("chat and alpaca data")
+    chat.add_argument("--template", default="auto", help="chat template: auto (the model's own) or a name")
+    chat.add_argument("--prompt-loss", action="store_true", help="count prompt tokens in the loss too")
+    chat.add_argument("--packing", default="packed", choices=["packed", "padded"], help="examples per row")
+    chat.add_argument("--too-long", default="truncate", choices=["truncate", "drop"], help="examples over a row")
+    chat.add_argument("--skip-bad", action="store_true", help="skip (and count) bad records instead of failing")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from gptlab.data import prepare
+    from gptlab.data import FORMATS
 
-    meta = prepare(
+    options = {} if args.format == "text" else {"options": _chat_options(args)}
+    meta = FORMATS[args.format](
         args.inputs,
         args.out,
         tokenizer=args.tokenizer,
         val_fraction=args.val_fraction,
         block_size=args.block_size,
         progress=not args.no_progress,
+        **options,
     )
     print(
         f"{args.out}: {meta['train_tokens']:,} train + {meta['val_tokens']:,} val tokens "
         f"({meta['dtype']}, vocabulary {meta['vocab_size']:,}, {meta['documents']} document(s))"
     )
+    if "row_tokens" in meta:
+        print(
+            f"{meta['examples']} examples in rows of {meta['row_tokens']} tokens ({meta['packing']}, "
+            f"template {meta['template']}, loss on {meta['loss_on']} tokens); truncated {meta['truncated']}, "
+            f"dropped {meta['dropped']}, bad records skipped {meta['skipped_bad']}"
+        )
     return 0
+
+
+def _chat_options(args: argparse.Namespace) -> object:
+    from gptlab.data import ChatOptions
+
+    return ChatOptions(
+        template=args.template,
+        prompt_loss=args.prompt_loss,
+        packing=args.packing,
+        too_long=args.too_long,
+        skip_bad=args.skip_bad,
+    )

@@ -5,14 +5,21 @@ corpus.py    built-in corpora (an offline default, an optional download)
 prepare.py   tokenize into ``train.bin``/``val.bin`` + ``meta.json`` + ``tokenizer.json``
 dataset.py   ``TokenDataset``: a prepared directory read back as memmaps
 sampler.py   ``WindowSampler`` (training, exact resume) and ``eval_batches``
+chat.py      chat / alpaca records → rows of tokens with a loss mask and example boundaries
 """
 
+from gptlab.data.chat import ChatOptions, prepare_alpaca, prepare_chat
 from gptlab.data.dataset import DATASET_FORMAT, EOT, META_FILE, SPLITS, TOKENIZER_FILE, TokenDataset
 from gptlab.data.prepare import build_tokenizer, prepare, token_dtype
 from gptlab.data.sampler import WindowSampler, eval_batches, n_eval_batches
 from gptlab.data.sources import count_documents, describe_sources, find_sources, iter_chunks
 
+#: ``gptlab prepare --format NAME`` → the function that writes the dataset directory.
+FORMATS = {"text": prepare, "chat": prepare_chat, "alpaca": prepare_alpaca}
+
 __all__ = [
+    "FORMATS",
+    "ChatOptions",
     "DATASET_FORMAT",
     "EOT",
     "META_FILE",

@@ -57,6 +57,27 @@ class TokenDataset:
             self._splits[name] = np.memmap(path, dtype=self.dtype, mode="r")
         return self._splits[name]
 
+    def arrays(self, name: str, block_size: int | None = None) -> dict[str, np.ndarray]:
+        """The loss mask and example positions stored beside a split's tokens (instruction data; else {}).
+
+        Instruction data is stored in rows of ``block_size + 1`` tokens: a training context
+        of another length is refused.
+        """
+        rows = self.meta.get("row_tokens")
+        if rows and block_size is not None and block_size + 1 != rows:
+            raise GptlabError(
+                f"{self.dir} holds examples in rows of {rows} tokens (prepared with --block-size {rows - 1}); "
+                f"train with model.block_size={rows - 1} or prepare it again"
+            )
+        out = {}
+        for key, dtype in (("mask", "uint8"), ("pos", self.meta.get("pos_dtype"))):
+            path = self.dir / f"{name}.{key}.bin"
+            if dtype and path.is_file():
+                out[key] = np.memmap(path, dtype=np.dtype(dtype), mode="r")
+                if len(out[key]) != len(self.split(name)):
+                    raise GptlabError(f"{path}: not as long as {name}.bin; prepare the dataset again")
+        return out
+
     @property
     def tokenizer(self) -> Any:
         if self._tokenizer is None:

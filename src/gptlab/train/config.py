@@ -60,6 +60,13 @@ class TrainConfig:
     loggers: list[str] = field(default_factory=list)  # "tensorboard", "wandb"
     progress: bool = True  # the progress bar
     model: dict[str, Any] = field(default_factory=dict)  # GPTConfig fields; "preset" picks the base
+    init: str = ""  # start from pretrained weights: a gptlab checkpoint/run, a HF folder or a GGUF file
+    finetune: str = "full"  # full | lora (gptlab.train.init.FINETUNE)
+    lora_rank: int = 8  # r
+    lora_alpha: float = 16.0  # α: the adapters add (α/r)·B·A·x
+    lora_dropout: float = 0.0
+    lora_targets: list[str] = field(default_factory=lambda: ["qkv", "attn.proj"])  # layer names
+    lora_base: str = "float32"  # float32 | bfloat16 | int8: how the frozen base is held
 
     def __post_init__(self) -> None:
         self.validate()
@@ -130,6 +137,9 @@ class TrainConfig:
             f'loggers must be a list of "tensorboard" and/or "wandb", got {self.loggers!r}',
         )
         need(isinstance(self.model, dict), f"model must be a table of GPTConfig fields, got {self.model!r}")
+        from gptlab.train.init import check_settings
+
+        check_settings(self, need)
         known = {f.name for f in dataclasses.fields(GPTConfig)} | {"preset"}
         unknown = sorted(set(self.model) - known)
         need(

@@ -55,12 +55,16 @@ def loss_sum(
     total = torch.zeros((), dtype=torch.float64, device=device)
     count = 0
     try:
-        for x, y in batches:
+        for x, y, *rest in batches:  # (x, y) or, for instruction rows, (x, y, kwargs)
             x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+            kw = {k: v.to(device) for k, v in rest[0].items()} if rest else {}
+            n = int((y != -1).sum())  # masked targets (−1) do not count
+            if n == 0:
+                continue
             with autocast if autocast is not None else contextlib.nullcontext():
-                out = model.run(x, y)
-            total += out.loss.double() * y.numel()
-            count += y.numel()
+                out = model.run(x, y, **kw)
+            total += out.loss.double() * n
+            count += n
     finally:
         model.train(was_training)
     return total, count

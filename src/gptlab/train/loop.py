@@ -31,7 +31,7 @@ from gptlab.data import TokenDataset, WindowSampler, eval_batches
 from gptlab.errors import GptlabError
 from gptlab.fileio import atomic_write_json
 from gptlab.model import GPT
-from gptlab.train import distributed
+from gptlab.train import distributed, init
 from gptlab.train.config import TrainConfig, build_config
 from gptlab.train.evaluate import EvalResult, loss_sum
 from gptlab.train.metrics import MetricsLog
@@ -219,7 +219,8 @@ class _Trainer:
         torch.set_num_threads(_threads(cfg, info.world_size))
         self.data = TokenDataset(data_dir)
         self.data_dir = data_dir
-        self.model_config = cfg.model_config(self.data.vocab_size)
+        self.start = init.start(cfg, self.data) if cfg.init else None  # pretrained weights to fine-tune
+        self.model_config = self.start.config if self.start else cfg.model_config(self.data.vocab_size)
         T = self.model_config.block_size
         self.sampler = WindowSampler(
             self.data.split("train"),
@@ -229,13 +230,15 @@ class _Trainer:
             grad_accum=cfg.grad_accum,
             world_size=info.world_size,
             rank=info.rank,
+            **self.data.arrays("train", T),
         )
         self.data.split("val")
         self.autocast = _autocast(self.device_type, cfg.dtype)
         self.tokens_per_step = cfg.batch_size * T * cfg.grad_accum * info.world_size
 
         torch.manual_seed(cfg.seed)  # the same initial weights on every rank
-        self.model = GPT(self.model_config).set_attention_impl(cfg.attention).to(self.device)
+        model = init.finetune_model(self.start, cfg) if self.start else GPT(self.model_config)
+        self.model = model.set_attention_impl(cfg.attention).to(self.device)
         self.optimizer = build_optimizer(
             self.model,
             cfg.optimizer,
@@ -297,7 +300,7 @@ class _Trainer:
                 f"{path}: the model settings differ from this run's; model.* overrides cannot change "
                 f"when resuming"
             )
-        ckpt.load_model_state(self.model, ckpt.read_tensors(path / ckpt.WEIGHTS_FILE), path)
+        ckpt.restore_weights(self.model, path)
         self.optimizer.load_state_dict(state["optimizer"])
         if self.scaler is not None and "scaler" in state:
             self.scaler.load_state_dict(state["scaler"])
@@ -352,7 +355,10 @@ class _Trainer:
                 self.info.world_size
             )  # eval_batches counts global batches (B per rank), shared out by rank
             batches = islice(
-                eval_batches(self.data.split(split), T, B, n * world), self.info.rank, None, world
+                eval_batches(self.data.split(split), T, B, n * world, **self.data.arrays(split, T)),
+                self.info.rank,
+                None,
+                world,
             )
             total, count = loss_sum(self.model, batches, self.device, self.autocast)
             sums = distributed.all_reduce_sum(
@@ -381,11 +387,12 @@ class _Trainer:
         )
         total = torch.zeros((), device=self.device)
         for micro in range(cfg.grad_accum):
-            x, y = self.sampler.batch(self.step, micro)
+            x, y, kw = self.sampler.inputs(self.step, micro)
             x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
+            kw = {k: v.to(self.device, non_blocking=True) for k, v in kw.items()}
             sync = self.info.enabled and micro < cfg.grad_accum - 1
             with self.forward.no_sync() if sync else contextlib.nullcontext(), self.autocast:
-                _, loss = self.forward(x, y)
+                _, loss = self.forward(x, y, **kw)
                 loss = loss / cfg.grad_accum
             (self.scaler.scale(loss) if self.scaler else loss).backward()
             total += loss.detach()

@@ -1,0 +1,250 @@
+"""Fine-tuning: init from pretrained weights, LoRA (adapters, merging, int8/bf16 bases), adapter checkpoints."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+from _tiny import TINY_TRAIN
+
+from gptlab import checkpoint as ckpt
+from gptlab.checkpoint.lora import ADAPTERS_FILE
+from gptlab.cli import main
+from gptlab.data import TokenDataset, prepare
+from gptlab.errors import GptlabError
+from gptlab.model import GPT, GPTConfig
+from gptlab.tokenizers import CharTokenizer
+from gptlab.train import init as finit
+from gptlab.train import loop as gtrain
+from gptlab.train.config import build_config
+from gptlab.train.lora import LoRASpec, apply_lora, lora_layers, merge_lora, trainable_fraction
+from gptlab.train.metrics import read_metrics
+
+TEXT = "\n".join(f"the {w} sat on the mat {i % 7} times, said the {w}." for i, w in enumerate(["cat", "dog"] * 300))
+SETTINGS = [t for t in TINY_TRAIN if not t.startswith("model.")] + ["batch_size=4", "eval_every=100"]
+
+
+def _model(pos: str = "rope", seed: int = 0, vocab: int = 40) -> GPT:
+    torch.manual_seed(seed)
+    cfg = GPTConfig(
+        vocab_size=vocab, block_size=32, n_layer=2, n_head=2, n_embd=32, pos=pos, norm="rmsnorm", mlp="swiglu",
+        bias=False, tie_embeddings=False,
+    )
+    return GPT(cfg).eval()
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory):
+    """A 'pretrained' gptlab checkpoint (RoPE, untied head) with a char tokenizer, and a dataset in its tokenizer."""
+    root = tmp_path_factory.mktemp("ft")
+    (root / "c.txt").write_text(TEXT)
+    tok = CharTokenizer.from_text(TEXT, special_tokens=["<|endoftext|>"])
+    model = _model(vocab=tok.vocab_size)
+    ckpt.save(model, tok, root / "base")
+    prepare([root / "c.txt"], root / "ds", tokenizer=str(root / "base"), block_size=16)
+    return root
+
+
+def _train(base, run, *extra, resume=False):
+    cfg = build_config(None, [*SETTINGS, f"init={base / 'base'}", *extra])
+    return gtrain.train(cfg, base / "ds", run, resume=resume)
+
+
+def _first_loss(run):
+    return next(r["loss"] for r in read_metrics(run / "metrics.jsonl") if r.get("step") == 1 and "loss" in r)
+
+
+# ---------------------------------------------------------------- LoRA layers
+def test_lora_with_b_zero_computes_the_pretrained_function():
+    model, ref = _model(), _model()
+    apply_lora(model, LoRASpec(rank=4, alpha=8, targets=["qkv", "proj", "fc1", "lm_head"]))
+    x = torch.randint(0, 40, (2, 12))
+    assert len(lora_layers(model)) == 2 * 5 + 1  # qkv, attn.proj, gate, up, mlp.proj per block + head
+    assert torch.equal(model(x), ref(x))
+    for layer in lora_layers(model).values():  # A is random, so B = 0 is what keeps the function
+        assert layer.lora_A.abs().sum() > 0 and layer.lora_B.abs().sum() == 0
+
+
+def test_only_adapters_train_and_targets_use_layer_names():
+    model = apply_lora(_model(), LoRASpec(rank=2, targets=["qkv", "attn.proj"]))
+    names = [n for n, p in model.named_parameters() if p.requires_grad]
+    assert names and all(n.endswith(("lora_A", "lora_B")) and ".attn." in n for n in names)
+    trainable, total = trainable_fraction(model)
+    assert trainable == 2 * (2 * (32 + 96) + 2 * (32 + 32)) and trainable / total < 0.05
+    model.train()
+    loss = model(torch.randint(0, 40, (2, 8)), torch.randint(0, 40, (2, 8)))[1]
+    loss.backward()
+    assert all((p.grad is not None) == p.requires_grad for p in model.parameters())
+    with pytest.raises(GptlabError, match="match no linear layer"):
+        apply_lora(_model(), LoRASpec(targets=["nonexistent"]))
+
+
+def test_head_adapter_refused_on_a_tied_head():
+    tied = GPT(GPTConfig(vocab_size=40, block_size=16, n_layer=1, n_head=2, n_embd=16))
+    with pytest.raises(GptlabError, match="tie"):
+        apply_lora(tied, LoRASpec(targets=["head"]))
+
+
+def test_merged_logits_equal_unmerged_adapters():
+    model = apply_lora(_model(), LoRASpec(rank=4, alpha=8, targets=["qkv", "proj", "fc1", "lm_head"]))
+    with torch.no_grad():
+        for layer in lora_layers(model).values():
+            layer.lora_B.normal_(0, 0.05)
+    x = torch.randint(0, 40, (2, 16))
+    unmerged = model(x)
+    assert not torch.allclose(unmerged, _model()(x), atol=1e-3)  # the adapters do change the function
+    merged = merge_lora(model)(x)
+    assert not lora_layers(model)
+    assert (merged - unmerged).abs().max() < 1e-5
+
+
+@pytest.mark.parametrize("fmt", ["bfloat16", "int8"])
+def test_adapters_train_in_float32_on_a_low_precision_base(fmt):
+    model = apply_lora(_model(), LoRASpec(rank=4, targets=["qkv", "proj"], base_format=fmt))
+    low = [p for n, p in model.named_parameters() if "lora_" not in n]
+    assert all(p.dtype == torch.bfloat16 for p in low)
+    assert all(layer.lora_A.dtype == torch.float32 for layer in lora_layers(model).values())
+    x, y = torch.randint(0, 40, (2, 12)), torch.randint(0, 40, (2, 12))
+    ref = _model()(x, y)[1]
+    model.train()
+    logits, loss = model(x, y)
+    assert abs(loss.item() - ref.item()) < 0.05  # the low-precision base computes nearly the same function
+    loss.backward()
+    grads = [layer.lora_B.grad for layer in lora_layers(model).values()]
+    assert all(g is not None and g.abs().sum() > 0 for g in grads)
+    if fmt == "int8":
+        assert any(b.dtype == torch.int8 for b in model.buffers())
+
+
+# ---------------------------------------------------------------- init
+def test_step0_loss_equals_the_pretrained_models_loss(base, tmp_path):
+    pretrained, _ = ckpt.load(base / "base")
+    cfg = build_config(None, [*SETTINGS, f"init={base / 'base'}"])
+    data = TokenDataset(base / "ds")
+    from gptlab.data import WindowSampler
+
+    x, y = WindowSampler(data.split("train"), 32, 4, seed=cfg.seed).batch(0)
+    with torch.no_grad():
+        expected = pretrained(x, y)[1].item()
+    for mode in ("full", "lora"):
+        run = tmp_path / mode
+        _train(base, run, "max_steps=1", f"finetune={mode}")
+        assert _first_loss(run) == pytest.approx(expected, rel=1e-6)
+
+
+def test_init_overrides_shape_neutral_only(base, tmp_path):
+    with pytest.raises(GptlabError, match=r"model.n_layer=3 cannot be used .* shapes"):
+        _train(base, tmp_path / "a", "max_steps=1", "model.n_layer=3")
+    with pytest.raises(GptlabError, match="pretrained context"):
+        _train(base, tmp_path / "b", "max_steps=1", "model.block_size=64")
+    result = _train(base, tmp_path / "c", "max_steps=2", "model.block_size=16", "model.dropout=0.1")
+    config = ckpt.read_config(result.checkpoint / ckpt.CONFIG_FILE)
+    assert config.block_size == 16 and config.dropout == 0.1
+    learned = tmp_path / "learned"
+    tok = CharTokenizer.from_text(TEXT, special_tokens=["<|endoftext|>"])
+    ckpt.save(_model(pos="learned", vocab=tok.vocab_size), tok, learned)
+    with pytest.raises(GptlabError, match="shapes"):  # a learned position table would have to shrink
+        gtrain.train(build_config(None, [*SETTINGS, f"init={learned}", "model.block_size=16"]), base / "ds", tmp_path / "d")
+
+
+def test_dataset_with_another_tokenizer_is_refused(base, tmp_path):
+    (tmp_path / "t.txt").write_text(TEXT)
+    prepare([tmp_path / "t.txt"], tmp_path / "other", tokenizer="char", block_size=16)
+    cfg = build_config(None, [*SETTINGS, f"init={base / 'base'}", "max_steps=1"])
+    with pytest.raises(GptlabError, match="another tokenizer"):
+        gtrain.train(cfg, tmp_path / "other", tmp_path / "run")
+    with pytest.raises(GptlabError, match="finetune=lora needs init"):
+        build_config(None, ["finetune=lora"])
+    with pytest.raises(GptlabError, match="no such checkpoint"):
+        finit.source_kind(tmp_path / "nothing.gguf")
+
+
+def test_init_from_a_hugging_face_folder(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    hf_cfg = transformers.LlamaConfig(
+        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=64, tie_word_embeddings=False,
+    )
+    torch.manual_seed(0)
+    hf = transformers.LlamaForCausalLM(hf_cfg).eval()
+    hf.save_pretrained(tmp_path / "hf")
+    (tmp_path / "t.txt").write_text(TEXT)
+    prepare([tmp_path / "t.txt"], tmp_path / "ds", tokenizer="char", block_size=16)
+    assert finit.source_kind(tmp_path / "hf") == "hf"
+    cfg = build_config(None, [*SETTINGS, f"init={tmp_path / 'hf'}", "max_steps=1", "model.block_size=16"])
+    run = tmp_path / "run"
+    gtrain.train(cfg, tmp_path / "ds", run)
+    from gptlab.data import WindowSampler
+
+    x, y = WindowSampler(TokenDataset(tmp_path / "ds").split("train"), 16, 4, seed=cfg.seed).batch(0)
+    with torch.no_grad():
+        expected = hf(x, labels=None).logits
+        loss = torch.nn.functional.cross_entropy(expected.reshape(-1, 64), y.reshape(-1)).item()
+    assert _first_loss(run) == pytest.approx(loss, rel=1e-5)
+
+
+def test_a_gguf_path_goes_to_the_gguf_reader(tmp_path):
+    (tmp_path / "m.gguf").write_bytes(b"not a gguf file")
+    assert finit.source_kind(tmp_path / "m.gguf") == "gguf"
+    with pytest.raises(GptlabError):
+        finit.load_source(tmp_path / "m.gguf")
+
+
+# ---------------------------------------------------------------- LoRA checkpoints
+def test_lora_checkpoints_hold_adapters_and_load_merged(base, tmp_path):
+    run = tmp_path / "run"
+    result = _train(base, run, "max_steps=6", "finetune=lora", "lora_targets=[\"qkv\",\"proj\"]", "lr=1e-2")
+    files = {p.name for p in result.checkpoint.iterdir()}
+    assert ADAPTERS_FILE in files and ckpt.WEIGHTS_FILE not in files
+    size = (result.checkpoint / ADAPTERS_FILE).stat().st_size
+    assert size < 0.2 * (base / "base" / ckpt.WEIGHTS_FILE).stat().st_size
+    spec = json.loads((result.checkpoint / ckpt.CONFIG_FILE).read_text())["lora"]
+    assert spec["base"]["sha256"] == finit.source_sha256(base / "base") and spec["rank"] == 8
+    merged, tok = ckpt.load(run)  # every command loads through here: a LoRA run merges on load
+    assert tok is not None and not lora_layers(merged)
+    pretrained, _ = ckpt.load(base / "base")
+    x = torch.randint(0, tok.vocab_size, (2, 16))
+    assert not torch.allclose(merged(x), pretrained(x), atol=1e-4)  # the adapters learned something
+    # unmerged: the base with the saved adapters, applied by hand
+    model, _ = finit.load_source(base / "base")
+    apply_lora(model, ckpt.lora.read_spec(result.checkpoint))
+    ckpt.restore_weights(model, result.checkpoint)
+    assert (model.eval()(x) - merged(x)).abs().max() < 1e-5
+    # gptlab merge writes the same model as a plain checkpoint
+    assert main(["merge", str(run), "--out", str(tmp_path / "merged")]) == 0
+    plain, _ = ckpt.load(tmp_path / "merged")
+    assert torch.equal(plain(x), merged(x))
+    assert main(["merge", str(tmp_path / "merged"), "--out", str(tmp_path / "again")]) == 2
+
+
+def test_a_changed_base_is_refused(base, tmp_path):
+    copy = tmp_path / "base"
+    shutil.copytree(base / "base", copy)
+    ds = tmp_path / "ds"
+    shutil.copytree(base / "ds", ds)
+    run = tmp_path / "run"
+    cfg = build_config(None, [*SETTINGS, f"init={copy}", "max_steps=2", "finetune=lora"])
+    gtrain.train(cfg, ds, run)
+    model, tok = ckpt.load(copy)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(1.01)
+    ckpt.save(model, tok, copy)
+    with pytest.raises(GptlabError, match="has changed"):
+        ckpt.load(run)
+
+
+def test_lora_resume_is_bitwise_identical(base, tmp_path):
+    common = ["max_steps=8", "ckpt_every=4", "keep_last=5", "finetune=lora", "lora_dropout=0.1", "model.dropout=0.1"]
+    _train(base, tmp_path / "full", *common)
+    part = tmp_path / "part"
+    part.mkdir()
+    shutil.copytree(tmp_path / "full" / "ckpt-4", part / "ckpt-4")
+    shutil.copy(tmp_path / "full" / gtrain.RUN_CONFIG_FILE, part)
+    cfg, data = gtrain.resolve_run(part, None, True, None, [])
+    assert gtrain.train(cfg, data, part, resume=True).step == 8
+    a = ckpt.read_tensors(tmp_path / "full" / "ckpt-8" / ADAPTERS_FILE)
+    b = ckpt.read_tensors(part / "ckpt-8" / ADAPTERS_FILE)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert any(k.endswith("lora_B") and a[k].abs().sum() > 0 for k in a)
