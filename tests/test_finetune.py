@@ -217,6 +217,11 @@ def test_lora_checkpoints_hold_adapters_and_load_merged(base, tmp_path):
     plain, _ = ckpt.load(tmp_path / "merged")
     assert torch.equal(plain(x), merged(x))
     assert main(["merge", str(tmp_path / "merged"), "--out", str(tmp_path / "again")]) == 2
+    # sample, eval and convert --to-hf take the LoRA run directly
+    assert main(["sample", str(run), "--prompt", "the", "--max-new-tokens", "4", "--temperature", "0"]) == 0
+    assert main(["eval", str(run), "--data", str(base / "ds")]) == 0
+    assert main(["convert", "--to-hf", str(run), "--out", str(tmp_path / "hf")]) == 0
+    assert (tmp_path / "hf" / "model.safetensors").is_file()
 
 
 def test_a_changed_base_is_refused(base, tmp_path):
