@@ -30,7 +30,7 @@ def test_required_presets_have_the_documented_shapes() -> None:
     llama = GPTConfig.preset("llama-tiny")
     assert (llama.pos, llama.norm, llama.mlp, llama.tie_embeddings) == ("rope", "rmsnorm", "swiglu", False)
     assert llama.n_kv_head is not None and 1 < llama.n_kv_head < llama.n_head
-    sc = GPTConfig.preset("shakespeare-char")
+    sc = GPTConfig.preset("char-tiny")
     assert (sc.n_layer, sc.n_head, sc.n_embd, sc.block_size) == (4, 4, 128, 64)
 
 
