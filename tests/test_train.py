@@ -177,11 +177,17 @@ def test_schedule_shapes():
     assert lin[79] == 1.0 and lin[99] == 0.0 and lin[89] == pytest.approx(0.5)
 
 
+@pytest.mark.slow  # compiles the model's forward and backward: ~15 s on 2 busy cores
 def test_compiled_training_matches_eager_and_keeps_checkpoint_names(dataset, tmp_path):
     if not runtime.can_compile("cpu"):
         pytest.skip("torch.compile needs a C++ compiler on CPU (none found)")
     eager = _train(dataset, tmp_path / "eager", "max_steps=6", "eval_every=6")
+    import torch._dynamo.utils as dynamo_utils
+
+    frames = dynamo_utils.counters["frames"]
+    before = frames["ok"]
     compiled = _train(dataset, tmp_path / "compiled", "max_steps=6", "eval_every=6", "compile=true")
+    assert frames["ok"] > before  # the training forward really ran as a compiled graph
     losses = [
         [r["loss"] for r in read_metrics(run / "metrics.jsonl") if "loss" in r]
         for run in (
