@@ -17,7 +17,6 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
-
 COMPILE_FAILED = "torch.compile failed"  # in the warning; pytest turns it into an error (pyproject.toml)
 
 
@@ -75,4 +74,3 @@ class Compiled:
             return self.fn(*args)
         self.compiled_calls += 1
         return out
-
