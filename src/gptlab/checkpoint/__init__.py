@@ -31,6 +31,7 @@ from gptlab.checkpoint.files import (
     write_tensors,
 )
 from gptlab.checkpoint.model import (
+    check_tokenizer_fits,
     load,
     load_model_state,
     load_tokenizer,
@@ -66,6 +67,7 @@ __all__ = [
     "BEST_FILE",
     "RUN_CONFIG_FILE",
     "check_new_run",
+    "check_tokenizer_fits",
     "check_resumable",
     "clear_run",
     "discard_failed_start",

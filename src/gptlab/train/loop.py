@@ -101,7 +101,9 @@ class _Trainer:
         torch.set_num_threads(threads(cfg, info.world_size))
         self.data = TokenDataset(data_dir)
         self.model_config = cfg.model_config(self.data.vocab_size)
-        _check_tokenizer_fits(self.data.tokenizer, self.model_config.vocab_size, data_dir)
+        ckpt.check_tokenizer_fits(
+            self.data.tokenizer, self.model_config.vocab_size, data_dir / "tokenizer.json"
+        )
         T = self.model_config.block_size
         self.sampler = WindowSampler(
             self.data.split("train"),
@@ -368,15 +370,6 @@ class _Trainer:
         raise GptlabError(
             f"training diverged: the {what} is {value} at step {step}; "
             f"stopped ({kept}). Lower lr, keep grad_clip > 0, or use dtype=float32"
-        )
-
-
-def _check_tokenizer_fits(tokenizer: Any, vocab_size: int, source: Path) -> None:
-    """Refuse a tokenizer that makes ids the model has no row for."""
-    if tokenizer.vocab_size > vocab_size:
-        raise GptlabError(
-            f"{source}: its tokenizer has {tokenizer.vocab_size} tokens but the model's vocabulary is "
-            f"{vocab_size}; remove model.vocab_size or make it ≥ {tokenizer.vocab_size}"
         )
 
 
