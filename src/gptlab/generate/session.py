@@ -37,7 +37,7 @@ from gptlab.model.kvcache import KVStore, Positions, Rows, default_cache_dtype, 
 
 
 class ContextWarning(UserWarning):
-    """A prompt was cut to the context length, or generation reached it."""
+    """A prompt was cut to fit the context, or generation went past it (the window slides) or stopped at it."""
 
 
 class _Plan:
