@@ -56,7 +56,7 @@ def one_mode(args: argparse.Namespace) -> dict:
     model, _ = load_source(args.init)
     model = FINETUNE[args.mode](model, cfg, {"path": str(resolve_source(args.init))}).train()
     trainable, total = trainable_fraction(model)
-    opt = build_optimizer(model, "adamw", cfg.lr, cfg.weight_decay, (cfg.beta1, cfg.beta2), "cpu")
+    opt = build_optimizer(model, cfg, "cpu")
     g = torch.Generator().manual_seed(0)
     V = model.config.vocab_size
     x = torch.randint(0, V, (args.batch, args.context), generator=g)
