@@ -156,7 +156,7 @@ def test_dataset_with_another_tokenizer_is_refused(base, tmp_path):
     with pytest.raises(GptlabError, match="another tokenizer"):
         gtrain.train(cfg, tmp_path / "other", tmp_path / "run")
     with pytest.raises(GptlabError, match="finetune=lora needs init"):
-        build_config(None, ["finetune=lora"])
+        gtrain.train(build_config(None, [*SETTINGS, "finetune=lora"]), base / "ds", tmp_path / "r")
     with pytest.raises(GptlabError, match="no such checkpoint"):
         finit.source_kind(tmp_path / "nothing.gguf")
 

@@ -208,7 +208,7 @@ def test_lora_on_chat_data_survives_sigkill_bitwise(base, tmp_path):
         f"init={base / 'base'}", "finetune=lora", "lora_dropout=0.1", "model.block_size=127",
         "max_steps=16", "ckpt_every=2", "keep_last=2", "eval_every=8", "lr=1e-2",
     ]
-    reference = train(build_config(None, [*SETTINGS, *settings]), base / "cds", tmp_path / "ref")
+    reference = train(build_config("finetune", [*SETTINGS, *settings]), base / "cds", tmp_path / "ref")
     losses = [r["loss"] for r in read_metrics(tmp_path / "ref" / "metrics.jsonl") if "loss" in r]
     assert losses[-1] < losses[0]  # the masked loss goes down
     run, rng = tmp_path / "run", random.Random(0)

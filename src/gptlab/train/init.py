@@ -199,9 +199,19 @@ def check_tokenizer(tokenizer: Any | None, data: Any, src: PathLike, vocab_size:
         )
 
 
-def start(cfg: Any, data: Any) -> Start:
-    """Load ``cfg.init``, check the dataset's tokenizer, apply the shape-neutral ``model.*`` overrides."""
+def start(cfg: Any, data: Any) -> Start | None:
+    """Load ``cfg.init``, check the dataset's tokenizer, apply the shape-neutral ``model.*`` overrides.
+
+    None when the run starts from random weights (no ``init``), which only full training can.
+    """
     src = cfg.init
+    if not src:
+        if cfg.finetune != "full":
+            raise GptlabError(
+                f"finetune={cfg.finetune} needs init=SRC (the pretrained checkpoint, Hugging Face folder "
+                f"or GGUF file to adapt)"
+            )
+        return None
     model, tokenizer = load_source(src)
     check_tokenizer(tokenizer, data, src, model.config.vocab_size)
     config = finetune_config(model.config, dict(cfg.model), src)
@@ -266,10 +276,6 @@ def check_settings(cfg: Any, need: Callable[[bool, str], None]) -> None:
     from gptlab.train.lora import BASE_FORMATS
 
     need(cfg.finetune in FINETUNE, f"finetune must be one of {', '.join(FINETUNE)}; got {cfg.finetune!r}")
-    need(
-        cfg.finetune != "lora" or bool(cfg.init),
-        "finetune=lora needs init=SRC (the pretrained checkpoint, Hugging Face folder or GGUF file to adapt)",
-    )
     need(cfg.lora_rank >= 1, f"lora_rank must be at least 1, got {cfg.lora_rank}")
     need(cfg.lora_alpha > 0, f"lora_alpha must be positive, got {cfg.lora_alpha}")
     need(0.0 <= cfg.lora_dropout < 1.0, f"lora_dropout must be in [0, 1), got {cfg.lora_dropout}")

@@ -100,7 +100,7 @@ class _Trainer:
         self.device_type = torch.device(self.device).type
         torch.set_num_threads(threads(cfg, info.world_size))
         self.data = TokenDataset(data_dir)
-        self.start = init.start(cfg, self.data) if cfg.init else None  # pretrained weights to fine-tune
+        self.start = init.start(cfg, self.data)  # pretrained weights to fine-tune, or None
         self.model_config = self.start.config if self.start else cfg.model_config(self.data.vocab_size)
         ckpt.check_tokenizer_fits(
             self.data.tokenizer, self.model_config.vocab_size, data_dir / "tokenizer.json"
