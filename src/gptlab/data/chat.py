@@ -113,7 +113,7 @@ def iter_records(path: Path) -> Iterator[tuple[int, Any]]:
 # ------------------------------------------------------------------ rendering
 def _chatml(messages: Messages, add_generation_prompt: bool) -> str:
     """ChatML: ``<|im_start|>{role}\\n{content}<|im_end|>\\n`` per message."""
-    # TODO(gguf): minimal stand-in, replaced by gptlab.tokenizers.chat where it is available
+    # stand-in used only where gptlab.tokenizers.chat (the model's own templates) is not installed
     text = "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in messages)
     return text + ("<|im_start|>assistant\n" if add_generation_prompt else "")
 
@@ -123,16 +123,15 @@ Renderer = Callable[[Messages, bool], str]
 
 def renderer(tokenizer: Any, template: str) -> tuple[Renderer, str]:
     """``(render(messages, add_generation_prompt), name)`` for ``template``: ``auto`` (the model's own, else
-    chatml) or a named template."""
+    the fallback its special tokens imply) or a named template (``chatml``, ``llama3``, ``plain``)."""
     try:
-        from gptlab.tokenizers import chat  # the model's Jinja template and the named fallbacks
+        from gptlab.tokenizers.chat import template_for
     except ImportError:
-        chat = None
-    if chat is not None and hasattr(chat, "renderer"):
-        return chat.renderer(tokenizer, template)
-    if template not in ("auto", "chatml"):
-        raise GptlabError(f"unknown chat template {template!r}; choose auto or chatml")
-    return _chatml, "chatml"
+        if template not in ("auto", "chatml"):
+            raise GptlabError(f"unknown chat template {template!r}; choose auto or chatml") from None
+        return _chatml, "chatml"
+    chosen = template_for(tokenizer, None if template == "auto" else template)
+    return (lambda messages, gen: chosen.render(messages, add_generation_prompt=gen)), chosen.name
 
 
 def segments(messages: Messages, render: Renderer) -> list[tuple[str, bool]]:
@@ -146,7 +145,8 @@ def segments(messages: Messages, render: Renderer) -> list[tuple[str, bool]]:
     for i, m in enumerate(messages):
         if m["role"] != "assistant":
             continue
-        prompt, full = render(messages[:i], True), render(messages[: i + 1], False)
+        prompt = render(messages[:i], True) if i else ""
+        full = render(messages[: i + 1], False)
         if not prompt.startswith(done) or not full.startswith(prompt):
             raise GptlabError(
                 "the chat template does not render a conversation as a prefix of its continuation; "

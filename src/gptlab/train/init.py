@@ -89,7 +89,8 @@ def _load_hf(path: Path) -> tuple[GPT, Any | None]:
 
 
 def _load_gguf(path: Path) -> tuple[GPT, Any | None]:
-    return _gguf_module().from_gguf(path)
+    gguf = _gguf_module()
+    return gguf.from_gguf(path), gguf.tokenizer_from_gguf(path)
 
 
 #: Source kind → reader returning ``(model in float32, tokenizer or None)``.
@@ -124,8 +125,7 @@ def source_tokenizer(src: PathLike) -> Any:
 
         tok = load_tokenizer(resolve_checkpoint(path))
     else:
-        reader = getattr(_gguf_module(), "tokenizer_from_gguf", None) if kind == "gguf" else None
-        tok = reader(path) if reader is not None else SOURCES[kind](path)[1]
+        tok = _gguf_module().tokenizer_from_gguf(path) if kind == "gguf" else SOURCES[kind](path)[1]
     if tok is None:
         raise GptlabError(f"{src}: this model carries no tokenizer gptlab can read")
     return tok
