@@ -7,7 +7,8 @@ Each mode runs in its own process: the model is loaded, the process's peak-RSS m
 (``/proc/self/clear_refs``), then ``--steps`` optimizer steps run on random tokens (forward,
 backward, AdamW step, as ``gptlab train`` does them) after two warm-up steps. Peak memory is
 the RSS high-water mark over those steps (weights, gradients, optimizer state, activations);
-step time is the median. LoRA is rank ``--rank`` on the attention projections (``qkv``,
+step time is the median, as wall time and as CPU time of the process (less sensitive to other
+load on a shared machine). LoRA is rank ``--rank`` on the attention projections (``qkv``,
 ``attn.proj``). Prints ONE JSON line with both modes and the ratios LoRA/full.
 """
 
@@ -62,15 +63,16 @@ def one_mode(args: argparse.Namespace) -> dict:
     x = torch.randint(0, V, (args.batch, args.context), generator=g)
     y = torch.randint(0, V, (args.batch, args.context), generator=g)
     _reset_peak()
-    times = []
+    times, cpu = [], []
     for step in range(args.steps + 2):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         _, loss = model(x, y)
         loss.backward()
         opt.step()
         opt.zero_grad()
         if step >= 2:
             times.append(time.perf_counter() - t0)
+            cpu.append(time.process_time() - c0)
     return {
         "mode": args.mode,
         "trainable": trainable,
@@ -78,6 +80,7 @@ def one_mode(args: argparse.Namespace) -> dict:
         "trainable_pct": round(100 * trainable / total, 3),
         "peak_mb": round(_peak_rss_mb(), 1),
         "step_s": round(statistics.median(times), 3),
+        "step_cpu_s": round(statistics.median(cpu), 3),
         "loss": round(float(loss), 4),
     }
 
@@ -107,6 +110,7 @@ def main() -> int:
     out["lora_trainable_pct"] = lora["trainable_pct"]
     out["peak_ratio"] = round(lora["peak_mb"] / full["peak_mb"], 3)
     out["step_ratio"] = round(lora["step_s"] / full["step_s"], 3)
+    out["step_cpu_ratio"] = round(lora["step_cpu_s"] / full["step_cpu_s"], 3)
     print(json.dumps(out))
     return 0
 
