@@ -28,13 +28,20 @@ ALPHABET = "abcdefghijklmnopqrstuvwxyzA+.: \n"
 def make_task(seed: int = 0, n_words: int = 24, n_val: int = 60) -> tuple[list[dict], list[tuple[str, str]]]:
     """``(train records, held-out (prompt, answer) pairs)``; held-out word pairs never occur in training."""
     rng = random.Random(seed)
-    words = sorted({"".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(3)) for _ in range(n_words)})
+    words = sorted(
+        {"".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(3)) for _ in range(n_words)}
+    )
     pairs = [(a, b) for a in words for b in words if a != b]
     rng.shuffle(pairs)
     held, seen = pairs[:n_val], pairs[n_val:]
 
     def record(a: str, b: str) -> dict:
-        return {"messages": [{"role": "user", "content": f"{a} {b}"}, {"role": "assistant", "content": answer(a, b)}]}
+        return {
+            "messages": [
+                {"role": "user", "content": f"{a} {b}"},
+                {"role": "assistant", "content": answer(a, b)},
+            ]
+        }
 
     return [record(a, b) for a, b in seen], [(f"{a} {b}", answer(a, b)) for a, b in held]
 
@@ -52,7 +59,9 @@ def exact_match(run: Path, held: list[tuple[str, str]]) -> float:
 
     model, tok = gptlab.load(run)
     render, _ = renderer(tok, "auto") if tok is not None else (_chatml, "chatml")
-    prompts = [tok.encode(render([{"role": "user", "content": p}], True), allowed_special="all") for p, _ in held]
+    prompts = [
+        tok.encode(render([{"role": "user", "content": p}], True), allowed_special="all") for p, _ in held
+    ]
     idx = torch.tensor(prompts)  # every prompt has the same length: two three-letter words
     n_new = max(len(tok.encode(a)) for _, a in held) + 1
     with torch.no_grad():
@@ -83,12 +92,25 @@ def run_task(root: Path, masked: bool, steps: int, seed: int = 0) -> dict:
         (root / "chat.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     name = "masked" if masked else "unmasked"
     options = ChatOptions(prompt_loss=not masked)
-    prepare_chat([root / "chat.jsonl"], root / f"ds-{name}", tokenizer=str(base), block_size=63, options=options)
+    prepare_chat(
+        [root / "chat.jsonl"], root / f"ds-{name}", tokenizer=str(base), block_size=63, options=options
+    )
     before = exact_match(base, held)
     settings = [
-        f"init={base}", "finetune=full", "model.block_size=63", f"max_steps={steps}", "batch_size=16", "lr=3e-3", "min_lr=3e-4",
-        "warmup_steps=20", "weight_decay=0.0", "eval_every=100000", "ckpt_every=100000", "progress=false",
-        "threads=1", f"seed={seed}",
+        f"init={base}",
+        "finetune=full",
+        "model.block_size=63",
+        f"max_steps={steps}",
+        "batch_size=16",
+        "lr=3e-3",
+        "min_lr=3e-4",
+        "warmup_steps=20",
+        "weight_decay=0.0",
+        "eval_every=100000",
+        "ckpt_every=100000",
+        "progress=false",
+        "threads=1",
+        f"seed={seed}",
     ]
     t0 = time.perf_counter()
     result = train(build_config(None, settings), root / f"ds-{name}", root / f"run-{name}")

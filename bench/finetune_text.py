@@ -59,9 +59,15 @@ def main() -> int:
             before = val_loss(base.eval(), data, args.context, args.eval_batches, args.batch_size)
         del base
         settings = [
-            f"init={args.init}", f"model.block_size={args.context}", f"max_steps={args.steps}",
-            f"batch_size={args.batch_size}", f"eval_every={args.steps}", "eval_batches=1",
-            f"ckpt_every={args.steps}", "progress=false", *args.overrides,
+            f"init={args.init}",
+            f"model.block_size={args.context}",
+            f"max_steps={args.steps}",
+            f"batch_size={args.batch_size}",
+            f"eval_every={args.steps}",
+            "eval_batches=1",
+            f"ckpt_every={args.steps}",
+            "progress=false",
+            *args.overrides,
         ]
         cfg = build_config("finetune", settings)
         result = train(cfg, data.dir, Path(tmp) / "run")

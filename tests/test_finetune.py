@@ -22,15 +22,25 @@ from gptlab.train.config import build_config
 from gptlab.train.lora import LoRASpec, apply_lora, lora_layers, merge_lora, trainable_fraction
 from gptlab.train.metrics import read_metrics
 
-TEXT = "\n".join(f"the {w} sat on the mat {i % 7} times, said the {w}." for i, w in enumerate(["cat", "dog"] * 300))
+TEXT = "\n".join(
+    f"the {w} sat on the mat {i % 7} times, said the {w}." for i, w in enumerate(["cat", "dog"] * 300)
+)
 SETTINGS = [t for t in TINY_TRAIN if not t.startswith("model.")] + ["batch_size=4", "eval_every=100"]
 
 
 def _model(pos: str = "rope", seed: int = 0, vocab: int = 40) -> GPT:
     torch.manual_seed(seed)
     cfg = GPTConfig(
-        vocab_size=vocab, block_size=32, n_layer=2, n_head=2, n_embd=32, pos=pos, norm="rmsnorm", mlp="swiglu",
-        bias=False, tie_embeddings=False,
+        vocab_size=vocab,
+        block_size=32,
+        n_layer=2,
+        n_head=2,
+        n_embd=32,
+        pos=pos,
+        norm="rmsnorm",
+        mlp="swiglu",
+        bias=False,
+        tie_embeddings=False,
     )
     return GPT(cfg).eval()
 
@@ -146,7 +156,11 @@ def test_init_overrides_shape_neutral_only(base, tmp_path):
     tok = CharTokenizer.from_text(TEXT, special_tokens=["<|endoftext|>"])
     ckpt.save(_model(pos="learned", vocab=tok.vocab_size), tok, learned)
     with pytest.raises(GptlabError, match="shapes"):  # a learned position table would have to shrink
-        gtrain.train(build_config(None, [*SETTINGS, f"init={learned}", "model.block_size=16"]), base / "ds", tmp_path / "d")
+        gtrain.train(
+            build_config(None, [*SETTINGS, f"init={learned}", "model.block_size=16"]),
+            base / "ds",
+            tmp_path / "d",
+        )
 
 
 def test_dataset_with_another_tokenizer_is_refused(base, tmp_path):
@@ -164,8 +178,14 @@ def test_dataset_with_another_tokenizer_is_refused(base, tmp_path):
 def test_init_from_a_hugging_face_folder(tmp_path):
     transformers = pytest.importorskip("transformers")
     hf_cfg = transformers.LlamaConfig(
-        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=64, tie_word_embeddings=False,
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        tie_word_embeddings=False,
     )
     torch.manual_seed(0)
     hf = transformers.LlamaForCausalLM(hf_cfg).eval()
@@ -195,7 +215,7 @@ def test_a_gguf_path_goes_to_the_gguf_reader(tmp_path):
 # ---------------------------------------------------------------- LoRA checkpoints
 def test_lora_checkpoints_hold_adapters_and_load_merged(base, tmp_path):
     run = tmp_path / "run"
-    result = _train(base, run, "max_steps=6", "finetune=lora", "lora_targets=[\"qkv\",\"proj\"]", "lr=1e-2")
+    result = _train(base, run, "max_steps=6", "finetune=lora", 'lora_targets=["qkv","proj"]', "lr=1e-2")
     files = {p.name for p in result.checkpoint.iterdir()}
     assert ADAPTERS_FILE in files and ckpt.WEIGHTS_FILE not in files
     size = (result.checkpoint / ADAPTERS_FILE).stat().st_size
@@ -241,7 +261,14 @@ def test_a_changed_base_is_refused(base, tmp_path):
 
 
 def test_lora_resume_is_bitwise_identical(base, tmp_path):
-    common = ["max_steps=8", "ckpt_every=4", "keep_last=5", "finetune=lora", "lora_dropout=0.1", "model.dropout=0.1"]
+    common = [
+        "max_steps=8",
+        "ckpt_every=4",
+        "keep_last=5",
+        "finetune=lora",
+        "lora_dropout=0.1",
+        "model.dropout=0.1",
+    ]
     _train(base, tmp_path / "full", *common)
     part = tmp_path / "part"
     part.mkdir()

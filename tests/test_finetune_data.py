@@ -64,7 +64,9 @@ def base(tmp_path_factory):
 
 def _prepare(base, out, fmt="chat", src="chat.jsonl", block_size=127, **options):
     prep = {"chat": prepare_chat, "alpaca": prepare_alpaca}[fmt]
-    return prep([base / src], out, tokenizer=str(base / "base"), block_size=block_size, options=ChatOptions(**options))
+    return prep(
+        [base / src], out, tokenizer=str(base / "base"), block_size=block_size, options=ChatOptions(**options)
+    )
 
 
 def test_masks_cover_exactly_every_assistant_turn(base, tmp_path):
@@ -112,7 +114,9 @@ def test_packed_examples_do_not_see_each_other(base, tmp_path):
     starts = (rpos == 0).nonzero().flatten().tolist()
     assert len(starts) >= 2 and meta["examples"] == 60  # several examples share a row
     torch.manual_seed(0)
-    model = GPT(GPTConfig(vocab_size=data.vocab_size, block_size=256, n_layer=2, n_head=2, n_embd=32, pos="rope"))
+    model = GPT(
+        GPTConfig(vocab_size=data.vocab_size, block_size=256, n_layer=2, n_head=2, n_embd=32, pos="rope")
+    )
     model.eval()
     s, e = starts[1], starts[2] if len(starts) > 2 else 256
     with torch.no_grad():
@@ -128,19 +132,31 @@ def test_packed_examples_do_not_see_each_other(base, tmp_path):
     [
         ("{not json", "not valid JSON"),
         ({"messages": [{"role": "user", "content": "hi"}, {"content": "x"}]}, 'needs "role"'),
-        ({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "  "}]}, "empty assistant"),
-        ({"messages": [{"role": "user", "content": 3}, {"role": "assistant", "content": "a"}]}, "must be a string"),
+        (
+            {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "  "}]},
+            "empty assistant",
+        ),
+        (
+            {"messages": [{"role": "user", "content": 3}, {"role": "assistant", "content": "a"}]},
+            "must be a string",
+        ),
         ({"messages": [{"role": "wizard", "content": "hi"}]}, "role 'wizard'"),
         ({"messages": [{"role": "user", "content": "hi"}]}, "no assistant turn"),
         ([1, 2], "an object"),
     ],
 )
 def test_bad_records_name_file_and_line(base, tmp_path, record, why):
-    path = _write_jsonl(tmp_path / "bad.jsonl", [_conversation(1), _conversation(2), record, _conversation(3)])
+    path = _write_jsonl(
+        tmp_path / "bad.jsonl", [_conversation(1), _conversation(2), record, _conversation(3)]
+    )
     with pytest.raises(GptlabError, match=rf"bad.jsonl:3: .*{why}"):
         prepare_chat([path], tmp_path / "o", tokenizer=str(base / "base"), block_size=63)
     meta = prepare_chat(
-        [path], tmp_path / "ok", tokenizer=str(base / "base"), block_size=63, options=ChatOptions(skip_bad=True)
+        [path],
+        tmp_path / "ok",
+        tokenizer=str(base / "base"),
+        block_size=63,
+        options=ChatOptions(skip_bad=True),
     )
     assert meta["skipped_bad"] == 1 and meta["examples"] == 3
 
@@ -157,7 +173,20 @@ def test_cli_bad_record_is_one_line_and_counts_are_reported(base, tmp_path, caps
     ]
     _write_jsonl(tmp_path / "long.jsonl", long)
     common = ["--format", "chat", "--tokenizer", str(base / "base"), "--block-size", "127"]
-    assert main(["prepare", str(tmp_path / "long.jsonl"), "--out", str(tmp_path / "d1"), *common, "--too-long", "drop"]) == 0
+    assert (
+        main(
+            [
+                "prepare",
+                str(tmp_path / "long.jsonl"),
+                "--out",
+                str(tmp_path / "d1"),
+                *common,
+                "--too-long",
+                "drop",
+            ]
+        )
+        == 0
+    )
     assert "dropped 1" in capsys.readouterr().out
     assert main(["prepare", str(tmp_path / "long.jsonl"), "--out", str(tmp_path / "d2"), *common]) == 0
     out = capsys.readouterr().out  # truncation keeps it only if an assistant token survives: here none does
@@ -165,7 +194,9 @@ def test_cli_bad_record_is_one_line_and_counts_are_reported(base, tmp_path, caps
 
 
 def test_alpaca_records_become_one_user_and_one_assistant_turn(base, tmp_path):
-    records = [{"instruction": f"say {i}", "input": "" if i % 2 else "loud", "output": f"ok {i}"} for i in range(20)]
+    records = [
+        {"instruction": f"say {i}", "input": "" if i % 2 else "loud", "output": f"ok {i}"} for i in range(20)
+    ]
     (base / "a.json").write_text(json.dumps(records))
     meta = _prepare(base, tmp_path / "ds", fmt="alpaca", src="a.json", packing="padded")
     data = TokenDataset(tmp_path / "ds")
@@ -205,8 +236,15 @@ def test_lora_on_chat_data_survives_sigkill_bitwise(base, tmp_path):
     if not (base / "cds").exists():
         _prepare(base, base / "cds")
     settings = [
-        f"init={base / 'base'}", "finetune=lora", "lora_dropout=0.1", "model.block_size=127",
-        "max_steps=16", "ckpt_every=2", "keep_last=2", "eval_every=8", "lr=1e-2",
+        f"init={base / 'base'}",
+        "finetune=lora",
+        "lora_dropout=0.1",
+        "model.block_size=127",
+        "max_steps=16",
+        "ckpt_every=2",
+        "keep_last=2",
+        "eval_every=8",
+        "lr=1e-2",
     ]
     reference = train(build_config("finetune", [*SETTINGS, *settings]), base / "cds", tmp_path / "ref")
     losses = [r["loss"] for r in read_metrics(tmp_path / "ref" / "metrics.jsonl") if "loss" in r]

@@ -50,8 +50,8 @@ def read_spec(directory: str | os.PathLike[str]) -> Any:
 
 def save_adapters(model: Any, tokenizer: Any | None, directory: str | os.PathLike[str]) -> Path:
     """Write the adapters of ``model`` (prepared by ``apply_lora``) as a LoRA checkpoint directory."""
-    from gptlab.checkpoint.model import write_config
     from gptlab.checkpoint.files import TOKENIZER_FILE
+    from gptlab.checkpoint.model import write_config
     from gptlab.train.lora import adapter_state
 
     directory = Path(directory)

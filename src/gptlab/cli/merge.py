@@ -13,7 +13,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "fold the adapters in and write a plain gptlab checkpoint.",
     )
     p.add_argument("run", metavar="RUN", help="LoRA run directory or checkpoint")
-    p.add_argument("--out", required=True, metavar="CKPT", help="checkpoint directory to write (new or empty)")
+    p.add_argument(
+        "--out", required=True, metavar="CKPT", help="checkpoint directory to write (new or empty)"
+    )
     p.set_defaults(func=run)
 
 

@@ -48,8 +48,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     chat.add_argument("--template", default="auto", help="chat template: auto (the model's own) or a name")
     chat.add_argument("--prompt-loss", action="store_true", help="count prompt tokens in the loss too")
     chat.add_argument("--packing", default="packed", choices=["packed", "padded"], help="examples per row")
-    chat.add_argument("--too-long", default="truncate", choices=["truncate", "drop"], help="examples over a row")
-    chat.add_argument("--skip-bad", action="store_true", help="skip (and count) bad records instead of failing")
+    chat.add_argument(
+        "--too-long", default="truncate", choices=["truncate", "drop"], help="examples over a row"
+    )
+    chat.add_argument(
+        "--skip-bad", action="store_true", help="skip (and count) bad records instead of failing"
+    )
     p.set_defaults(func=run)
 
 

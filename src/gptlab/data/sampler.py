@@ -77,7 +77,6 @@ class WindowSampler:
 
     def batch(self, step: int, micro: int = 0) -> tuple[Any, Any]:
         """``(x, y)``: int64 tensors of shape (B, T) for micro-batch ``micro`` of ``step``."""
-        import torch
 
         x, y, _ = self.inputs(step, micro)
         return x, y
