@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import signal
 import subprocess
 import sys
@@ -14,6 +13,7 @@ import urllib.request
 
 import pytest
 import torch
+from _kill import kill_and_resume, steps_logged
 from _tiny import TINY_TRAIN
 
 from gptlab import checkpoint as ckpt
@@ -21,7 +21,6 @@ from gptlab.cli import main
 from gptlab.data import prepare
 from gptlab.train import train
 from gptlab.train.config import DEFAULT_RECIPE, build_config
-from gptlab.train.metrics import read_metrics
 
 TINY = [*TINY_TRAIN, "batch_size=4"]
 
@@ -119,27 +118,13 @@ def _launch(dataset, run, *extra, resume=False):
     return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
 
 
-def _steps_logged(run):
-    return max((r["step"] for r in read_metrics(run / "metrics.jsonl")), default=0)
-
-
 @pytest.mark.slow
 def test_sigkill_at_random_moments_always_resumes(dataset, tmp_path):
     settings = ["max_steps=20", "ckpt_every=2", "eval_every=10", "keep_last=2"]
     # `gptlab train` without --config trains the default recipe
     reference = train(build_config(DEFAULT_RECIPE, [*TINY, *settings]), dataset, tmp_path / "ref")
-    run, rng = tmp_path / "run", random.Random(0)
-    for attempt in range(4):  # three kills at random moments (mid-step, mid-checkpoint, ...), then finish
-        proc = _launch(dataset, run, *settings, resume=attempt > 0)
-        if attempt < 3:
-            target = _steps_logged(run) + rng.randint(1, 4)
-            while proc.poll() is None and _steps_logged(run) < target:
-                time.sleep(0.005)
-            time.sleep(rng.uniform(0, 0.03))
-            proc.send_signal(signal.SIGKILL)
-        _, err = proc.communicate(timeout=300)
-        assert "Traceback" not in err, err
-    assert proc.returncode == 0, err
+    run = tmp_path / "run"
+    kill_and_resume(lambda resume: _launch(dataset, run, *settings, resume=resume), run, kills=3)
     final = ckpt.resolve_checkpoint(run)
     assert final.name == "ckpt-20"
     a = ckpt.read_tensors(final / ckpt.WEIGHTS_FILE)
@@ -151,7 +136,7 @@ def test_ctrl_c_saves_and_exits_cleanly(dataset, tmp_path):
     run = tmp_path / "run"
     proc = _launch(dataset, run, "max_steps=100000", "ckpt_every=100000")
     deadline = time.time() + 120
-    while _steps_logged(run) < 3 and time.time() < deadline:
+    while steps_logged(run) < 3 and time.time() < deadline:
         time.sleep(0.02)
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=120)

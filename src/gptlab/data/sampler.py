@@ -136,12 +136,9 @@ def eval_batches(
     (instruction rows) the windows are the rows and each batch is ``(x, y, kwargs)``.
     """
     T = block_size
-    if mask is not None:
-        yield from _row_batches(tokens, T, batch_size, max_batches, mask, pos)
-        return
-    import torch
-
-    n = (len(tokens) - 1) // T
+    rows = mask is not None
+    stride = T + 1 if rows else T
+    n = len(tokens) // stride if rows else (len(tokens) - 1) // T
     if n < 1:
         raise GptlabError(f"the split has {len(tokens)} tokens, fewer than one block of {T + 1}")
     ks = np.arange(n, dtype=np.int64)
@@ -149,27 +146,8 @@ def eval_batches(
         ks = np.unique(np.linspace(0, n - 1, max_batches * batch_size).round().astype(np.int64))
     offsets = np.arange(T + 1, dtype=np.int64)
     for i in range(0, len(ks), batch_size):
-        w = torch.from_numpy(tokens[ks[i : i + batch_size, None] * T + offsets].astype(np.int64))
-        yield w[:, :-1], w[:, 1:]
-
-
-def _row_batches(
-    tokens: np.ndarray,
-    T: int,
-    batch_size: int,
-    max_batches: int | None,
-    mask: np.ndarray,
-    pos: np.ndarray | None,
-) -> Iterator[tuple[Any, ...]]:
-    n = len(tokens) // (T + 1)
-    if n < 1:
-        raise GptlabError(f"the split has {len(tokens)} tokens, fewer than one row of {T + 1}")
-    ks = np.arange(n, dtype=np.int64)
-    if max_batches is not None and max_batches * batch_size < n:
-        ks = np.unique(np.linspace(0, n - 1, max_batches * batch_size).round().astype(np.int64))
-    offsets = np.arange(T + 1, dtype=np.int64)
-    for i in range(0, len(ks), batch_size):
-        yield _window(tokens, mask, pos, ks[i : i + batch_size, None] * (T + 1) + offsets)
+        x, y, kwargs = _window(tokens, mask, pos, ks[i : i + batch_size, None] * stride + offsets)
+        yield (x, y, kwargs) if rows else (x, y)
 
 
 def n_eval_batches(n_tokens: int, block_size: int, batch_size: int, max_batches: int | None) -> int:
