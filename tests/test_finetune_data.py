@@ -100,6 +100,11 @@ def test_the_sampler_ignores_masked_targets(base, tmp_path):
     assert "hi" not in text and "system" not in text
     batches = list(eval_batches(data.split("val"), 127, 2, None, **data.arrays("val", 127)))
     assert all(len(b) == 3 for b in batches)
+    # gptlab eval on instruction data: the rows, assistant tokens only
+    from gptlab.train.evaluate import evaluate_path
+
+    result, _ = evaluate_path(base / "base", data=tmp_path / "ds")
+    assert result.tokens == sum(int((b[1] != -1).sum()) for b in batches)
     with pytest.raises(GptlabError, match="rows of 128 tokens"):
         data.arrays("train", 32)
 

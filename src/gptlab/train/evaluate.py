@@ -79,19 +79,22 @@ def evaluate_tokens(
     max_batches: int | None = None,
     autocast: Any = None,
     progress: bool = False,
+    rows: dict[str, Any] | None = None,
 ) -> EvalResult:
     """Loss over non-overlapping windows of ``tokens`` (a 1-D id array) at the model's context length;
-    ``progress`` shows a bar (batches, rate, ETA) on stderr."""
+    ``progress`` shows a bar (batches, rate, ETA) on stderr. ``rows``: instruction data's ``mask`` and
+    ``pos`` (``TokenDataset.arrays``) and its ``block_size``: the rows, only the masked-in targets."""
     from tqdm import tqdm
 
     from gptlab.data import eval_batches, n_eval_batches
 
-    T = model.config.block_size
+    rows = dict(rows or {})
+    T = rows.pop("block_size", None) or model.config.block_size
     if len(tokens) < 2:
         raise GptlabError("the evaluation text has fewer than 2 tokens; give a longer text")
     T = min(T, len(tokens) - 1)
     batches = tqdm(
-        eval_batches(tokens, T, batch_size, max_batches),
+        eval_batches(tokens, T, batch_size, max_batches, **rows),
         total=n_eval_batches(len(tokens), T, batch_size, max_batches),
         disable=not progress,
         desc="eval",
@@ -129,6 +132,7 @@ def evaluate_path(
     autocast = (
         torch.autocast(torch.device(device).type, dtype=torch.bfloat16) if dtype == "bfloat16" else None
     )
+    rows: dict[str, Any] | None = None
     if text is not None:
         from gptlab.tokenizers.loading import read_text_file
 
@@ -159,6 +163,8 @@ def evaluate_path(
             )
         tokens = ds.split(split)
         bpt = ds.bytes_per_token(split)
+        if ds.meta.get("row_tokens"):  # instruction data: whole rows, assistant tokens only
+            rows = {**ds.arrays(split), "block_size": ds.meta["row_tokens"] - 1}
         source = f"{data} ({split})"
     if max_batches is None and len(tokens) > 50_000_000:
         max_batches = 1000
@@ -171,5 +177,6 @@ def evaluate_path(
         max_batches=max_batches,
         autocast=autocast,
         progress=progress,
+        rows=rows,
     )
     return result, f"{directory} on {source}"
