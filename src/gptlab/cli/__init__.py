@@ -20,6 +20,7 @@ COMMANDS = [
     "train",
     "eval",
     "sample",
+    "chat",
     "tokenizer",
     "convert",
     "trace",

@@ -275,7 +275,8 @@ def hf_state(f: GgufFile, arch: GgufArchitecture, hf: dict[str, Any]) -> dict[st
         for pattern, fix in arch.fixes:
             if re.fullmatch(pattern, name):
                 values = fix(values, hf)
-        state[name] = torch.from_numpy(np.ascontiguousarray(values))
+        values = np.ascontiguousarray(values)
+        state[name] = torch.from_numpy(values if values.flags.writeable else values.copy())
     return state
 
 
