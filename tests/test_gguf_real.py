@@ -114,3 +114,25 @@ def test_greedy_chat_reply_equals_transformers(ours, hf_model, hf_tokenizer):
 
     assert tok.eos_id in got and reply(got) == reply(ref)
     assert tok.decode(reply(ref)) == "The capital of France is Paris."
+
+
+def test_serve_answers_the_openai_client(ours):
+    """``/v1/chat/completions`` renders the model's own template and stops at <|im_end|>, streamed and not."""
+    openai = pytest.importorskip("openai", reason="the official openai client is the reference client")
+    from fastapi.testclient import TestClient
+
+    from gptlab.serve import create_app
+
+    model, tok = ours
+    with TestClient(create_app(model, tok, model_name="smollm2")) as http:
+        client = openai.OpenAI(base_url="http://testserver/v1", api_key="unused", http_client=http, max_retries=0)
+        messages = [{"role": "user", "content": "What is the capital of France?"}]
+        answer = client.chat.completions.create(model="smollm2", messages=messages, max_tokens=30, temperature=0)
+        choice = answer.choices[0]
+        assert "Paris" in choice.message.content and choice.finish_reason == "stop"
+        assert "<|im_end|>" not in choice.message.content
+        stream = client.chat.completions.create(
+            model="smollm2", messages=messages, max_tokens=30, temperature=0, stream=True
+        )
+        text = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+        assert text.strip() == choice.message.content.strip()
