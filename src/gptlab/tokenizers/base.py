@@ -137,7 +137,9 @@ class Tokenizer:
 
     def __init__(self, special_tokens: Mapping[str, int] | None = None) -> None:
         self.special_tokens: dict[str, int] = dict(special_tokens or {})
-        self.chat_template: str | None = None  # a Jinja chat template or a fallback's name (tokenizers/chat.py)
+        self.chat_template: str | None = (
+            None  # a Jinja chat template or a fallback's name (tokenizers/chat.py)
+        )
         self._special_regex: dict[frozenset[str], re.Pattern[str]] = {}
 
     # ----------------------------------------------------------- the algorithm

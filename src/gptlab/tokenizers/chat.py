@@ -74,21 +74,29 @@ def compile_template(source: str) -> Any:
     import jinja2.ext
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols])
+    env = ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols]
+    )
     env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise
     env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
     try:
         return env.from_string(source)
     except jinja2.TemplateSyntaxError as exc:
-        raise GptlabError(f"the chat template is not valid Jinja (line {exc.lineno}: {exc.message})") from None
+        raise GptlabError(
+            f"the chat template is not valid Jinja (line {exc.lineno}: {exc.message})"
+        ) from None
 
 
 def _messages(messages: Sequence[Any]) -> list[dict[str, Any]]:
     """Messages as ``{"role", "content"}`` dicts (objects with ``role``/``content`` attributes accepted)."""
     out = []
     for i, m in enumerate(messages):
-        d = dict(m) if isinstance(m, Mapping) else {"role": getattr(m, "role", None), "content": getattr(m, "content", None)}
+        d = (
+            dict(m)
+            if isinstance(m, Mapping)
+            else {"role": getattr(m, "role", None), "content": getattr(m, "content", None)}
+        )
         if not isinstance(d.get("role"), str) or not isinstance(d.get("content"), str):
             raise GptlabError(f"message {i} must have a string 'role' and a string 'content', got {m!r}")
         out.append(d)
@@ -108,7 +116,12 @@ class ChatTemplate:
     def named(cls, name: str, tokens: Mapping[str, str | None] | None = None) -> ChatTemplate:
         if name not in FALLBACKS:
             raise GptlabError(f"unknown chat template {name!r}; the named ones are {', '.join(FALLBACKS)}")
-        return cls(FALLBACKS[name], name, {k: v for k, v in (tokens or {}).items() if v}, FALLBACK_STOPS.get(name, []))
+        return cls(
+            FALLBACKS[name],
+            name,
+            {k: v for k, v in (tokens or {}).items() if v},
+            FALLBACK_STOPS.get(name, []),
+        )
 
     def render(self, messages: Sequence[Any], add_generation_prompt: bool = True, **extra: Any) -> str:
         """The prompt for ``messages``; with ``add_generation_prompt`` it ends where the assistant's reply starts."""
@@ -133,7 +146,9 @@ def template_for(tokenizer: Any, override: str | None = None) -> ChatTemplate:
     tokens = {name: getattr(tokenizer, name, None) for name in TOKEN_NAMES}
     source = override if override is not None else getattr(tokenizer, "chat_template", None)
     if source is not None and source not in FALLBACKS:
-        return ChatTemplate(source, "model" if override is None else "given", {k: v for k, v in tokens.items() if v})
+        return ChatTemplate(
+            source, "model" if override is None else "given", {k: v for k, v in tokens.items() if v}
+        )
     if source is None:
         specials = getattr(tokenizer, "special_tokens", {}) or {}
         source = next((name for tok, name in FALLBACK_BY_TOKEN.items() if tok in specials), "plain")

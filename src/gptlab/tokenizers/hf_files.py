@@ -55,7 +55,11 @@ def _pattern(pre: Any, path: Path) -> str:
     kinds = [s.get("type") if isinstance(s, dict) else None for s in steps]
     if kinds == ["ByteLevel"] and steps[0].get("use_regex", True):
         return "gpt2"
-    if kinds == ["Digits", "ByteLevel"] and steps[0].get("individual_digits") and steps[1].get("use_regex", True):
+    if (
+        kinds == ["Digits", "ByteLevel"]
+        and steps[0].get("individual_digits")
+        and steps[1].get("use_regex", True)
+    ):
         return "gpt2-digits"
     if kinds == ["Split", "ByteLevel"] and not steps[1].get("use_regex", True):
         regex = (steps[0].get("pattern") or {}).get("Regex")
@@ -135,9 +139,16 @@ def _bpe_model(tok: Any) -> dict[str, Any]:
         merges = [" ".join(map(bytes_to_token, _split_by_rank(t, ranks))) for _, t in merged]
     return {
         "model": {
-            "type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
-            "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False, "ignore_merges": False,
-            "vocab": vocab, "merges": merges,
+            "type": "BPE",
+            "dropout": None,
+            "unk_token": None,
+            "continuing_subword_prefix": None,
+            "end_of_word_suffix": None,
+            "fuse_unk": False,
+            "byte_fallback": False,
+            "ignore_merges": False,
+            "vocab": vocab,
+            "merges": merges,
         },  # fmt: skip
         "pre_tokenizer": _pre_tokenizer(tok.pattern),
         "decoder": {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True},
@@ -150,7 +161,10 @@ def _pre_tokenizer(pattern: str) -> dict[str, Any]:
     if pattern == "gpt2-digits":
         return {"type": "Sequence", "pretokenizers": [dict(_DIGITS), dict(_BYTE_LEVEL)]}
     split = {"type": "Split", "pattern": {"Regex": HF_SPLITS.get(pattern, pattern)}, "behavior": "Isolated"}
-    return {"type": "Sequence", "pretokenizers": [{**split, "invert": False}, {**_BYTE_LEVEL, "use_regex": False}]}
+    return {
+        "type": "Sequence",
+        "pretokenizers": [{**split, "invert": False}, {**_BYTE_LEVEL, "use_regex": False}],
+    }
 
 
 def _char_model(tok: Any) -> dict[str, Any]:
@@ -159,7 +173,12 @@ def _char_model(tok: Any) -> dict[str, Any]:
         vocab[tok.unk] = tok.unk_id
     return {
         "model": {"type": "WordLevel", "vocab": vocab, "unk_token": tok.unk or "<unk>"},
-        "pre_tokenizer": {"type": "Split", "pattern": {"Regex": r"[\s\S]"}, "behavior": "Isolated", "invert": False},
+        "pre_tokenizer": {
+            "type": "Split",
+            "pattern": {"Regex": r"[\s\S]"},
+            "behavior": "Isolated",
+            "invert": False,
+        },
         "decoder": {"type": "Fuse"},
     }
 
@@ -172,7 +191,9 @@ def hf_tokenizer_json(tok: Tokenizer) -> dict[str, Any]:
     """The ``tokenizer.json`` of ``tok`` (a ``GptlabError`` for a kind transformers has no form of)."""
     form = HF_FORMS.get(tok.kind)
     if form is None:
-        raise GptlabError(f"a {tok.kind!r} tokenizer has no Hugging Face form; gptlab writes {', '.join(HF_FORMS)}")
+        raise GptlabError(
+            f"a {tok.kind!r} tokenizer has no Hugging Face form; gptlab writes {', '.join(HF_FORMS)}"
+        )
     added = [
         {"id": i, "content": s, "single_word": False, "lstrip": False, "rstrip": False, "normalized": False,
          "special": True}
@@ -186,7 +207,9 @@ def write_hf_tokenizer(tok: Tokenizer, directory: str | os.PathLike[str], model_
     """Write ``tokenizer.json`` and ``tokenizer_config.json`` (bos/eos, chat template) into ``directory``."""
     directory = Path(directory)
     data = hf_tokenizer_json(tok)
-    eos = getattr(tok, "eos_token", None) or next(iter(s for s, i in tok.special_tokens.items() if i == tok.eot_id), None)
+    eos = getattr(tok, "eos_token", None) or next(
+        iter(s for s, i in tok.special_tokens.items() if i == tok.eot_id), None
+    )
     bos = getattr(tok, "bos_token", None)
     config: dict[str, Any] = {
         "tokenizer_class": "PreTrainedTokenizerFast",
