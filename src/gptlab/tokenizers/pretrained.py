@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping, Sequence
+from functools import lru_cache
 from typing import Any
 
 from gptlab.errors import GptlabError
@@ -67,21 +68,30 @@ def pattern_for(pre: str | None) -> str:
     return PRE_TOKENIZERS[name]
 
 
+@lru_cache(maxsize=1)
+def _alphabet() -> tuple[re.Pattern[str], dict[int, int]]:
+    """A regex matching strings of GPT-2's byte alphabet, and the table ``str.translate`` undoes it with."""
+    table = char_to_byte()
+    chars = "".join(re.escape(c) for c in table)
+    return re.compile(f"[{chars}]+"), {ord(c): b for c, b in table.items()}
+
+
 def spelled_bytes(token: str) -> bytes:
     """A token's bytes: GPT-2's byte alphabet undone, or its UTF-8 if it is not spelled in that alphabet.
 
     >>> spelled_bytes("Ġcat"), spelled_bytes("é→")
     (b' cat', b'\\xc3\\xa9\\xe2\\x86\\x92')
     """
-    table = char_to_byte()
-    try:
-        return bytes(table[c] for c in token)
-    except KeyError:
-        return token.encode("utf-8")
+    spelled, table = _alphabet()
+    if spelled.fullmatch(token):
+        return token.translate(table).encode("latin-1")
+    return token.encode("utf-8")
 
 
 def _pair(merge: str | Sequence[str], i: int) -> tuple[str, str]:
     parts = merge.split(" ") if isinstance(merge, str) else list(merge)
+    if len(parts) == 2 and parts[0] and parts[1]:
+        return parts[0], parts[1]
     if len(parts) != 2 or not all(isinstance(p, str) and p for p in parts):
         raise GptlabError(f"merge {i} is {merge!r}; a merge is two tokens, 'left right'")
     return parts[0], parts[1]
@@ -113,29 +123,36 @@ class PretrainedTokenizer(RankedTokenizer):
             if i is not None and not (isinstance(i, int) and 0 <= i < len(tokens)):
                 raise GptlabError(f"special token id {i!r} is outside the vocabulary (0..{len(tokens) - 1})")
         specials = {tokens[i]: i for i in special_ids}
+        special_set = set(specials.values())
+        spelled = [t.encode("utf-8") if i in special_set else spelled_bytes(t) for i, t in enumerate(tokens)]
         ids: dict[bytes, int] = {}
-        for i, token in enumerate(tokens):
-            if i not in specials.values():
-                ids.setdefault(spelled_bytes(token), i)
-        self.tokens, self.merges = tokens, [" ".join(_pair(m, i)) for i, m in enumerate(merges)]
+        for i, token in enumerate(spelled):
+            if i not in special_set:
+                ids.setdefault(token, i)
+        by_text = dict(zip(tokens, spelled))
+        pairs = [_pair(m, i) for i, m in enumerate(merges)]
+        self.tokens, self.merges = tokens, [f"{a} {b}" for a, b in pairs]
         ranks = {t: i for t, i in ids.items() if len(t) == 1}
         last = -1
-        for n, merge in enumerate(self.merges):
-            left, right = merge.split(" ")
-            made = spelled_bytes(left) + spelled_bytes(right)
+        for n, (left, right) in enumerate(pairs):
+            made = by_text.get(left, b"") + by_text.get(right, b"")
+            if left not in by_text or right not in by_text:
+                made = spelled_bytes(left) + spelled_bytes(right)
             if made not in ids:
-                raise GptlabError(f"merge {n} ({merge!r}) makes a token that is not in the vocabulary")
+                raise GptlabError(
+                    f"merge {n} ({self.merges[n]!r}) makes a token that is not in the vocabulary"
+                )
             if ids[made] <= last:
                 raise GptlabError(
-                    f"merge {n} ({merge!r}) makes id {ids[made]}, not above the previous merge's {last}; "
+                    f"merge {n} ({self.merges[n]!r}) makes id {ids[made]}, not above the previous merge's {last}; "
                     "gptlab needs ids in merge order"
                 )
             ranks[made] = last = ids[made]
         super().__init__(ranks, pattern, specials, backend=backend)
         # tokens no merge reaches (and duplicates) can still be generated: decode them too
         decoder = dict(self._decoder)
-        for i, token in enumerate(tokens):
-            decoder.setdefault(i, token.encode("utf-8") if i in specials.values() else spelled_bytes(token))
+        for i, token in enumerate(spelled):
+            decoder.setdefault(i, token)
         self._set_decoder(decoder)
         self._drop_re = re.compile(b"[" + re.escape(self._drop) + b"]") if self._drop else None
         self.bos_id, self.eos_id, self.add_bos = bos_id, eos_id, bool(add_bos)
