@@ -286,3 +286,24 @@ def test_short_name_of_a_packaged_file(monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "smollm2").write_bytes(b"x")  # a real path wins over the short name
     assert module.resolve("smollm2") == tmp_path.joinpath("smollm2").relative_to(tmp_path)
+
+
+@pytest.mark.slow
+def test_every_command_runs_on_an_imported_model(tmp_path, capsys):
+    """sample (fp32, int8), eval, trace, attention and size on a checkpoint converted from GGUF."""
+    write_llama(tmp_path / "m.gguf", tiny_llama(), Q.Q8_0)
+    ckpt = str(tmp_path / "ckpt")
+    assert main(["convert", "--from-gguf", str(tmp_path / "m.gguf"), "--out", ckpt]) == 0
+    (tmp_path / "t.txt").write_text("the cat ab ab the dog " * 4)
+    commands = [
+        ["sample", ckpt, "--prompt", "ab", "--max-new-tokens", "4", "--temperature", "0"],
+        ["sample", ckpt, "--prompt", "ab", "--max-new-tokens", "4", "--dtype", "int8"],
+        ["eval", ckpt, "--text", str(tmp_path / "t.txt"), "--no-progress"],
+        ["trace", ckpt, "ab cd"],
+        ["attention", ckpt, "ab cd", "--layer", "1", "-o", str(tmp_path / "a.png")],
+        ["size", ckpt],
+    ]
+    for argv in commands:
+        assert main(argv) == 0, argv
+        capsys.readouterr()
+    assert (tmp_path / "a.png").stat().st_size > 0
