@@ -25,6 +25,7 @@ COMMANDS = [
     "eval",
     "compare",
     "sample",
+    "chat",
     "tokenizer",
     "convert",
     "trace",
