@@ -116,5 +116,6 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+    # the source tree, in place of this script's folder (whose gguf.py would shadow the gguf package)
+    sys.path[0] = str(Path(__file__).resolve().parents[1] / "src")
     raise SystemExit(main())
