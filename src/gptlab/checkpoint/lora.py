@@ -87,7 +87,8 @@ def load_merged(
     directory: str | os.PathLike[str], device: str | torch.device = "cpu", dtype: torch.dtype | None = None
 ) -> tuple[Any, Any | None]:
     """The base with the adapters merged in (float32 while merging), as a plain ``GPT``."""
-    from gptlab.checkpoint.model import load_tokenizer
+    from gptlab.checkpoint.files import TOKENIZER_FILE
+    from gptlab.checkpoint.model import check_tokenizer_fits, load_tokenizer
     from gptlab.train import init
     from gptlab.train.lora import apply_lora, load_adapter_state, merge_lora
 
@@ -110,4 +111,6 @@ def load_merged(
         p.requires_grad_(True)
     if dtype is not None:
         model.to(dtype=dtype)
-    return model.to(device).eval(), load_tokenizer(directory)
+    tokenizer = load_tokenizer(directory)
+    check_tokenizer_fits(tokenizer, model.config.vocab_size, directory / TOKENIZER_FILE)
+    return model.to(device).eval(), tokenizer
