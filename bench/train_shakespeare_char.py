@@ -63,6 +63,7 @@ def main() -> int:
         data_dir, run_dir = Path(tmp) / "data", Path(args.keep or Path(tmp) / "run")
         prepare([args.data], data_dir, tokenizer="char", val_fraction=0.1)
         result = train(cfg, data_dir, run_dir)
+        resolved = json.loads((run_dir / "train_config.json").read_text())["resolved"]  # what auto chose
         steady = _steady_ms_per_step(run_dir)
         model, _ = load(run_dir)
         ds = TokenDataset(data_dir)
@@ -85,7 +86,11 @@ def main() -> int:
                 "val_bpb": round(val.bits_per_byte, 4),
                 "last_eval_val_loss": result.val_loss and round(result.val_loss, 4),
                 "peak_rss_mb": round(rss_mb, 1),
-                "dtype": cfg.dtype,
+                "dtype": resolved["dtype"],
+                "dtype_setting": cfg.dtype,
+                "attention": resolved["attention"],
+                "device": resolved["device"],
+                "cpu": resolved["machine"],
                 "compile": cfg.compile,
                 "optimizer": cfg.optimizer,
                 "block_size": cfg.model_config(65).block_size,

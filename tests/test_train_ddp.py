@@ -40,6 +40,8 @@ def test_two_process_gloo_equals_single_process(tmp_path):
             str(tmp_path / "ddp"),
             *TINY,
             "batch_size=2",
+            "device=cpu",  # gloo on the CPU, as the single process below, even where a GPU is
+            "dtype=float32",
         ],
         capture_output=True,
         text=True,
@@ -47,7 +49,11 @@ def test_two_process_gloo_equals_single_process(tmp_path):
         timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    single = train(build_config(None, [*TINY, "batch_size=4"]), tmp_path / "ds", tmp_path / "one")
+    single = train(
+        build_config(None, [*TINY, "batch_size=4", "device=cpu", "dtype=float32"]),
+        tmp_path / "ds",
+        tmp_path / "one",
+    )
     a = ckpt.read_tensors(ckpt.resolve_checkpoint(tmp_path / "ddp") / ckpt.WEIGHTS_FILE)
     b = ckpt.read_tensors(ckpt.resolve_checkpoint(tmp_path / "one") / ckpt.WEIGHTS_FILE)
     assert sorted(a) == sorted(b)

@@ -10,7 +10,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-DTYPES = ("fp32", "bf16", "int8")
+from gptlab.cli.options import add_device_argument, resolve_device, resolve_dtype
+
+DTYPES = ("auto", "fp32", "bf16", "int8")
 
 
 def register(subparsers: Any) -> None:
@@ -52,7 +54,10 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "--model-name", default=None, help="the model id clients use (default: the checkpoint's folder name)"
     )
-    p.add_argument("--dtype", choices=DTYPES, default="fp32", help="weights for inference (default fp32)")
+    p.add_argument(
+        "--dtype", choices=DTYPES, default="auto", help="weights (default auto: bf16 where native, else fp32)"
+    )
+    add_device_argument(p)
     p.add_argument(
         "--max-body-bytes",
         type=int,
@@ -97,17 +102,17 @@ def check_bind(host: str, port: int) -> None:
             ) from None
 
 
-def load_for_serving(checkpoint: str, dtype: str) -> tuple[Any, Any]:
+def load_for_serving(checkpoint: str, dtype: str, device: str = "cpu") -> tuple[Any, Any]:
     import gptlab
     from gptlab.errors import GptlabError
 
-    model, tokenizer = gptlab.load(checkpoint)
+    model, tokenizer = gptlab.load(checkpoint, device=device)
     if tokenizer is None:
         raise GptlabError(
             f"{checkpoint}: the checkpoint has no tokenizer.json; serving needs one "
             "(save the model with its tokenizer: gptlab.save(model, tokenizer, dir))"
         )
-    return gptlab.quantize(model, dtype), tokenizer
+    return gptlab.quantize(model, resolve_dtype(dtype, device)), tokenizer
 
 
 def run(args: argparse.Namespace) -> int:
@@ -123,7 +128,8 @@ def run(args: argparse.Namespace) -> int:
     if args.max_tokens_cap is not None and args.max_tokens_cap < 1:
         raise GptlabError(f"--max-tokens-cap must be at least 1, got {args.max_tokens_cap}")
     check_bind(args.host, args.port)
-    model, tokenizer = load_for_serving(args.checkpoint, args.dtype)
+    device = resolve_device(args)
+    model, tokenizer = load_for_serving(args.checkpoint, args.dtype, device)
     name = args.model_name or Path(args.checkpoint).resolve().name
     app = create_app(
         model,
@@ -141,7 +147,7 @@ def run(args: argparse.Namespace) -> int:
         )
     shown = f"[{args.host}]" if ":" in args.host else args.host
     sys.stderr.write(
-        f"serving {name!r} ({args.dtype}, max batch {args.max_batch}) on http://{shown}:{args.port}/ "
+        f"serving {name!r} ({model.quantization} on {device}, max batch {args.max_batch}) on http://{shown}:{args.port}/ "
         f"- playground at /, API at /v1\n"
     )
     sys.stderr.flush()

@@ -22,7 +22,7 @@ from gptlab.errors import GptlabError
 from gptlab.model import GPTConfig
 from gptlab.model.attention import ATTENTION_PATHS
 
-DTYPES = ("float32", "bfloat16", "float16")
+DTYPES = ("auto", "float32", "bfloat16", "float16")
 DEFAULT_PRESET = "shakespeare-char"
 
 
@@ -51,9 +51,11 @@ class TrainConfig:
     ckpt_every: int = 500  # steps between checkpoints (one is always written at the end)
     keep_last: int = 2  # checkpoints kept besides the best by val loss
     seed: int = 1337
-    dtype: str = "float32"  # float32 | bfloat16 (autocast, CPU or CUDA) | float16 (CUDA, with a GradScaler)
+    dtype: str = "auto"  # auto (gptlab.hardware) | float32 | bfloat16 (autocast) | float16 (CUDA, GradScaler)
     compile: bool = False  # torch.compile the model
-    attention: str = "sdpa"  # sdpa (fused kernel) | plain (the written-out equation: faster for bf16 on CPU)
+    attention: str = (
+        "auto"  # auto | sdpa (fused kernel) | plain (the written-out equation: faster for bf16 on CPU)
+    )
     device: str = "auto"  # auto | cpu | cuda | cuda:N | mps
     threads: int = 0  # CPU threads per process; 0: the available cores divided among processes
     log_every: int = 1  # steps between metrics.jsonl records (each record reads the loss: a sync on GPU)
@@ -122,8 +124,8 @@ class TrainConfig:
         )
         need(self.dtype in DTYPES, f"dtype must be one of {', '.join(DTYPES)}; got {self.dtype!r}")
         need(
-            self.attention in ATTENTION_PATHS,
-            f"attention must be one of {', '.join(ATTENTION_PATHS)}; got {self.attention!r}",
+            self.attention in ("auto", *ATTENTION_PATHS),
+            f"attention must be one of auto, {', '.join(ATTENTION_PATHS)}; got {self.attention!r}",
         )
         need(
             isinstance(self.loggers, list) and all(x in ("tensorboard", "wandb") for x in self.loggers),

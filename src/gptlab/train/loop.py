@@ -36,6 +36,8 @@ from gptlab.train.config import TrainConfig, build_config
 from gptlab.train.evaluate import EvalResult, loss_sum
 from gptlab.train.metrics import MetricsLog
 from gptlab.train.optim import build_optimizer
+from gptlab.train.precision import keep_resolved
+from gptlab.train.precision import resolve as resolve_precision
 from gptlab.train.schedule import learning_rate
 
 RUN_CONFIG_FILE = "train_config.json"
@@ -99,7 +101,7 @@ def resolve_run(
         data = data_dir or (saved or {}).get("data")
         if data is None:
             raise GptlabError(f"{run_dir}: the dataset of this run is not recorded; give --data")
-        return build_config(config, overrides, base=base), Path(data)
+        return keep_resolved(build_config(config, overrides, base=base), saved), Path(data)
     if run_dir.exists() and (saved is not None or ckpt.list_checkpoints(run_dir)):
         raise GptlabError(
             f"{run_dir}: already holds a training run; pass --resume to continue it, or choose another --out"
@@ -213,6 +215,7 @@ class _Trainer:
     def __init__(
         self, cfg: TrainConfig, data_dir: Path, run_dir: Path, resume: bool, info: distributed.DistInfo
     ) -> None:
+        cfg, self.resolved = resolve_precision(cfg, info.device, announce=info.is_main)
         self.cfg, self.run_dir, self.info = cfg, run_dir, info
         self.device = info.device
         self.device_type = torch.device(self.device).type
@@ -264,6 +267,7 @@ class _Trainer:
                     "model": self.model_config.to_dict(),
                     "data": str(data_dir.resolve()),
                     "data_fingerprint": self.data.fingerprint,
+                    "resolved": self.resolved,  # what device/dtype/attention "auto" chose here
                 },
             )
             self.log = MetricsLog(run_dir, resume_step if resume else None, cfg.loggers, cfg.to_dict())

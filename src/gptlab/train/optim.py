@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from gptlab.errors import GptlabError
+from gptlab.train.muon import muon_class
 
 EMBEDDING_PREFIXES = ("wte.", "positional.", "lm_head.")
 
@@ -135,7 +136,7 @@ def build_optimizer(
                 f"optimizer=muon needs torch.optim.Muon (torch ≥ 2.9); this torch is "
                 f"{torch.__version__}: upgrade torch or use optimizer=adamw"
             )
-        muon = torch.optim.Muon(
+        muon = muon_class(device_type)(  # Newton–Schulz in float32 where bf16 is emulated
             hidden,
             lr=muon_lr,
             momentum=muon_momentum,
