@@ -128,3 +128,50 @@ def test_detect_reads_this_machine():
     if m.cpu_capability in ("AVX2", "AVX512") and m.cpu_flags:  # Linux x86: the flags were parsed
         assert "avx2" in m.cpu_flags
     assert plan().device == resolve_device("auto")
+
+
+# ------------------------------------------------------------------ inference kernels per machine
+def test_bf16_weights_multiply_many_rows_in_float32_where_bf16_is_emulated(monkeypatch):
+    from gptlab.generate import quantization as qz
+
+    monkeypatch.setattr(hardware, "detect", lambda: AVX2)
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(64, 96)
+    layer = qz.PackedBF16Linear(linear)
+    assert layer.matmul == "float32" and layer.packed is None
+    calls = []
+    real_linear = qz.F.linear
+    monkeypatch.setattr(qz.F, "linear", lambda x, w, *a: calls.append(x.dtype) or real_linear(x, w, *a))
+    with torch.inference_mode():
+        many = layer(torch.randn(qz.UPCAST_MIN_ROWS, 64).bfloat16())  # float32 product
+        few = layer(torch.randn(2, 64).bfloat16())  # bound by reading W: stays bf16
+    assert calls == [torch.float32, torch.bfloat16]
+    assert many.dtype == few.dtype == torch.bfloat16
+    x = torch.randn(qz.UPCAST_MIN_ROWS, 64)
+    with torch.inference_mode():
+        assert (layer(x.bfloat16()).float() - linear(x)).abs().max() < 5e-2
+
+
+def test_bf16_weights_are_prepacked_only_where_bf16_is_native(monkeypatch):
+    from gptlab.generate import quantization as qz
+
+    monkeypatch.setattr(hardware, "detect", lambda: AVX512_BF16)
+    layer = qz.PackedBF16Linear(torch.nn.Linear(32, 48))
+    assert layer.matmul == ("packed" if qz._onednn_bf16() else "plain")
+    assert (layer.packed is not None) == (layer.matmul == "packed")
+
+
+@pytest.mark.parametrize(("machine", "act"), [(AVX2, torch.float32), (AVX512_BF16, torch.bfloat16)])
+def test_int8_activations_follow_the_machine(machine, act, monkeypatch):
+    import gptlab
+    from gptlab.generate import quantization as qz
+    from gptlab.model import GPT, GPTConfig
+
+    monkeypatch.setattr(hardware, "detect", lambda: machine)
+    model = gptlab.quantize(
+        GPT(GPTConfig(vocab_size=40, block_size=8, n_layer=1, n_head=2, n_embd=32)), "int8"
+    )
+    assert {p.dtype for p in model.parameters()} == {act}
+    assert all(m.scales.dtype == act for m in model.modules() if isinstance(m, qz.Int8Linear))
+    with torch.inference_mode():
+        assert model(torch.randint(0, 40, (1, 8)))[0].dtype == act

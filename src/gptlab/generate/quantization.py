@@ -58,6 +58,10 @@ _GEMV = {
 # A model whose matrices fit in the CPU's caches gains nothing from the one-row kernel (the
 # library kernels are as fast there) and would only wait for its compilation.
 STREAM_MIN_BYTES = 32 * 2**20
+# Where bf16 is emulated (AVX2), a bf16 product of 1–2 rows reads W as fast as float32 does, and from
+# ~8 rows on it is compute-bound and 1.4–5× slower than converting W to float32 and multiplying there
+# (3072×768, 1 thread: 8 rows 40 vs 29 ms, 128 rows 554 vs 104 ms; docs/benchmarks.md).
+UPCAST_MIN_ROWS = 8
 
 
 def _onednn_bf16() -> bool:
@@ -127,7 +131,8 @@ class PackedBF16Linear(InferenceLinear):
     * ``packed``: through a copy reordered once into oneDNN's blocked layout, which lets a CPU's
       native bf16 kernels stream the weights for a handful of rows, where a plain bf16
       ``F.linear`` is compute-bound;
-    * ``float32``: a CPU that only emulates bf16 multiplies ``x·float(W)ᵀ`` in float32;
+    * ``float32``: a CPU that only emulates bf16 multiplies ``x·float(W)ᵀ`` in float32 from
+      ``UPCAST_MIN_ROWS`` rows on (fewer rows are bound by reading W, where bf16 is as fast);
     * ``plain``: ``F.linear`` in bf16 (a GPU).
     """
 
@@ -149,7 +154,7 @@ class PackedBF16Linear(InferenceLinear):
         if self.packed is not None and x2.device.type == "cpu":
             x2 = x2.to(torch.bfloat16).contiguous()
             return torch.ops.mkldnn._linear_pointwise(x2, self.packed, None, "none", [], "")
-        if self.matmul == "float32":
+        if self.matmul == "float32" and x2.size(0) >= UPCAST_MIN_ROWS:
             return F.linear(x2.float(), self.weight.float()).to(x2.dtype)
         return F.linear(x2, self.weight.to(x2.dtype))
 
