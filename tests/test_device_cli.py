@@ -5,34 +5,19 @@ from __future__ import annotations
 import json
 
 import pytest
+import test_cli_train
 from _tiny import TINY_TRAIN
 from test_hardware import AVX2, AVX512_BF16, CUDA_BF16
 
 from gptlab import hardware
 from gptlab.cli import main
-from gptlab.data import prepare
 from gptlab.errors import GptlabError
 from gptlab.train import distributed, resolve_run, train
 from gptlab.train.config import build_config
 from gptlab.train.loop import RUN_CONFIG_FILE
 
 TINY = [*TINY_TRAIN, "batch_size=4", "eval_every=2"]
-
-
-@pytest.fixture(scope="module")
-def dataset(tmp_path_factory):
-    root = tmp_path_factory.mktemp("device")
-    text = "\n".join(f"to be or not to be, line {i}; that is the question {i % 11}." for i in range(300))
-    (root / "c.txt").write_text(text)
-    prepare([root / "c.txt"], root / "ds", block_size=16)
-    return root / "ds"
-
-
-@pytest.fixture(scope="module")
-def trained(dataset, tmp_path_factory):
-    run = tmp_path_factory.mktemp("run") / "r"
-    train(build_config(None, [*TINY, "max_steps=2", "device=cpu"]), dataset, run)
-    return run
+dataset, trained = test_cli_train.dataset, test_cli_train.trained  # module fixtures: a dataset, a trained run
 
 
 def _bad_device_commands(tmp, dataset, trained, device):
