@@ -36,7 +36,7 @@ from gptlab.train.config import TrainConfig, build_config
 from gptlab.train.evaluate import EvalResult, loss_sum
 from gptlab.train.metrics import MetricsLog
 from gptlab.train.optim import build_optimizer
-from gptlab.train.precision import keep_resolved
+from gptlab.train.precision import announce, keep_resolved
 from gptlab.train.precision import resolve as resolve_precision
 from gptlab.train.schedule import learning_rate
 
@@ -215,7 +215,7 @@ class _Trainer:
     def __init__(
         self, cfg: TrainConfig, data_dir: Path, run_dir: Path, resume: bool, info: distributed.DistInfo
     ) -> None:
-        cfg, self.resolved = resolve_precision(cfg, info.device, announce=info.is_main)
+        cfg, self.resolved = resolve_precision(cfg, info.device)
         self.cfg, self.run_dir, self.info = cfg, run_dir, info
         self.device = info.device
         self.device_type = torch.device(self.device).type
@@ -270,6 +270,7 @@ class _Trainer:
                     "resolved": self.resolved,  # what device/dtype/attention "auto" chose here
                 },
             )
+            announce(self.resolved)
             self.log = MetricsLog(run_dir, resume_step if resume else None, cfg.loggers, cfg.to_dict())
         self.forward: Any = self.model
         if info.enabled:

@@ -18,19 +18,20 @@ from gptlab.train.config import TrainConfig
 AUTO_FIELDS = ("dtype", "attention")
 
 
-def resolve(cfg: TrainConfig, device: str, announce: bool = True) -> tuple[TrainConfig, dict[str, Any]]:
-    """``cfg`` with its ``auto`` fields made concrete for ``device``, and the record of the choice.
-
-    ``announce`` prints one line saying what was chosen (and, for an explicit bf16 on a CPU that
-    only emulates it, one warning line).
-    """
+def resolve(cfg: TrainConfig, device: str) -> tuple[TrainConfig, dict[str, Any]]:
+    """``cfg`` with its ``auto`` fields made concrete for ``device``, and the record of the choice."""
     plan = hardware.plan(device=device, dtype=cfg.dtype, attention=cfg.attention)
     record = {**plan.to_dict(), "requested": {k: getattr(cfg, k) for k in ("device", *AUTO_FIELDS)}}
-    if announce:
-        if cfg.dtype == "bfloat16":
-            hardware.warn_if_emulated(plan.device, "bfloat16", "dtype=bfloat16")
-        sys.stderr.write(f"hardware: {plan.summary()}\n")
     return dataclasses.replace(cfg, dtype=plan.dtype, attention=plan.attention), record
+
+
+def announce(record: dict[str, Any]) -> None:
+    """One line on stderr saying what was chosen; before it, for bf16 asked for explicitly on a CPU
+    that only emulates it, one warning line."""
+    if record["requested"]["dtype"] == "bfloat16":
+        hardware.warn_if_emulated(record["device"], "bfloat16", "dtype=bfloat16")
+    plan = hardware.Plan(**{k: v for k, v in record.items() if k != "requested"})
+    sys.stderr.write(f"hardware: {plan.summary()}\n")
 
 
 def keep_resolved(cfg: TrainConfig, saved: dict[str, Any] | None) -> TrainConfig:
