@@ -142,7 +142,7 @@ class PackedBF16Linear(InferenceLinear):
         super().__init__(linear)
         w = linear.weight.detach().to(torch.bfloat16)
         self.register_buffer("weight", w, persistent=False)
-        self.matmul = hardware.plan(device=w.device.type).bf16_matmul
+        self.matmul = hardware.plan(device="cpu").bf16_matmul if w.device.type == "cpu" else "plain"
         if self.matmul == "packed" and not _onednn_bf16():
             self.matmul = "plain"
         packed = torch.ops.mkldnn._reorder_linear_weight(w, None) if self.matmul == "packed" else None
