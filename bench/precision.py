@@ -3,7 +3,7 @@
     python bench/precision.py [--threads 1]
 
 * ``matmul_ms``: a (1536×128)·(128×512) product (a training-sized one) in float32 and bfloat16;
-* ``muon_step_ms``: one Muon step over the ``shakespeare-char`` recipe's block matrices with
+* ``muon_step_ms``: one Muon step over the ``char-best`` recipe's block matrices with
   ``torch.optim.Muon`` (Newton–Schulz in bf16) and ``gptlab.train.muon.Float32Muon``;
 * ``bf16_rows_ms``: bf16 weights (3072×768) times R rows, as ``F.linear`` in bf16 and converted
   to float32 (what ``PackedBF16Linear`` does from ``UPCAST_MIN_ROWS`` rows on where bf16 is emulated);
@@ -57,7 +57,7 @@ def main() -> None:
         "bfloat16": median_ms(lambda: ab @ bb, args.repeats),
     }
 
-    model = GPT(build_config("shakespeare-char").model_config(65))
+    model = GPT(build_config("char-best").model_config(65))
     hidden, _, _ = _split(model)
     for q in hidden:
         q.grad = torch.randn_like(q)

@@ -32,6 +32,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     add_device_argument(p)
     p.add_argument("--json", action="store_true", help="print JSON")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar (it goes to stderr)")
     p.set_defaults(func=run)
 
 
@@ -49,6 +50,7 @@ def run(args: argparse.Namespace) -> int:
         max_batches=args.max_batches,
         dtype=resolve_dtype(args.dtype, device, "bfloat16", "float32"),
         device=device,
+        progress=not args.no_progress,
     )
     if args.json:
         print(json.dumps({"source": source, **result.to_dict()}))
