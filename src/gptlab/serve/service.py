@@ -337,9 +337,11 @@ class Service:
         """
         budget = prompt_budget(self.context, max_tokens)
         kept = list(messages)
-        sizes = [len(self.encode(self.chat_prompt([m]), "messages")) for m in kept]  # linear, not quadratic
+        # each message's share of the prompt, counted once (not the whole prompt after every drop)
+        frame = len(self.encode(self.chat_prompt([]), "messages"))
+        sizes = [len(self.encode(self.chat_prompt([m]), "messages")) - frame for m in kept]
         dropped = 0
-        while sum(sizes) > budget:
+        while frame + sum(sizes) > budget:
             i = next((i for i, m in enumerate(kept[:-1]) if m.role not in ("system", "developer")), None)
             if i is None:
                 break
