@@ -202,6 +202,7 @@ def default_checkpoint(tmp_path_factory) -> Path:
     return gptlab.save(model, tok, tmp_path_factory.mktemp("serve") / "default")
 
 
+@pytest.mark.slow  # ≈ 25 s each on 2 busy cores: a server start, a browser, two generations
 @pytest.mark.parametrize("extra", [[], ["--max-tokens-cap", "50"]], ids=["defaults", "cap-50"])
 def test_playground_generate_and_chat_work_on_the_first_click(default_checkpoint, extra):
     """Every field left as the page sets it: Generate, then Chat, each shows text, never an error."""
