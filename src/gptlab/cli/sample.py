@@ -134,9 +134,11 @@ def run(args: argparse.Namespace) -> int:
     prompt = _prompt(args)
     model, tokenizer = gptlab.load(args.checkpoint)
     if args.tokenizer:
+        from gptlab.checkpoint import check_tokenizer_fits
         from gptlab.tokenizers import load as load_tokenizer
 
         tokenizer = load_tokenizer(args.tokenizer)
+        check_tokenizer_fits(tokenizer, model.config.vocab_size, args.tokenizer)
     if tokenizer is None:
         raise GptlabError(f"{args.checkpoint} has no tokenizer.json; pass --tokenizer PATH")
     encode_prompt(tokenizer, prompt)  # fail on a prompt the tokenizer cannot encode before printing anything
