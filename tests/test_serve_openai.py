@@ -215,3 +215,39 @@ def test_server_beam_search_runs_on_the_prompt_ids_sent(gpt2_files):
         r = c.post("/v1/completions", json={"prompt": ids, "max_tokens": 5, "beam_width": 3})
         assert r.status_code == 200, r.text
         assert r.json()["choices"][0]["text"] == gpt2.decode(expected)
+
+
+def test_a_long_chat_with_a_strict_template_keeps_turns_that_start_with_the_user(model, tok):
+    """A template that refuses a chat not starting with a user turn (like Llama 2's) still works:
+    a dropped user message takes the replies after it along."""
+    from gptlab.tokenizers.chat import ChatTemplate
+
+    strict = (
+        "{% for m in messages %}{% if m.role != 'system' and loop.index0 > 0 and messages[loop.index0 - 1].role "
+        "== 'system' and m.role != 'user' %}{{ raise_exception('a chat starts with a user turn') }}{% endif %}"
+        "{{ m.role }}: {{ m.content }}\n{% endfor %}assistant:"
+    )
+    service = Service(model, tok, model_name="tiny", max_batch=1)
+    service.chat_template = ChatTemplate(strict, "strict")
+    try:
+        turns = [{"role": "system", "content": "be kind"}]
+        turns += [
+            {"role": ("user", "assistant")[i % 2], "content": f"turn {c} xxxxx"}
+            for i, c in enumerate("abcdefg")
+        ]
+        req = ChatCompletionRequest.model_validate({"messages": turns, "max_tokens": 10})
+        warnings: list[str] = []
+        text = tok.decode(service.chat_ids(req.messages, 10, warnings))
+        assert text.startswith("system: be kind\nuser: ") and text.endswith("user: turn g xxxxx\nassistant:")
+        assert "oldest message" in warnings[0]
+        short = ChatCompletionRequest.model_validate({"messages": turns[:2], "max_tokens": 10})
+        fits: list[str] = []
+        service.chat_ids(short.messages, 10, fits)
+        assert fits == []  # nothing dropped, nothing said
+        refused: list[str] = []  # dropping would leave an assistant turn first: cut from the left instead
+        ids = service.chat_ids(
+            ChatCompletionRequest.model_validate({"messages": turns[:3]}).messages, 10, refused
+        )
+        assert len(ids) == 54 and "cut to its last 54 tokens" in refused[0]
+    finally:
+        service.close()
