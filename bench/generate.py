@@ -81,9 +81,9 @@ def build(preset: str, dtype: str) -> GPT:
 def run_once(model: GPT, prompts: list[list[int]], new_tokens: int) -> tuple[float, float, int]:
     config = SampleConfig(max_new_tokens=new_tokens, temperature=0)
     t0 = time.perf_counter()
-    session, requests = _start(model, None, prompts, config, None)
+    session, rows = _start(model, None, prompts, config, None)
     t1 = time.perf_counter()
-    n = sum(1 for e in _decode(session, requests, config, None, want_probs=False) if e.token_id is not None)
+    n = sum(1 for e in _decode(session, rows) if e.token_id is not None)
     t2 = time.perf_counter()
     return t1 - t0, t2 - t1, n
 
