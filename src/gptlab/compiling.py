@@ -33,7 +33,9 @@ class Compiled:
 
     ``dynamic=True`` compiles one kernel for every shape (sizes are symbols), which also keeps
     a function called with many shapes under dynamo's recompilation limit. ``options`` are
-    inductor settings for this function only.
+    inductor settings for this function only; ``settings`` other ``torch.compile`` arguments
+    (``mode="reduce-overhead"`` captures CUDA graphs, ``fullgraph=True``, a ``backend``).
+    ``enabled=False`` (or ``device_type`` without a compiler) runs ``fn`` itself.
 
     The first call that fails to compile turns the compiled path off for good, with a warning.
     """
@@ -44,6 +46,10 @@ class Compiled:
         what: str,
         dynamic: bool = False,
         options: dict[str, Any] | None = None,
+        *,
+        device_type: str = "cpu",
+        enabled: bool = True,
+        **settings: Any,
     ) -> None:
         # dynamo keeps compiled graphs (and its limit of recompilations) per code object: a
         # private copy of fn's code gives every Compiled its own
@@ -51,7 +57,8 @@ class Compiled:
         own.__kwdefaults__, own.__doc__ = fn.__kwdefaults__, fn.__doc__
         self.fn, self.what, self.dynamic, self.options = own, what, dynamic, options
         self._compiled: Callable[..., Any] | None = None
-        self.enabled = os.environ.get("GPTLAB_COMPILE", "1") != "0" and can_compile("cpu")
+        self.settings = settings  # more torch.compile arguments: mode, fullgraph, backend
+        self.enabled = enabled and os.environ.get("GPTLAB_COMPILE", "1") != "0" and can_compile(device_type)
 
     def __call__(self, *args: Any) -> Any:
         if not self.enabled:
@@ -59,7 +66,8 @@ class Compiled:
         if self._compiled is None:
             import torch
 
-            self._compiled = torch.compile(self.fn, dynamic=self.dynamic, options=self.options)
+            extra = dict(self.settings, **({"options": self.options} if self.options else {}))
+            self._compiled = torch.compile(self.fn, dynamic=self.dynamic, **extra)
         try:
             return self._compiled(*args)
         except Exception as exc:  # a missing header, a broken toolchain: keep working, uncompiled

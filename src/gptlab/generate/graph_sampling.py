@@ -1,0 +1,101 @@
+"""Sampling as tensor operations on a batch of rows, so it runs inside a captured decode step.
+
+The same choices as ``Sampler`` (blueprint §12), one row per sequence, every option a tensor
+``(B,)`` so that one graph serves any mix of requests:
+
+    greedy:      next_b = argmax_i l_{b,i}                              (τ_b = 0)
+    temperature: z_{b,i} = l_{b,i} / τ_b
+    top-k:       z_{b,i} = −∞ unless z_{b,i} ≥ the k_b-th largest z_b    (k_b = V: off)
+    top-p:       keep the most probable tokens until their mass reaches p_b
+    min-p:       z_{b,i} = −∞ where p_{b,i} < min_p_b · max_j p_{b,j}
+    draw:        next_b = argmax_i (z_{b,i} + g_{b,i}),  g = −log(−log u)   (Gumbel-max ~ softmax(z_b))
+
+The uniform numbers come from a counter-based hash, ``u_{b,i} = h(seed_b, position_b, i)``, not
+from a generator's state: a request draws the same tokens whichever rows share its batch, the
+step needs no random state (CUDA graphs replay it as it is), and a seed reproduces a run.
+The repetition, frequency and presence penalties are not here: requests using them take the
+dynamic path (``supports``).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from gptlab.generate.config import SampleConfig
+
+_MASK32 = 0xFFFFFFFF
+
+
+def supports(config: SampleConfig) -> bool:
+    """True when ``config`` can be sampled inside the graph (no penalties, no beam search)."""
+    return (
+        config.beam_width == 1
+        and config.repetition_penalty == 1.0
+        and config.frequency_penalty == 0.0
+        and config.presence_penalty == 0.0
+    )
+
+
+def row_options(config: SampleConfig, vocab: int, seed: int) -> tuple[float, int, float, float, int]:
+    """``(temperature, top_k, top_p, min_p, seed)`` of one row, with the "off" values filled in."""
+    top_k = vocab if config.top_k is None else min(config.top_k, vocab)
+    top_p = 1.0 if config.top_p is None else config.top_p
+    min_p = 0.0 if config.min_p is None else config.min_p
+    return float(config.temperature), top_k, top_p, min_p, seed & ((1 << 62) - 1)
+
+
+def _mix(x: torch.Tensor) -> torch.Tensor:
+    """A 32-bit integer hash (xor-shift-multiply) on int64 values in [0, 2³²), without overflow."""
+    x = ((x >> 16) ^ x) * 0x45D9F3B & _MASK32
+    x = ((x >> 16) ^ x) * 0x45D9F3B & _MASK32
+    return (x >> 16) ^ x
+
+
+def uniforms(seed: torch.Tensor, position: torch.Tensor, vocab: int) -> torch.Tensor:
+    """``u_{b,i} ∈ (0, 1)`` (B, V) float32 from ``seed`` (B,) and ``position`` (B,) int64."""
+    row = _mix(_mix(seed & _MASK32) ^ _mix((seed >> 32) & _MASK32) ^ _mix(position & _MASK32))  # (B,)
+    col = torch.arange(vocab, device=seed.device, dtype=torch.int64) * 0x9E3779B1 & _MASK32  # (V,)
+    bits = _mix(row[:, None] ^ col[None, :]) >> 8  # 24 bits: (bits + 0.5)/2²⁴ is exact in float32
+    return (bits.to(torch.float32) + 0.5) / float(1 << 24)
+
+
+def truncate(z: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
+    """Top-k, then top-p, then min-p on temperature-scaled logits ``z`` (B, V); dropped tokens → −∞."""
+    ordered, _ = torch.sort(z, dim=-1, descending=True)  # (B, V)
+    rank = torch.arange(z.size(-1), device=z.device)[None, :]
+    ordered = ordered.masked_fill(rank >= top_k[:, None], float("-inf"))  # top-k on the sorted rows
+    probs = torch.softmax(ordered, dim=-1)
+    before = torch.cumsum(probs, dim=-1) - probs  # mass of the strictly more probable tokens
+    kept = (rank < top_k[:, None]) & (before < top_p[:, None])  # the first token always stays
+    last = kept.sum(dim=-1, keepdim=True) - 1  # (B, 1) index of the least probable kept token
+    threshold = ordered.gather(-1, last)
+    z = z.masked_fill(z < threshold, float("-inf"))
+    p = torch.softmax(z, dim=-1)
+    return z.masked_fill(p < min_p[:, None] * p.amax(dim=-1, keepdim=True), float("-inf"))
+
+
+def sample_rows(
+    logits: torch.Tensor,  # (B, V) float32
+    temperature: torch.Tensor,  # (B,) 0 = greedy
+    top_k: torch.Tensor,  # (B,) int64, V = off
+    top_p: torch.Tensor,  # (B,) 1 = off
+    min_p: torch.Tensor,  # (B,) 0 = off
+    seed: torch.Tensor,  # (B,) int64
+    position: torch.Tensor,  # (B,) int64, the row's position (a new number every step)
+) -> torch.Tensor:
+    """The next token of every row (B,) int64."""
+    greedy = temperature <= 0
+    z = logits / torch.where(greedy, torch.ones_like(temperature), temperature)[:, None]
+    z = truncate(z, top_k, top_p, min_p)
+    gumbel = -torch.log(-torch.log(uniforms(seed, position, logits.size(-1))))
+    drawn = torch.argmax(z + gumbel, dim=-1)
+    return torch.where(greedy, torch.argmax(logits, dim=-1), drawn)
+
+
+def greedy_rows(logits: torch.Tensor, *_: torch.Tensor) -> torch.Tensor:
+    """``argmax_i l_{b,i}`` (B,): the cheaper graph when every row is greedy."""
+    return torch.argmax(logits, dim=-1)
+
+
+#: the sampler a captured step uses, by flavour (every row greedy, or any mix)
+ROW_SAMPLERS = {"greedy": greedy_rows, "sample": sample_rows}
