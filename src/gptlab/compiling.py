@@ -63,12 +63,12 @@ class Compiled:
     def __call__(self, *args: Any) -> Any:
         if not self.enabled:
             return self.fn(*args)
-        if self._compiled is None:
-            import torch
-
-            extra = dict(self.settings, **({"options": self.options} if self.options else {}))
-            self._compiled = torch.compile(self.fn, dynamic=self.dynamic, **extra)
         try:
+            if self._compiled is None:
+                import torch
+
+                extra = dict(self.settings, **({"options": self.options} if self.options else {}))
+                self._compiled = torch.compile(self.fn, dynamic=self.dynamic, **extra)
             return self._compiled(*args)
         except Exception as exc:  # a missing header, a broken toolchain: keep working, uncompiled
             self.enabled = False

@@ -22,7 +22,6 @@ from gptlab.errors import GptlabError
 from gptlab.fileio import atomic_write_json
 from gptlab.model import GPT, GPTConfig
 
-
 VOCAB_ROWS = ("wte.weight", "lm_head.weight")  # tensors with one row per token
 
 

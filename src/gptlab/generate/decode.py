@@ -21,6 +21,7 @@ from gptlab.errors import GptlabError
 from gptlab.generate.config import SampleConfig
 from gptlab.generate.sampling import Sampler
 from gptlab.generate.session import BatchSession, ContextWarning
+from gptlab.generate.static_decode import start_static, use_static
 from gptlab.generate.textstream import TextStream
 
 
@@ -153,11 +154,26 @@ def _start(
     config: SampleConfig,
     cache_dtype: torch.dtype | None,
     seeds: Sequence[int | None] | None = None,
+    want_probs: bool = False,
 ) -> tuple[BatchSession, list[_Request]]:
-    """Prefill every prompt (one left-padded pass) and make its request."""
+    """Prefill every prompt (one left-padded pass) and make its request.
+
+    Where it can (on CUDA), the static path does it: CUDA graphs, the sampler inside them."""
+    vocab, stops = _vocab(model, tokenizer), stop_token_ids(config, tokenizer)
+    if use_static(model, config, cache_dtype, want_probs):
+        return start_static(  # type: ignore[return-value]
+            model,
+            tokenizer,
+            prompts,
+            config,
+            cache_dtype,
+            seeds,
+            _session_len(model, prompts, config),
+            vocab,
+            stops,
+        )
     session = BatchSession(model, len(prompts), _session_len(model, prompts, config), cache_dtype)
     filled = session.add_many(prompts)
-    vocab, stops = _vocab(model, tokenizer), stop_token_ids(config, tokenizer)
     requests = []
     for i, (slot, logits) in enumerate(filled):
         cfg = config if seeds is None else config.replace(seed=seeds[i])
@@ -185,7 +201,7 @@ def stream_events(
 
         yield from beam_events(model, tokenizer, ids, config, cache_dtype)
         return
-    session, requests = _start(model, tokenizer, [ids], config, cache_dtype)
+    session, requests = _start(model, tokenizer, [ids], config, cache_dtype, want_probs=want_probs)
     yield from _decode(session, requests, config, tokenizer, want_probs)
 
 

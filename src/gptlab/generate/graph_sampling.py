@@ -67,7 +67,7 @@ def truncate(z: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, min_p: t
     probs = torch.softmax(ordered, dim=-1)
     before = torch.cumsum(probs, dim=-1) - probs  # mass of the strictly more probable tokens
     kept = (rank < top_k[:, None]) & (before < top_p[:, None])  # the first token always stays
-    last = kept.sum(dim=-1, keepdim=True) - 1  # (B, 1) index of the least probable kept token
+    last = (kept.sum(dim=-1, keepdim=True) - 1).clamp(min=0)  # (B, 1) the least probable kept token
     threshold = ordered.gather(-1, last)
     z = z.masked_fill(z < threshold, float("-inf"))
     p = torch.softmax(z, dim=-1)

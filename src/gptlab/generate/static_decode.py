@@ -1,0 +1,129 @@
+"""Which path decodes: the static one (CUDA graphs) where it can, the dynamic reference elsewhere.
+
+``generate_ids`` (``GPT.generate``), ``generate_batch``, ``stream`` and ``gptlab sample`` start
+through ``gptlab.generate.decode._start``; it asks ``use_static`` here. The static path is taken
+
+    on CUDA (unless ``GPTLAB_STATIC=0``), or where ``static_decode(model)`` asked for it,
+    when every option can be sampled inside the graph (``graph_sampling.supports``),
+    the cache is a float cache, and nobody wants per-token probabilities.
+
+Each model keeps one ``StaticSession`` (its captured graphs live as long as it does); a request
+that needs more rows or a longer context than it has gets a larger one.
+"""
+
+from __future__ import annotations
+
+import os
+import weakref
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from gptlab.generate.config import SampleConfig
+from gptlab.generate.graph_sampling import supports
+from gptlab.generate.static import StaticSession
+
+
+@dataclass
+class _Choice:
+    compile: bool | None
+    compile_options: dict | None
+
+
+_ASKED: weakref.WeakKeyDictionary[nn.Module, _Choice] = weakref.WeakKeyDictionary()
+_SESSIONS: weakref.WeakKeyDictionary[nn.Module, StaticSession] = weakref.WeakKeyDictionary()
+
+
+def static_decode(
+    model: nn.Module, enabled: bool = True, compile: bool | None = None, compile_options: dict | None = None
+) -> nn.Module:
+    """Decode ``model`` through the static path on any device (``enabled=False``: never); returns it.
+
+    ``compile=None`` captures CUDA graphs on CUDA and runs the same step eagerly elsewhere.
+    """
+    _SESSIONS.pop(model, None)
+    _ASKED[model] = _Choice(compile, compile_options) if enabled else _Choice(False, {"off": True})
+    return model
+
+
+def use_static(model: Any, config: SampleConfig, cache_dtype: torch.dtype | None, want_probs: bool) -> bool:
+    """True when this request should take the static path (see the module docstring)."""
+    choice = _ASKED.get(model)
+    if choice is not None and choice.compile_options == {"off": True}:
+        return False
+    device = getattr(model, "device", torch.device("cpu"))
+    wanted = choice is not None or (device.type == "cuda" and os.environ.get("GPTLAB_STATIC", "1") != "0")
+    float_cache = cache_dtype is None or cache_dtype.is_floating_point
+    return wanted and supports(config) and float_cache and not want_probs
+
+
+def session_for(
+    model: Any, batch: int, max_len: int, cache_dtype: torch.dtype | None, vocab: int
+) -> StaticSession:
+    """The model's static session if it is free and large enough, else a new (larger) one."""
+    old = _SESSIONS.get(model)
+    fits = (
+        old is not None
+        and not old.rows
+        and old.max_batch >= batch
+        and old.max_len >= max_len
+        and old.vocab == vocab
+        and (cache_dtype is None or old.cache.k0.dtype == cache_dtype)
+    )
+    if fits:
+        assert old is not None
+        return old
+    if old is not None and not old.rows:
+        batch, max_len = max(batch, old.max_batch), max(max_len, old.max_len)
+    choice = _ASKED.get(model) or _Choice(None, None)
+    rows = 1 << (batch - 1).bit_length()  # a power of two: later, smaller requests reuse it
+    session = StaticSession(
+        model,
+        rows,
+        max_len,
+        cache_dtype,
+        vocab,
+        compile=choice.compile,
+        compile_options=choice.compile_options,
+    )
+    _SESSIONS[model] = session  # a busy old session lives on with the stream that holds it
+    return session
+
+
+class _Chosen:
+    """The sampler of a static request: the token was already chosen inside the graph."""
+
+    def process(self, token: int, history: Sequence[int]) -> int:
+        return token
+
+    def choose(self, token: int) -> int:
+        return token
+
+
+def start_static(
+    model: Any,
+    tokenizer: Any | None,
+    prompts: Sequence[Sequence[int]],
+    config: SampleConfig,
+    cache_dtype: torch.dtype | None,
+    seeds: Sequence[int | None] | None,
+    max_len: int,
+    vocab: int,
+    stops: frozenset[int],
+) -> tuple[StaticSession, list[Any]]:
+    """Prefill ``prompts`` into the model's static session → the session and one request each."""
+    from gptlab.generate.decode import _Request
+    from gptlab.generate.textstream import TextStream
+
+    session = session_for(model, len(prompts), max_len, cache_dtype, vocab)
+    configs = [config if seeds is None else config.replace(seed=seeds[i]) for i in range(len(prompts))]
+    row_seeds = [c.seed if c.seed is not None else int(torch.randint(0, 2**62, (1,)).item()) for c in configs]
+    added = session.add_many(prompts, configs, row_seeds)
+    requests = []
+    for i, (slot, token) in enumerate(added):
+        text = TextStream(tokenizer, config.stop) if tokenizer is not None else None
+        requests.append(_Request(i, slot, _Chosen(), stops, list(session.tokens[slot]), text, token))  # type: ignore[arg-type]
+    return session, requests
