@@ -66,7 +66,9 @@ def test_padding_is_never_sampled():
 
     cfg = SampleConfig(temperature=2.0)
     first = session.add_many([[0]] * 8, [cfg] * 8, list(range(8)))
-    tokens = [t for _, t in first] + [t for _ in range(10) for t in session.step([s for s, _ in first]).values()]
+    tokens = [t for _, t in first] + [
+        t for _ in range(10) for t in session.step([s for s, _ in first]).values()
+    ]
     assert max(tokens) < 61
 
 
