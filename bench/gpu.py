@@ -41,7 +41,7 @@ import baseline_minimal  # noqa: E402
 from generate import hf_bench  # noqa: E402
 
 from gptlab.generate.static_decode import _SESSIONS  # noqa: E402
-from gptlab.inspect.size import size_report  # noqa: E402
+from gptlab.inspect.flops import mfu, peak_flops, training_flops_per_token  # noqa: E402
 from gptlab.model import GPT, GPTConfig  # noqa: E402
 
 SMOKE = dict(n_layer=2, n_head=2, n_embd=64, block_size=64, vocab_size=500)
@@ -54,13 +54,6 @@ def emit(figure: str, **fields) -> None:
 def sync(device: str) -> None:
     if device.startswith("cuda"):
         torch.cuda.synchronize()
-
-
-def peak_flops(device: str) -> float | None:
-    """The GPU's dense bf16 peak from the training loop's table (None off CUDA or for an unknown GPU)."""
-    from gptlab.train import loop
-
-    return loop._peak_flops(device)
 
 
 # ------------------------------------------------------------------ training
@@ -110,11 +103,11 @@ def train_figures(args, device: str, base: GPTConfig) -> None:
     tokens = torch.randint(0, base.vocab_size, (args.train_batch + 8, base.block_size + 1), generator=g).to(
         device
     )
-    flops = size_report(base).value("training")  # per token: gptlab size's formula
-    peak = peak_flops(device)
+    flops = training_flops_per_token(base)  # per token: the formula of gptlab size and gptlab train
+    peak = peak_flops(device, "bfloat16")
 
-    def mfu(tps: float) -> float | None:
-        return round(100 * flops * tps / peak, 1) if peak else None
+    def mfu_pct(tps: float) -> float | None:
+        return round(100 * mfu(flops, tps, peak[1]), 1) if peak else None
 
     torch.manual_seed(0)
     nano_vocab = 64 * -(-base.vocab_size // 64)
@@ -123,7 +116,7 @@ def train_figures(args, device: str, base: GPTConfig) -> None:
         "train",
         impl="nanoGPT-style (bench/baseline_minimal.py)",
         vocab=nano_vocab,
-        mfu_pct=mfu(ref["tokens_per_s"]),
+        mfu_pct=mfu_pct(ref["tokens_per_s"]),
         **ref,
     )
     for multiple in args.vocab_multiples:
@@ -135,7 +128,7 @@ def train_figures(args, device: str, base: GPTConfig) -> None:
             "train",
             impl="gptlab GPT",
             vocab_multiple=multiple,
-            mfu_pct=mfu(got["tokens_per_s"]),
+            mfu_pct=mfu_pct(got["tokens_per_s"]),
             vs_baseline=ratio,
             **got,
         )

@@ -11,7 +11,7 @@ import warnings
 import pytest
 import torch
 
-from gptlab.generate import SampleConfig, generate_ids
+from gptlab.generate import ContextWarning, SampleConfig, generate_ids
 from gptlab.generate.static import StaticSession, buckets_for
 from gptlab.generate.static_decode import _SESSIONS, static_decode, use_static
 from gptlab.model import GPT, GPTConfig
@@ -151,11 +151,15 @@ def test_sampled_tokens_do_not_depend_on_the_batch():
     assert other[0] != together[min(together)]  # a different seed draws differently
 
 
-def test_rope_slides_past_the_cache_like_the_dynamic_path():
-    model = tiny(block_size=16, pos="rope")
-    ref = alone(model, PROMPTS[0], 30)  # a 16-token session slides twice
-    static_decode(model, compile=False)
-    assert alone(model, PROMPTS[0], 30) == ref
+@pytest.mark.parametrize("pos", ["rope", "learned", "alibi"])
+def test_the_window_slides_past_the_context_like_the_dynamic_path(pos):
+    model = tiny(block_size=16, pos=pos)  # a 16-token context, 30 new tokens: the window slides
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ContextWarning)
+        ref = alone(model, PROMPTS[0], 30)
+        static_decode(model, compile=False)
+        got = alone(model, PROMPTS[0], 30)
+    assert isinstance(_SESSIONS[model], StaticSession) and got == ref
     static_decode(model, enabled=False)
 
 
@@ -164,6 +168,8 @@ def test_options_outside_the_graph_use_the_dynamic_path():
     assert use_static(model, SampleConfig(temperature=0), None, want_probs=False)
     assert not use_static(model, SampleConfig(repetition_penalty=1.3), None, want_probs=False)
     assert not use_static(model, SampleConfig(beam_width=2), None, want_probs=False)
+    assert not use_static(model, SampleConfig(logit_bias={3: 5.0}), None, want_probs=False)
+    assert use_static(model, SampleConfig(top_k=5, top_p=0.9, min_p=0.1, stop=["x"], seed=1), None, False)
     assert not use_static(model, SampleConfig(), torch.int8, want_probs=False)
     assert not use_static(model, SampleConfig(), None, want_probs=True)
     assert not use_static(tiny(), SampleConfig(), None, want_probs=False)  # CPU: the dynamic reference

@@ -17,6 +17,8 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
+COMPILE_FAILED = "torch.compile failed"  # in the warning; pytest turns it into an error (pyproject.toml)
+
 
 def cxx_compiler() -> str | None:
     """The C++ compiler inductor would use (``$CXX``, g++, clang++ or c++), or None."""
@@ -37,7 +39,9 @@ class Compiled:
     (``mode="reduce-overhead"`` captures CUDA graphs, ``fullgraph=True``, a ``backend``).
     ``enabled=False`` (or ``device_type`` without a compiler) runs ``fn`` itself.
 
-    The first call that fails to compile turns the compiled path off for good, with a warning.
+    The first call that fails to compile turns the compiled path off for good, with a warning;
+    ``failure`` keeps the exception and ``compiled_calls`` counts the calls that ran compiled, so a
+    test (or a benchmark) can tell the compiled path from its eager fallback.
     """
 
     def __init__(
@@ -59,6 +63,8 @@ class Compiled:
         self._compiled: Callable[..., Any] | None = None
         self.settings = settings  # more torch.compile arguments: mode, fullgraph, backend
         self.enabled = enabled and os.environ.get("GPTLAB_COMPILE", "1") != "0" and can_compile(device_type)
+        self.compiled_calls = 0
+        self.failure: Exception | None = None
 
     def __call__(self, *args: Any) -> Any:
         if not self.enabled:
@@ -69,8 +75,10 @@ class Compiled:
 
                 extra = dict(self.settings, **({"options": self.options} if self.options else {}))
                 self._compiled = torch.compile(self.fn, dynamic=self.dynamic, **extra)
-            return self._compiled(*args)
+            out = self._compiled(*args)
         except Exception as exc:  # a missing header, a broken toolchain: keep working, uncompiled
-            self.enabled = False
-            warnings.warn(f"{self.what}: torch.compile failed ({exc}); using the eager kernel", stacklevel=2)
+            self.enabled, self.failure = False, exc
+            warnings.warn(f"{self.what}: {COMPILE_FAILED} ({exc}); using the eager kernel", stacklevel=2)
             return self.fn(*args)
+        self.compiled_calls += 1
+        return out

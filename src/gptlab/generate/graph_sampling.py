@@ -13,11 +13,13 @@ The same choices as ``Sampler`` (blueprint §12), one row per sequence, every op
 The uniform numbers come from a counter-based hash, ``u_{b,i} = h(seed_b, position_b, i)``, not
 from a generator's state: a request draws the same tokens whichever rows share its batch, the
 step needs no random state (CUDA graphs replay it as it is), and a seed reproduces a run.
-The repetition, frequency and presence penalties are not here: requests using them take the
-dynamic path (``supports``).
+The repetition, frequency and presence penalties and the logit bias are not here: requests
+using them take the dynamic path (``supports``).
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import torch
 
@@ -26,13 +28,20 @@ from gptlab.generate.config import SampleConfig
 _MASK32 = 0xFFFFFFFF
 
 
+#: the options the graph applies (or that act outside it: stops, text, the window); any other
+#: option away from its default (penalties, logit bias, beam search, ...) means the dynamic path
+IN_GRAPH = frozenset(
+    {"max_new_tokens", "temperature", "top_k", "top_p", "min_p", "seed", "stop", "stop_tokens", "slide"}
+)
+
+
 def supports(config: SampleConfig) -> bool:
-    """True when ``config`` can be sampled inside the graph (no penalties, no beam search)."""
-    return (
-        config.beam_width == 1
-        and config.repetition_penalty == 1.0
-        and config.frequency_penalty == 0.0
-        and config.presence_penalty == 0.0
+    """True when ``config`` can be sampled inside the graph: every other option is at its default."""
+    default = SampleConfig()
+    return all(
+        getattr(config, f.name) == getattr(default, f.name)
+        for f in dataclasses.fields(config)
+        if f.name not in IN_GRAPH
     )
 
 

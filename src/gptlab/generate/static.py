@@ -177,8 +177,10 @@ class StaticSession:
         device = model.device
         self.model, self.max_batch, self.max_len = model, max_batch, max_len
         self.vocab = min(vocab or config.vocab_size, config.vocab_size)
+        # past the context the window slides as BatchSession's does: rebuilt from ¾ of the row with
+        # relative positions, from all but one token (every step) with absolute ones
         self.can_slide = not model.positional.absolute_table
-        self.keep = max(1, (max_len * 3) // 4)
+        self.keep = max(1, (max_len * 3) // 4) if self.can_slide else max_len - 1
         dtype = cache_dtype or default_cache_dtype(model.dtype, device)
         with torch.inference_mode(False), torch.no_grad():
             self.cache = StaticKVCache(config, max_batch, max_len, dtype, device)
@@ -213,17 +215,20 @@ class StaticSession:
     @property
     def compiled(self) -> bool:
         """True while every step built so far runs through ``torch.compile`` (no silent fallback)."""
-        return bool(self._steps) and all(c.enabled for c in self._steps.values())
+        return bool(self._steps) and all(c.enabled and c.compiled_calls for c in self._steps.values())
 
     def length(self, slot: int) -> int:
         self._check(slot)
         return len(self.tokens[slot])
 
     def full(self, slot: int) -> bool:
-        return self.length(slot) >= self.max_len and not self.can_slide
+        """True when ``slot`` holds ``max_len`` tokens: its next step slides the window."""
+        return self.length(slot) >= self.max_len
 
-    def fit(self, ids: Sequence[int]) -> list[int]:
-        return BatchSession.fit(self, ids)  # type: ignore[arg-type]  (reads max_len and model only)
+    # the same sentence and the same prompt checks as the dynamic session (they read only
+    # max_len, keep, can_slide and model)
+    window_notice = BatchSession.window_notice
+    fit = BatchSession.fit
 
     def _check(self, slot: int) -> None:
         if slot not in self.tokens:
@@ -296,10 +301,6 @@ class StaticSession:
         for slot in slots:
             self._check(slot)
             if len(self.tokens[slot]) >= self.max_len:
-                if not self.can_slide:
-                    raise GptlabError(
-                        f"slot {slot} holds {self.max_len} tokens, the context limit of this model"
-                    )
                 self._slide(slot)
         rows = tuple(sorted(self.rows.index(s) for s in slots))
         if rows != self._live_rows:  # a host→device copy only when the set of live rows changes
@@ -332,9 +333,10 @@ class StaticSession:
 
     def _slide(self, slot: int) -> None:
         """Rebuild a full row from its last ``keep`` cached tokens (positions restart at 0)."""
-        kept = self.tokens[slot][-self.keep :]
+        kept = self.tokens[slot][len(self.tokens[slot]) - self.keep :]
         r = self.rows.index(slot)
-        idx = torch.tensor([kept], dtype=torch.long, device=self.model.device)
-        self._prefill(self, idx, r, torch.tensor([len(kept) - 1], device=idx.device), "greedy")
+        if kept:  # (a context of one token keeps none: the pending token starts an empty row)
+            idx = torch.tensor([kept], dtype=torch.long, device=self.model.device)
+            self._prefill(self, idx, r, torch.tensor([len(kept) - 1], device=idx.device), "greedy")
         self.state.length[r] = len(kept)
         self.tokens[slot] = kept

@@ -94,13 +94,16 @@ def session_for(
 
 
 class _Chosen:
-    """The sampler of a static request: the token was already chosen inside the graph."""
+    """A ``TokenStep``'s sampler on the static path: the token was already chosen inside the graph."""
 
     def process(self, token: int, history: Sequence[int]) -> int:
         return token
 
     def choose(self, token: int) -> int:
         return token
+
+
+CHOSEN = _Chosen()
 
 
 def start_static(
@@ -110,20 +113,27 @@ def start_static(
     config: SampleConfig,
     cache_dtype: torch.dtype | None,
     seeds: Sequence[int | None] | None,
-    max_len: int,
-    vocab: int,
-    stops: frozenset[int],
 ) -> tuple[StaticSession, list[Any]]:
-    """Prefill ``prompts`` into the model's static session → the session and one request each."""
-    from gptlab.generate.decode import _Request
-    from gptlab.generate.textstream import TextStream
+    """Prefill ``prompts`` into the model's static session → the session and one decoding row each.
 
-    session = session_for(model, len(prompts), max_len, cache_dtype, vocab)
-    configs = [config if seeds is None else config.replace(seed=seeds[i]) for i in range(len(prompts))]
-    row_seeds = [c.seed if c.seed is not None else int(torch.randint(0, 2**62, (1,)).item()) for c in configs]
-    added = session.add_many(prompts, configs, row_seeds)
-    requests = []
-    for i, (slot, token) in enumerate(added):
-        text = TextStream(tokenizer, config.stop) if tokenizer is not None else None
-        requests.append(_Request(i, slot, _Chosen(), stops, list(session.tokens[slot]), text, token))  # type: ignore[arg-type]
-    return session, requests
+    Each row's ``TokenStep`` (stops, text, finish reason) is the one the dynamic path uses; only
+    its sampler is ``CHOSEN``, and the seed its ``Sampler`` drew seeds the row inside the graph.
+    """
+    from gptlab.generate.decode import _Row
+    from gptlab.generate.step import TokenStep, session_len, vocab_size
+
+    session = session_for(
+        model, len(prompts), session_len(model, prompts, config), cache_dtype, vocab_size(model, tokenizer)
+    )
+    steps = []
+    for i, prompt in enumerate(prompts):
+        cfg = config if seeds is None else config.replace(seed=seeds[i])
+        steps.append(TokenStep(cfg, tokenizer, model, prompt, index=i))
+    seeds_drawn = [step.sampler.generator.initial_seed() for step in steps]
+    added = session.add_many(prompts, [step.config for step in steps], seeds_drawn)
+    rows = []
+    for step, (slot, token) in zip(steps, added, strict=True):
+        step.history = list(session.tokens[slot])  # the prompt as cached (cut to the context)
+        step.sampler = CHOSEN  # type: ignore[assignment]
+        rows.append(_Row(slot, step, token))  # type: ignore[arg-type]
+    return session, rows
