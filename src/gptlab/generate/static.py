@@ -165,6 +165,7 @@ class StaticSession:
         vocab: int | None = None,
         compile: bool | None = None,
         compile_options: dict | None = None,
+        slot_base: int = 0,
     ) -> None:
         config = model.config
         max_len = config.block_size if max_len is None else max_len
@@ -176,6 +177,7 @@ class StaticSession:
             )
         device = model.device
         self.model, self.max_batch, self.max_len = model, max_batch, max_len
+        self.slot_base = slot_base  # slots are numbered slot_base .. slot_base + max_batch − 1
         self.vocab = min(vocab or config.vocab_size, config.vocab_size)
         # past the context the window slides as BatchSession's does: rebuilt from ¾ of the row with
         # relative positions, from all but one token (every step) with absolute ones
@@ -262,7 +264,8 @@ class StaticSession:
         if len(ids) > self.free_slots:
             raise GptlabError(f"the session has {self.free_slots} free slot(s) but {len(ids)} are needed")
         used = set(self.rows)
-        slots = [s for s in range(self.max_batch) if s not in used][: len(ids)]
+        slots = [s for s in range(self.slot_base, self.slot_base + self.max_batch) if s not in used]
+        slots = slots[: len(ids)]
         r0, n = len(self.rows), len(ids)
         device = self.model.device
         options = [row_options(c, self.vocab, seed) for c, seed in zip(configs, seeds, strict=True)]

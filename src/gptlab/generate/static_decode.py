@@ -49,15 +49,19 @@ def static_decode(
     return model
 
 
+def static_wanted(model: Any) -> bool:
+    """True where the static path is wanted: asked by ``static_decode``, or on CUDA unless refused."""
+    choice = _ASKED.get(model)
+    if choice is not None:
+        return choice.compile_options != {"off": True}
+    device = getattr(model, "device", torch.device("cpu"))
+    return device.type == "cuda" and os.environ.get("GPTLAB_STATIC", "1") != "0"
+
+
 def use_static(model: Any, config: SampleConfig, cache_dtype: torch.dtype | None, want_probs: bool) -> bool:
     """True when this request should take the static path (see the module docstring)."""
-    choice = _ASKED.get(model)
-    if choice is not None and choice.compile_options == {"off": True}:
-        return False
-    device = getattr(model, "device", torch.device("cpu"))
-    wanted = choice is not None or (device.type == "cuda" and os.environ.get("GPTLAB_STATIC", "1") != "0")
     float_cache = cache_dtype is None or cache_dtype.is_floating_point
-    return wanted and supports(config) and float_cache and not want_probs
+    return static_wanted(model) and supports(config) and float_cache and not want_probs
 
 
 def session_for(
