@@ -42,6 +42,7 @@ from generate import hf_bench  # noqa: E402
 
 from gptlab.generate.static_decode import _SESSIONS  # noqa: E402
 from gptlab.inspect.flops import mfu, peak_flops, training_flops_per_token  # noqa: E402
+from gptlab.interop.hf import export_family  # noqa: E402
 from gptlab.model import GPT, GPTConfig  # noqa: E402
 
 SMOKE = dict(n_layer=2, n_head=2, n_embd=64, block_size=64, vocab_size=500)
@@ -145,15 +146,7 @@ def decode_figures(args, device: str, base: GPTConfig) -> None:
         from gptlab.generate.static_decode import static_decode
 
         static_decode(model, compile=False)
-    hf_config = dict(
-        n_layer=base.n_layer,
-        n_head=base.n_head,
-        n_embd=base.n_embd,
-        n_positions=base.block_size,
-        vocab_size=base.vocab_size,
-        bos_token_id=base.vocab_size - 1,
-        eos_token_id=base.vocab_size - 1,
-    )
+    hf_config = export_family(base).config_to_hf(base)  # the same shapes, as transformers names them
     for batch in args.batches:
         idx = torch.randint(0, base.vocab_size, (batch, args.prompt_tokens), device=device)
         run = functools.partial(model.generate, idx, args.new_tokens, temperature=0)
@@ -201,9 +194,19 @@ def serve_figure(args, base: GPTConfig) -> None:
             api_key=None, prompt="ROMEO:\n", max_tokens=args.new_tokens, temperature=1.0, model=None,
             single_runs=1, timeout=600.0, concurrency=args.streams,
         )  # fmt: skip
-        with serve_load.serve(str(Path(tmp) / "gpt2"), args.streams, timeout=600) as url:
+        with serve_load.serve(str(Path(tmp) / "gpt2"), args.streams, serve_flags(), timeout=600) as url:
             result = serve_load.measure(url, ns)
     emit("serve", streams=args.streams, **{k: v for k, v in result.items() if k != "bench"})
+
+
+def serve_flags() -> list[str]:
+    """bf16 weights, on the GPU (``--device`` where this gptlab's ``serve`` has it; else its default)."""
+    from gptlab.cli import build_parser
+
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    serve = sub.choices["serve"]
+    has_device = any("--device" in a.option_strings for a in serve._actions)
+    return ["--dtype", "bf16", *(["--device", "cuda"] if has_device else [])]
 
 
 def _free(device: str) -> None:
