@@ -28,10 +28,10 @@ GREEDY = SampleConfig(temperature=0, max_new_tokens=64)
 PROMPTS = [[1, 2, 3, 4, 5], [7, 8], [9, 10, 11, 12, 13, 14, 15], [3], [40, 41, 42]]
 
 
-def tiny(block_size: int = 48, **options) -> GPT:
+def tiny(block_size: int = 48, n_layer: int = 2, **options) -> GPT:
     torch.manual_seed(0)
     config = GPTConfig(
-        vocab_size=61, block_size=block_size, n_layer=2, n_head=4, n_embd=32, init_std=0.3, **options
+        vocab_size=61, block_size=block_size, n_layer=n_layer, n_head=4, n_embd=32, init_std=0.3, **options
     )
     return GPT(config).eval()
 
@@ -177,11 +177,12 @@ def test_options_outside_the_graph_use_the_dynamic_path():
     assert alone(model, PROMPTS[0], 10, **penalised) == alone(tiny(), PROMPTS[0], 10, **penalised)
 
 
+@pytest.mark.slow  # dynamo traces the model twice: ~10 s alone, over 20 s on a busy machine
 def test_the_compiled_step_is_really_used_and_agrees():
     """``fullgraph=True`` through dynamo: a graph break (which would lose the CUDA graph) fails here."""
     from torch._dynamo.utils import counters
 
-    model = tiny(pos="rope", n_kv_head=2)
+    model = tiny(pos="rope", n_kv_head=2, n_layer=1)  # one layer: dynamo traces it in seconds
     eager = run(StaticSession(model, 4, 40, compile=False), PROMPTS[:3], 6)
     before = counters["stats"]["unique_graphs"]
     session = StaticSession(
