@@ -34,6 +34,13 @@ def test_padded_sizes():
     assert padded.wte.weight.shape == (64, 32) and padded.lm_head.weight is padded.wte.weight
     with pytest.raises(GptlabError, match="vocab_multiple"):
         GPTConfig(**SHAPE, vocab_multiple=0)
+    # parameter counts are the real vocabulary's, as gptlab size reports them
+    from gptlab.inspect.size import size_report
+
+    config = GPTConfig.preset("gpt2", vocab_multiple=64)
+    with torch.device("meta"):
+        counts = GPT(config).num_params()
+    assert counts["total"] == 124_439_808 == size_report(config).value("total")
 
 
 @pytest.mark.parametrize("options", [dict(), dict(tie_embeddings=False, pos="rope", logit_softcap=20.0)])

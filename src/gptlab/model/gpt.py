@@ -179,6 +179,7 @@ class GPT(nn.Module):
         """Parameter counts by part: embeddings, positions, attention, feed_forward, norms, head, total.
 
         A tied head counts once (under embeddings); ``total_without_positions`` omits the learned table.
+        The vocabulary's padding rows (``vocab_multiple``) are not counted: they are never a token.
         """
         counts = dict.fromkeys(("embeddings", "positions", "attention", "feed_forward", "norms", "head"), 0)
         seen: set[int] = set()
@@ -188,7 +189,9 @@ class GPT(nn.Module):
                 if id(p) in seen:
                     continue
                 seen.add(id(p))
-                counts[_part_of(name, module, norm_types)] += p.numel()
+                vocab_rows = name in ("wte", "lm_head") and p.dim() == 2  # padding rows left out
+                n = self.config.vocab_size * p.size(1) if vocab_rows else p.numel()
+                counts[_part_of(name, module, norm_types)] += n
         counts["total"] = sum(counts.values())
         counts["total_without_positions"] = counts["total"] - counts["positions"]
         return counts
