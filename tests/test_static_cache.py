@@ -166,15 +166,45 @@ def test_the_window_slides_past_the_context_like_the_dynamic_path(pos):
 def test_options_outside_the_graph_use_the_dynamic_path():
     model = static_decode(tiny(), compile=False)
     assert use_static(model, SampleConfig(temperature=0), None, want_probs=False)
-    assert not use_static(model, SampleConfig(repetition_penalty=1.3), None, want_probs=False)
     assert not use_static(model, SampleConfig(beam_width=2), None, want_probs=False)
-    assert not use_static(model, SampleConfig(logit_bias={3: 5.0}), None, want_probs=False)
-    assert use_static(model, SampleConfig(top_k=5, top_p=0.9, min_p=0.1, stop=["x"], seed=1), None, False)
+    every = dict(
+        top_k=5, top_p=0.9, min_p=0.1, stop=["x"], seed=1, repetition_penalty=1.3, logit_bias={3: 5.0}
+    )
+    assert use_static(model, SampleConfig(**every), None, False)
     assert not use_static(model, SampleConfig(), torch.int8, want_probs=False)
     assert not use_static(model, SampleConfig(), None, want_probs=True)
     assert not use_static(tiny(), SampleConfig(), None, want_probs=False)  # CPU: the dynamic reference
-    penalised = dict(repetition_penalty=1.5, temperature=0)
-    assert alone(model, PROMPTS[0], 10, **penalised) == alone(tiny(), PROMPTS[0], 10, **penalised)
+    beams = dict(beam_width=2, temperature=0)
+    assert alone(model, PROMPTS[0], 6, **beams) == alone(tiny(), PROMPTS[0], 6, **beams)
+
+
+PENALTIES = [
+    dict(repetition_penalty=1.8),
+    dict(frequency_penalty=0.7, presence_penalty=0.4),
+    dict(repetition_penalty=0.7, logit_bias={5: 2.0, 11: -100.0, 60: 1.5}),
+]
+
+
+@pytest.mark.parametrize("penalty", PENALTIES, ids=["repetition", "frequency-presence", "bias"])
+def test_penalties_and_logit_bias_inside_the_graph_equal_the_sampler(penalty):
+    model = tiny(pos="rope", n_kv_head=2)
+    cfgs = [SampleConfig(temperature=0, **penalty)] * 3
+    session = StaticSession(model, 4, 40, compile=False)
+    got = {slot: [tok] for slot, tok in session.add_many(PROMPTS[:3], cfgs, [0] * 3)}
+    first = min(got)
+    done = {}
+    for step in range(1, 16):
+        if step == 5:  # a row leaves: the last row's counts move into its place
+            done[first] = got.pop(first)
+            session.remove(first)
+        for slot, tok in session.step(list(got)).items():
+            got[slot].append(tok)
+    got.update(done)
+    for slot, prompt in zip(sorted(got), PROMPTS[:3], strict=True):
+        ref = alone(model, prompt, len(got[slot]), **penalty)
+        assert got[slot] == ref, slot
+        if 11 in penalty.get("logit_bias", {}):
+            assert 11 not in got[slot]
 
 
 @pytest.mark.slow  # dynamo traces the model twice: ~10 s alone, over 20 s on a busy machine

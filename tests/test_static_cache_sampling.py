@@ -13,7 +13,7 @@ V = 12
 
 def draw(logits: torch.Tensor, config: SampleConfig, n: int) -> torch.Tensor:
     """``n`` tokens, one per row, every row a different seed."""
-    t, k, p, m, _ = row_options(config, V, 0)
+    t, k, p, m = row_options(config, V, 0)[:4]
     rows = lambda x, dt: torch.full((n,), x, dtype=dt)  # noqa: E731
     seeds = torch.arange(n, dtype=torch.long) * 7919 + 3
     return sample_rows(

@@ -57,7 +57,7 @@ def test_the_static_lane_serves_the_same_tokens(tok):
         {"prompt": "to be or", "max_tokens": 40, "temperature": 0},  # slides past the 32-token context
         {"prompt": "ROMEO:", "max_tokens": 12, "temperature": 0},
         {"prompt": "xyz", "max_tokens": 12, "temperature": 0.8, "top_k": 5, "seed": 4},
-        {"prompt": "hello", "max_tokens": 12, "temperature": 0, "frequency_penalty": 0.5},  # dynamic lane
+        {"prompt": "hello", "max_tokens": 12, "temperature": 0, "frequency_penalty": 0.5},  # in the graph
         {"prompt": "a", "max_tokens": 9, "temperature": 0},
         {"prompt": "q", "max_tokens": 12, "temperature": 0, "logprobs": 2},  # dynamic lane
     ]

@@ -3,6 +3,9 @@
 The same choices as ``Sampler`` (blueprint §12), one row per sequence, every option a tensor
 ``(B,)`` so that one graph serves any mix of requests:
 
+    penalties:   l_{b,i} ← l/r_b (l > 0) or l·r_b (l ≤ 0) where c_{b,i} > 0    (repetition)
+                 l_{b,i} ← l − α_f,b·c_{b,i} − α_p,b·[c_{b,i} > 0] + β_{b,i}   (frequency, presence, bias)
+                 (c: the row's token counts over prompt + generated, kept in the graph's state)
     greedy:      next_b = argmax_i l_{b,i}                              (τ_b = 0)
     temperature: z_{b,i} = l_{b,i} / τ_b
     top-k:       z_{b,i} = −∞ unless z_{b,i} ≥ the k_b-th largest z_b    (k_b = V: off)
@@ -13,8 +16,8 @@ The same choices as ``Sampler`` (blueprint §12), one row per sequence, every op
 The uniform numbers come from a counter-based hash, ``u_{b,i} = h(seed_b, position_b, i)``, not
 from a generator's state: a request draws the same tokens whichever rows share its batch, the
 step needs no random state (CUDA graphs replay it as it is), and a seed reproduces a run.
-The repetition, frequency and presence penalties and the logit bias are not here: requests
-using them take the dynamic path (``supports``).
+Beam search and per-token probabilities are not here: those requests take the dynamic path
+(``supports``).
 """
 
 from __future__ import annotations
@@ -31,7 +34,21 @@ _MASK32 = 0xFFFFFFFF
 #: the options the graph applies (or that act outside it: stops, text, the window); any other
 #: option away from its default (penalties, logit bias, beam search, ...) means the dynamic path
 IN_GRAPH = frozenset(
-    {"max_new_tokens", "temperature", "top_k", "top_p", "min_p", "seed", "stop", "stop_tokens", "slide"}
+    {
+        "max_new_tokens",
+        "temperature",
+        "top_k",
+        "top_p",
+        "min_p",
+        "repetition_penalty",
+        "frequency_penalty",
+        "presence_penalty",
+        "logit_bias",
+        "seed",
+        "stop",
+        "stop_tokens",
+        "slide",
+    }
 )
 
 
@@ -45,12 +62,45 @@ def supports(config: SampleConfig) -> bool:
     )
 
 
-def row_options(config: SampleConfig, vocab: int, seed: int) -> tuple[float, int, float, float, int]:
-    """``(temperature, top_k, top_p, min_p, seed)`` of one row, with the "off" values filled in."""
+#: the per-row options, in the order ``row_options`` gives them
+ROW_OPTIONS = ("temperature", "top_k", "top_p", "min_p", "seed", "repetition", "frequency", "presence")
+
+
+def row_options(config: SampleConfig, vocab: int, seed: int) -> tuple[float | int, ...]:
+    """One row's ``ROW_OPTIONS``, with the "off" values filled in."""
     top_k = vocab if config.top_k is None else min(config.top_k, vocab)
     top_p = 1.0 if config.top_p is None else config.top_p
     min_p = 0.0 if config.min_p is None else config.min_p
-    return float(config.temperature), top_k, top_p, min_p, seed & ((1 << 62) - 1)
+    c = config
+    return (
+        float(c.temperature),
+        top_k,
+        top_p,
+        min_p,
+        seed & ((1 << 62) - 1),
+        float(c.repetition_penalty),
+        float(c.frequency_penalty),
+        float(c.presence_penalty),
+    )
+
+
+def penalise(
+    logits: torch.Tensor,  # (B, V) float32
+    counts: torch.Tensor,  # (B, V) how often each token is in the row's history
+    repetition: torch.Tensor,  # (B,) 1 = off
+    frequency: torch.Tensor,  # (B,) 0 = off
+    presence: torch.Tensor,  # (B,) 0 = off
+    bias: torch.Tensor,  # (B, V) 0 = off
+) -> torch.Tensor:
+    """Repetition (CTRL), frequency and presence penalties, then the logit bias, as ``Sampler`` does.
+
+    With the "off" values every operation leaves a logit exactly as it was (l/1, l·1, l − 0, l + 0).
+    """
+    present = counts > 0
+    r = repetition[:, None]
+    logits = torch.where(present, torch.where(logits > 0, logits / r, logits * r), logits)
+    logits = logits - frequency[:, None] * counts - presence[:, None] * present.to(logits.dtype)
+    return logits + bias
 
 
 def _mix(x: torch.Tensor) -> torch.Tensor:

@@ -1,7 +1,7 @@
 """The server's session: ``BatchSession``'s interface over two lanes, static and dynamic.
 
     a request whose options run inside the graph  → the static lane (CUDA graphs, sampler inside)
-    any other (penalties, logit bias, logprobs)   → the dynamic lane (``BatchSession``)
+    one that wants logprobs                       → the dynamic lane (``BatchSession``)
 
 Slots ``[0, B)`` are the dynamic lane's and ``[B, 2B)`` the static lane's, so the scheduler keeps
 one slot → job map. ``free_slots`` is the smaller of the two lanes' free slots: whatever mix a

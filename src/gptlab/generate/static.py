@@ -33,7 +33,7 @@ from torch import nn
 from gptlab.compiling import Compiled
 from gptlab.errors import GptlabError
 from gptlab.generate.config import SampleConfig
-from gptlab.generate.graph_sampling import ROW_SAMPLERS, row_options
+from gptlab.generate.graph_sampling import ROW_OPTIONS, ROW_SAMPLERS, penalise, row_options
 from gptlab.generate.session import BatchSession
 from gptlab.model.kvcache import StaticKVCache, default_cache_dtype, mark_static
 
@@ -51,22 +51,36 @@ def buckets_for(max_batch: int) -> list[int]:
 class _Rows(nn.Module):
     """Per-row decoding state as buffers at fixed addresses: what a captured step reads and writes."""
 
-    def __init__(self, n: int, device: torch.device) -> None:
+    def __init__(self, n: int, vocab: int, device: torch.device) -> None:
         super().__init__()
         spec = {
             "length": torch.long,  # positions cached = the next token's position
             "next_token": torch.long,  # sampled, not yet cached
             "live": torch.bool,  # False: the row keeps its state this step (idle or paused)
-            "temperature": torch.float32,
+            **dict.fromkeys(ROW_OPTIONS, torch.float32),  # temperature, top_p, penalties, ...
             "top_k": torch.long,
-            "top_p": torch.float32,
-            "min_p": torch.float32,
             "seed": torch.long,
         }
         for name, dtype in spec.items():
             self.register_buffer(
                 name, mark_static(torch.zeros(n, dtype=dtype, device=device)), persistent=False
             )
+        for name in ("counts", "bias"):  # (n, V): token counts of each row's history, its logit bias
+            self.register_buffer(name, mark_static(torch.zeros(n, vocab, device=device)), persistent=False)
+
+    def options(self, rows: slice) -> list[torch.Tensor]:
+        """What the row sampler takes after the logits, for ``rows``."""
+        return [getattr(self, n)[rows] for n in ("temperature", "top_k", "top_p", "min_p", "seed")]
+
+    def penalised(self, logits: torch.Tensor, rows: slice) -> torch.Tensor:
+        return penalise(
+            logits,
+            self.counts[rows],
+            self.repetition[rows],
+            self.frequency[rows],
+            self.presence[rows],
+            self.bias[rows],
+        )
 
     def move(self, dst: int, src: int) -> None:
         for t in self.buffers():
@@ -116,13 +130,12 @@ def decode_step(session: StaticSession, b: int, flavour: str) -> None:
     out = model.run(
         s.next_token[:b, None], pos=pos[:, None], cache=_Layers(layers), attn_mask=mask, last_only=True
     )
-    logits = out.logits[:, -1, : session.vocab].float()  # (b, V)
-    token = ROW_SAMPLERS[flavour](
-        logits, s.temperature[:b], s.top_k[:b], s.top_p[:b], s.min_p[:b], s.seed[:b], pos
-    )
+    logits = s.penalised(out.logits[:, -1, : session.vocab].float(), slice(0, b))  # (b, V)
+    token = ROW_SAMPLERS[flavour](logits, *s.options(slice(0, b)), pos)
     live = s.live[:b]
     s.next_token[:b] = torch.where(live, token, s.next_token[:b])
     s.length[:b] += live.long()
+    s.counts[:b].scatter_add_(1, token[:, None], live.to(s.counts.dtype)[:, None])  # the history grows
 
 
 def prefill(
@@ -142,11 +155,9 @@ def prefill(
     pos = torch.arange(T, device=idx.device)
     logits = model.run(idx, pos=pos, cache=_Layers(layers)).logits  # (n, T, V)
     rows = torch.arange(n, device=idx.device)
-    chosen = logits[rows, last, : session.vocab].float()  # (n, V)
-    sl = slice(r0, r0 + n)
-    return ROW_SAMPLERS[flavour](
-        chosen, s.temperature[sl], s.top_k[sl], s.top_p[sl], s.min_p[sl], s.seed[sl], last
-    )
+    rows_of = slice(r0, r0 + n)
+    chosen = s.penalised(logits[rows, last, : session.vocab].float(), rows_of)  # (n, V)
+    return ROW_SAMPLERS[flavour](chosen, *s.options(rows_of), last)
 
 
 class StaticSession:
@@ -186,7 +197,7 @@ class StaticSession:
         dtype = cache_dtype or default_cache_dtype(model.dtype, device)
         with torch.inference_mode(False), torch.no_grad():
             self.cache = StaticKVCache(config, max_batch, max_len, dtype, device)
-            self.state = _Rows(max_batch, device)
+            self.state = _Rows(max_batch, self.vocab, device)
         self.buckets = buckets_for(max_batch)
         if compile is None:
             compile = device.type == "cuda" and os.environ.get("GPTLAB_COMPILE", "1") != "0"
@@ -270,10 +281,22 @@ class StaticSession:
         device = self.model.device
         options = [row_options(c, self.vocab, seed) for c, seed in zip(configs, seeds, strict=True)]
         s = self.state
-        for j, name in enumerate(("temperature", "top_k", "top_p", "min_p", "seed")):
+        for j, name in enumerate(ROW_OPTIONS):
             getattr(s, name)[r0 : r0 + n] = torch.tensor(
                 [o[j] for o in options], device=device, dtype=getattr(s, name).dtype
             )
+        counts, bias = (
+            torch.zeros(n, self.vocab),
+            torch.zeros(n, self.vocab),
+        )  # built on the host: one copy each
+        for b, (p, c) in enumerate(zip(ids, configs, strict=True)):
+            seen = torch.tensor([t for t in p if t < self.vocab], dtype=torch.long)
+            counts[b] = torch.bincount(seen, minlength=self.vocab)
+            for t, value in c.logit_bias.items():
+                if t < self.vocab:
+                    bias[b, t] += value
+        s.counts[r0 : r0 + n] = counts.to(device)
+        s.bias[r0 : r0 + n] = bias.to(device)
         T = max(map(len, ids))
         idx = torch.tensor([p + [0] * (T - len(p)) for p in ids], dtype=torch.long, device=device)
         last = torch.tensor([len(p) - 1 for p in ids], device=device)
@@ -282,6 +305,7 @@ class StaticSession:
         s.next_token[r0 : r0 + n] = first
         s.length[r0 : r0 + n] = last + 1
         s.live[r0 : r0 + n] = False
+        s.counts[r0 : r0 + n].scatter_add_(1, first[:, None], torch.ones_like(s.counts[:n, :1]))
         tokens = first.tolist()
         for b, slot in enumerate(slots):
             self.rows.append(slot)
