@@ -7,9 +7,11 @@ replayed, the step costs about its memory traffic. A graph fixes every shape and
     cache:      StaticKVCache, rows (B_max, H_kv, T_max, d_k) at fixed addresses
     rows:       active sequences are rows [0, n) of the cache; a bucket b ≥ n runs rows [0, b)
                 (rows n..b−1 are idle: they compute, but write only into their own free rows)
-    state:      per row, as tensors: length (the next position), next token, live, sampling options
+    state:      per row, as tensors: length (the next position), next token, live, sampling options,
+                token counts (for the penalties) and logit bias
     step(b):    x_r = next_r;  pos_r = length_r;  write k, v at pos_r;  attend over j ≤ pos_r
-                next_r = sample(logits_r);  length_r += live_r          (all inside the graph)
+                next_r = sample(penalise(logits_r));  length_r += live_r;  counts_r[next_r] += live_r
+                                                                        (all inside the graph)
 
 One graph per bucket (1, 2, 4, …, ``max_batch``) and sampler flavour, captured on first use through
 ``torch.compile(mode="reduce-overhead", fullgraph=True)``. A sequence joins by a prefill into the
@@ -18,8 +20,8 @@ row into its place. Neither touches a graph, so nothing is re-captured.
 
 ``StaticSession`` has ``BatchSession``'s methods (``add_many``, ``step``, ``remove``, ``full``) but
 samples inside the step: ``add_many(prompts, configs)`` returns each slot's first token, ``step``
-the next one. The dynamic ``BatchSession`` stays the reference; greedy tokens of both agree
-(tested on the CPU, where ``compile=False`` runs the same step function eagerly).
+the next one. The dynamic ``BatchSession`` stays the reference; greedy tokens of both agree, with
+and without penalties (tested on the CPU, where ``compile=False`` runs the same step eagerly).
 """
 
 from __future__ import annotations
