@@ -24,6 +24,7 @@ COMMANDS = [
     "eval",
     "compare",
     "sample",
+    "chat",
     "tokenizer",
     "convert",
     "trace",

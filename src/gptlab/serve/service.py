@@ -5,7 +5,8 @@
                                    → SampleConfig per choice → jobs on the scheduler
     Generation.events()            the jobs' TokenEvents and EndEvents, as they come (generation.py)
 
-Chat prompts are built in one place, ``Service.chat_prompt``; a chat that does not fit
+Chat prompts are built in one place, ``Service.chat_prompt``, with the model's own chat template
+(or a fallback: ``tokenizers/chat.py``); a chat that does not fit
 the context drops its oldest turns first (the system message stays).
 """
 
@@ -33,16 +34,18 @@ from gptlab.serve.schemas import (
     GenerateRequest,
     SamplingFields,
 )
+from gptlab.tokenizers.chat import FALLBACK_STOPS, ChatTemplate, stop_ids, template_for
 
 M = TypeVar("M", bound=BaseModel)
 
-# The plain chat template: role-tagged lines, then the assistant's turn left open.
-CHAT_ROLE_PREFIX = "{role}: "
-CHAT_OPEN_TURN = "assistant:"
-# A base model continues the dialogue by itself; these end the assistant's turn.
-CHAT_STOP = ["\nuser:", "\nsystem:", "\nassistant:"]
+# Models without a chat template of their own: role-tagged lines (tokenizers/chat.py's "plain").
+CHAT_STOP = FALLBACK_STOPS["plain"]  # a base model continues the dialogue by itself; these end the turn
 MAX_CHOICES = 64  # prompts × n per request
 DEFAULT_CAP = 1024  # max_tokens allowed by default (or the context, if larger): the window slides
+
+
+def _dicts(messages: Sequence[ChatMessage]) -> list[dict[str, str]]:
+    return [{"role": m.role, "content": m.text()} for m in messages]
 
 
 def chat_prompt(messages: Sequence[ChatMessage]) -> str:
@@ -51,8 +54,7 @@ def chat_prompt(messages: Sequence[ChatMessage]) -> str:
     >>> chat_prompt([ChatMessage(role="user", content="hi")])
     'user: hi\\nassistant:'
     """
-    lines = [CHAT_ROLE_PREFIX.format(role=m.role) + m.text() for m in messages]
-    return "\n".join([*lines, CHAT_OPEN_TURN])
+    return ChatTemplate.named("plain").render(_dicts(messages))
 
 
 class Service:
@@ -78,6 +80,7 @@ class Service:
         if self.cap < 1:
             raise GptlabError(f"max_tokens_cap must be at least 1, got {self.cap}")
         self.max_body_bytes = max_body_bytes
+        self.chat_template = template_for(tokenizer)  # the model's own, else a fallback (tokenizers/chat.py)
         self.created = int(time.time())
         model.eval()
         self.scheduler = Scheduler(model, tokenizer, max_batch=max_batch)
@@ -211,7 +214,6 @@ class Service:
     def sample_config(
         self, req: SamplingFields, max_tokens: int, stop: list[str], seed: int | None
     ) -> SampleConfig:
-        eot = self.tokenizer.eot_id
         try:
             return SampleConfig(
                 max_new_tokens=max_tokens,
@@ -226,7 +228,7 @@ class Service:
                 length_penalty=req.length_penalty,
                 early_stopping=req.early_stopping,
                 stop=stop,
-                stop_tokens=[eot] if eot is not None else [],
+                stop_tokens=stop_ids(self.tokenizer),  # eos and end-of-turn tokens (<|im_end|> …)
                 seed=seed,
                 logit_bias=self.logit_bias(req),
             )
@@ -306,7 +308,7 @@ class Service:
         return gen
 
     def chat(self, req: ChatCompletionRequest) -> Generation:
-        """``/v1/chat/completions``: the messages through ``chat_prompt``, stopping at the next turn."""
+        """``/v1/chat/completions``: the messages through the chat template, stopping at the end of the turn."""
         if req.top_logprobs is not None and not req.logprobs:
             raise APIError(400, "top_logprobs needs logprobs=true", param="top_logprobs")
         max_tokens = self.max_tokens(req, self.default_max_tokens()["chat"])
@@ -314,7 +316,12 @@ class Service:
         ids = self.chat_ids(req.messages, max_tokens, warnings)
         top_n = (req.top_logprobs or 0) if req.logprobs else None
         return self.start(
-            req, [ids], max_tokens, [*req.stop_list(), *CHAT_STOP], top_n=top_n, warnings=warnings
+            req,
+            [ids],
+            max_tokens,
+            [*req.stop_list(), *self.chat_template.stop_strings],
+            top_n=top_n,
+            warnings=warnings,
         )
 
     def generate(self, req: GenerateRequest) -> Generation:
@@ -326,8 +333,11 @@ class Service:
 
     # ------------------------------------------------------------ chat
     def chat_prompt(self, messages: Sequence[ChatMessage]) -> str:
-        """The one place a chat becomes a prompt (the plain role-tagged template)."""
-        return chat_prompt(messages)
+        """The one place a chat becomes a prompt: the model's chat template (``tokenizers/chat.py``)."""
+        try:
+            return self.chat_template.render(_dicts(messages))
+        except GptlabError as exc:
+            raise APIError(400, f"messages: {exc}", param="messages") from None
 
     def chat_ids(self, messages: Sequence[ChatMessage], max_tokens: int, warnings: list[str]) -> list[int]:
         """The chat's prompt ids; a chat too long for the context drops its oldest turns first.
