@@ -67,6 +67,9 @@ class _Rows(nn.Module):
             self.register_buffer(
                 name, mark_static(torch.zeros(n, dtype=dtype, device=device)), persistent=False
             )
+        for name in ("repetition", "top_p"):  # idle rows hold neutral options (l/1, keep all)
+            getattr(self, name).fill_(1.0)
+        self.top_k.fill_(vocab)
         for name in ("counts", "bias"):  # (n, V): token counts of each row's history, its logit bias
             self.register_buffer(name, mark_static(torch.zeros(n, vocab, device=device)), persistent=False)
 
@@ -212,6 +215,7 @@ class StaticSession:
             prefill, "the static prefill", True, device_type=device.type, enabled=compile, **prefill_options
         )
         self.rows: list[int] = []  # rows[r] = the slot held in cache row r
+        self._row_of: dict[int, int] = {}  # its inverse
         self.tokens: dict[int, list[int]] = {}  # slot -> ids whose keys/values are cached
         self._greedy: dict[int, bool] = {}
         self._pending: dict[int, int] = {}  # slot -> its sampled token, not yet cached
@@ -256,7 +260,7 @@ class StaticSession:
     def remove(self, slot: int) -> None:
         """Free ``slot``: the last row moves into its place (no graph changes)."""
         self._check(slot)
-        r, last = self.rows.index(slot), len(self.rows) - 1
+        r, last = self._row_of.pop(slot), len(self.rows) - 1
         with torch.inference_mode():
             if r != last:
                 self.cache.move_row(r, last, len(self.tokens[self.rows[last]]))
@@ -264,6 +268,8 @@ class StaticSession:
             self.state.live[last] = False
         self.rows[r] = self.rows[last]
         self.rows.pop()
+        if r != last:
+            self._row_of[self.rows[r]] = r
         del self.tokens[slot], self._greedy[slot], self._pending[slot]
         self._live_rows = ()
 
@@ -310,6 +316,7 @@ class StaticSession:
         s.counts[r0 : r0 + n].scatter_add_(1, first[:, None], torch.ones_like(s.counts[:n, :1]))
         tokens = first.tolist()
         for b, slot in enumerate(slots):
+            self._row_of[slot] = len(self.rows)
             self.rows.append(slot)
             self.tokens[slot] = list(ids[b])
             self._greedy[slot] = options[b][0] <= 0
@@ -331,7 +338,7 @@ class StaticSession:
             self._check(slot)
             if len(self.tokens[slot]) >= self.max_len:
                 self._slide(slot)
-        rows = tuple(sorted(self.rows.index(s) for s in slots))
+        rows = tuple(sorted(self._row_of[s] for s in slots))
         if rows != self._live_rows:  # a host→device copy only when the set of live rows changes
             live = torch.zeros(self.max_batch, dtype=torch.bool)
             live[list(rows)] = True
@@ -363,7 +370,7 @@ class StaticSession:
     def _slide(self, slot: int) -> None:
         """Rebuild a full row from its last ``keep`` cached tokens (positions restart at 0)."""
         kept = self.tokens[slot][len(self.tokens[slot]) - self.keep :]
-        r = self.rows.index(slot)
+        r = self._row_of[slot]
         if kept:  # (a context of one token keeps none: the pending token starts an empty row)
             idx = torch.tensor([kept], dtype=torch.long, device=self.model.device)
             self._prefill(self, idx, r, torch.tensor([len(kept) - 1], device=idx.device), "greedy")
