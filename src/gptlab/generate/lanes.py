@@ -35,7 +35,7 @@ class Lanes:
         self.max_batch, self.max_len = max_batch, self.dynamic.max_len
         self.static: StaticSession | None = None
         if static_wanted(model) and os.environ.get("GPTLAB_STATIC", "1") != "0":
-            choice = _ASKED.get(model) or _Choice(None, None)
+            choice = _ASKED.get(model) or _Choice()
             self.static = StaticSession(
                 model,
                 max_batch,

@@ -29,8 +29,11 @@ from gptlab.generate.static import StaticSession
 
 @dataclass
 class _Choice:
-    compile: bool | None
-    compile_options: dict | None
+    """What ``static_decode`` asked for a model."""
+
+    enabled: bool = True
+    compile: bool | None = None
+    compile_options: dict | None = None
 
 
 _ASKED: weakref.WeakKeyDictionary[nn.Module, _Choice] = weakref.WeakKeyDictionary()
@@ -45,7 +48,7 @@ def static_decode(
     ``compile=None`` captures CUDA graphs on CUDA and runs the same step eagerly elsewhere.
     """
     _SESSIONS.pop(model, None)
-    _ASKED[model] = _Choice(compile, compile_options) if enabled else _Choice(False, {"off": True})
+    _ASKED[model] = _Choice(enabled, compile, compile_options)
     return model
 
 
@@ -53,7 +56,7 @@ def static_wanted(model: Any) -> bool:
     """True where the static path is wanted: asked by ``static_decode``, or on CUDA unless refused."""
     choice = _ASKED.get(model)
     if choice is not None:
-        return choice.compile_options != {"off": True}
+        return choice.enabled
     device = getattr(model, "device", torch.device("cpu"))
     return device.type == "cuda" and os.environ.get("GPTLAB_STATIC", "1") != "0"
 
@@ -82,7 +85,7 @@ def session_for(
         return old
     if old is not None and not old.rows:
         batch, max_len = max(batch, old.max_batch), max(max_len, old.max_len)
-    choice = _ASKED.get(model) or _Choice(None, None)
+    choice = _ASKED.get(model) or _Choice()
     rows = 1 << (batch - 1).bit_length()  # a power of two: later, smaller requests reuse it
     session = StaticSession(
         model,
