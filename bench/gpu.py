@@ -9,7 +9,8 @@ Prints ONE JSON line per figure:
 * ``train``: ms/step, tokens/s and MFU of one training step (batch 16 × 1024, bf16 autocast,
   ``torch.compile``, fused AdamW, clipping) of ``bench/baseline_minimal.py``'s nanoGPT-style model
   (vocabulary 50,304 as nanoGPT pads it) and of gptlab's ``GPT`` (``model.preset=gpt2`` with
-  ``vocab_multiple`` 64 and 1), through the same minimal loop on the same random tokens;
+  ``vocab_multiple`` 64 and 1), through the same minimal loop on the same tokens (a random Markov
+  chain with 4 successors per token: the best loss is ln 4, so ``last_loss`` compares learning);
   ``vs_baseline`` is the tokens/s ratio. MFU uses ``gptlab size``'s training FLOPs per token.
 * ``decode``: greedy decoding, 32-token prompt, 128 new tokens, bf16 weights, at batch 1, 8 and 64:
   ``model.generate`` (the static cache + CUDA graphs path; ``compiled`` says the graphs ran) and
@@ -67,6 +68,21 @@ def minimal_model(config: GPTConfig, vocab: int) -> torch.nn.Module:
     return baseline_minimal.MinimalGPT(vocab)
 
 
+def markov_tokens(vocab: int, rows: int, length: int, successors: int = 4) -> torch.Tensor:
+    """Rows of a random Markov chain where each token has ``successors`` equally likely next tokens.
+
+    The best possible loss is ``ln(successors)`` (1.386 nats), so "equal loss after the same steps"
+    compares how fast each model learns, which uniform random tokens (loss ln V forever) cannot.
+    """
+    g = torch.Generator().manual_seed(0)
+    table = torch.randint(0, vocab, (vocab, successors), generator=g)
+    out = torch.empty(rows, length, dtype=torch.long)
+    out[:, 0] = torch.randint(0, vocab, (rows,), generator=g)
+    for t in range(1, length):
+        out[:, t] = table[out[:, t - 1], torch.randint(0, successors, (rows,), generator=g)]
+    return out
+
+
 def time_training(model, loss_of, args, device: str, tokens: torch.Tensor) -> dict:
     """Mean ms/step after ``args.warmup`` steps of one minimal loop, the same for every model."""
     model.to(device).train()
@@ -100,10 +116,7 @@ def time_training(model, loss_of, args, device: str, tokens: torch.Tensor) -> di
 
 
 def train_figures(args, device: str, base: GPTConfig) -> None:
-    g = torch.Generator().manual_seed(0)
-    tokens = torch.randint(0, base.vocab_size, (args.train_batch + 8, base.block_size + 1), generator=g).to(
-        device
-    )
+    tokens = markov_tokens(base.vocab_size, args.train_batch + 8, base.block_size + 1).to(device)
     flops = training_flops_per_token(base)  # per token: the formula of gptlab size and gptlab train
     peak = peak_flops(device, "bfloat16")
 

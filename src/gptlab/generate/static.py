@@ -346,6 +346,8 @@ class StaticSession:
             self._live_rows = rows
         b = self.bucket(len(self.rows))
         flavour = "greedy" if all(self._greedy[s] for s in slots) else "sample"
+        if self._compile and self.model.device.type == "cuda":
+            torch.compiler.cudagraph_mark_step_begin()  # a new step: earlier replays are finished with
         self._graph(b, flavour)(self, b, flavour)
         chosen = self.state.next_token[: len(self.rows)].tolist()  # the one host sync of a step
         out = {}
