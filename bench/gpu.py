@@ -2,6 +2,7 @@
 
     python bench/gpu.py                          # every figure (needs CUDA)
     python bench/gpu.py --only decode --batches 1,64
+    python bench/gpu.py --only train --profile 15   # + each model's 15 costliest GPU kernels
     python bench/gpu.py --smoke                  # tiny shapes on the CPU, compile off: checks the script
 
 Prints ONE JSON line per figure:
@@ -83,6 +84,22 @@ def markov_tokens(vocab: int, rows: int, length: int, successors: int = 4) -> to
     return out
 
 
+def profile(one_step, device: str, n: int, steps: int = 3) -> list[tuple[str, float]]:
+    """The ``n`` kernels (GPU; operators on a CPU) with the most self time per step, in ms."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    cuda = device.startswith("cuda")
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with torch_profile(activities=activities) as prof:
+        for it in range(steps):
+            one_step(it)
+        sync(device)
+    key = "self_device_time_total" if cuda else "self_cpu_time_total"
+    rows = sorted(prof.key_averages(), key=lambda e: getattr(e, key), reverse=True)[:n]
+    return [(e.key[:80], round(getattr(e, key) / 1e3 / steps, 3)) for e in rows]
+
+
 def time_training(model, loss_of, args, device: str, tokens: torch.Tensor) -> dict:
     """Mean ms/step after ``args.warmup`` steps of one minimal loop, the same for every model."""
     model.to(device).train()
@@ -92,23 +109,29 @@ def time_training(model, loss_of, args, device: str, tokens: torch.Tensor) -> di
     autocast = torch.autocast(device.split(":")[0], dtype=torch.bfloat16, enabled=fused)
     B, T = args.train_batch, tokens.size(1) - 1
     batches = [(tokens[i : i + B, :-1].contiguous(), tokens[i : i + B, 1:].contiguous()) for i in range(8)]
-    times, losses = [], []
-    for it in range(args.warmup + args.steps):
+
+    def one_step(it: int) -> torch.Tensor:
         x, y = batches[it % len(batches)]
-        sync(device)
-        t = time.perf_counter()
         with autocast:
             loss = loss_of(step_model, x, y)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         opt.zero_grad(set_to_none=True)
+        return loss.detach()
+
+    times, losses = [], []
+    for it in range(args.warmup + args.steps):
+        sync(device)
+        t = time.perf_counter()
+        losses.append(one_step(it))
         sync(device)
         if it >= args.warmup:
             times.append(time.perf_counter() - t)
-        losses.append(loss.detach())
+    top = profile(one_step, device, args.profile) if args.profile else None
     ms = 1e3 * statistics.fmean(times)
     return {
+        **({"top_kernels_ms_per_step": top} if top else {}),
         "ms_per_step": round(ms, 2),
         "tokens_per_s": round(B * T / ms * 1e3, 1),
         "last_loss": round(float(losses[-1]), 4),
@@ -237,6 +260,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warmup", type=int, default=10)
     p.add_argument("--train-batch", type=int, default=16)
     p.add_argument("--vocab-multiples", default="64,1", help="gptlab's vocab_multiple values to train")
+    p.add_argument(
+        "--profile", type=int, default=0, metavar="N", help="also list each model's N most expensive kernels"
+    )
     p.add_argument("--batches", default="1,8,64", help="decoding batch sizes")
     p.add_argument("--prompt-tokens", type=int, default=32)
     p.add_argument("--new-tokens", type=int, default=128)
