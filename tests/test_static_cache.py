@@ -174,6 +174,8 @@ def test_options_outside_the_graph_use_the_dynamic_path():
     assert not use_static(model, SampleConfig(), torch.int8, want_probs=False)
     assert not use_static(model, SampleConfig(), None, want_probs=True)
     assert not use_static(tiny(), SampleConfig(), None, want_probs=False)  # CPU: the dynamic reference
+    alibi_bf16 = static_decode(tiny(pos="alibi").to(torch.bfloat16), compile=False)
+    assert not use_static(alibi_bf16, SampleConfig(), None, want_probs=False)  # its bias would round
     beams = dict(beam_width=2, temperature=0)
     assert alone(model, PROMPTS[0], 6, **beams) == alone(tiny(), PROMPTS[0], 6, **beams)
 

@@ -53,7 +53,18 @@ def static_decode(
 
 
 def static_wanted(model: Any) -> bool:
-    """True where the static path is wanted: asked by ``static_decode``, or on CUDA unless refused."""
+    """True where the static path is wanted: asked by ``static_decode``, or on CUDA unless refused.
+
+    Never for ALiBi in half precision: attending over all ``T_max`` slots, a row's bias
+    ``−m·(T_max − 1 − j)`` is off by ``m·(T_max − 1 − pos)``, a constant softmax ignores in float32
+    but that bf16 (8 bits of mantissa: steps of 4 at 512) would round the scores with.
+    """
+    config = getattr(model, "config", None)
+    if getattr(config, "pos", None) == "alibi" and getattr(model, "dtype", None) in (
+        torch.bfloat16,
+        torch.float16,
+    ):
+        return False
     choice = _ASKED.get(model)
     if choice is not None:
         return choice.enabled
