@@ -82,7 +82,7 @@ def test_buckets_and_a_batch_of_three_in_the_bucket_of_four():
     model = tiny(pos="rope")
     session = StaticSession(model, 8, 40, compile=False)
     got = run(session, PROMPTS[:3], 12)
-    assert session.bucket(3) == 4 and list(session._steps) == [(4, "greedy")]
+    assert session.bucket(3) == 4 and session.graphs == [(4, "greedy")]
     # the idle fourth row holds garbage: real rows must not notice
     clean = run(StaticSession(model, 8, 40, compile=False), PROMPTS[:3], 6)
     dirty = StaticSession(model, 8, 40, compile=False)
@@ -122,7 +122,7 @@ def test_slots_join_and_leave_mid_stream_without_recapture():
     for k, toks in finished.items():
         assert toks == ref[k][: len(toks)] and len(toks) >= 4, k
     # 3 rows (bucket 4), 2 (bucket 2), 4 and 3 (bucket 4 again): each bucket was captured once
-    assert sorted(session._steps) == [(2, "greedy"), (4, "greedy")] and session.captures == 2
+    assert session.graphs == [(2, "greedy"), (4, "greedy")] and session.captures == 2
 
 
 def test_a_paused_slot_keeps_its_state():
@@ -223,9 +223,18 @@ def test_the_compiled_step_is_really_used_and_agrees():
     with warnings.catch_warnings():
         warnings.filterwarnings("error", message=".*torch.compile failed")  # a fallback to eager
         got = run(session, PROMPTS[:3], 6)
+        traced = counters["stats"]["unique_graphs"]
+        session.remove(min(got))  # two rows now: the bucket of 2, the same compiled step
+        rest = [session.step([s for s in got if s != min(got)]) for _ in range(3)]
     assert session.compiled and session._prefill.enabled
-    assert counters["stats"]["unique_graphs"] >= before + 2  # the prefill and the step of bucket 4
+    assert traced == before + 2  # the prefill and the step (the bucket is a symbol) ...
+    assert counters["stats"]["unique_graphs"] == traced  # ... so a new bucket traced nothing new
+    assert session.graphs == [(2, "greedy"), (4, "greedy")]
     assert got == eager
+    eager_session = StaticSession(model, 4, 40, compile=False)
+    run(eager_session, PROMPTS[:3], 6)
+    eager_session.remove(min(got))
+    assert rest == [eager_session.step([s for s in got if s != min(got)]) for _ in range(3)]
 
 
 def test_a_failed_compilation_is_visible():

@@ -14,7 +14,8 @@ replayed, the step costs about its memory traffic. A graph fixes every shape and
                                                                         (all inside the graph)
 
 One graph per bucket (1, 2, 4, …, ``max_batch``) and sampler flavour, captured on first use through
-``torch.compile(mode="reduce-overhead", fullgraph=True)``. A sequence joins by a prefill into the
+``torch.compile(mode="reduce-overhead", fullgraph=True)``: the step is compiled once per flavour
+with the bucket as a symbol, and inductor records one CUDA graph per bucket size. A sequence joins by a prefill into the
 next free row (prefill is compiled with dynamic shapes: prompts vary); one leaves by moving the last
 row into its place. Neither touches a graph, so nothing is re-captured.
 
@@ -73,18 +74,19 @@ class _Rows(nn.Module):
         for name in ("counts", "bias"):  # (n, V): token counts of each row's history, its logit bias
             self.register_buffer(name, mark_static(torch.zeros(n, vocab, device=device)), persistent=False)
 
-    def options(self, rows: slice) -> list[torch.Tensor]:
-        """What the row sampler takes after the logits, for ``rows``."""
-        return [getattr(self, n)[rows] for n in ("temperature", "top_k", "top_p", "min_p", "seed")]
+    # (rows as start, stop: a slice object holding a symbolic size would make dynamo specialise it)
+    def options(self, start: int, stop: int) -> list[torch.Tensor]:
+        """What the row sampler takes after the logits, for rows ``[start, stop)``."""
+        return [getattr(self, n)[start:stop] for n in ("temperature", "top_k", "top_p", "min_p", "seed")]
 
-    def penalised(self, logits: torch.Tensor, rows: slice) -> torch.Tensor:
+    def penalised(self, logits: torch.Tensor, start: int, stop: int) -> torch.Tensor:
         return penalise(
             logits,
-            self.counts[rows],
-            self.repetition[rows],
-            self.frequency[rows],
-            self.presence[rows],
-            self.bias[rows],
+            self.counts[start:stop],
+            self.repetition[start:stop],
+            self.frequency[start:stop],
+            self.presence[start:stop],
+            self.bias[start:stop],
         )
 
     def move(self, dst: int, src: int) -> None:
@@ -123,8 +125,11 @@ class _Layers:
         self.layers = layers
 
 
-def decode_step(session: StaticSession, b: int, flavour: str) -> None:
-    """One token for rows ``[0, b)``: every shape fixed by ``b``, every tensor a static buffer."""
+def decode_step(session: StaticSession, bucket: torch.Tensor, flavour: str) -> None:
+    """One token for rows ``[0, b)``, ``b = len(bucket)``: every shape fixed by ``b``, every other
+    tensor a static buffer. (``b`` comes as a tensor's size so that one compilation, with ``b`` a
+    symbol, serves every bucket.)"""
+    b = bucket.size(0)
     s, model = session.state, session.model
     pos = s.length[:b].clamp(max=session.max_len - 1)  # (b,) an idle row never writes out of bounds
     cfg = model.config
@@ -135,8 +140,8 @@ def decode_step(session: StaticSession, b: int, flavour: str) -> None:
     out = model.run(
         s.next_token[:b, None], pos=pos[:, None], cache=_Layers(layers), attn_mask=mask, last_only=True
     )
-    logits = s.penalised(out.logits[:, -1, : session.vocab].float(), slice(0, b))  # (b, V)
-    token = ROW_SAMPLERS[flavour](logits, *s.options(slice(0, b)), pos)
+    logits = s.penalised(out.logits[:, -1, : session.vocab].float(), 0, b)  # (b, V)
+    token = ROW_SAMPLERS[flavour](logits, *s.options(0, b), pos)
     live = s.live[:b]
     s.next_token[:b] = torch.where(live, token, s.next_token[:b])
     s.length[:b] += live.long()
@@ -160,9 +165,8 @@ def prefill(
     pos = torch.arange(T, device=idx.device)
     logits = model.run(idx, pos=pos, cache=_Layers(layers)).logits  # (n, T, V)
     rows = torch.arange(n, device=idx.device)
-    rows_of = slice(r0, r0 + n)
-    chosen = s.penalised(logits[rows, last, : session.vocab].float(), rows_of)  # (n, V)
-    return ROW_SAMPLERS[flavour](chosen, *s.options(rows_of), last)
+    chosen = s.penalised(logits[rows, last, : session.vocab].float(), r0, r0 + n)  # (n, V)
+    return ROW_SAMPLERS[flavour](chosen, *s.options(r0, r0 + n), last)
 
 
 class StaticSession:
@@ -204,11 +208,13 @@ class StaticSession:
             self.cache = StaticKVCache(config, max_batch, max_len, dtype, device)
             self.state = _Rows(max_batch, self.vocab, device)
         self.buckets = buckets_for(max_batch)
+        self._marks = {b: torch.zeros(b, device=device) for b in self.buckets}  # their sizes: the buckets
         if compile is None:
             compile = device.type == "cuda" and os.environ.get("GPTLAB_COMPILE", "1") != "0"
         options = compile_options or {"mode": "reduce-overhead", "fullgraph": True}
         self._compile, self._options = compile, options
-        self._steps: dict[tuple[int, str], Compiled] = {}  # one per (bucket, flavour): the captured graphs
+        self._steps: dict[str, Compiled] = {}  # the compiled step per sampler flavour
+        self._graphs: set[tuple[int, str]] = set()  # (bucket, flavour) graphs captured so far
         # prompts vary: one kernel set for every shape, no CUDA graph (it would be one per shape)
         prefill_options = {k: v for k, v in options.items() if k != "mode"}
         self._prefill = Compiled(
@@ -227,9 +233,13 @@ class StaticSession:
         return self.max_batch - len(self.rows)
 
     @property
+    def graphs(self) -> list[tuple[int, str]]:
+        """The ``(bucket, flavour)`` step graphs used so far, each captured once."""
+        return sorted(self._graphs)
+
+    @property
     def captures(self) -> int:
-        """How many step graphs exist (one per bucket and flavour used so far)."""
-        return len(self._steps)
+        return len(self._graphs)
 
     @property
     def compiled(self) -> bool:
@@ -348,7 +358,7 @@ class StaticSession:
         flavour = "greedy" if all(self._greedy[s] for s in slots) else "sample"
         if self._compile and self.model.device.type == "cuda":
             torch.compiler.cudagraph_mark_step_begin()  # a new step: earlier replays are finished with
-        self._graph(b, flavour)(self, b, flavour)
+        self._graph(b, flavour)(self, self._marks[b], flavour)
         chosen = self.state.next_token[: len(self.rows)].tolist()  # the one host sync of a step
         out = {}
         for r in rows:
@@ -358,16 +368,19 @@ class StaticSession:
         return out
 
     def _graph(self, b: int, flavour: str) -> Compiled:
-        key = (b, flavour)
-        if key not in self._steps:
-            self._steps[key] = Compiled(
+        """The step of ``flavour``: compiled once with the bucket ``b`` a symbol (1 apart), and
+        captured as one CUDA graph per bucket (inductor records a graph per distinct size)."""
+        if flavour not in self._steps:
+            self._steps[flavour] = Compiled(
                 decode_step,
-                f"the static decode step (batch {b})",
+                f"the static decode step ({flavour})",
+                True,
                 device_type=self.model.device.type,
                 enabled=self._compile,
                 **self._options,
             )
-        return self._steps[key]
+        self._graphs.add((b, flavour))
+        return self._steps[flavour]
 
     def _slide(self, slot: int) -> None:
         """Rebuild a full row from its last ``keep`` cached tokens (positions restart at 0)."""
