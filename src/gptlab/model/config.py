@@ -91,6 +91,7 @@ class GPTConfig:
     moe_aux_weight: float = 0.01
     init_std: float = 0.02
     zero_init_residual: bool = False  # zero the residual output projections (a modern recipe)
+    vocab_multiple: int = 1  # pad embedding and head rows internally to a multiple of this (64 on GPUs)
     extra: dict[str, Any] = field(
         default_factory=dict
     )  # free-form notes (e.g. the source of imported weights)
@@ -110,7 +111,16 @@ class GPTConfig:
             if not ok:
                 raise GptlabError(f"invalid model config: {msg}")
 
-        for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd", "d_ff", "n_kv_head"):
+        for name in (
+            "vocab_size",
+            "block_size",
+            "n_layer",
+            "n_head",
+            "n_embd",
+            "d_ff",
+            "n_kv_head",
+            "vocab_multiple",
+        ):
             value = getattr(self, name)
             need(
                 isinstance(value, int) and not isinstance(value, bool) and value > 0,
@@ -160,6 +170,16 @@ class GPTConfig:
     def head_dim(self) -> int:
         """``d_k = d_model / n_head``."""
         return self.n_embd // self.n_head
+
+    @property
+    def padded_vocab_size(self) -> int:
+        """Rows of the embedding and the head: ``vocab_size`` rounded up to ``vocab_multiple``.
+
+        The extra rows are never a token: their logits are sliced off (and masked out of the
+        loss), checkpoints and exports hold ``vocab_size`` rows. 50,257 → 50,304 lets GPU matrix
+        products use their fastest tiles.
+        """
+        return self.vocab_multiple * math.ceil(self.vocab_size / self.vocab_multiple)
 
     @property
     def n_rep(self) -> int:

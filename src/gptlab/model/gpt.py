@@ -13,13 +13,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from gptlab.errors import GptlabError
 from gptlab.model.block import Block
 from gptlab.model.config import GPTConfig
 from gptlab.model.kvcache import KVCache
+from gptlab.model.loss import next_token_loss
 from gptlab.model.mlp import MixtureOfExperts
 from gptlab.model.norms import NORMS, make_norm
 from gptlab.model.positional import POSITIONAL
@@ -42,7 +42,7 @@ class GPT(nn.Module):
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
         self.config = config
-        self.wte = nn.Embedding(config.vocab_size, config.n_embd)  # W_e
+        self.wte = nn.Embedding(config.padded_vocab_size, config.n_embd)  # W_e (+ padding rows)
         self.positional = POSITIONAL[config.pos](config)
         self.drop = nn.Dropout(config.dropout)
         self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layer))
@@ -52,10 +52,13 @@ class GPT(nn.Module):
             if config.norm_placement == "pre"
             else nn.Identity()
         )
-        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        self.lm_head = nn.Linear(config.n_embd, config.padded_vocab_size, bias=False)
         if config.tie_embeddings:
             self.lm_head.weight = self.wte.weight  # eq. 9: logits = h·W_eᵀ, one shared matrix
         self.apply(self._init_weights)
+        with torch.no_grad():  # padding rows are never a token: zero, and kept so (no gradient reaches them)
+            self.wte.weight[config.vocab_size :].zero_()
+            self.lm_head.weight[config.vocab_size :].zero_()
 
     # ------------------------------------------------------------------ init
     def _init_weights(self, module: nn.Module) -> None:
@@ -133,18 +136,18 @@ class GPT(nn.Module):
         x = self.norm_f(x)
         if last_only:
             x = x[:, -1:, :]
-        logits = self.lm_head(x)  # (B, T, vocab_size)
+        logits = self.lm_head(x)  # (B, T, padded_vocab_size)
         if self.config.logit_softcap is not None:
             cap = self.config.logit_softcap
             logits = cap * torch.tanh(logits / cap)
         aux = self._aux_loss()
         loss = None
         if targets is not None:
-            loss = F.cross_entropy(
-                logits.reshape(-1, logits.size(-1)).float(), targets.reshape(-1), ignore_index=-1
-            )
+            loss = next_token_loss(logits, targets, self.config.vocab_size)
             if aux is not None:
                 loss = loss + self.config.moe_aux_weight * aux
+        if logits.size(-1) != self.config.vocab_size:
+            logits = logits[..., : self.config.vocab_size]  # the padding columns are never a token
         return ModelOutput(
             logits=logits, loss=loss, aux_loss=aux, hidden_states=hidden, attentions=attentions
         )
@@ -176,6 +179,7 @@ class GPT(nn.Module):
         """Parameter counts by part: embeddings, positions, attention, feed_forward, norms, head, total.
 
         A tied head counts once (under embeddings); ``total_without_positions`` omits the learned table.
+        The vocabulary's padding rows (``vocab_multiple``) are not counted: they are never a token.
         """
         counts = dict.fromkeys(("embeddings", "positions", "attention", "feed_forward", "norms", "head"), 0)
         seen: set[int] = set()
@@ -185,7 +189,9 @@ class GPT(nn.Module):
                 if id(p) in seen:
                     continue
                 seen.add(id(p))
-                counts[_part_of(name, module, norm_types)] += p.numel()
+                vocab_rows = name in ("wte", "lm_head") and p.dim() == 2  # padding rows left out
+                n = self.config.vocab_size * p.size(1) if vocab_rows else p.numel()
+                counts[_part_of(name, module, norm_types)] += n
         counts["total"] = sum(counts.values())
         counts["total_without_positions"] = counts["total"] - counts["positions"]
         return counts
