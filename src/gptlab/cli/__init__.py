@@ -20,6 +20,7 @@ COMMANDS = [
     "train",
     "eval",
     "sample",
+    "fill",
     "tokenizer",
     "convert",
     "trace",

@@ -149,6 +149,9 @@ def create_app(
         raise GptlabError(
             "the checkpoint has no tokenizer.json; serving needs a tokenizer to turn text into ids"
         )
+    from gptlab.generate.seq2seq import check_generative
+
+    check_generative(model)
     block_size = model.config.block_size
     cap = max_tokens_cap if max_tokens_cap is not None else block_size
     if cap < 1:

@@ -147,6 +147,9 @@ class Scheduler:
         self.max_batch = max_batch
         self.max_len = max_len or model.config.block_size
         self.vocab_size = min(tokenizer.vocab_size, model.config.vocab_size)
+        from gptlab.generate import seq2seq
+
+        self.seq2seq = seq2seq.is_seq2seq(model)  # each source has its own encoding: one job at a time
         self._new_session = lambda: BatchSession(model, max_batch, max_len=self.max_len)
         self.session = self._new_session()
         self._cond = threading.Condition()
@@ -249,7 +252,7 @@ class Scheduler:
                 job = self._waiting[0]
                 if job.cancelled.is_set():
                     self._waiting.popleft()
-                elif job.config.beam_width > 1:
+                elif job.config.beam_width > 1 or self.seq2seq:
                     self._waiting.popleft()
                     self._beam_jobs.add(job)
                     self._beam_pool.submit(self._run_beam, job)
@@ -357,8 +360,11 @@ class Scheduler:
 
     # ------------------------------------------------------------ beam search
     def _run_beam(self, job: Job) -> None:
-        """Beam search through the non-batched ``stream_events`` on a worker thread."""
-        from gptlab.generate import stream_events
+        """Beam search (or an encoder–decoder's job) through the non-batched ``stream_events`` on a worker thread."""
+        from gptlab.generate import seq2seq, stream_events
+
+        if self.seq2seq:
+            stream_events = seq2seq.stream_events  # noqa: F811 - the source is encoded once, then decoded
 
         reason = "length"
         try:

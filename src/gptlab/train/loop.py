@@ -19,7 +19,6 @@ import signal
 import time
 import warnings
 from dataclasses import dataclass
-from itertools import islice
 from pathlib import Path
 from typing import Any
 
@@ -27,14 +26,14 @@ import torch
 
 from gptlab import checkpoint as ckpt
 from gptlab.compiling import can_compile
-from gptlab.data import TokenDataset, WindowSampler, eval_batches
 from gptlab.errors import GptlabError
 from gptlab.fileio import atomic_write_json
-from gptlab.model import GPT
+from gptlab.model import GPT, build_model
 from gptlab.train import distributed
 from gptlab.train.config import TrainConfig, build_config
-from gptlab.train.evaluate import EvalResult, loss_sum
+from gptlab.train.evaluate import EvalResult
 from gptlab.train.metrics import MetricsLog
+from gptlab.train.objectives import make_objective
 from gptlab.train.optim import build_optimizer
 from gptlab.train.schedule import learning_rate
 
@@ -217,25 +216,15 @@ class _Trainer:
         self.device = info.device
         self.device_type = torch.device(self.device).type
         torch.set_num_threads(_threads(cfg, info.world_size))
-        self.data = TokenDataset(data_dir)
+        self.objective = make_objective(cfg, data_dir, info.rank, info.world_size)  # batches and loss
+        self.data, self.model_config = self.objective.data, self.objective.model_config
         self.data_dir = data_dir
-        self.model_config = cfg.model_config(self.data.vocab_size)
         T = self.model_config.block_size
-        self.sampler = WindowSampler(
-            self.data.split("train"),
-            T,
-            cfg.batch_size,
-            seed=cfg.seed,
-            grad_accum=cfg.grad_accum,
-            world_size=info.world_size,
-            rank=info.rank,
-        )
-        self.data.split("val")
         self.autocast = _autocast(self.device_type, cfg.dtype)
         self.tokens_per_step = cfg.batch_size * T * cfg.grad_accum * info.world_size
 
         torch.manual_seed(cfg.seed)  # the same initial weights on every rank
-        self.model = GPT(self.model_config).set_attention_impl(cfg.attention).to(self.device)
+        self.model = build_model(self.model_config).set_attention_impl(cfg.attention).to(self.device)
         self.optimizer = build_optimizer(
             self.model,
             cfg.optimizer,
@@ -325,7 +314,7 @@ class _Trainer:
             self.run_dir,
             self.step,
             self.model,
-            self.data.tokenizer,
+            self.objective.tokenizer,
             state,
             extra={
                 "val_loss": val_loss,
@@ -346,15 +335,10 @@ class _Trainer:
     # ------------------------------------------------------------- eval
     def evaluate(self) -> dict[str, float]:
         out: dict[str, float] = {}
-        T, B, n = self.model_config.block_size, self.cfg.batch_size, self.cfg.eval_batches
-        for split in ("train", "val"):
-            world = (
-                self.info.world_size
-            )  # eval_batches counts global batches (B per rank), shared out by rank
-            batches = islice(
-                eval_batches(self.data.split(split), T, B, n * world), self.info.rank, None, world
+        for split in ("train", "val"):  # eval_batches counts global batches (B per rank), shared out by rank
+            total, count = self.objective.eval_sum(
+                self.model, split, self.cfg.eval_batches, self.device, self.autocast
             )
-            total, count = loss_sum(self.model, batches, self.device, self.autocast)
             sums = distributed.all_reduce_sum(
                 torch.stack([total, torch.tensor(float(count), dtype=torch.float64, device=self.device)]),
                 self.info,
@@ -381,12 +365,10 @@ class _Trainer:
         )
         total = torch.zeros((), device=self.device)
         for micro in range(cfg.grad_accum):
-            x, y = self.sampler.batch(self.step, micro)
-            x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
+            batch = self.objective.batch(self.step, micro, self.device)
             sync = self.info.enabled and micro < cfg.grad_accum - 1
             with self.forward.no_sync() if sync else contextlib.nullcontext(), self.autocast:
-                _, loss = self.forward(x, y)
-                loss = loss / cfg.grad_accum
+                loss = self.objective.loss(self.forward, batch) / cfg.grad_accum
             (self.scaler.scale(loss) if self.scaler else loss).backward()
             total += loss.detach()
         if self.scaler is not None:
