@@ -99,6 +99,9 @@ def test_mlm_run_fills_masks_and_refuses_to_sample(text_data, tmp_path, capsys) 
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "masked-language model" in err[0] and "gptlab fill" in err[0]
     assert main(["fill", str(tmp_path / "run"), "no mask here"]) == 2
+    capsys.readouterr()
+    assert main(["eval", str(tmp_path / "run"), "--data", str(text_data), "--max-batches", "2"]) == 0
+    assert "loss" in capsys.readouterr().out  # the masked-token loss
     assert result.val_loss is not None
 
 

@@ -110,6 +110,12 @@ def evaluate_path(
     autocast = (
         torch.autocast(torch.device(device).type, dtype=torch.bfloat16) if dtype == "bfloat16" else None
     )
+    if model.config.arch != "decoder":  # an encoder (masked tokens) or an encoder–decoder (pairs)
+        from gptlab.train.objectives import evaluate_objective
+
+        return evaluate_objective(model, text, data, split, batch_size, max_batches, device, autocast), (
+            f"{directory} on {data} ({split})"
+        )
     if text is not None:
         from gptlab.tokenizers.loading import read_text_file
 
