@@ -267,7 +267,9 @@ def _parameters(c: GPTConfig) -> tuple[list[Figure], dict[str, int]]:
             "params",
             formula,
             calc,
-            "two per block" + (", one final" if n_final else "") + (", QK-norm" if qk else ""),
+            ("three per decoder block, two per encoder block" if E else "two per block")
+            + ((", a final one per stack" if E else ", one final") if n_final else "")
+            + (", QK-norm" if qk else ""),
         )
     )
 
