@@ -76,6 +76,20 @@ class Block(nn.Module):
         attn_mask: torch.Tensor | None = None,
         need_weights: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        x, weights = self._self_attention(x, pos, positional, cache, attn_mask, need_weights)
+        x, _ = self.residual(x, self.norm2, self._ffn)
+        return x, weights
+
+    def _self_attention(
+        self,
+        x: torch.Tensor,
+        pos: torch.Tensor,
+        positional: PositionalEncoding,
+        cache: LayerCache | None,
+        attn_mask: torch.Tensor | None,
+        need_weights: bool,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The first sublayer: ``H' = H + MultiHead(LN(H))`` (pre) or ``LN(H + MultiHead(H))`` (post)."""
         attn = partial(
             self.attn,
             pos=pos,
@@ -84,9 +98,7 @@ class Block(nn.Module):
             attn_mask=attn_mask,
             need_weights=need_weights,
         )
-        x, weights = self.residual(x, self.norm1, attn)
-        x, _ = self.residual(x, self.norm2, self._ffn)
-        return x, weights
+        return self.residual(x, self.norm1, attn)
 
 
 class DecoderBlock(Block):
@@ -112,15 +124,7 @@ class DecoderBlock(Block):
         cross: CrossKV,
         source_mask: torch.Tensor | None = None,  # bool (B, 1, 1, S); True = a real source token
     ) -> tuple[torch.Tensor, tuple[torch.Tensor | None, torch.Tensor | None]]:
-        attn = partial(
-            self.attn,
-            pos=pos,
-            positional=positional,
-            cache=cache,
-            attn_mask=attn_mask,
-            need_weights=need_weights,
-        )
-        x, weights = self.residual(x, self.norm1, attn)
+        x, weights = self._self_attention(x, pos, positional, cache, attn_mask, need_weights)
         cross_attn = partial(self.cross_attn, kv=cross, source_mask=source_mask, need_weights=need_weights)
         x, cross_weights = self.residual(x, self.norm_cross, cross_attn)
         x, _ = self.residual(x, self.norm2, self._ffn)
