@@ -20,7 +20,8 @@ import torch
 from gptlab.errors import GptlabError
 from gptlab.generate.beam import beam_events, beam_search
 from gptlab.generate.config import SampleConfig
-from gptlab.generate.decode import TokenEvent, _decode, _start
+from gptlab.generate.decode import _decode, _start
+from gptlab.generate.step import TokenEvent
 
 
 def is_seq2seq(model: Any) -> bool:
@@ -64,13 +65,31 @@ def stream_events(
     want_probs: bool = True,
 ) -> Iterator[TokenEvent]:
     """Generate the target of ``source``, a ``TokenEvent`` per token (the interface of ``generate.stream_events``)."""
+    ids = source_ids(tokenizer, source)
+    yield from stream_ids(model, tokenizer, ids, config, cache_dtype=cache_dtype, want_probs=want_probs)
+
+
+def stream_ids(
+    model: Any,
+    tokenizer: Any,
+    source: Sequence[int],
+    config: SampleConfig | None = None,
+    *,
+    cache_dtype: torch.dtype | None = None,
+    want_probs: bool = False,
+) -> Iterator[TokenEvent]:
+    """``stream_events`` for a source given as token ids (the server's jobs)."""
     config = config or SampleConfig()
-    bound = model.bind(source_ids(tokenizer, source))
+    if not source:
+        raise GptlabError("an encoder-decoder model needs a source to translate; give a non-empty prompt")
+    bound = model.bind(source)
     if config.beam_width > 1:
         yield from beam_events(bound, tokenizer, _bos(tokenizer), config, cache_dtype)
         return
-    session, requests = _start(bound, tokenizer, [_bos(tokenizer)], config, cache_dtype)
-    yield from _decode(session, requests, config, tokenizer, want_probs)
+    session, rows = _start(
+        bound, tokenizer, [_bos(tokenizer)], config, cache_dtype, top_n=5 if want_probs else None
+    )
+    yield from _decode(session, rows)
 
 
 def generate_text(
@@ -100,9 +119,9 @@ def generate_ids(
     bound = model.bind(source)
     if config.beam_width > 1:
         return beam_search(bound, [bos_id], config, None, cache_dtype)
-    session, requests = _start(bound, None, [[bos_id]], config, cache_dtype)
-    tokens = [e.token_id for e in _decode(session, requests, config, None, False) if e.token_id is not None]
-    return tokens, requests[0].reason or "length"
+    session, rows = _start(bound, None, [[bos_id]], config, cache_dtype)
+    tokens = [e.token_id for e in _decode(session, rows) if e.token_id is not None]
+    return tokens, rows[0].step.reason or "length"
 
 
 @torch.no_grad()
@@ -125,4 +144,5 @@ __all__ = [
     "is_seq2seq",
     "source_ids",
     "stream_events",
+    "stream_ids",
 ]
