@@ -247,3 +247,11 @@ def test_encoder_decoder_learns_to_copy_in_a_few_steps() -> None:
         loss.backward()
         opt.step()
     assert loss.item() < 0.3
+
+
+def test_hugging_face_export_refuses_other_architectures(tmp_path) -> None:
+    from gptlab.interop.hf import to_hf
+
+    for arch in ("encoder", "encoder-decoder"):
+        with pytest.raises(GptlabError, match=f"arch='{arch}'"):
+            to_hf(build_model(tiny(arch=arch)), tmp_path / arch)
