@@ -17,8 +17,7 @@ The training loop calls an objective through one interface: ``batch(step, micro)
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from itertools import islice
 from pathlib import Path
 from typing import Any
@@ -29,6 +28,7 @@ import torch
 from gptlab.data import TokenDataset, WindowSampler, eval_batches
 from gptlab.errors import GptlabError
 from gptlab.model import GPTConfig
+from gptlab.train.evaluate import target_loss_sum
 
 MASK = "[MASK]"
 Batch = tuple[torch.Tensor, ...]
@@ -62,32 +62,6 @@ def mlm_mask(
 
 def _generator(*key: int) -> torch.Generator:
     return torch.Generator().manual_seed(int(np.random.SeedSequence(list(key)).generate_state(1)[0]))
-
-
-@torch.no_grad()
-def _mean_over_targets(
-    model: Any,
-    batches: Iterable[Batch],
-    run: Callable[[Any, Batch], torch.Tensor],
-    device: str,
-    autocast: Any,
-) -> tuple[torch.Tensor, int]:
-    """``(Σ losses, count)`` over the positions whose target is not −1 (the last tensor of a batch)."""
-    was_training = model.training
-    model.eval()
-    total = torch.zeros((), dtype=torch.float64, device=device)
-    count = 0
-    try:
-        for batch in batches:
-            batch = tuple(t.to(device) for t in batch)
-            with autocast if autocast is not None else contextlib.nullcontext():
-                loss = run(model, batch)
-            n = int((batch[-1] != -1).sum())
-            total += loss.double() * n
-            count += n
-    finally:
-        model.train(was_training)
-    return total, count
 
 
 class CausalLM:
@@ -174,7 +148,7 @@ class MaskedLM(CausalLM):
         self, model: Any, split: str, n: int, device: str, autocast: Any
     ) -> tuple[torch.Tensor, int]:
         batches = (self._corrupt(x, 1 << 30, i) for i, (x, _) in enumerate(self._eval_windows(split, n)))
-        return _mean_over_targets(model, batches, lambda m, b: m.run(*b).loss, device, autocast)
+        return target_loss_sum(model, batches, lambda m, b: m.run(*b).loss, device, autocast)
 
 
 class Seq2Seq(CausalLM):
@@ -230,7 +204,7 @@ class Seq2Seq(CausalLM):
         def run(m: Any, b: Batch) -> torch.Tensor:
             return m.run(b[2], b[3], source=b[0], source_mask=b[1]).loss
 
-        return _mean_over_targets(model, batches, run, device, autocast)
+        return target_loss_sum(model, batches, run, device, autocast)
 
 
 OBJECTIVES: dict[str, type[CausalLM]] = {"causal": CausalLM, "mlm": MaskedLM, "seq2seq": Seq2Seq}
