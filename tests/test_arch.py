@@ -255,3 +255,14 @@ def test_hugging_face_export_refuses_other_architectures(tmp_path) -> None:
     for arch in ("encoder", "encoder-decoder"):
         with pytest.raises(GptlabError, match=f"arch='{arch}'"):
             to_hf(build_model(tiny(arch=arch)), tmp_path / arch)
+
+
+def test_dropout_composes_with_both_stacks_and_an_encoder_cannot_generate() -> None:
+    model = EncoderDecoder(tiny(arch="encoder-decoder", dropout=0.3))
+    tgt, src = torch.randint(0, 37, (2, 6)), torch.randint(0, 37, (2, 5))
+    model.train()
+    assert not torch.allclose(model(tgt, source=src), model(tgt, source=src))  # dropout is active
+    model.eval()
+    torch.testing.assert_close(model(tgt, source=src), model(tgt, source=src))
+    with pytest.raises(GptlabError, match="bidirectional encoder"):
+        GPT(tiny(arch="encoder")).generate(torch.zeros(1, 2, dtype=torch.long), 3)

@@ -211,7 +211,9 @@ class GPT(nn.Module):
         ``temperature=0`` is greedy; every option of ``gptlab.generate.SampleConfig`` is accepted.
         """
         from gptlab.generate import generate_ids
+        from gptlab.generate.seq2seq import check_generative
 
+        check_generative(self)  # a bidirectional encoder has no next-token distribution
         return generate_ids(self, idx, max_new_tokens, **sampling)
 
     # ---------------------------------------------------------- parameters
