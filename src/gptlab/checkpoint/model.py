@@ -20,7 +20,7 @@ from gptlab.checkpoint.files import (
 )
 from gptlab.errors import GptlabError
 from gptlab.fileio import atomic_write_json
-from gptlab.model import GPT, GPTConfig
+from gptlab.model import GPT, GPTConfig, build_model
 
 VOCAB_ROWS = ("wte.weight", "lm_head.weight")  # tensors with one row per token
 
@@ -112,7 +112,7 @@ def load(
     directory = resolve_checkpoint(path)
     config = read_config(directory / CONFIG_FILE)
     state = read_tensors(directory / WEIGHTS_FILE)
-    model = GPT(config)
+    model = build_model(config)
     load_model_state(model, state, directory / WEIGHTS_FILE)
     if dtype is not None:
         model.to(dtype=dtype)

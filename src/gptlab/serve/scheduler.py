@@ -141,6 +141,9 @@ class Scheduler:
         self.tokenizer = tokenizer
         self.max_batch = max_batch
         self.max_len = max_len or model.config.block_size
+        from gptlab.generate import seq2seq
+
+        self.seq2seq = seq2seq.is_seq2seq(model)  # each source has its own encoding: one job at a time
         # a BatchSession, plus on CUDA a static lane (CUDA graphs) for the requests it can sample
         self._new_session = lambda: Lanes(model, max_batch, max_len=self.max_len)
         self.session = self._new_session()
@@ -244,7 +247,7 @@ class Scheduler:
                 job = self._waiting[0]
                 if job.cancelled.is_set():
                     self._waiting.popleft()
-                elif job.config.beam_width > 1:
+                elif job.config.beam_width > 1 or self.seq2seq:
                     self._waiting.popleft()
                     self._beam_jobs.add(job)
                     self._beam_pool.submit(self._run_beam, job)
@@ -329,11 +332,14 @@ class Scheduler:
 
     # ------------------------------------------------------------ beam search
     def _run_beam(self, job: Job) -> None:
-        """Beam search over the job's prompt ids on a worker thread."""
+        """Beam search (or an encoder–decoder's job: its prompt is the source) on a worker thread."""
+        from gptlab.generate import seq2seq
+
+        run = seq2seq.stream_ids if self.seq2seq else beam_events
         reason = "length"
         try:
             with torch.inference_mode():
-                events = beam_events(self.model, self.tokenizer, job.prompt_ids, job.config)
+                events = run(self.model, self.tokenizer, job.prompt_ids, job.config)
                 n = 0
                 try:
                     for event in events:

@@ -74,6 +74,9 @@ class Service:
             raise GptlabError(
                 "the checkpoint has no tokenizer.json; serving needs a tokenizer to turn text into ids"
             )
+        from gptlab.generate.seq2seq import check_generative
+
+        check_generative(model)  # a masked-language encoder cannot generate
         self.model, self.tokenizer, self.model_name = model, tokenizer, model_name
         self.context = model.config.block_size
         self.cap = max_tokens_cap if max_tokens_cap is not None else max(self.context, DEFAULT_CAP)
