@@ -26,6 +26,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
+from gptlab.cli.options import resolve_dtype  # noqa: E402
 from gptlab.generate import BatchSession, SampleConfig  # noqa: E402
 from gptlab.generate.decode import _decode, _start  # noqa: E402
 from gptlab.generate.fused_step import compile_decode, fused_step  # noqa: E402
@@ -80,26 +81,38 @@ def build(preset: str, dtype: str) -> GPT:
 def run_once(model: GPT, prompts: list[list[int]], new_tokens: int) -> tuple[float, float, int]:
     config = SampleConfig(max_new_tokens=new_tokens, temperature=0)
     t0 = time.perf_counter()
-    session, requests = _start(model, None, prompts, config, None)
+    session, rows = _start(model, None, prompts, config, None)
     t1 = time.perf_counter()
-    n = sum(1 for e in _decode(session, requests, config, None, want_probs=False) if e.token_id is not None)
+    n = sum(1 for e in _decode(session, rows) if e.token_id is not None)
     t2 = time.perf_counter()
     return t1 - t0, t2 - t1, n
 
 
-def hf_bench(batch: int, prompt_tokens: int, new_tokens: int, repeats: int) -> dict:
+def hf_bench(
+    batch: int,
+    prompt_tokens: int,
+    new_tokens: int,
+    repeats: int,
+    device: str = "cpu",
+    dtype: torch.dtype = torch.float32,
+    hf_config: dict | None = None,
+) -> dict:
     from transformers import GPT2Config, GPT2LMHeadModel
 
     torch.manual_seed(0)
-    model = GPT2LMHeadModel(GPT2Config()).eval()
-    idx = torch.randint(0, 50257, (batch, prompt_tokens))
+    config = GPT2Config(**(hf_config or {}))
+    model = GPT2LMHeadModel(config).to(device=device, dtype=dtype).eval()
+    idx = torch.randint(0, config.vocab_size, (batch, prompt_tokens), device=device)
     kw = dict(max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False, pad_token_id=0)
+    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
     with torch.inference_mode():
         model.generate(idx, **dict(kw, max_new_tokens=4, min_new_tokens=4))
         times = []
         for _ in range(repeats):
+            sync()
             t = time.perf_counter()
             model.generate(idx, attention_mask=torch.ones_like(idx), **kw)
+            sync()
             times.append(time.perf_counter() - t)
     med = statistics.median(times)
     return {"hf_tokens_per_s": round(batch * new_tokens / med, 2)}
@@ -188,7 +201,12 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--prompt-tokens", type=int, default=32)
     p.add_argument("--new-tokens", type=int, default=128)
-    p.add_argument("--dtype", choices=["fp32", "bf16", "int8"], default="fp32")
+    p.add_argument(
+        "--dtype",
+        choices=["auto", "fp32", "bf16", "int8"],
+        default="auto",
+        help="auto: bf16 where native, else fp32",
+    )
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument(
@@ -211,6 +229,7 @@ def main() -> None:
         print(json.dumps(quality(args.quality)))
         return
     load_start = os.getloadavg()[0]
+    setting, args.dtype = args.dtype, resolve_dtype(args.dtype, "cpu")  # what --dtype auto means here
     model = build(args.preset, args.dtype)
     if args.compile:
         compile_decode(model)  # batch 1: each decode step one compiled graph
@@ -232,6 +251,7 @@ def main() -> None:
     result = {
         "preset": args.preset,
         "dtype": args.dtype,
+        "dtype_setting": setting,
         "batch": args.batch,
         "prompt_tokens": args.prompt_tokens,
         "new_tokens": args.new_tokens,

@@ -4,6 +4,42 @@ corpora → token shards (instruction data: rows with a loss mask)."""
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
+from typing import Any
+
+
+def _text(*args: Any, **kwargs: Any) -> dict[str, Any]:
+    from gptlab.data import prepare
+
+    return prepare(*args, **kwargs)
+
+
+def _pairs(*args: Any, **kwargs: Any) -> dict[str, Any]:
+    from gptlab.data.pairs import prepare_pairs
+
+    return prepare_pairs(*args, **kwargs)
+
+
+def _chat(*args: Any, **kwargs: Any) -> dict[str, Any]:
+    from gptlab.data.chat import prepare_chat
+
+    return prepare_chat(*args, **kwargs)
+
+
+def _alpaca(*args: Any, **kwargs: Any) -> dict[str, Any]:
+    from gptlab.data.chat import prepare_alpaca
+
+    return prepare_alpaca(*args, **kwargs)
+
+
+#: --format NAME → the function that writes the dataset directory
+FORMATS: dict[str, Callable[..., dict[str, Any]]] = {
+    "text": _text,
+    "pairs": _pairs,
+    "chat": _chat,
+    "alpaca": _alpaca,
+}
+INSTRUCTION_FORMATS = ("chat", "alpaca")  # these take the chat options below
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -20,6 +56,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="text files, directories (recursive) or JSONL with a 'text' field",
     )
     p.add_argument("--out", required=True, help="the dataset directory to write")
+    p.add_argument(
+        "--format",
+        choices=list(FORMATS),
+        default="text",
+        help="text: a token stream (default); pairs: JSONL of {source, target} for an encoder-decoder; "
+        "chat: JSONL of {messages: [{role, content}]}; alpaca: {instruction, input, output}",
+    )
     p.add_argument(
         "--tokenizer",
         default="char",
@@ -38,12 +81,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="smallest context you will train with; each split must hold one block (default 64)",
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    p.add_argument(
-        "--format",
-        default="text",
-        choices=["text", "chat", "alpaca"],
-        help="text (default); chat: JSONL of {messages: [{role, content}]}; alpaca: {instruction, input, output}",
-    )
     chat = p.add_argument_group("chat and alpaca data")
     chat.add_argument("--template", default="auto", help="chat template: auto (the model's own) or a name")
     chat.add_argument("--prompt-loss", action="store_true", help="count prompt tokens in the loss too")
@@ -58,9 +95,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from gptlab.data import FORMATS
-
-    options = {} if args.format == "text" else {"options": _chat_options(args)}
+    options = {"options": _chat_options(args)} if args.format in INSTRUCTION_FORMATS else {}
     meta = FORMATS[args.format](
         args.inputs,
         args.out,

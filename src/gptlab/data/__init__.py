@@ -14,12 +14,10 @@ from gptlab.data.prepare import build_tokenizer, prepare, token_dtype
 from gptlab.data.sampler import WindowSampler, eval_batches, n_eval_batches
 from gptlab.data.sources import count_documents, describe_sources, find_sources, iter_chunks
 
-#: ``gptlab prepare --format NAME`` → the function that writes the dataset directory.
-FORMATS = {"text": prepare, "chat": prepare_chat, "alpaca": prepare_alpaca}
-
 __all__ = [
-    "FORMATS",
     "ChatOptions",
+    "prepare_alpaca",
+    "prepare_chat",
     "DATASET_FORMAT",
     "EOT",
     "META_FILE",

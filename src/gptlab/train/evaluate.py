@@ -42,29 +42,56 @@ class EvalResult:
         }
 
 
-@torch.no_grad()
 def loss_sum(
     model: Any,
     batches: Iterable[tuple[torch.Tensor, torch.Tensor]],
     device: str | torch.device,
     autocast: Any = None,
 ) -> tuple[torch.Tensor, int]:
-    """``(Σ token losses, token count)`` over ``batches`` (a float64 tensor sum, so ranks can all-reduce it)."""
+    """``(Σ token losses, token count)`` over ``batches`` (a float64 tensor sum, so ranks can all-reduce it).
+
+    A batch is ``(x, y)``, or ``(x, y, kwargs)`` for rows of instruction data (``kwargs``: the packed
+    examples' ``pos`` and ``attn_mask``, see ``gptlab.data.sampler.document_inputs``).
+    """
+    keys: list[str] = []
+
+    def tensors(batch: tuple[Any, ...]) -> tuple[torch.Tensor, ...]:  # the target last
+        if len(batch) == 2:
+            return batch
+        keys[:] = list(batch[2])
+        return (batch[0], *batch[2].values(), batch[1])
+
+    def run(m: Any, b: tuple[torch.Tensor, ...]) -> torch.Tensor:
+        return m.run(b[0], b[-1], **dict(zip(keys, b[1:-1], strict=True))).loss
+
+    return target_loss_sum(model, map(tensors, batches), run, device, autocast)
+
+
+@torch.no_grad()
+def target_loss_sum(
+    model: Any,
+    batches: Iterable[tuple[torch.Tensor, ...]],
+    run: Any,
+    device: str | torch.device,
+    autocast: Any = None,
+) -> tuple[torch.Tensor, int]:
+    """``(Σ losses, count)`` over the positions whose target (a batch's last tensor) is not −1.
+
+    ``run(model, batch)`` returns the batch's mean loss over those positions.
+    """
     was_training = model.training
     model.eval()
     total = torch.zeros((), dtype=torch.float64, device=device)
     count = 0
     try:
-        for x, y, *rest in batches:  # (x, y) or, for instruction rows, (x, y, kwargs)
-            x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-            kw = {k: v.to(device) for k, v in rest[0].items()} if rest else {}
-            n = int((y != -1).sum())  # masked targets (−1) do not count
-            if n == 0:
-                continue
+        for batch in batches:
+            batch = tuple(t.to(device, non_blocking=True) for t in batch)
             with autocast if autocast is not None else contextlib.nullcontext():
-                out = model.run(x, y, **kw)
-            total += out.loss.double() * n
-            count += n
+                loss = run(model, batch)
+            n = int((batch[-1] != -1).sum())
+            if n:  # a batch with no target at all has a NaN mean and adds nothing
+                total += loss.double() * n
+                count += n
     finally:
         model.train(was_training)
     return total, count
@@ -132,6 +159,12 @@ def evaluate_path(
     autocast = (
         torch.autocast(torch.device(device).type, dtype=torch.bfloat16) if dtype == "bfloat16" else None
     )
+    if model.config.arch != "decoder":  # an encoder (masked tokens) or an encoder–decoder (pairs)
+        from gptlab.train.objectives import evaluate_objective
+
+        return evaluate_objective(model, text, data, split, batch_size, max_batches, device, autocast), (
+            f"{directory} on {data} ({split})"
+        )
     rows: dict[str, Any] | None = None
     if text is not None:
         from gptlab.tokenizers.loading import read_text_file

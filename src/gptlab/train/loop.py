@@ -17,7 +17,6 @@ import math
 import os
 import time
 from dataclasses import dataclass
-from itertools import islice
 from pathlib import Path
 from typing import Any
 
@@ -25,16 +24,18 @@ import torch
 
 from gptlab import checkpoint as ckpt
 from gptlab.checkpoint import BEST_FILE, RUN_CONFIG_FILE, read_run_config
-from gptlab.data import TokenDataset, WindowSampler, eval_batches
 from gptlab.errors import GptlabError
 from gptlab.fileio import atomic_write_json
 from gptlab.inspect.flops import peak_flops, training_flops_per_token
-from gptlab.model import GPT
+from gptlab.model import build_model
 from gptlab.train import distributed, init
 from gptlab.train.config import TrainConfig, resolve_run
-from gptlab.train.evaluate import EvalResult, loss_sum
+from gptlab.train.evaluate import EvalResult
 from gptlab.train.metrics import MetricsLog, Progress
+from gptlab.train.objectives import make_objective
 from gptlab.train.optim import build_optimizer
+from gptlab.train.precision import announce
+from gptlab.train.precision import resolve as resolve_precision
 from gptlab.train.runtime import (
     StopFlag,
     autocast,
@@ -95,33 +96,23 @@ class _Trainer:
     def __init__(
         self, cfg: TrainConfig, data_dir: Path, run_dir: Path, resume: bool, info: distributed.DistInfo
     ) -> None:
+        cfg, self.resolved = resolve_precision(cfg, info.device)  # what dtype/attention "auto" mean here
         self.cfg, self.run_dir, self.info, self.data_dir = cfg, run_dir, info, data_dir
         self.device = info.device
         self.device_type = torch.device(self.device).type
         torch.set_num_threads(threads(cfg, info.world_size))
-        self.data = TokenDataset(data_dir)
-        self.start = init.start(cfg, self.data)  # pretrained weights to fine-tune, or None
-        self.model_config = self.start.config if self.start else cfg.model_config(self.data.vocab_size)
+        self.objective = make_objective(cfg, data_dir, info.rank, info.world_size)  # batches and loss
+        self.data, self.model_config = self.objective.data, self.objective.model_config
+        self.start = self.objective.start  # pretrained weights to fine-tune (init=SRC), or None
         ckpt.check_tokenizer_fits(
-            self.data.tokenizer, self.model_config.vocab_size, data_dir / "tokenizer.json"
+            self.objective.tokenizer, self.model_config.vocab_size, data_dir / "tokenizer.json"
         )
         T = self.model_config.block_size
-        self.sampler = WindowSampler(
-            self.data.split("train"),
-            T,
-            cfg.batch_size,
-            seed=cfg.seed,
-            grad_accum=cfg.grad_accum,
-            world_size=info.world_size,
-            rank=info.rank,
-            **self.data.arrays("train", T),
-        )
-        self.data.split("val")
         self.autocast = autocast(self.device_type, cfg.dtype)
         self.tokens_per_step = cfg.batch_size * T * cfg.grad_accum * info.world_size
 
         torch.manual_seed(cfg.seed)  # the same initial weights on every rank
-        model = init.finetune_model(self.start, cfg) if self.start else GPT(self.model_config)
+        model = init.finetune_model(self.start, cfg) if self.start else build_model(self.model_config)
         self.model = model.set_attention_impl(cfg.attention).to(self.device)
         self.optimizer = build_optimizer(self.model, cfg, self.device_type)
         self.scaler = torch.amp.GradScaler("cuda") if cfg.dtype == "float16" else None
@@ -142,8 +133,10 @@ class _Trainer:
                     "model": self.model_config.to_dict(),
                     "data": str(data_dir.resolve()),
                     "data_fingerprint": self.data.fingerprint,
+                    "resolved": self.resolved,
                 },
             )
+            announce(self.resolved)
         self.forward: Any = self.model
         if info.enabled:
             from torch.nn.parallel import DistributedDataParallel
@@ -201,7 +194,7 @@ class _Trainer:
             self.run_dir,
             self.step,
             self.model,
-            self.data.tokenizer,
+            self.objective.tokenizer,
             state,
             extra={
                 "val_loss": val_loss,
@@ -223,16 +216,10 @@ class _Trainer:
     def evaluate(self) -> dict[str, float]:
         """Loss, perplexity and bits per byte on ``eval_batches`` global batches of each split."""
         out: dict[str, float] = {}
-        T, B, n = self.model_config.block_size, self.cfg.batch_size, self.cfg.eval_batches
-        world = self.info.world_size  # eval_batches counts global batches (B per rank), shared out by rank
-        for split in ("train", "val"):
-            batches = islice(
-                eval_batches(self.data.split(split), T, B, n * world, **self.data.arrays(split, T)),
-                self.info.rank,
-                None,
-                world,
+        for split in ("train", "val"):  # eval_batches counts global batches (B per rank), shared out by rank
+            total, count = self.objective.eval_sum(
+                self.model, split, self.cfg.eval_batches, self.device, self.autocast
             )
-            total, count = loss_sum(self.model, batches, self.device, self.autocast)
             sums = distributed.all_reduce_sum(
                 torch.stack([total, torch.tensor(float(count), dtype=torch.float64, device=self.device)]),
                 self.info,
@@ -248,13 +235,10 @@ class _Trainer:
         self.optimizer.set_lr_scale(learning_rate(self.step, cfg) / cfg.lr)
         total = torch.zeros((), device=self.device)
         for micro in range(cfg.grad_accum):
-            x, y, kw = self.sampler.inputs(self.step, micro)
-            x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
-            kw = {k: v.to(self.device, non_blocking=True) for k, v in kw.items()}
+            batch = self.objective.batch(self.step, micro, self.device)
             sync = self.info.enabled and micro < cfg.grad_accum - 1
             with self.forward.no_sync() if sync else contextlib.nullcontext(), self.autocast:
-                _, loss = self.forward(x, y, **kw)
-                loss = loss / cfg.grad_accum
+                loss = self.objective.loss(self.forward, batch) / cfg.grad_accum
             (self.scaler.scale(loss) if self.scaler else loss).backward()
             total += loss.detach()
         if self.scaler is not None:
