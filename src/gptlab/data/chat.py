@@ -23,8 +23,6 @@ tokens: ``<split>.mask.bin`` (uint8) and, packed, ``<split>.pos.bin``.
 from __future__ import annotations
 
 import json
-import os
-import shutil
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from gptlab.data.dataset import DATASET_FORMAT, META_FILE, TOKENIZER_FILE
+from gptlab.data.dataset import DATASET_FORMAT, META_FILE, TOKENIZER_FILE, staged_directory
 from gptlab.data.sources import PathLike, describe_sources, find_sources
 from gptlab.errors import GptlabError
 from gptlab.fileio import atomic_write_json
@@ -305,10 +303,7 @@ def prepare_examples(
             raise GptlabError(f"no {s} example fits in --block-size {block_size}; raise it or add data")
     dtype = token_dtype(tok.vocab_size)
     pos_dtype = np.dtype(np.uint16) if block_size + 1 <= 1 << 16 else np.dtype(np.uint32)
-    stage = out.parent / f".{out.name}.tmp-{os.getpid()}"
-    shutil.rmtree(stage, ignore_errors=True)
-    stage.mkdir(parents=True)
-    try:
+    with staged_directory(out) as stage:
         for s, r in rows.items():
             np.asarray(r.tokens, dtype=dtype).tofile(stage / f"{s}.bin")
             np.asarray(r.mask, dtype=np.uint8).tofile(stage / f"{s}.mask.bin")
@@ -339,12 +334,6 @@ def prepare_examples(
             "sources": describe_sources(sources),
         }
         atomic_write_json(stage / META_FILE, meta)
-        if out.exists():
-            out.rmdir()
-        os.replace(stage, out)
-    except BaseException:
-        shutil.rmtree(stage, ignore_errors=True)
-        raise
     return meta
 
 

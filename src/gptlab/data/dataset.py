@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +21,23 @@ META_FILE = "meta.json"
 TOKENIZER_FILE = "tokenizer.json"
 SPLITS = ("train", "val")
 EOT = "<|endoftext|>"
+
+
+@contextmanager
+def staged_directory(out: Path) -> Iterator[Path]:
+    """A fresh folder beside ``out`` to build a dataset in, renamed onto ``out`` (absent or empty) when the
+    block ends; removed if it fails, so ``out`` is complete or absent."""
+    stage = out.parent / f".{out.name}.tmp-{os.getpid()}"
+    shutil.rmtree(stage, ignore_errors=True)
+    stage.mkdir(parents=True)
+    try:
+        yield stage
+        if out.exists():
+            out.rmdir()
+        os.replace(stage, out)
+    except BaseException:
+        shutil.rmtree(stage, ignore_errors=True)
+        raise
 
 
 class TokenDataset:
