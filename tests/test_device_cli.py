@@ -29,6 +29,7 @@ def _bad_device_commands(tmp, dataset, trained, device):
         ["trace", trained, "to be", "--device", device],
         ["attention", trained, "to be", "-o", out / "a.png", "--device", device],
         ["serve", trained, "--port", "0", "--device", device],
+        ["chat", trained, "--device", device],
     ]
 
 
