@@ -66,6 +66,10 @@ class TrainConfig:
     log_every: int = 1  # steps between metrics.jsonl records (each record reads the loss: a sync on GPU)
     loggers: list[str] = field(default_factory=list)  # "tensorboard", "wandb"
     progress: bool = True  # the progress bar
+    objective: str = "causal"  # causal (next token) | mlm (masked tokens, an encoder) | seq2seq (pairs)
+    mlm_rate: float = (
+        0.15  # objective = "mlm": share of positions chosen (80 % [MASK], 10 % random, 10 % kept)
+    )
     model: dict[str, Any] = field(default_factory=dict)  # GPTConfig fields; "preset" picks the base
 
     def __post_init__(self) -> None:
@@ -127,6 +131,13 @@ class TrainConfig:
             self.optimizer in OPTIMIZERS,
             f"optimizer must be one of {', '.join(OPTIMIZERS)}; got {self.optimizer!r}",
         )
+        from gptlab.train.objectives import OBJECTIVES
+
+        need(
+            self.objective in OBJECTIVES,
+            f"objective must be one of {', '.join(OBJECTIVES)}; got {self.objective!r}",
+        )
+        need(0.0 < self.mlm_rate < 1.0, f"mlm_rate must be in (0, 1), got {self.mlm_rate}")
         need(self.dtype in DTYPES, f"dtype must be one of {', '.join(DTYPES)}; got {self.dtype!r}")
         need(
             self.attention in ("auto", *ATTENTION_PATHS),
