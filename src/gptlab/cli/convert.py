@@ -2,6 +2,7 @@
 
 gptlab convert --from-hf HF_DIR --out CKPT     # GPT2LMHeadModel / LlamaForCausalLM → checkpoint
 gptlab convert --to-hf CKPT --out HF_DIR       # checkpoint → config.json + model.safetensors
+gptlab convert --consolidate RUN --out CKPT    # sharded (FSDP) checkpoint → one model.safetensors
 """
 
 from __future__ import annotations
@@ -24,6 +25,9 @@ def register(subparsers: Any) -> None:
     which = p.add_mutually_exclusive_group(required=True)
     which.add_argument("--from-hf", metavar="HF_DIR", help="Hugging Face model directory to import")
     which.add_argument("--to-hf", metavar="CKPT", help="gptlab checkpoint (or run directory) to export")
+    which.add_argument(
+        "--consolidate", metavar="RUN", help="sharded (FSDP) checkpoint or run directory to gather into one file"
+    )
     p.add_argument("--out", required=True, metavar="DIR", help="output directory (must be new or empty)")
     p.set_defaults(func=run)
 
@@ -36,8 +40,8 @@ def _fresh(out: Path) -> Path:
 
 def run(args: argparse.Namespace) -> int:
     """Dispatch on the direction; both report what was written on one line."""
-    directions = {"from_hf": _from_hf, "to_hf": _to_hf}
-    name = "from_hf" if args.from_hf is not None else "to_hf"
+    directions = {"from_hf": _from_hf, "to_hf": _to_hf, "consolidate": _consolidate}
+    name = next(k for k in directions if getattr(args, k) is not None)
     return directions[name](Path(getattr(args, name)), _fresh(Path(args.out)))
 
 
@@ -68,6 +72,13 @@ def _to_hf(source: Path, out: Path) -> int:
         f"wrote Hugging Face {family.architecture} directory {out} ({_describe(model)}; "
         f"load it with transformers.AutoModelForCausalLM.from_pretrained)"
     )
+    return 0
+
+
+def _consolidate(source: Path, out: Path) -> int:
+    from gptlab.checkpoint.sharded import consolidate
+
+    print(f"wrote gptlab checkpoint {consolidate(source, out)} (gathered from the shards of {source})")
     return 0
 
 

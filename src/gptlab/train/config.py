@@ -59,6 +59,9 @@ class TrainConfig:
     log_every: int = 1  # steps between metrics.jsonl records (each record reads the loss: a sync on GPU)
     loggers: list[str] = field(default_factory=list)  # "tensorboard", "wandb"
     progress: bool = True  # the progress bar
+    strategy: str = "ddp"  # ddp | fsdp (under torchrun: FSDP2 shards weights, gradients and AdamW state)
+    activation_checkpointing: str = "none"  # none | blocks (recompute each block in the backward)
+    reshard_after_forward: bool = True  # fsdp: free gathered weights after each block's forward
     model: dict[str, Any] = field(default_factory=dict)  # GPTConfig fields; "preset" picks the base
 
     def __post_init__(self) -> None:
@@ -120,6 +123,11 @@ class TrainConfig:
             self.optimizer in OPTIMIZERS,
             f"optimizer must be one of {', '.join(OPTIMIZERS)}; got {self.optimizer!r}",
         )
+        from gptlab.train.checkpointing import ACTIVATION_CHECKPOINTING
+        from gptlab.train.strategy import STRATEGIES
+
+        for name, table in (("strategy", STRATEGIES), ("activation_checkpointing", ACTIVATION_CHECKPOINTING)):
+            need(getattr(self, name) in table, f"{name} must be one of {', '.join(table)}; got {getattr(self, name)!r}")
         need(self.dtype in DTYPES, f"dtype must be one of {', '.join(DTYPES)}; got {self.dtype!r}")
         need(
             self.attention in ATTENTION_PATHS,

@@ -27,16 +27,18 @@ import torch
 
 from gptlab import checkpoint as ckpt
 from gptlab.compiling import can_compile
-from gptlab.data import TokenDataset, WindowSampler, eval_batches
+from gptlab.data import TokenDataset, WindowSampler, eval_batches, n_eval_batches
 from gptlab.errors import GptlabError
 from gptlab.fileio import atomic_write_json
 from gptlab.model import GPT
+from gptlab.checkpoint import sharded
 from gptlab.train import distributed
 from gptlab.train.config import TrainConfig, build_config
 from gptlab.train.evaluate import EvalResult, loss_sum
 from gptlab.train.metrics import MetricsLog
 from gptlab.train.optim import build_optimizer
 from gptlab.train.schedule import learning_rate
+from gptlab.train.strategy import prepare_model, total_norm
 
 RUN_CONFIG_FILE = "train_config.json"
 BEST_FILE = "best.json"
@@ -236,6 +238,7 @@ class _Trainer:
 
         torch.manual_seed(cfg.seed)  # the same initial weights on every rank
         self.model = GPT(self.model_config).set_attention_impl(cfg.attention).to(self.device)
+        self.strategy, self.forward = prepare_model(self.model, cfg, info)  # DDP/FSDP, checkpointing
         self.optimizer = build_optimizer(
             self.model,
             cfg.optimizer,
@@ -267,13 +270,6 @@ class _Trainer:
                 },
             )
             self.log = MetricsLog(run_dir, resume_step if resume else None, cfg.loggers, cfg.to_dict())
-        self.forward: Any = self.model
-        if info.enabled:
-            from torch.nn.parallel import DistributedDataParallel
-
-            self.forward = DistributedDataParallel(
-                self.model, device_ids=[info.local_rank] if self.device_type == "cuda" else None
-            )
         if cfg.compile:
             self.forward = compile_forward(self.forward, self.device_type)
         self.flops_per_token = _flops_per_token(self.model)
@@ -285,7 +281,8 @@ class _Trainer:
         if not ckpts:
             return None
         step, path = ckpts[-1]
-        state, meta = ckpt.read_training_checkpoint(path)
+        is_sharded = sharded.is_sharded(path)
+        state, meta = ({}, sharded.read_info(path)) if is_sharded else ckpt.read_training_checkpoint(path)
         if meta.get("data_fingerprint") not in (None, self.data.fingerprint):
             raise GptlabError(
                 f"{path} was trained on a different dataset than {self.data_dir}; "
@@ -297,44 +294,48 @@ class _Trainer:
                 f"{path}: the model settings differ from this run's; model.* overrides cannot change "
                 f"when resuming"
             )
-        ckpt.load_model_state(self.model, ckpt.read_tensors(path / ckpt.WEIGHTS_FILE), path)
-        self.optimizer.load_state_dict(state["optimizer"])
-        if self.scaler is not None and "scaler" in state:
-            self.scaler.load_state_dict(state["scaler"])
-        if self.info.is_main:
-            _set_rng_state(state["rng"], self.device_type)
+        if is_sharded:  # every rank reads its shards (any number of ranks) and its own RNG
+            sharded.load_training_state(path, self.model, self.optimizer, self.info, self.cfg.seed + step)
         else:
-            torch.manual_seed(self.cfg.seed + self.info.rank + step)
+            ckpt.load_model_state(self.model, ckpt.read_tensors(path / ckpt.WEIGHTS_FILE), path)
+            self.optimizer.load_state_dict(state["optimizer"])
+            if self.scaler is not None and "scaler" in state:
+                self.scaler.load_state_dict(state["scaler"])
+            if self.info.is_main:
+                _set_rng_state(state["rng"], self.device_type)
+            else:
+                torch.manual_seed(self.cfg.seed + self.info.rank + step)
         self.step = int(meta["step"])
         self.best = meta.get("best", self.best)
         self.train_wall_s = float(meta.get("train_wall_s", 0.0))
         return self.step
 
     def _save(self, val_loss: float | None) -> Path | None:
-        if not self.info.is_main:
-            return None
         if val_loss is not None and (self.best["val_loss"] is None or val_loss < self.best["val_loss"]):
             self.best = {"val_loss": val_loss, "step": self.step}
-        state: dict[str, Any] = {
-            "optimizer": self.optimizer.state_dict(),
-            "rng": _rng_state(self.device_type),
+        extra = {
+            "val_loss": val_loss,
+            "best": self.best,
+            "train_wall_s": self.train_wall_s,
+            "tokens": self.step * self.tokens_per_step,
+            "data_fingerprint": self.data.fingerprint,
         }
-        if self.scaler is not None:
-            state["scaler"] = self.scaler.state_dict()
-        path = ckpt.save_training_checkpoint(
-            self.run_dir,
-            self.step,
-            self.model,
-            self.data.tokenizer,
-            state,
-            extra={
-                "val_loss": val_loss,
-                "best": self.best,
-                "train_wall_s": self.train_wall_s,
-                "tokens": self.step * self.tokens_per_step,
-                "data_fingerprint": self.data.fingerprint,
-            },
-        )
+        if self.strategy.sharded:  # every rank writes its own shard (DCP)
+            path = sharded.save_training_checkpoint(
+                self.run_dir, self.step, self.model, self.optimizer, self.data.tokenizer, self.info, extra
+            )
+        elif self.info.is_main:
+            state: dict[str, Any] = {
+                "optimizer": self.optimizer.state_dict(),
+                "rng": _rng_state(self.device_type),
+            }
+            if self.scaler is not None:
+                state["scaler"] = self.scaler.state_dict()
+            path = ckpt.save_training_checkpoint(
+                self.run_dir, self.step, self.model, self.data.tokenizer, state, extra=extra
+            )
+        if not self.info.is_main:
+            return None
         protect = {self.best["step"]} if self.best["step"] is not None else set()
         ckpt.prune_checkpoints(self.run_dir, self.cfg.keep_last, protect)
         if self.best["step"] is not None:
@@ -351,10 +352,13 @@ class _Trainer:
             world = (
                 self.info.world_size
             )  # eval_batches counts global batches (B per rank), shared out by rank
+            k = n_eval_batches(len(self.data.split(split)), T, B, n * world)
+            stop = k - k % world if self.strategy.sharded else None  # FSDP: equal batches on every rank
             batches = islice(
-                eval_batches(self.data.split(split), T, B, n * world), self.info.rank, None, world
+                eval_batches(self.data.split(split), T, B, n * world), self.info.rank, stop, world
             )
-            total, count = loss_sum(self.model, batches, self.device, self.autocast)
+            with self.strategy.gathered(self.model):
+                total, count = loss_sum(self.model, batches, self.device, self.autocast)
             sums = distributed.all_reduce_sum(
                 torch.stack([total, torch.tensor(float(count), dtype=torch.float64, device=self.device)]),
                 self.info,
@@ -383,8 +387,8 @@ class _Trainer:
         for micro in range(cfg.grad_accum):
             x, y = self.sampler.batch(self.step, micro)
             x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
-            sync = self.info.enabled and micro < cfg.grad_accum - 1
-            with self.forward.no_sync() if sync else contextlib.nullcontext(), self.autocast:
+            skip_sync = self.info.enabled and micro < cfg.grad_accum - 1
+            with self.strategy.no_sync(self.forward, skip_sync), self.autocast:
                 _, loss = self.forward(x, y)
                 loss = loss / cfg.grad_accum
             (self.scaler.scale(loss) if self.scaler else loss).backward()
@@ -393,7 +397,7 @@ class _Trainer:
             for opt in self.optimizer.optimizers.values():
                 self.scaler.unscale_(opt)
         params = [p for p in self.model.parameters() if p.grad is not None]
-        norm = torch.nn.utils.get_total_norm([p.grad for p in params])
+        norm = total_norm([p.grad for p in params])
         grad_scale = None
         if cfg.grad_clip > 0:  # g ← g·min(1, c/(‖g‖ + 10⁻⁶)), as clip_grad_norm_
             if self.scaler is None and self.optimizer.takes_grad_scale:  # inside the fused update
