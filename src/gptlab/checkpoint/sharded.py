@@ -137,7 +137,9 @@ def save_training_checkpoint(
     device_type = torch.device(info.device).type
     tensors.update({k: get() for k, get in _rng_keys(info.rank, device_type).items()})
     writer = dcp.HuggingFaceStorageWriter(str(tmp / SHARDED_DIR), save_distributed=True)
-    dcp.save(tensors, storage_writer=writer, no_dist=_no_dist())  # returns once every rank has written
+    with warnings.catch_warnings():  # one process: DCP warns that it assumes so
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        dcp.save(tensors, storage_writer=writer, no_dist=_no_dist())  # returns once every rank has written
     if info.is_main:
         config = getattr(model, "config", None)
         write_config(tmp / CONFIG_FILE, config)
@@ -181,6 +183,7 @@ def _reader(directory: Path) -> Any:
 def _load(directory: Path, tensors: dict[str, torch.Tensor]) -> None:
     """Fill ``tensors`` in place from the shards (each rank reads what its own pieces overlap)."""
     import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
 
     try:
         with warnings.catch_warnings():  # one process: DCP warns that it assumes so
@@ -188,7 +191,7 @@ def _load(directory: Path, tensors: dict[str, torch.Tensor]) -> None:
             dcp.load(tensors, storage_reader=_reader(directory), no_dist=_no_dist())
     except GptlabError:
         raise
-    except Exception as exc:  # DCP wraps per-rank failures (a truncated shard, a missing key)
+    except (Exception, CheckpointException) as exc:  # DCP wraps each rank's failure (a truncated shard …)
         first = str(exc).strip().splitlines()
         raise GptlabError(
             f"{directory / SHARDED_DIR}: cannot read the sharded checkpoint "

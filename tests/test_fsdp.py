@@ -1,0 +1,195 @@
+"""FSDP2 under torchrun (2 gloo ranks on CPU): equal to one process, sharded checkpoints, SIGKILL + resume."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from _tiny import TINY_TRAIN
+
+from gptlab import checkpoint as ckpt
+from gptlab.checkpoint import sharded
+from gptlab.data import prepare
+from gptlab.errors import GptlabError
+from gptlab.train import train
+from gptlab.train.config import build_config
+
+SMALL = [*TINY_TRAIN, "model.n_layer=2", "eval_every=1000", "ckpt_every=1000"]
+
+
+def _dataset(tmp_path: Path) -> Path:
+    text = "\n".join(f"line {i}: the cat sat on mat number {i % 13} and purred." for i in range(500))
+    (tmp_path / "c.txt").write_text(text)
+    prepare([tmp_path / "c.txt"], tmp_path / "ds", block_size=16)
+    return tmp_path / "ds"
+
+
+def _torchrun(nproc: int, args: list[str], **kw: object) -> subprocess.Popen[str]:
+    torchrun = Path(sys.executable).with_name("torchrun")
+    launcher = [str(torchrun)] if torchrun.exists() else [sys.executable, "-m", "torch.distributed.run"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(sys.path)}
+    return subprocess.Popen(
+        [*launcher, "--standalone", f"--nproc_per_node={nproc}", "-m", "gptlab", "train", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        start_new_session=True,  # its own process group: SIGKILL reaches every rank
+        **kw,  # type: ignore[arg-type]
+    )
+
+
+def _finish(proc: subprocess.Popen[str]) -> None:
+    out, err = proc.communicate(timeout=400)
+    assert proc.returncode == 0, err[-3000:]
+
+
+def _weights(run: Path, tmp_path: Path, name: str) -> dict[str, torch.Tensor]:
+    latest = ckpt.resolve_checkpoint(run)
+    if sharded.is_sharded(latest):
+        latest = sharded.consolidate(run, tmp_path / name)
+    return ckpt.read_tensors(latest / ckpt.WEIGHTS_FILE)
+
+
+@pytest.mark.slow
+def test_fsdp_with_checkpointing_equals_one_process(tmp_path):
+    """50 steps: 2 FSDP ranks of B=2 with activation checkpointing = one process of B=4 without, to 1e-5."""
+    ds = _dataset(tmp_path)
+    steps = [*SMALL, "max_steps=50"]
+    _finish(
+        _torchrun(
+            2,
+            ["--data", str(ds), "--out", str(tmp_path / "fsdp"), *steps, "batch_size=2"]
+            + ["strategy=fsdp", "activation_checkpointing=blocks", "reshard_after_forward=false"],
+        )
+    )
+    assert sharded.is_sharded(ckpt.resolve_checkpoint(tmp_path / "fsdp"))
+    shards = list((ckpt.resolve_checkpoint(tmp_path / "fsdp") / sharded.SHARDED_DIR).glob("*.safetensors"))
+    assert len(shards) == 2  # each rank wrote its own
+    train(build_config(None, [*steps, "batch_size=4"]), ds, tmp_path / "one")
+    a, b = _weights(tmp_path / "fsdp", tmp_path, "c"), _weights(tmp_path / "one", tmp_path, "-")
+    assert sorted(a) == sorted(b) and "lm_head.weight" not in a  # the tied head is stored once
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], rtol=0, atol=1e-5)
+
+
+@pytest.mark.slow
+def test_sigkill_then_resume_is_bitwise_and_reshards(tmp_path):
+    ds = _dataset(tmp_path)
+    steps = [*TINY_TRAIN, "model.n_layer=2", "model.n_embd=64", "max_steps=200", "ckpt_every=20"]
+    steps += ["eval_every=1000", "strategy=fsdp", "batch_size=2", "keep_last=20"]
+    _finish(_torchrun(2, ["--data", str(ds), "--out", str(tmp_path / "full"), *steps]))
+    killed = tmp_path / "killed"
+    proc = _torchrun(2, ["--data", str(ds), "--out", str(killed), *steps])
+    deadline = time.monotonic() + 300
+    while not (killed / "ckpt-40").exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.communicate()
+    latest = ckpt.list_checkpoints(killed)[-1][0]
+    assert 40 <= latest < 200, "the run must be killed mid-way"
+    # resume on one process with the same global batch: DCP reshards 2 ranks' shards into one
+    one = tmp_path / "one"
+    import shutil
+
+    shutil.copytree(killed, one)
+    train(build_config(None, [*steps, "batch_size=4"]), ds, one, resume=True)
+    # resume on 2 ranks: bitwise the uninterrupted run
+    _finish(_torchrun(2, ["--out", str(killed), "--resume"]))
+    full, resumed = _weights(tmp_path / "full", tmp_path, "a"), _weights(killed, tmp_path, "b")
+    for k in full:
+        assert torch.equal(full[k], resumed[k]), k
+    other = ckpt.read_tensors(ckpt.resolve_checkpoint(one) / ckpt.WEIGHTS_FILE)
+    for k in full:
+        torch.testing.assert_close(other[k], full[k], rtol=0, atol=1e-5)
+
+
+def test_activation_checkpointing_equals_none_in_one_process(tmp_path):
+    ds = _dataset(tmp_path)
+    runs = {}
+    for mode in ("none", "blocks"):
+        cfg = build_config(None, [*SMALL, "max_steps=20", f"activation_checkpointing={mode}"])
+        train(cfg, ds, tmp_path / mode)
+        runs[mode] = _weights(tmp_path / mode, tmp_path, mode)
+    assert not any("_checkpoint_wrapped" in k for k in runs["blocks"])  # saved names unchanged
+    for k in runs["none"]:
+        torch.testing.assert_close(runs["blocks"][k], runs["none"][k], rtol=0, atol=1e-6)
+
+
+def _one_process_run(tmp_path: Path, extra: list[str]) -> Path:
+    ds = _dataset(tmp_path)
+    cfg = build_config(None, [*SMALL, "max_steps=4", *extra])
+    from gptlab.model import GPT
+    from gptlab.train.distributed import DistInfo
+    from gptlab.train.optim import build_optimizer
+
+    torch.manual_seed(0)
+    model = GPT(cfg.model_config(ckpt_vocab(ds)))
+    opt = build_optimizer(model, "adamw", 1e-3, 0.1, (0.9, 0.99), "cpu")
+    x = torch.randint(0, model.config.vocab_size, (2, 16))
+    model(x, x)[1].backward()
+    opt.step()
+    sharded.save_training_checkpoint(tmp_path / "run", 1, model, opt, None, DistInfo(), {"x": 1})
+    return tmp_path / "run"
+
+
+def ckpt_vocab(ds: Path) -> int:
+    from gptlab.data import TokenDataset
+
+    return TokenDataset(ds).vocab_size
+
+
+def test_a_crash_mid_save_leaves_the_previous_checkpoint(tmp_path, monkeypatch):
+    run = _one_process_run(tmp_path, [])
+    from gptlab.model import GPT
+    from gptlab.train.distributed import DistInfo
+    from gptlab.train.optim import build_optimizer
+
+    model = GPT(ckpt.read_config(run / "ckpt-1" / ckpt.CONFIG_FILE))
+    opt = build_optimizer(model, "adamw", 1e-3, 0.1, (0.9, 0.99), "cpu")
+    sharded.load_training_state(run / "ckpt-1", model, opt, DistInfo(), seed=0)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    import torch.distributed.checkpoint as dcp
+
+    real = dcp.HuggingFaceStorageWriter.write_data
+
+    def crash(self, plan, planner):  # write the shard, then die before the checkpoint is complete
+        real(self, plan, planner).wait()
+        raise OSError("simulated crash mid-save")
+
+    monkeypatch.setattr(dcp.HuggingFaceStorageWriter, "write_data", crash)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(1.0)
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    with pytest.raises(CheckpointException, match="simulated crash"):
+        sharded.save_training_checkpoint(run, 2, model, opt, None, DistInfo(), {})
+    assert [s for s, _ in ckpt.list_checkpoints(run)] == [1]  # the half-written one is not a checkpoint
+    ckpt.clean_incomplete(run)
+    assert sorted(p.name for p in run.iterdir()) == ["ckpt-1"]
+    fresh = GPT(model.config)
+    fresh_opt = build_optimizer(fresh, "adamw", 1e-3, 0.1, (0.9, 0.99), "cpu")
+    sharded.load_training_state(run / "ckpt-1", fresh, fresh_opt, DistInfo(), seed=0)
+    for k, v in fresh.state_dict().items():
+        assert torch.equal(v, before[k])
+
+
+def test_truncated_shard_and_sharded_only_commands_fail_in_one_line(tmp_path):
+    run = _one_process_run(tmp_path, [])
+    with pytest.raises(GptlabError, match="convert --consolidate"):
+        ckpt.load(run)
+    out = sharded.consolidate(run, tmp_path / "c")
+    model, _ = ckpt.load(out)
+    assert model.lm_head.weight is model.wte.weight
+    shard = next((run / "ckpt-1" / sharded.SHARDED_DIR).glob("*.safetensors"))
+    shard.write_bytes(shard.read_bytes()[:-100])
+    with pytest.raises(GptlabError, match="truncated") as exc:
+        sharded.consolidate(run, tmp_path / "d")
+    assert "\n" not in str(exc.value)
