@@ -42,9 +42,28 @@ def _torchrun(nproc: int, args: list[str], **kw: object) -> subprocess.Popen[str
         stderr=subprocess.PIPE,
         text=True,
         env=env,
-        start_new_session=True,  # its own process group: SIGKILL reaches every rank
         **kw,  # type: ignore[arg-type]
     )
+
+
+def _kill_tree(pid: int) -> None:
+    """SIGKILL a torchrun agent and its ranks (which torchrun starts in sessions of their own)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    todo, tree = [pid], []
+    while todo:
+        tree.append(todo.pop())
+        todo.extend(children.get(tree[-1], []))
+    for p in reversed(tree):  # the ranks first, so none sees its agent go and exits cleanly
+        try:
+            os.kill(p, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
 
 
 def _finish(proc: subprocess.Popen[str]) -> None:
@@ -84,15 +103,15 @@ def test_fsdp_with_checkpointing_equals_one_process(tmp_path):
 @pytest.mark.slow
 def test_sigkill_then_resume_is_bitwise_and_reshards(tmp_path):
     ds = _dataset(tmp_path)
-    steps = [*TINY_TRAIN, "model.n_layer=2", "model.n_embd=64", "max_steps=200", "ckpt_every=20"]
-    steps += ["eval_every=1000", "strategy=fsdp", "batch_size=2", "keep_last=20"]
+    steps = [*TINY_TRAIN, "model.n_layer=2", "model.n_embd=64", "model.bias=false", "max_steps=200"]
+    steps += ["ckpt_every=20", "eval_every=1000", "strategy=fsdp", "batch_size=2", "keep_last=20"]
     _finish(_torchrun(2, ["--data", str(ds), "--out", str(tmp_path / "full"), *steps]))
     killed = tmp_path / "killed"
     proc = _torchrun(2, ["--data", str(ds), "--out", str(killed), *steps])
     deadline = time.monotonic() + 300
     while not (killed / "ckpt-40").exists() and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.02)
-    os.killpg(proc.pid, signal.SIGKILL)
+    _kill_tree(proc.pid)
     proc.communicate()
     latest = ckpt.list_checkpoints(killed)[-1][0]
     assert 40 <= latest < 200, "the run must be killed mid-way"

@@ -164,3 +164,47 @@ def local_bytes(model: nn.Module, optimizer: Any) -> dict[str, int]:
         for state in opt.state.values():
             out["optimizer"] += sum(size(v) for v in state.values() if torch.is_tensor(v) and v.dim() > 0)
     return out
+
+
+def per_rank_memory(config: Any, strategy: str, world: int, b: int) -> list[Any]:
+    """``gptlab size --strategy S --world-size W``: weights + gradients + AdamW moments held by one rank.
+
+    DDP: ``4·P·b`` on every rank. FSDP: each parameter of shape ``(d₀, …)`` keeps ``⌈d₀/W⌉`` rows
+    per rank (padded, as FSDP2 stores it), so ``≈ 4·P·b/W``, plus the full weights of the block
+    being run and of the next one (prefetched) while they are gathered.
+    """
+    from gptlab.inspect.size import Figure, meta_model
+
+    get_strategy(strategy)
+    if world < 1:
+        raise GptlabError(f"--world-size must be ≥ 1, got {world}")
+    model = meta_model(config)
+    params = list({id(p): p for p in model.parameters()}.values())
+    full = sum(p.numel() for p in params)
+    per_rank = full
+    if strategy == "fsdp":
+        per_rank = sum(-(-p.shape[0] // world) * (p.numel() // max(p.shape[0], 1)) for p in params)
+    figures = [
+        Figure(
+            f"{strategy} per rank (W={world})",
+            4 * per_rank * b,
+            "bytes",
+            "4·P·b" if strategy == "ddp" else "4·Σ⌈d₀/W⌉·(numel/d₀)·b ≈ 4·P·b/W",
+            f"4·{per_rank}·{b}",
+            "weights, gradients and AdamW's two moments held by one rank",
+        )
+    ]
+    if strategy == "fsdp":
+        block = sum(p.numel() for p in model.blocks[0].parameters())  # type: ignore[index]
+        figures.append(
+            Figure(
+                "fsdp gathered blocks",
+                2 * block * b,
+                "bytes",
+                "2·P_block·b",
+                f"2·{block}·{b}",
+                "the running block's full weights and the next one's (prefetched), freed after use; "
+                f"per-rank state is {per_rank / full:.3f}× DDP's",
+            )
+        )
+    return figures
