@@ -68,8 +68,19 @@ def main() -> None:
     env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"}
     out = {}
     for mode in ("none", "blocks"):
-        cmd = [sys.executable, __file__, "--preset", args.preset, "--context", str(args.context), "--mode", mode]
-        out[mode] = json.loads(subprocess.run(cmd, capture_output=True, text=True, env=env, check=True).stdout)
+        cmd = [
+            sys.executable,
+            __file__,
+            "--preset",
+            args.preset,
+            "--context",
+            str(args.context),
+            "--mode",
+            mode,
+        ]
+        out[mode] = json.loads(
+            subprocess.run(cmd, capture_output=True, text=True, env=env, check=True).stdout
+        )
     print(
         json.dumps(
             {

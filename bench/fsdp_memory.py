@@ -30,8 +30,12 @@ def _rank(rank: int, world: int, port: int, preset: str, strategy: str, out: dic
     config = GPTConfig.preset(preset, block_size=32)
     model = GPT(config)
     cfg = types.SimpleNamespace(
-        strategy=strategy, activation_checkpointing="none", optimizer="adamw", compile=False,
-        dtype="float32", reshard_after_forward=True,
+        strategy=strategy,
+        activation_checkpointing="none",
+        optimizer="adamw",
+        compile=False,
+        dtype="float32",
+        reshard_after_forward=True,
     )
     info = DistInfo(rank=rank, world_size=world, device="cpu")
     _, forward = prepare_model(model, cfg, info)

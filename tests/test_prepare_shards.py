@@ -14,7 +14,6 @@ from _tiny import TINY_TRAIN
 from gptlab.cli import main
 from gptlab.data import TokenDataset, WindowSampler, eval_batches, prepare
 from gptlab.data.shards import ShardedTokens, sha256_of
-from gptlab.errors import GptlabError
 from gptlab.train import train
 from gptlab.train.config import build_config
 
@@ -116,7 +115,10 @@ def test_bad_input_is_one_line(tmp_path, capsys, monkeypatch):
     shard.write_bytes(shard.read_bytes()[:-6])
     cases = [
         (["prepare", folder, "--out", tmp_path / "o1"], "broken.txt: cannot be read"),
-        (["prepare", tmp_path / "notext.parquet", "--out", tmp_path / "o2"], "no 'text' column (columns: body)"),
+        (
+            ["prepare", tmp_path / "notext.parquet", "--out", tmp_path / "o2"],
+            "no 'text' column (columns: body)",
+        ),
         (["prepare", tmp_path / "fake.parquet", "--out", tmp_path / "o3"], "not a readable parquet"),
         (["prepare", tmp_path / "corpus" / "0.txt", "--out", tmp_path / "o4", "--workers", "0"], "--workers"),
         (["train", "--data", tmp_path / "sh", "--out", tmp_path / "r"], "train-00001.bin: shard truncated"),
@@ -142,5 +144,7 @@ def test_resuming_on_a_different_dataset_is_one_line(tmp_path, capsys):
     assert code == 2 and "different dataset" in err and err.count("\n") == 1
     # the same tokens re-cut into shards are the same dataset: resuming on them is fine
     prepare([tmp_path / "a.txt"], tmp_path / "a2", block_size=16, shard_tokens=700)
-    code = main(["train", "--out", str(tmp_path / "run"), "--resume", "--data", str(tmp_path / "a2"), "max_steps=3"])
+    code = main(
+        ["train", "--out", str(tmp_path / "run"), "--resume", "--data", str(tmp_path / "a2"), "max_steps=3"]
+    )
     assert code == 0, capsys.readouterr().err

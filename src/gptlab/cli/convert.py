@@ -26,7 +26,9 @@ def register(subparsers: Any) -> None:
     which.add_argument("--from-hf", metavar="HF_DIR", help="Hugging Face model directory to import")
     which.add_argument("--to-hf", metavar="CKPT", help="gptlab checkpoint (or run directory) to export")
     which.add_argument(
-        "--consolidate", metavar="RUN", help="sharded (FSDP) checkpoint or run directory to gather into one file"
+        "--consolidate",
+        metavar="RUN",
+        help="sharded (FSDP) checkpoint or run directory to gather into one file",
     )
     p.add_argument("--out", required=True, metavar="DIR", help="output directory (must be new or empty)")
     p.set_defaults(func=run)

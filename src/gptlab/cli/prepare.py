@@ -37,7 +37,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="smallest context you will train with; each split must hold one block (default 64)",
     )
     p.add_argument(
-        "--workers", type=int, default=1, help="tokenizer processes; the output is the same for any N (default 1)"
+        "--workers",
+        type=int,
+        default=1,
+        help="tokenizer processes; the output is the same for any N (default 1)",
     )
     p.add_argument(
         "--shard-tokens",

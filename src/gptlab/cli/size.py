@@ -22,7 +22,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--batch", type=int, default=1, help="batch size B (default 1)")
     p.add_argument("--dtype", default="fp32", help="number format: fp32, bf16, fp16 (default fp32)")
     p.add_argument("--kv-dtype", help="KV-cache storage: fp32, bf16, fp16 or int8 (default: --dtype)")
-    p.add_argument("--strategy", choices=("ddp", "fsdp"), help="add per-rank training memory under DDP or FSDP")
+    p.add_argument(
+        "--strategy", choices=("ddp", "fsdp"), help="add per-rank training memory under DDP or FSDP"
+    )
     p.add_argument("--world-size", type=int, default=2, help="ranks for --strategy (default 2)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.set_defaults(func=run)

@@ -123,7 +123,9 @@ def prepare(
     stage.mkdir(parents=True)
     try:
         tok.save(stage / TOKENIZER_FILE)  # first: the workers load it
-        meta = _write_dataset(stage, sources, tok, dtype, val_fraction, block_size, progress, workers, shard_tokens)
+        meta = _write_dataset(
+            stage, sources, tok, dtype, val_fraction, block_size, progress, workers, shard_tokens
+        )
         meta.update(
             wanted, sources=described, format=DATASET_FORMAT, tokenizer_kind=getattr(tok, "kind", None)
         )
@@ -211,7 +213,8 @@ def _write_dataset(
     shards = _cut_val(stage, entries, n_train, dtype, shard_tokens)
     val = open_split(stage, shards["val"], dtype)
     val_bytes = sum(
-        len(tok.decode_bytes(val[i : min(i + CHUNK_BYTES, n_val)].tolist())) for i in range(0, n_val, CHUNK_BYTES)
+        len(tok.decode_bytes(val[i : min(i + CHUNK_BYTES, n_val)].tolist()))
+        for i in range(0, n_val, CHUNK_BYTES)
     )
     for split_entries in shards.values():
         for entry in split_entries:

@@ -127,7 +127,10 @@ class TrainConfig:
         from gptlab.train.strategy import STRATEGIES
 
         for name, table in (("strategy", STRATEGIES), ("activation_checkpointing", ACTIVATION_CHECKPOINTING)):
-            need(getattr(self, name) in table, f"{name} must be one of {', '.join(table)}; got {getattr(self, name)!r}")
+            need(
+                getattr(self, name) in table,
+                f"{name} must be one of {', '.join(table)}; got {getattr(self, name)!r}",
+            )
         need(self.dtype in DTYPES, f"dtype must be one of {', '.join(DTYPES)}; got {self.dtype!r}")
         need(
             self.attention in ATTENTION_PATHS,

@@ -26,12 +26,12 @@ from typing import Any
 import torch
 
 from gptlab import checkpoint as ckpt
+from gptlab.checkpoint import sharded
 from gptlab.compiling import can_compile
 from gptlab.data import TokenDataset, WindowSampler, eval_batches, n_eval_batches
 from gptlab.errors import GptlabError
 from gptlab.fileio import atomic_write_json
 from gptlab.model import GPT
-from gptlab.checkpoint import sharded
 from gptlab.train import distributed
 from gptlab.train.config import TrainConfig, build_config
 from gptlab.train.evaluate import EvalResult, loss_sum
