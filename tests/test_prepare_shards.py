@@ -13,7 +13,8 @@ from _tiny import TINY_TRAIN
 
 from gptlab.cli import main
 from gptlab.data import TokenDataset, WindowSampler, eval_batches, prepare
-from gptlab.data.shards import ShardedTokens, sha256_of
+from gptlab.data.corpus import sha256_file
+from gptlab.data.shards import ShardedTokens
 from gptlab.train import train
 from gptlab.train.config import build_config
 
@@ -53,7 +54,7 @@ def test_workers_give_byte_identical_shards(tmp_path, small_chunks):
     assert all(e["tokens"] <= 5000 for split in meta["shards"].values() for e in split)
     assert sum(e["tokens"] for e in meta["shards"]["train"]) == meta["train_tokens"]
     for e in meta["shards"]["train"] + meta["shards"]["val"]:
-        assert e["sha256"] == sha256_of(tmp_path / "w1" / e["file"])
+        assert e["sha256"] == sha256_file(tmp_path / "w1" / e["file"])
     # the shards hold exactly the tokens of the one-file layout
     prepare([folder], tmp_path / "flat", tokenizer="bpe:300", block_size=8)
     flat, shard = TokenDataset(tmp_path / "flat"), TokenDataset(tmp_path / "w2")

@@ -13,7 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from gptlab.data.shards import open_split, sha256_of
+from gptlab.data.corpus import sha256_file
+from gptlab.data.shards import open_split
 from gptlab.data.sources import PathLike
 from gptlab.errors import GptlabError
 
@@ -69,7 +70,7 @@ class TokenDataset:
         for split in SPLITS:
             for entry in self.meta.get("shards", {}).get(split, []):
                 path = self.dir / entry["file"]
-                if "sha256" in entry and sha256_of(path) != entry["sha256"]:
+                if "sha256" in entry and sha256_file(path) != entry["sha256"]:
                     raise GptlabError(f"{path}: checksum differs from meta.json; prepare the dataset again")
 
     @property

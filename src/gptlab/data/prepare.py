@@ -28,8 +28,9 @@ from typing import Any
 
 import numpy as np
 
+from gptlab.data.corpus import sha256_file
 from gptlab.data.dataset import DATASET_FORMAT, EOT, META_FILE, TOKENIZER_FILE
-from gptlab.data.shards import COPY_TOKENS, ShardWriter, open_split, sha256_of
+from gptlab.data.shards import COPY_TOKENS, ShardWriter, open_split
 from gptlab.data.sources import (
     CHUNK_BYTES,
     PathLike,
@@ -218,7 +219,7 @@ def _write_dataset(
     )
     for split_entries in shards.values():
         for entry in split_entries:
-            entry["sha256"] = sha256_of(stage / entry["file"])
+            entry["sha256"] = sha256_file(stage / entry["file"])
     return {
         "dtype": dtype.name,
         "vocab_size": tok.vocab_size,

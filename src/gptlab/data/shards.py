@@ -10,7 +10,6 @@ two shards and the sampler's sample ``g`` → window mapping does not depend on 
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 from typing import Any
 
@@ -24,14 +23,6 @@ COPY_TOKENS = 1 << 22  # tokens moved at a time when a split is re-cut
 def shard_name(split: str, index: int, shard_tokens: int) -> str:
     """``train-00003.bin``; ``train.bin`` when unsharded (``shard_tokens = 0``)."""
     return f"{split}-{index:05d}.bin" if shard_tokens else f"{split}.bin"
-
-
-def sha256_of(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(1 << 20):
-            h.update(block)
-    return h.hexdigest()
 
 
 class ShardWriter:

@@ -83,6 +83,10 @@ def _wrap_fsdp(model: nn.Module, cfg: Any, info: Any) -> nn.Module:
         )
     if cfg.compile:
         raise GptlabError("strategy=fsdp runs uncompiled here; set compile=false")
+    if cfg.dtype == "float16":
+        raise GptlabError(
+            "strategy=fsdp supports dtype=float32 or bfloat16 (float16 needs a sharded grad scaler)"
+        )
     mesh = init_device_mesh(torch.device(info.device).type, (info.world_size,))
     policy = mixed_precision_policy(cfg.dtype)
     for block in model.blocks:  # type: ignore[attr-defined]
