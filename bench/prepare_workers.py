@@ -13,6 +13,7 @@ import argparse
 import hashlib
 import json
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -42,6 +43,11 @@ def _tree_rss(pid: int) -> int:
         total += rss.get(p, 0)
         todo.extend(children.get(p, []))
     return total
+
+
+def _children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def _digest(directory: Path) -> str:
@@ -77,17 +83,20 @@ def main() -> None:
         cmd = [sys.executable, "-m", "gptlab", "prepare", str(corpus), "--out", str(out), "--no-progress"]
         cmd += ["--tokenizer", f"gpt2:{SHARED / 'gpt2'}", "--workers", str(n)]
         cmd += ["--shard-tokens", str(args.shard_tokens)]
-        t0 = time.perf_counter()
+        t0, cpu0 = time.perf_counter(), _children_cpu()
         proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL)
         peak = 0
         while proc.poll() is None:
             peak = max(peak, _tree_rss(proc.pid))
             time.sleep(0.02)
         wall = time.perf_counter() - t0
+        cpu = _children_cpu() - cpu0  # the prepare process and its workers (waited for)
         assert proc.returncode == 0, f"prepare failed with {proc.returncode}"
         results[n] = {
             "wall_s": round(wall, 1),
             "mb_per_s": round(size / 1e6 / wall, 2),
+            "cpu_s": round(cpu, 1),
+            "mb_per_cpu_s": round(size / 1e6 / cpu, 2),
             "peak_rss_mib": round(peak / 2**20),
             "digest": _digest(out),
         }
