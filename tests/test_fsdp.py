@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -214,3 +215,39 @@ def test_truncated_shard_and_sharded_only_commands_fail_in_one_line(tmp_path):
     with pytest.raises(GptlabError, match="truncated") as exc:
         sharded.consolidate(run, tmp_path / "d")
     assert "\n" not in str(exc.value)
+
+
+def test_size_shows_fsdp_per_rank_memory_at_most_055_of_ddp(capsys):
+    from gptlab.cli import main
+    from gptlab.model import GPTConfig
+    from gptlab.train.strategy import per_rank_memory
+
+    config = GPTConfig.preset("gpt2")
+    ddp = per_rank_memory(config, "ddp", 2, 4)[0].value
+    fsdp, gathered = (f.value for f in per_rank_memory(config, "fsdp", 2, 4))
+    assert ddp == 4 * 4 * sum(_param_sizes(config))
+    assert fsdp / ddp <= 0.501 and (fsdp + gathered) / ddp <= 0.55
+    assert per_rank_memory(config, "fsdp", 8, 4)[0].value / ddp <= 0.126
+    assert main(["size", "--preset", "gpt2", "--strategy", "fsdp", "--world-size", "2", "--json"]) == 0
+    names = [f["name"] for f in json.loads(capsys.readouterr().out)["training_memory"]]
+    assert "fsdp per rank (W=2)" in names
+
+
+def _param_sizes(config) -> list[int]:
+    from gptlab.inspect.size import meta_model
+
+    return [p.numel() for p in {id(p): p for p in meta_model(config).parameters()}.values()]
+
+
+def test_local_bytes_counts_weights_gradients_and_moments():
+    from gptlab.model import GPT, GPTConfig
+    from gptlab.train.optim import build_optimizer
+    from gptlab.train.strategy import local_bytes
+
+    model = GPT(GPTConfig.preset("shakespeare-char", vocab_size=32, n_layer=1, n_embd=32, n_head=2))
+    opt = build_optimizer(model, "adamw", 1e-3, 0.1, (0.9, 0.99), "cpu")
+    x = torch.randint(0, 32, (2, 8))
+    model(x, x)[1].backward()
+    opt.step()
+    n = sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
+    assert local_bytes(model, opt) == {"params": 4 * n, "grads": 4 * n, "optimizer": 8 * n}
