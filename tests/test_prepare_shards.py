@@ -34,14 +34,17 @@ def _files(directory):
 
 @pytest.fixture
 def small_chunks(monkeypatch):
-    """1 KB pieces: many pieces per file, so several are in flight in the pool at once."""
-    from gptlab.data import sources
+    """1 KB pieces in batches of 4 KB: many batches per file, several in flight in the pool at once."""
+    from gptlab.data import sources, workers
 
     monkeypatch.setattr(sources, "CHUNK_BYTES", 1024)
+    monkeypatch.setattr(workers, "BATCH_CHARS", 4096)
 
 
 def test_workers_give_byte_identical_shards(tmp_path, small_chunks):
     folder = _corpus(tmp_path)
+    docs = [f"short document {i} " * (i % 9 + 1) for i in range(300)]  # many small documents
+    (folder / "docs.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in docs))
     runs = {}
     for workers in (1, 2, 3):
         out = tmp_path / f"w{workers}"
