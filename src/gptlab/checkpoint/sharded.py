@@ -32,6 +32,7 @@ import torch
 from gptlab.checkpoint.files import (
     CONFIG_FILE,
     FORMAT_VERSION,
+    TOKENIZER_FILE,
     WEIGHTS_FILE,
     read_json,
     resolve_checkpoint,
@@ -144,7 +145,7 @@ def save_training_checkpoint(
         config = getattr(model, "config", None)
         write_config(tmp / CONFIG_FILE, config)
         if tokenizer is not None:
-            tokenizer.save(tmp / "tokenizer.json")
+            tokenizer.save(tmp / TOKENIZER_FILE)
         atomic_write_json(
             tmp / TRAIN_STATE_FILE,
             {
