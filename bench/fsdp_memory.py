@@ -22,6 +22,7 @@ def _rank(rank: int, world: int, port: int, preset: str, strategy: str, out: dic
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world)
     from gptlab.model import GPT, GPTConfig
+    from gptlab.train.config import TrainConfig
     from gptlab.train.distributed import DistInfo
     from gptlab.train.optim import build_optimizer
     from gptlab.train.strategy import local_bytes, prepare_model
@@ -39,7 +40,7 @@ def _rank(rank: int, world: int, port: int, preset: str, strategy: str, out: dic
     )
     info = DistInfo(rank=rank, world_size=world, device="cpu")
     _, forward = prepare_model(model, cfg, info)
-    opt = build_optimizer(model, "adamw", 1e-4, 0.1, (0.9, 0.95), "cpu")
+    opt = build_optimizer(model, TrainConfig(lr=1e-4), "cpu")
     x = torch.randint(0, config.vocab_size, (1, 32))
     forward(x, x)[1].backward()
     opt.step()

@@ -160,7 +160,7 @@ def quality(steps: int) -> dict:
     train, held = data[:split], data[split : split + 50_000]
     torch.manual_seed(0)
     block = 128
-    model = GPT(GPTConfig.preset("shakespeare-char", block_size=block))
+    model = GPT(GPTConfig.preset("char-tiny", block_size=block))
     opt = torch.optim.AdamW(model.parameters(), lr=2e-3)
     for _ in range(steps):
         starts = torch.randint(0, len(train) - block - 1, (32,))

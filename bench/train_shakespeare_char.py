@@ -3,7 +3,7 @@
     python bench/train_shakespeare_char.py --recipe reference|best [--data FILE] [--max-steps N] [key=value ...]
 
 ``reference`` is the nanoGPT-style baseline configuration (recipe ``reference``);
-``best`` is gptlab's ``shakespeare-char`` recipe. The dataset is prepared (90/10
+``best`` is gptlab's ``char-best`` recipe. The dataset is prepared (90/10
 split) into a temporary directory; ``train_wall_s`` counts training steps only
 (compilation included, evaluation and checkpoints excluded), ``wall_s`` the whole
 run; ``steady_ms_per_step``/``steady_tokens_per_s`` exclude the first 50 steps (compilation,
@@ -21,7 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
-RECIPES = {"reference": "reference", "best": "shakespeare-char"}
+RECIPES = {"reference": "reference", "best": "char-best"}
 DEFAULT_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "tinyshakespeare.txt"
 
 

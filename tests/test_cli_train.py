@@ -20,7 +20,7 @@ from gptlab import checkpoint as ckpt
 from gptlab.cli import main
 from gptlab.data import prepare
 from gptlab.train import train
-from gptlab.train.config import build_config
+from gptlab.train.config import DEFAULT_RECIPE, build_config
 from gptlab.train.metrics import read_metrics
 
 TINY = [*TINY_TRAIN, "batch_size=4"]
@@ -123,9 +123,11 @@ def _steps_logged(run):
     return max((r["step"] for r in read_metrics(run / "metrics.jsonl")), default=0)
 
 
+@pytest.mark.slow
 def test_sigkill_at_random_moments_always_resumes(dataset, tmp_path):
     settings = ["max_steps=20", "ckpt_every=2", "eval_every=10", "keep_last=2"]
-    reference = train(build_config(None, [*TINY, *settings]), dataset, tmp_path / "ref")
+    # `gptlab train` without --config trains the default recipe
+    reference = train(build_config(DEFAULT_RECIPE, [*TINY, *settings]), dataset, tmp_path / "ref")
     run, rng = tmp_path / "run", random.Random(0)
     for attempt in range(4):  # three kills at random moments (mid-step, mid-checkpoint, ...), then finish
         proc = _launch(dataset, run, *settings, resume=attempt > 0)

@@ -30,7 +30,7 @@ def test_required_presets_have_the_documented_shapes() -> None:
     llama = GPTConfig.preset("llama-tiny")
     assert (llama.pos, llama.norm, llama.mlp, llama.tie_embeddings) == ("rope", "rmsnorm", "swiglu", False)
     assert llama.n_kv_head is not None and 1 < llama.n_kv_head < llama.n_head
-    sc = GPTConfig.preset("shakespeare-char")
+    sc = GPTConfig.preset("char-tiny")
     assert (sc.n_layer, sc.n_head, sc.n_embd, sc.block_size) == (4, 4, 128, 64)
 
 
@@ -83,3 +83,33 @@ def test_d_ff_defaults_follow_the_mlp_kind() -> None:
     assert GPTConfig(n_embd=96, n_head=4, mlp="gelu").d_ff == 4 * 96
     gated = GPTConfig(n_embd=96, n_head=4, mlp="swiglu").d_ff
     assert gated is not None and gated % 64 == 0 and gated >= 8 * 96 / 3
+
+
+def test_option_names_are_the_registries_keys() -> None:
+    """Every registered variant is accepted and builds; any other name is refused, naming the choices."""
+    import torch
+
+    from gptlab.model import config as model_config
+    from gptlab.model.block import RESIDUALS
+    from gptlab.model.mlp import MLPS
+    from gptlab.model.norms import NORMS
+    from gptlab.model.positional import POSITIONAL
+
+    registries = {"pos": POSITIONAL, "norm": NORMS, "norm_placement": RESIDUALS, "mlp": MLPS}
+    assert set(model_config.REGISTRIES) == set(registries)
+    assert model_config.MLP_OPTIONS == tuple(MLPS) and model_config.POS_OPTIONS == tuple(POSITIONAL)
+    assert model_config.NORM_OPTIONS == tuple(NORMS)
+    assert model_config.PLACEMENT_OPTIONS == tuple(RESIDUALS)
+    for option, registry in registries.items():
+        for name in registry:
+            config = GPTConfig(vocab_size=11, block_size=8, n_layer=1, n_head=2, n_embd=16, **{option: name})
+            assert GPT(config)(torch.zeros(1, 4, dtype=torch.long)).shape == (1, 4, 11)
+        with pytest.raises(GptlabError, match=f"{option} must be one of {', '.join(registry)}"):
+            GPTConfig(**{option: "no-such-variant"})
+
+
+def test_old_preset_name_still_works_with_a_notice() -> None:
+    with pytest.warns(FutureWarning, match="'shakespeare-char' is now called 'char-tiny'"):
+        old = GPTConfig.preset("shakespeare-char")
+    assert old == GPTConfig.preset("char-tiny")
+    assert "shakespeare-char" not in GPTConfig.preset_names()

@@ -19,11 +19,19 @@ from gptlab.checkpoint import sharded
 from gptlab.data import prepare
 from gptlab.errors import GptlabError
 from gptlab.train import train
-from gptlab.train.config import build_config
+from gptlab.train.config import TrainConfig, build_config
 
 # no biases: a key bias gets a zero gradient in exact arithmetic (softmax ignores a constant added to
 # every score), so AdamW's g/√v turns its rounding noise into ±lr steps that no two reduction orders share
 SMALL = [*TINY_TRAIN, "model.n_layer=2", "model.bias=false", "eval_every=1000", "ckpt_every=1000"]
+
+
+def _recipe(tmp_path: Path) -> Path:
+    """The same plain float32 AdamW settings for torchrun (whose CLI default is the char-best recipe) and
+    for ``build_config``."""
+    recipe = tmp_path / "tiny.toml"
+    recipe.write_text('dtype = "float32"\ndevice = "cpu"\n[model]\npreset = "char-tiny"\n')
+    return recipe
 
 
 def _dataset(tmp_path: Path) -> Path:
@@ -82,8 +90,8 @@ def _weights(run: Path, tmp_path: Path, name: str) -> dict[str, torch.Tensor]:
 @pytest.mark.slow
 def test_fsdp_with_checkpointing_equals_one_process(tmp_path):
     """50 steps: 2 FSDP ranks of B=2 with activation checkpointing = one process of B=4 without, to 1e-5."""
-    ds = _dataset(tmp_path)
-    steps = [*SMALL, "max_steps=50"]
+    ds, recipe = _dataset(tmp_path), _recipe(tmp_path)
+    steps = ["--config", str(recipe), *SMALL, "max_steps=50"]
     _finish(
         _torchrun(
             2,
@@ -94,7 +102,7 @@ def test_fsdp_with_checkpointing_equals_one_process(tmp_path):
     assert sharded.is_sharded(ckpt.resolve_checkpoint(tmp_path / "fsdp"))
     shards = list((ckpt.resolve_checkpoint(tmp_path / "fsdp") / sharded.SHARDED_DIR).glob("*.safetensors"))
     assert len(shards) == 2  # each rank wrote its own
-    train(build_config(None, [*steps, "batch_size=4"]), ds, tmp_path / "one")
+    train(build_config(str(recipe), [*steps[2:], "batch_size=4"]), ds, tmp_path / "one")
     a, b = _weights(tmp_path / "fsdp", tmp_path, "c"), _weights(tmp_path / "one", tmp_path, "-")
     assert sorted(a) == sorted(b) and "lm_head.weight" not in a  # the tied head is stored once
     for k in a:
@@ -103,8 +111,16 @@ def test_fsdp_with_checkpointing_equals_one_process(tmp_path):
 
 @pytest.mark.slow
 def test_sigkill_then_resume_is_bitwise_and_reshards(tmp_path):
-    ds = _dataset(tmp_path)
-    steps = [*TINY_TRAIN, "model.n_layer=2", "model.n_embd=64", "model.bias=false", "max_steps=120"]
+    ds, recipe = _dataset(tmp_path), _recipe(tmp_path)
+    steps = [
+        "--config",
+        str(recipe),
+        *TINY_TRAIN,
+        "model.n_layer=2",
+        "model.n_embd=64",
+        "model.bias=false",
+        "max_steps=120",
+    ]
     steps += ["ckpt_every=20", "eval_every=1000", "strategy=fsdp", "batch_size=2", "keep_last=20"]
     _finish(_torchrun(2, ["--data", str(ds), "--out", str(tmp_path / "full"), *steps]))
     killed = tmp_path / "killed"
@@ -121,7 +137,7 @@ def test_sigkill_then_resume_is_bitwise_and_reshards(tmp_path):
     import shutil
 
     shutil.copytree(killed, one)
-    train(build_config(None, [*steps, "batch_size=4"]), ds, one, resume=True)
+    train(build_config(str(recipe), [*steps[2:], "batch_size=4"]), ds, one, resume=True)
     # resume on 2 ranks: bitwise the uninterrupted run
     _finish(_torchrun(2, ["--out", str(killed), "--resume"]))
     full, resumed = _weights(tmp_path / "full", tmp_path, "a"), _weights(killed, tmp_path, "b")
@@ -153,7 +169,7 @@ def _one_process_run(tmp_path: Path, extra: list[str]) -> Path:
 
     torch.manual_seed(0)
     model = GPT(cfg.model_config(ckpt_vocab(ds)))
-    opt = build_optimizer(model, "adamw", 1e-3, 0.1, (0.9, 0.99), "cpu")
+    opt = build_optimizer(model, TrainConfig(), "cpu")
     x = torch.randint(0, model.config.vocab_size, (2, 16))
     model(x, x)[1].backward()
     opt.step()
@@ -174,7 +190,7 @@ def test_a_crash_mid_save_leaves_the_previous_checkpoint(tmp_path, monkeypatch):
     from gptlab.train.optim import build_optimizer
 
     model = GPT(ckpt.read_config(run / "ckpt-1" / ckpt.CONFIG_FILE))
-    opt = build_optimizer(model, "adamw", 1e-3, 0.1, (0.9, 0.99), "cpu")
+    opt = build_optimizer(model, TrainConfig(), "cpu")
     sharded.load_training_state(run / "ckpt-1", model, opt, DistInfo(), seed=0)
     before = {k: v.clone() for k, v in model.state_dict().items()}
     import torch.distributed.checkpoint as dcp
@@ -197,7 +213,7 @@ def test_a_crash_mid_save_leaves_the_previous_checkpoint(tmp_path, monkeypatch):
     ckpt.clean_incomplete(run)
     assert sorted(p.name for p in run.iterdir()) == ["ckpt-1"]
     fresh = GPT(model.config)
-    fresh_opt = build_optimizer(fresh, "adamw", 1e-3, 0.1, (0.9, 0.99), "cpu")
+    fresh_opt = build_optimizer(fresh, TrainConfig(), "cpu")
     sharded.load_training_state(run / "ckpt-1", fresh, fresh_opt, DistInfo(), seed=0)
     for k, v in fresh.state_dict().items():
         assert torch.equal(v, before[k])
@@ -244,8 +260,8 @@ def test_local_bytes_counts_weights_gradients_and_moments():
     from gptlab.train.optim import build_optimizer
     from gptlab.train.strategy import local_bytes
 
-    model = GPT(GPTConfig.preset("shakespeare-char", vocab_size=32, n_layer=1, n_embd=32, n_head=2))
-    opt = build_optimizer(model, "adamw", 1e-3, 0.1, (0.9, 0.99), "cpu")
+    model = GPT(GPTConfig.preset("char-tiny", vocab_size=32, n_layer=1, n_embd=32, n_head=2))
+    opt = build_optimizer(model, TrainConfig(), "cpu")
     x = torch.randint(0, 32, (2, 8))
     model(x, x)[1].backward()
     opt.step()

@@ -105,17 +105,37 @@ def test_a_full_row_slides_and_equals_the_model_on_the_kept_window(pos):
         torch.testing.assert_close(out, uncached(model, window), **TOL)
 
 
-def test_learned_positions_stop_at_the_limit_and_say_so():
+def test_learned_positions_stop_at_the_limit_and_say_so_with_slide_false():
     model = tiny(block_size=12, pos="learned")
     idx = torch.randint(0, 61, (2, 8))
     with pytest.warns(ContextWarning, match="context limit"):
-        out = model.generate(idx, 10, temperature=0)
-    assert out.shape == (2, 12 + 1)  # 4 more positions fill the context, plus the token they predict
+        out = model.generate(idx, 10, temperature=0, slide=False)
+    # the prompt keeps 12 − min(10, 6) = 6 tokens; 6 more positions fill the context, plus the token they predict
+    assert out.shape == (2, 8 + 6 + 1)
     session = BatchSession(model, 1)
     slot, _ = session.add(list(range(12)))
     assert session.full(slot)
-    with pytest.raises(GptlabError, match="context limit"):
-        session.step({slot: 1})
+
+
+@pytest.mark.parametrize("pos", ["learned", "sinusoidal", "rope", "alibi", "none"])
+def test_every_position_goes_past_the_context_over_the_last_block_size_tokens(pos):
+    """Past the context each step's logits equal the uncached model on the window the row holds;
+    absolute positions re-run the whole last ``block_size`` tokens (nanoGPT's window)."""
+    model = tiny(block_size=12, pos=pos)
+    ids = torch.randint(0, 61, (40,), generator=torch.Generator().manual_seed(5)).tolist()
+    session = BatchSession(model, 1)
+    slot, _ = session.add(ids[:10])
+    for t in range(10, 40):
+        out = session.step({slot: ids[t]})[slot]
+        window = session.tokens[slot]
+        assert window == ids[t + 1 - len(window) : t + 1] and len(window) <= 12
+        if not session.can_slide:
+            assert len(window) == min(t + 1, 12)
+        torch.testing.assert_close(out, uncached(model, window), **TOL)
+    with pytest.warns(ContextWarning, match="sliding window") as caught:
+        out = model.generate(torch.tensor([ids[:4]]), 30, temperature=0)
+    assert out.shape == (1, 34)  # every requested token, 22 of them past the context
+    assert sum("sliding window" in str(w.message) for w in caught) == 1  # the notice comes once
 
 
 def test_a_long_prompt_is_cut_to_the_context_with_a_warning():

@@ -37,12 +37,16 @@ def _greedy_logits(model: GPT, prompt: list[int], steps: int, fused: bool, monke
         assert (session._fused is not None) == fused
         slot, logits = session.add(prompt)
         out = [logits]
+        before = session._fused.compiled_calls if fused else 0
         for _ in range(steps):
             logits = session.step({slot: int(logits.argmax())})[slot]
             out.append(logits)
+        if fused:  # every step ran the compiled graph, not its eager fallback
+            assert session._fused.compiled_calls - before == steps
     return out
 
 
+@pytest.mark.slow  # one cold compile per variant: 20-40 s each on 2 busy cores
 @needs_compiler
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
 def test_compiled_step_equals_the_layer_by_layer_step(monkeypatch, variant):

@@ -132,7 +132,7 @@ def test_moe_counts_only_active_experts_in_flops() -> None:
 
 
 def test_training_memory_adds_up_and_scales_with_dtype() -> None:
-    c = GPTConfig.preset("shakespeare-char")
+    c = GPTConfig.preset("char-tiny")
     r32, r16 = size_report(c, dtype="fp32"), size_report(c, dtype="bf16")
     p = r32.value("total")
     assert r32.value("weights") == 4 * p and r16.value("weights") == 2 * p

@@ -344,8 +344,11 @@ def test_cli_from_hf_keeps_the_gpt2_tokenizer(saved, gpt2_files, tmp_path):
     from gptlab.tokenizers import GPT2Tokenizer
 
     vocab_bpe, encoder_json = gpt2_files
-    src = tmp_path / "hf"
-    shutil.copytree(saved["gpt2"][0], src)
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    src = tmp_path / "hf"  # the tokenizer's 50257 ids must fit the model's vocabulary
+    hf_config = GPT2Config(vocab_size=50257, n_positions=32, n_embd=8, n_layer=1, n_head=2)
+    GPT2LMHeadModel(hf_config).save_pretrained(src, safe_serialization=True)
     shutil.copy(vocab_bpe, src / "merges.txt")  # Hugging Face's names for the same two files
     shutil.copy(encoder_json, src / "vocab.json")
     assert main(["convert", "--from-hf", str(src), "--out", str(tmp_path / "ckpt")]) == 0

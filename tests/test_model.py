@@ -11,7 +11,8 @@ import torch.nn.functional as F
 
 from gptlab import GPT, GPTConfig
 from gptlab.model.attention import CausalSelfAttention, plain_attention, sdpa_attention
-from gptlab.model.mlp import FeedForward, _CompiledGELU, ffn_param_count, gelu, gelu_tanh
+from gptlab.model.gelu import _CompiledGELU, gelu
+from gptlab.model.mlp import FeedForward, ffn_param_count, gelu_tanh
 from gptlab.model.norms import LayerNorm
 from gptlab.model.positional import alibi_slopes, sinusoidal_table
 

@@ -11,9 +11,9 @@ import torch
 from fastapi.testclient import TestClient
 
 from gptlab import GPT, GPTConfig
-from gptlab.generate import SampleConfig
+from gptlab.generate import SampleConfig, TokenEvent
 from gptlab.serve import CHAT_STOP, chat_prompt, create_app
-from gptlab.serve.scheduler import Channel, EndEvent, Job, Scheduler, TokenEvent
+from gptlab.serve.scheduler import Channel, EndEvent, Job, Scheduler
 from gptlab.serve.schemas import ChatMessage
 from gptlab.tokenizers import CharTokenizer
 
@@ -181,11 +181,15 @@ def test_top_k_one_is_greedy(client, model, tok):
     assert r.json()["choices"][0]["text"] == greedy_reference(model, tok, "the", 8)
 
 
-def test_long_prompt_is_cut_with_a_warning(client, model):
+def test_long_prompt_is_cut_from_the_left_to_leave_room_with_a_warning(client, model, tok):
     long = "ab " * 40  # 120 tokens > block_size 64
     body = client.post("/v1/completions", json={"prompt": long, "max_tokens": 3}).json()
-    assert body["usage"]["prompt_tokens"] == model.config.block_size
-    assert any("cut to its last 64 tokens" in w for w in body["warnings"])
+    assert body["usage"]["prompt_tokens"] == model.config.block_size - 3  # room for the 3 new tokens
+    assert any("cut to its last 61 tokens" in w for w in body["warnings"])
+    # more new tokens than half the context: the prompt keeps half, the window slides past the context
+    body = client.post("/v1/completions", json={"prompt": long, "max_tokens": CAP}).json()
+    assert body["usage"] == {"prompt_tokens": 32, "completion_tokens": CAP, "total_tokens": 32 + CAP}
+    assert any("sliding window" in w for w in body["warnings"])
 
 
 # ------------------------------------------------------------------ streaming
@@ -449,7 +453,7 @@ def test_a_slow_consumer_does_not_block_others(model, tok):
 # ------------------------------------------------------------------ the command
 def test_cli_serve_bad_input_is_one_error_line(tmp_path, capsys):
     from gptlab.cli import main
-    from gptlab.cli.serve import is_loopback
+    from gptlab.serve.launch import is_loopback
 
     assert is_loopback("127.0.0.1") and is_loopback("::1") and is_loopback("localhost")
     assert not is_loopback("0.0.0.0") and not is_loopback("192.0.2.1")

@@ -129,7 +129,7 @@ def every_tokenizer(small_bpe) -> dict[str, Tokenizer]:
 
 
 def test_every_kind_is_registered():
-    assert set(KINDS) == {"char", "bpe", "gpt2"}
+    assert set(KINDS) == {"char", "bpe", "gpt2", "pretrained"}
     assert KINDS["gpt2"] is GPT2Tokenizer
 
 
@@ -292,7 +292,7 @@ def test_missing_tokenizer_file_names_it(tmp_path):
 
 # ----------------------------------------------------------------- small parts
 def test_patterns_are_chosen_by_name_and_custom_patterns_lose_nothing():
-    assert set(PATTERNS) == {"gpt2", "gpt4"}
+    assert set(PATTERNS) == {"gpt2", "gpt4", "gpt2-digits", "qwen2"}
     assert split("Hello world's 12345", "gpt4") == ["Hello", " world", "'s", " ", "123", "45"]
     assert split("Hello world's 12345", "gpt2") == ["Hello", " world", "'s", " 12345"]
     assert "".join(split("a-b c!", r"\w+")) == "a-b c!"

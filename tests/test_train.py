@@ -15,6 +15,7 @@ from gptlab.data import prepare
 from gptlab.errors import GptlabError
 from gptlab.model import GPT
 from gptlab.train import loop as gtrain
+from gptlab.train import runtime
 from gptlab.train.config import TrainConfig, build_config, recipe_names
 from gptlab.train.metrics import read_metrics
 from gptlab.train.schedule import learning_rate
@@ -158,25 +159,35 @@ def test_config_errors_list_valid_keys():
 
 
 def test_recipes_load():
-    assert {"reference", "shakespeare-char"} <= set(recipe_names())
+    assert {"reference", "char-best"} <= set(recipe_names())
     for name in recipe_names():
         cfg = build_config(name)
         assert cfg.model_config(65).vocab_size == 65
 
 
 def test_schedule_shapes():
-    lrs = [learning_rate(t, "cosine", 1e-3, 1e-4, 10, 100) for t in range(100)]
+    cosine = TrainConfig(schedule="cosine", lr=1e-3, min_lr=1e-4, warmup_steps=10, max_steps=100)
+    lrs = [learning_rate(t, cosine) for t in range(100)]
     assert lrs[0] == pytest.approx(1e-4) and lrs[9] == pytest.approx(1e-3)
     assert all(a >= b for a, b in zip(lrs[9:], lrs[10:])) and lrs[-1] == pytest.approx(1e-4, rel=1e-2)
-    lin = [learning_rate(t, "linear", 1.0, 0.0, 0, 100, 20) for t in range(100)]
+    linear = TrainConfig(
+        schedule="linear", lr=1.0, min_lr=0.0, warmup_steps=0, max_steps=100, warmdown_steps=20
+    )
+    lin = [learning_rate(t, linear) for t in range(100)]
     assert lin[79] == 1.0 and lin[99] == 0.0 and lin[89] == pytest.approx(0.5)
 
 
+@pytest.mark.slow  # compiles the model's forward and backward: ~15 s on 2 busy cores
 def test_compiled_training_matches_eager_and_keeps_checkpoint_names(dataset, tmp_path):
-    if not gtrain.can_compile("cpu"):
+    if not runtime.can_compile("cpu"):
         pytest.skip("torch.compile needs a C++ compiler on CPU (none found)")
     eager = _train(dataset, tmp_path / "eager", "max_steps=6", "eval_every=6")
+    import torch._dynamo.utils as dynamo_utils
+
+    frames = dynamo_utils.counters["frames"]
+    before = frames["ok"]
     compiled = _train(dataset, tmp_path / "compiled", "max_steps=6", "eval_every=6", "compile=true")
+    assert frames["ok"] > before  # the training forward really ran as a compiled graph
     losses = [
         [r["loss"] for r in read_metrics(run / "metrics.jsonl") if "loss" in r]
         for run in (
@@ -193,7 +204,7 @@ def test_compiled_training_matches_eager_and_keeps_checkpoint_names(dataset, tmp
 
 
 def test_compile_without_a_compiler_warns_and_trains_uncompiled(dataset, tmp_path, monkeypatch):
-    monkeypatch.setattr(gtrain, "can_compile", lambda device_type: False)
+    monkeypatch.setattr(runtime, "can_compile", lambda device_type: False)
     with pytest.warns(UserWarning, match="needs a C\\+\\+ compiler"):
         result = _train(dataset, tmp_path / "run", "max_steps=2", "eval_every=2", "compile=true")
     assert result.step == 2
@@ -212,14 +223,16 @@ def test_clipping_inside_the_fused_update_equals_clip_grad_norm():
         return model, torch.nn.utils.get_total_norm([p.grad for p in model.parameters()])
 
     clip = 0.5
+    adamw = TrainConfig(optimizer="adamw", lr=1e-2, weight_decay=0.1, beta1=0.9, beta2=0.99)
+    muon = TrainConfig(optimizer="muon", lr=1e-2, weight_decay=0.1)
     a, norm = model_with_grads()
-    opt_a = build_optimizer(a, "adamw", 1e-2, 0.1, (0.9, 0.99), "cpu")
+    opt_a = build_optimizer(a, adamw, "cpu")
     torch.nn.utils.clip_grad_norm_(a.parameters(), clip)
     opt_a.step()
     b, _ = model_with_grads()
-    opt_b = build_optimizer(b, "adamw", 1e-2, 0.1, (0.9, 0.99), "cpu")
+    opt_b = build_optimizer(b, adamw, "cpu")
     assert opt_b.takes_grad_scale and norm > 10 * clip
     opt_b.step(((norm + 1e-6) / clip).clamp(min=1.0))
     for (name, pa), pb in zip(a.named_parameters(), b.parameters(), strict=True):
         assert torch.allclose(pa, pb, rtol=1e-6, atol=1e-7), name
-    assert not build_optimizer(a, "muon", 1e-2, 0.1, (0.9, 0.99), "cpu").takes_grad_scale
+    assert not build_optimizer(a, muon, "cpu").takes_grad_scale

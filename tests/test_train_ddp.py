@@ -24,6 +24,8 @@ def test_two_process_gloo_equals_single_process(tmp_path):
     text = "\n".join(f"line {i}: the cat sat on mat number {i % 13} and purred." for i in range(500))
     (tmp_path / "c.txt").write_text(text)
     prepare([tmp_path / "c.txt"], tmp_path / "ds", block_size=16)
+    recipe = tmp_path / "tiny.toml"  # the same plain float32 AdamW config for both runs
+    recipe.write_text('dtype = "float32"\ndevice = "cpu"\n[model]\npreset = "char-tiny"\n')
     torchrun = Path(sys.executable).with_name("torchrun")
     launcher = [str(torchrun)] if torchrun.exists() else [sys.executable, "-m", "torch.distributed.run"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -39,6 +41,8 @@ def test_two_process_gloo_equals_single_process(tmp_path):
             str(tmp_path / "ds"),
             "--out",
             str(tmp_path / "ddp"),
+            "--config",
+            str(recipe),
             *TINY,
             "batch_size=2",
             "activation_checkpointing=blocks",
@@ -49,7 +53,7 @@ def test_two_process_gloo_equals_single_process(tmp_path):
         timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    single = train(build_config(None, [*TINY, "batch_size=4"]), tmp_path / "ds", tmp_path / "one")
+    single = train(build_config(str(recipe), [*TINY, "batch_size=4"]), tmp_path / "ds", tmp_path / "one")
     a = ckpt.read_tensors(ckpt.resolve_checkpoint(tmp_path / "ddp") / ckpt.WEIGHTS_FILE)
     b = ckpt.read_tensors(ckpt.resolve_checkpoint(tmp_path / "one") / ckpt.WEIGHTS_FILE)
     assert sorted(a) == sorted(b)

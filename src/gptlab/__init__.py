@@ -20,6 +20,7 @@ _LAZY = {
     "load": ("gptlab.checkpoint", "load"),
     "from_hf": ("gptlab.interop.hf", "from_hf"),
     "to_hf": ("gptlab.interop.hf", "to_hf"),
+    "from_gguf": ("gptlab.interop.gguf", "from_gguf"),
     "quantize": ("gptlab.generate.quantization", "quantize"),
     "generate_text": ("gptlab.generate", "generate_text"),
     "compile_decode": ("gptlab.generate", "compile_decode"),

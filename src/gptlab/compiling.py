@@ -17,6 +17,8 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
+COMPILE_FAILED = "torch.compile failed"  # in the warning; pytest turns it into an error (pyproject.toml)
+
 
 def cxx_compiler() -> str | None:
     """The C++ compiler inductor would use (``$CXX``, g++, clang++ or c++), or None."""
@@ -35,7 +37,9 @@ class Compiled:
     a function called with many shapes under dynamo's recompilation limit. ``options`` are
     inductor settings for this function only.
 
-    The first call that fails to compile turns the compiled path off for good, with a warning.
+    The first call that fails to compile turns the compiled path off for good, with a warning;
+    ``failure`` keeps the exception and ``compiled_calls`` counts the calls that ran compiled, so a
+    test (or a benchmark) can tell the compiled path from its eager fallback.
     """
 
     def __init__(
@@ -52,6 +56,8 @@ class Compiled:
         self.fn, self.what, self.dynamic, self.options = own, what, dynamic, options
         self._compiled: Callable[..., Any] | None = None
         self.enabled = os.environ.get("GPTLAB_COMPILE", "1") != "0" and can_compile("cpu")
+        self.compiled_calls = 0
+        self.failure: Exception | None = None
 
     def __call__(self, *args: Any) -> Any:
         if not self.enabled:
@@ -61,8 +67,10 @@ class Compiled:
 
             self._compiled = torch.compile(self.fn, dynamic=self.dynamic, options=self.options)
         try:
-            return self._compiled(*args)
+            out = self._compiled(*args)
         except Exception as exc:  # a missing header, a broken toolchain: keep working, uncompiled
-            self.enabled = False
-            warnings.warn(f"{self.what}: torch.compile failed ({exc}); using the eager kernel", stacklevel=2)
+            self.enabled, self.failure = False, exc
+            warnings.warn(f"{self.what}: {COMPILE_FAILED} ({exc}); using the eager kernel", stacklevel=2)
             return self.fn(*args)
+        self.compiled_calls += 1
+        return out

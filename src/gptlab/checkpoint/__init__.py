@@ -13,6 +13,7 @@ each is written under a temporary name and renamed into place when complete, so 
     files.py   file names, safetensors and JSON reads/writes, resolving a path to a checkpoint
     model.py   one checkpoint: ``save``/``load`` a model (and its tokenizer)
     run.py     training checkpoints in a run directory: state, cleaning, pruning
+    rundir.py  a run directory as a whole: its settings, new or resumed, clearing a run
 
 Every file is written atomically (temporary file, fsync, rename). Nothing is pickled.
 """
@@ -30,6 +31,7 @@ from gptlab.checkpoint.files import (
     write_tensors,
 )
 from gptlab.checkpoint.model import (
+    check_tokenizer_fits,
     load,
     load_model_state,
     load_tokenizer,
@@ -48,8 +50,31 @@ from gptlab.checkpoint.run import (
     save_training_checkpoint,
     unflatten_state,
 )
+from gptlab.checkpoint.rundir import (
+    BEST_FILE,
+    RUN_CONFIG_FILE,
+    check_new_run,
+    check_resumable,
+    clear_run,
+    discard_failed_start,
+    holds_run,
+    latest_step,
+    read_run_config,
+    write_run_config,
+)
 
 __all__ = [
+    "BEST_FILE",
+    "RUN_CONFIG_FILE",
+    "check_new_run",
+    "check_tokenizer_fits",
+    "check_resumable",
+    "clear_run",
+    "discard_failed_start",
+    "holds_run",
+    "latest_step",
+    "read_run_config",
+    "write_run_config",
     "CKPT_PATTERN",
     "CONFIG_FILE",
     "FORMAT_VERSION",

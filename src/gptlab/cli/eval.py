@@ -27,6 +27,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--device", default="cpu", help="cpu, cuda, ... (default cpu)")
     p.add_argument("--json", action="store_true", help="print JSON")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar (it goes to stderr)")
     p.set_defaults(func=run)
 
 
@@ -42,6 +43,7 @@ def run(args: argparse.Namespace) -> int:
         max_batches=args.max_batches,
         dtype=args.dtype,
         device=args.device,
+        progress=not args.no_progress,
     )
     if args.json:
         print(json.dumps({"source": source, **result.to_dict()}))

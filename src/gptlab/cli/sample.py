@@ -71,6 +71,8 @@ def _prompt(args: argparse.Namespace) -> str:
     if args.prompt_file is None:
         return args.prompt
     path = Path(args.prompt_file)
+    if path.is_dir():
+        raise GptlabError(f"{path} is a directory; --prompt-file takes a UTF-8 text file")
     if not path.is_file():
         raise GptlabError(f"{path}: prompt file not found")
     try:
@@ -79,10 +81,25 @@ def _prompt(args: argparse.Namespace) -> str:
         raise GptlabError(f"{path}: not UTF-8 text (invalid byte at offset {exc.start})") from None
 
 
-def _warn_line(
-    message: Any, category: Any, filename: str, lineno: int, file: Any = None, line: Any = None
-) -> None:
-    sys.stderr.write(f"\nwarning: {message}\n")
+class _Lines:
+    """Warnings as one line each on stderr; a context notice (the window slides) once per run."""
+
+    def __init__(self) -> None:
+        self.seen: set[str] = set()
+
+    def __call__(
+        self, message: Any, category: Any, filename: str, lineno: int, file: Any = None, line: Any = None
+    ) -> None:
+        from gptlab.generate import ContextWarning
+
+        text = str(message)
+        if issubclass(category, ContextWarning):
+            if text in self.seen:
+                return
+            self.seen.add(text)
+            sys.stderr.write(f"\nnote: {text}\n")
+            return
+        sys.stderr.write(f"\nwarning: {text}\n")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -117,9 +134,11 @@ def run(args: argparse.Namespace) -> int:
     prompt = _prompt(args)
     model, tokenizer = gptlab.load(args.checkpoint)
     if args.tokenizer:
+        from gptlab.checkpoint import check_tokenizer_fits
         from gptlab.tokenizers import load as load_tokenizer
 
         tokenizer = load_tokenizer(args.tokenizer)
+        check_tokenizer_fits(tokenizer, model.config.vocab_size, args.tokenizer)
     if tokenizer is None:
         raise GptlabError(f"{args.checkpoint} has no tokenizer.json; pass --tokenizer PATH")
     encode_prompt(tokenizer, prompt)  # fail on a prompt the tokenizer cannot encode before printing anything
@@ -135,7 +154,7 @@ def run(args: argparse.Namespace) -> int:
     n_tokens, seconds = 0, 0.0
     with warnings.catch_warnings():
         warnings.simplefilter("always")
-        warnings.showwarning = _warn_line
+        warnings.showwarning = _Lines()
         for i in range(args.num_samples):
             if i:
                 out.write("\n" + "-" * 40 + "\n")

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import argparse
-import ipaddress
 import os
-import socket
 import sys
 from pathlib import Path
 from typing import Any
@@ -18,7 +16,7 @@ def register(subparsers: Any) -> None:
         "serve",
         help="serve a checkpoint over an OpenAI-compatible HTTP API, with a web playground",
         description="Serve CKPT over HTTP: POST /v1/completions, /v1/chat/completions (OpenAI's wire format, "
-        "streaming with SSE), GET /v1/models, /health, and the playground at /.",
+        "streaming with SSE), GET /v1/models, /v1/gptlab/limits, /health, and the playground at /.",
     )
     p.add_argument(
         "checkpoint",
@@ -41,7 +39,8 @@ def register(subparsers: Any) -> None:
         type=int,
         default=None,
         metavar="N",
-        help="the largest max_tokens a request may ask for (default: the context length)",
+        help="the largest max_tokens a request may ask for (default: 1024, or the context length if "
+        "larger; past the context the window slides)",
     )
     p.add_argument(
         "--api-key",
@@ -66,55 +65,12 @@ def register(subparsers: Any) -> None:
     p.set_defaults(func=run)
 
 
-def is_loopback(host: str) -> bool:
-    """True for ``localhost`` and loopback addresses (127.0.0.0/8, ::1)."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
-def check_bind(host: str, port: int) -> None:
-    """Fail early, with one line, if ``host:port`` cannot be listened on (in use, not this machine's)."""
-    from gptlab.errors import GptlabError
-
-    try:
-        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
-    except socket.gaierror as exc:
-        raise GptlabError(
-            f"--host {host!r} is not an address this machine can resolve: {exc.strerror}"
-        ) from None
-    family, _, _, _, address = infos[0]
-    with socket.socket(family, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind(address)
-        except OSError as exc:
-            raise GptlabError(
-                f"cannot listen on {host}:{port}: {exc.strerror or exc}; choose another --port or --host"
-            ) from None
-
-
-def load_for_serving(checkpoint: str, dtype: str) -> tuple[Any, Any]:
-    import gptlab
-    from gptlab.errors import GptlabError
-
-    model, tokenizer = gptlab.load(checkpoint)
-    if tokenizer is None:
-        raise GptlabError(
-            f"{checkpoint}: the checkpoint has no tokenizer.json; serving needs one "
-            "(save the model with its tokenizer: gptlab.save(model, tokenizer, dir))"
-        )
-    return gptlab.quantize(model, dtype), tokenizer
-
-
 def run(args: argparse.Namespace) -> int:
     import uvicorn
 
     from gptlab.errors import GptlabError
     from gptlab.serve import create_app
+    from gptlab.serve.launch import check_bind, is_loopback, load_for_serving
 
     if not 0 <= args.port <= 65535:
         raise GptlabError(f"--port must be between 0 and 65535, got {args.port}")

@@ -10,16 +10,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "train",
         help="train a GPT on a prepared dataset",
-        description="Train a GPT. Settings come from TrainConfig defaults, then --config (a TOML file or a "
-        "built-in recipe such as shakespeare-char), then key=value overrides (model.n_layer=6 lr=3e-3). "
-        "Under torchrun it trains with DDP.",
+        description="Train a GPT. Settings come from --config (a TOML file or a built-in recipe; without it "
+        "char-best, gptlab's best small recipe), then key=value overrides (max_steps=500 model.n_layer=6 "
+        "lr=3e-3). --resume continues a run with its saved settings and prints those that the overrides "
+        "change. Under torchrun it trains with DDP.",
     )
     p.add_argument(
         "overrides", nargs="*", metavar="key=value", help="settings, e.g. max_steps=500 model.pos=rope"
     )
     p.add_argument("--data", help="dataset directory made by `gptlab prepare` (optional with --resume)")
     p.add_argument("--out", required=True, help="run directory for checkpoints, metrics.jsonl and loss.png")
-    p.add_argument("--config", help="TOML file or built-in recipe name")
+    p.add_argument("--config", help="TOML file or built-in recipe name (default: char-best)")
     p.add_argument(
         "--resume", action="store_true", help="continue the run in --out from its latest checkpoint"
     )
@@ -27,9 +28,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from gptlab.checkpoint import read_run_config
     from gptlab.train import resolve_run, train
+    from gptlab.train.config import config_changes
 
     cfg, data = resolve_run(args.out, args.data, args.resume, args.config, args.overrides)
+    if args.resume:
+        saved = (read_run_config(args.out) or {}).get("train")
+        changes = config_changes(saved, cfg.to_dict()) if saved else []
+        print(
+            f"resuming {args.out}" + (f"; changed: {', '.join(changes)}" if changes else " with its settings")
+        )
     result = train(cfg, data, args.out, resume=args.resume)
     if result.interrupted:
         sys.stderr.write(

@@ -6,25 +6,25 @@
 
 ``stream_events`` (and ``stream``, its text-only view) is the primitive;
 ``generate_text``, ``generate_batch`` and ``generate_ids`` (``GPT.generate``) are
-built on the same decoding loop over a ``BatchSession``. ``compile_decode(model)`` makes each
+built on the same decoding loop over a ``BatchSession``; each request's per-token step
+(``TokenStep``: sampling, stops, UTF-8-safe text, finish reason) is shared with the server. ``compile_decode(model)`` makes each
 one-sequence decode step on a CPU a single compiled graph.
 """
 
 from gptlab.generate.beam import beam_search
 from gptlab.generate.config import SampleConfig
 from gptlab.generate.decode import (
-    TokenEvent,
     encode_prompt,
     generate_batch,
     generate_ids,
     generate_text,
-    stop_token_ids,
     stream,
     stream_events,
 )
 from gptlab.generate.fused_step import compile_decode
 from gptlab.generate.sampling import Sampler
 from gptlab.generate.session import BatchSession, ContextWarning
+from gptlab.generate.step import TokenEvent, TokenStep, fit_prompt, stop_token_ids
 from gptlab.generate.textstream import TextStream
 
 __all__ = [
@@ -34,9 +34,11 @@ __all__ = [
     "Sampler",
     "TextStream",
     "TokenEvent",
+    "TokenStep",
     "beam_search",
     "compile_decode",
     "encode_prompt",
+    "fit_prompt",
     "generate_batch",
     "generate_ids",
     "generate_text",

@@ -9,7 +9,8 @@ search ends once ``b`` hypotheses are finished; without it, it ends when no live
 beam can still beat the worst finished one (the bound uses the longest possible
 length for α > 0, the current one otherwise). ``|y|`` counts the generated tokens,
 the stop token included. Beams live in the rows of one ``BatchSession``; after a
-step, rows are copied so that row i holds beam i's parent cache.
+step, rows are copied so that row i holds beam i's parent cache. Past the context
+each row's window slides like any other session row (``slide=False`` stops instead).
 """
 
 from __future__ import annotations
@@ -21,9 +22,9 @@ from typing import Any
 import torch
 
 from gptlab.generate.config import SampleConfig
-from gptlab.generate.decode import TokenEvent, _session_len, _vocab, stop_token_ids
 from gptlab.generate.sampling import Sampler
 from gptlab.generate.session import BatchSession
+from gptlab.generate.step import TokenEvent, session_len, stop_token_ids, vocab_size
 from gptlab.generate.textstream import TextStream
 
 
@@ -42,10 +43,10 @@ def beam_search(
     """The best continuation of ``prompt`` → ``(token ids without the stop token, finish_reason)``."""
     width, alpha, limit = config.beam_width, config.length_penalty, config.max_new_tokens
     stops = stop_token_ids(config, tokenizer)
-    session = BatchSession(model, width, _session_len(model, [prompt], config), cache_dtype)
+    session = BatchSession(model, width, session_len(model, [prompt], config), cache_dtype)
     slot, logits = session.add(prompt)
     prompt = list(session.tokens[slot])
-    scorer = Sampler(config.replace(seed=0), _vocab(model, tokenizer))  # penalties + temperature only
+    scorer = Sampler(config.replace(seed=0), vocab_size(model, tokenizer))  # penalties + temperature only
     beams: list[tuple[float, list[int], int, torch.Tensor]] = [
         (0.0, [], slot, logits)
     ]  # (Σ log p, tokens, slot, logits)
@@ -89,7 +90,7 @@ def beam_search(
             for score, tokens, _, _ in live:
                 finish(normalised(score, step, alpha), tokens, "length")
             break
-        if any(session.full(p) for _, _, p, _ in live):  # learned positions: the context is full
+        if not config.slide and any(session.full(p) for _, _, p, _ in live):  # stop at the context
             for score, tokens, _, _ in live:
                 finish(normalised(score, step, alpha), tokens, "context")
             break
@@ -123,7 +124,8 @@ def beam_events(
     config: SampleConfig,
     cache_dtype: torch.dtype | None = None,
 ) -> Iterator[TokenEvent]:
-    """Beam search as a stream: the best sequence's tokens once the search is done."""
+    """Beam search over ``prompt`` (token ids, never re-encoded text) as a stream: the best
+    sequence's tokens once the search is done."""
     tokens, reason = beam_search(model, prompt, config, tokenizer, cache_dtype)
     text = TextStream(tokenizer, config.stop)
     for t in tokens:

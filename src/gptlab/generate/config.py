@@ -16,9 +16,12 @@ class SampleConfig:
 
     ``temperature=0`` is greedy (``argmax_i p_i``); otherwise ``p_i ∝ exp(logit_i/τ)``,
     truncated by top-k, top-p (nucleus) and min-p. ``beam_width > 1`` runs beam
-    search instead of sampling. Generation stops at ``max_new_tokens``, at a stop
-    token (``stop_tokens`` plus the tokenizer's ``<|endoftext|>``) or a stop string;
-    neither is emitted.
+    search instead of sampling. ``logit_bias`` adds ``b_i`` to the logit of token ``i``
+    before the temperature (OpenAI's ``logit_bias``: −100 bans a token, +100 forces it).
+    Generation stops at ``max_new_tokens``, at a stop token (``stop_tokens`` plus the
+    tokenizer's ``<|endoftext|>``) or a stop string; neither is emitted. Past the model's
+    context, ``slide=True`` goes on over a window of the last ``block_size`` tokens;
+    ``slide=False`` stops there with ``finish_reason="context"``.
     """
 
     max_new_tokens: int = 256
@@ -35,12 +38,18 @@ class SampleConfig:
     stop: list[str] = field(default_factory=list)  # stop strings, never emitted
     stop_tokens: list[int] = field(default_factory=list)  # plus the tokenizer's <|endoftext|>
     seed: int | None = None
+    logit_bias: dict[int, float] = field(default_factory=dict)  # token id -> added to its logit
+    slide: bool = True  # past the context: a sliding window (True) or stop with "context" (False)
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
             self.stop = [self.stop]
         self.stop = list(self.stop)
         self.stop_tokens = list(self.stop_tokens)
+        if isinstance(self.logit_bias, dict):  # JSON object keys are strings: "50256" -> 50256
+            self.logit_bias = {
+                int(k) if isinstance(k, str) and k.isdigit() else k: v for k, v in self.logit_bias.items()
+            }
         self.validate()
 
     def validate(self) -> None:
@@ -107,6 +116,15 @@ class SampleConfig:
             f"stop_tokens must be a list of token ids (non-negative integers), got {self.stop_tokens!r}",
         )
         need(self.seed is None or is_int(self.seed), f"seed must be an integer or null, got {self.seed!r}")
+        need(
+            isinstance(self.logit_bias, dict)
+            and all(
+                is_int(k) and k >= 0 and is_num(v) and -100 <= v <= 100 for k, v in self.logit_bias.items()
+            ),
+            f"logit_bias must map token ids (non-negative integers) to numbers in [-100, 100], "
+            f"got {self.logit_bias!r}",
+        )
+        need(isinstance(self.slide, bool), f"slide must be true or false, got {self.slide!r}")
         if self.beam_width > 1:
             truncation = [n for n in ("top_k", "top_p", "min_p") if getattr(self, n) is not None]
             need(

@@ -4,62 +4,35 @@
 
 ``stream_events`` is the primitive for text; ``stream``, ``generate_text``,
 ``generate_batch`` and ``generate_ids`` (``GPT.generate``) are thin layers over
-the same ``_decode`` loop. Beam search (``beam.py``) uses the same session and
-logit processing.
+the same ``_decode`` loop, which only runs the model: each request's per-token step
+(sampling, stops, text, finish reason) is ``step.TokenStep``. Beam search (``beam.py``)
+uses the same session and logit processing. Prompts are cut from the left to leave
+room for ``max_new_tokens`` (``step.fit_prompt``); past the context the window slides.
 """
 
 from __future__ import annotations
 
 import warnings
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from gptlab.errors import GptlabError
+from gptlab.generate.beam import beam_events, beam_search
 from gptlab.generate.config import SampleConfig
-from gptlab.generate.sampling import Sampler
 from gptlab.generate.session import BatchSession, ContextWarning
-from gptlab.generate.textstream import TextStream
+from gptlab.generate.step import TokenEvent, TokenStep, fit_prompt, session_len
 
 
 @dataclass
-class TokenEvent:
-    """One step of a stream: the text now safe to show and what produced it.
+class _Row:
+    """One sequence being decoded: its cache slot, its step and its next-token logits."""
 
-    ``token_id`` is None on the closing event, which carries any held-back text and
-    ``finish_reason``: ``"stop"`` (a stop token or string), ``"length"``
-    (``max_new_tokens``) or ``"context"`` (the model's context limit).
-    """
-
-    text: str
-    token_id: int | None = None
-    prob: float | None = None  # probability of token_id under the distribution it was drawn from
-    top: list[tuple[str, float]] = field(default_factory=list)  # the 5 most probable alternatives
-    finish_reason: str | None = None
-    index: int = 0  # which prompt of a batch
-
-
-@dataclass
-class _Request:
-    """One sequence being decoded."""
-
-    index: int
     slot: int
-    sampler: Sampler
-    stops: frozenset[int]
-    history: list[int]  # prompt + generated: what the penalties look at
-    text: TextStream | None
+    step: TokenStep
     logits: torch.Tensor
-    n_new: int = 0
-    reason: str | None = None
-
-
-def stop_token_ids(config: SampleConfig, tokenizer: Any | None) -> frozenset[int]:
-    """``config.stop_tokens`` plus the tokenizer's ``<|endoftext|>``."""
-    eot = getattr(tokenizer, "eot_id", None) if tokenizer is not None else None
-    return frozenset(config.stop_tokens) | ({eot} if eot is not None else set())
 
 
 def encode_prompt(tokenizer: Any, prompt: str) -> list[int]:
@@ -77,70 +50,37 @@ def encode_prompt(tokenizer: Any, prompt: str) -> list[int]:
     return ids
 
 
-def _vocab(model: Any, tokenizer: Any | None) -> int:
-    n = model.config.vocab_size
-    return min(n, tokenizer.vocab_size) if tokenizer is not None else n
+def fit_prompts(model: Any, prompts: Sequence[Sequence[int]], config: SampleConfig) -> list[list[int]]:
+    """Every prompt cut from the left to leave room for ``max_new_tokens`` (a ``ContextWarning`` each)."""
+    out = []
+    for ids in prompts:
+        ids, message = fit_prompt(ids, model.config.block_size, config.max_new_tokens)
+        if message:
+            warnings.warn(message, ContextWarning, stacklevel=4)
+        out.append(ids)
+    return out
 
 
-def _session_len(model: Any, prompts: Sequence[Sequence[int]], config: SampleConfig) -> int:
-    longest = max(len(p) for p in prompts)
-    return max(1, min(model.config.block_size, longest + config.max_new_tokens))
-
-
-def _top(probs: torch.Tensor, tokenizer: Any | None, k: int = 5) -> list[tuple[str, float]]:
-    values, ids = torch.topk(probs, min(k, probs.numel()))
-    name = (lambda i: tokenizer.decode([i])) if tokenizer is not None else str
-    return [(name(int(i)), float(p)) for p, i in zip(values.tolist(), ids.tolist(), strict=True)]
-
-
-def _decode(
-    session: BatchSession,
-    requests: list[_Request],
-    config: SampleConfig,
-    tokenizer: Any | None,
-    want_probs: bool,
-) -> Iterator[TokenEvent]:
-    """Sample, emit and step every request until each stops; yields one event per token, then a closing one."""
-    active = list(requests)
-    for r in active:
-        if config.max_new_tokens == 0:
-            r.reason = "length"
+def _decode(session: BatchSession, rows: list[_Row]) -> Iterator[TokenEvent]:
+    """Step every row until each stops; yields one event per token, then a closing one per row."""
+    active = list(rows)
     while active:
         feed: dict[int, int] = {}
         for r in active:
-            if r.reason is not None:
+            if r.step.reason is not None:
                 continue
-            logits = r.sampler.process(r.logits, r.history)
-            token = r.sampler.choose(logits)
-            if token in r.stops:
-                r.reason = "stop"
-                continue
-            r.history.append(token)
-            r.n_new += 1
-            event = TokenEvent(r.text.push(token) if r.text is not None else "", token, index=r.index)
-            if want_probs:
-                probs = torch.softmax(logits, dim=-1)
-                event.prob, event.top = float(probs[token]), _top(probs, tokenizer)
-            if r.text is not None and r.text.stopped:
-                r.reason = "stop"
-            elif r.n_new >= config.max_new_tokens:
-                r.reason = "length"
-            elif session.full(r.slot):
-                r.reason = "context"
-                warnings.warn(
-                    f"generation reached the context limit of {session.max_len} tokens; a model with "
-                    f"learned or sinusoidal positions cannot go further, so it stops here",
-                    ContextWarning,
-                    stacklevel=3,
-                )
-            else:
-                feed[r.slot] = token
-            yield event
-        for r in [r for r in active if r.reason is not None]:
-            tail = r.text.finish() if r.text is not None else ""
+            full = session.window_notice() if session.full(r.slot) else None
+            event = r.step.advance(r.logits, full)
+            if event is not None:
+                if event.notice:
+                    warnings.warn(event.notice, ContextWarning, stacklevel=3)
+                yield event
+            if r.step.reason is None:
+                feed[r.slot] = r.step.token
+        for r in [r for r in active if r.step.reason is not None]:
             session.remove(r.slot)
-            yield TokenEvent(tail, None, finish_reason=r.reason, index=r.index)
-        active = [r for r in active if r.reason is None]
+            yield r.step.close()
+        active = [r for r in active if r.step.reason is None]
         if feed:
             for slot, logits in session.step(feed).items():
                 next(r for r in active if r.slot == slot).logits = logits
@@ -153,19 +93,17 @@ def _start(
     config: SampleConfig,
     cache_dtype: torch.dtype | None,
     seeds: Sequence[int | None] | None = None,
-) -> tuple[BatchSession, list[_Request]]:
-    """Prefill every prompt (one left-padded pass) and make its request."""
-    session = BatchSession(model, len(prompts), _session_len(model, prompts, config), cache_dtype)
-    filled = session.add_many(prompts)
-    vocab, stops = _vocab(model, tokenizer), stop_token_ids(config, tokenizer)
-    requests = []
-    for i, (slot, logits) in enumerate(filled):
+    top_n: int | None = None,
+) -> tuple[BatchSession, list[_Row]]:
+    """Prefill every prompt (one left-padded pass) and make its row."""
+    prompts = fit_prompts(model, prompts, config)
+    session = BatchSession(model, len(prompts), session_len(model, prompts, config), cache_dtype)
+    rows = []
+    for i, (slot, logits) in enumerate(session.add_many(prompts)):
         cfg = config if seeds is None else config.replace(seed=seeds[i])
-        text = TextStream(tokenizer, config.stop) if tokenizer is not None else None
-        requests.append(
-            _Request(i, slot, Sampler(cfg, vocab), stops, list(session.tokens[slot]), text, logits)
-        )
-    return session, requests
+        step = TokenStep(cfg, tokenizer, model, session.tokens[slot], index=i, top_n=top_n)
+        rows.append(_Row(slot, step, logits))
+    return session, rows
 
 
 def stream_events(
@@ -181,12 +119,10 @@ def stream_events(
     config = config or SampleConfig()
     ids = encode_prompt(tokenizer, prompt)
     if config.beam_width > 1:
-        from gptlab.generate.beam import beam_events
-
-        yield from beam_events(model, tokenizer, ids, config, cache_dtype)
+        yield from beam_events(model, tokenizer, fit_prompts(model, [ids], config)[0], config, cache_dtype)
         return
-    session, requests = _start(model, tokenizer, [ids], config, cache_dtype)
-    yield from _decode(session, requests, config, tokenizer, want_probs)
+    session, rows = _start(model, tokenizer, [ids], config, cache_dtype, top_n=5 if want_probs else None)
+    yield from _decode(session, rows)
 
 
 def stream(
@@ -234,9 +170,9 @@ def generate_batch(
     if config.beam_width > 1:
         return [generate_text(model, tokenizer, p, config, cache_dtype=cache_dtype) for p in prompts]
     ids = [encode_prompt(tokenizer, p) for p in prompts]
-    session, requests = _start(model, tokenizer, ids, config, cache_dtype)
+    session, rows = _start(model, tokenizer, ids, config, cache_dtype)
     out = [""] * len(prompts)
-    for event in _decode(session, requests, config, tokenizer, want_probs=False):
+    for event in _decode(session, rows):
         out[event.index] += event.text
     return out
 
@@ -253,8 +189,8 @@ def generate_ids(
 
     ``sampling`` takes any ``SampleConfig`` option (``temperature=0`` is greedy). Row b
     samples with seed ``seed + b``. A row that stops early (a stop token) is padded with
-    that stop token; a learned-position model that reaches its context limit returns
-    fewer columns (with a ``ContextWarning``).
+    that stop token. Past the context the window slides; with ``slide=False`` a row that
+    reaches the context limit ends there and the result has fewer columns.
     """
     if not isinstance(idx, torch.Tensor) or idx.dim() != 2 or idx.size(1) == 0:
         raise GptlabError(
@@ -264,16 +200,15 @@ def generate_ids(
     prompts = idx.tolist()
     seeds = None if config.seed is None else [config.seed + b for b in range(len(prompts))]
     if config.beam_width > 1:
-        from gptlab.generate.beam import beam_search
-
-        found = [beam_search(model, p, config, None, cache_dtype) for p in prompts]
+        fitted = fit_prompts(model, prompts, config)
+        found = [beam_search(model, p, config, None, cache_dtype) for p in fitted]
         return _assemble(idx, prompts, [t for t, _ in found], [why for _, why in found], config)
-    session, requests = _start(model, None, prompts, config, cache_dtype, seeds)
-    rows: list[list[int]] = [[] for _ in prompts]
-    for event in _decode(session, requests, config, None, want_probs=False):
+    session, rows = _start(model, None, prompts, config, cache_dtype, seeds)
+    out: list[list[int]] = [[] for _ in prompts]
+    for event in _decode(session, rows):
         if event.token_id is not None:
-            rows[event.index].append(event.token_id)
-    return _assemble(idx, prompts, rows, [r.reason for r in requests], config)
+            out[event.index].append(event.token_id)
+    return _assemble(idx, prompts, out, [r.step.reason for r in rows], config)
 
 
 def _assemble(

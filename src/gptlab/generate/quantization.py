@@ -25,6 +25,7 @@ from torch import nn
 
 from gptlab.compiling import Compiled
 from gptlab.errors import GptlabError
+from gptlab.model.kvcache import quantize_int8
 
 _FUSED = hasattr(torch.ops.aten, "_weight_int8pack_mm")
 
@@ -147,10 +148,9 @@ class Int8Linear(InferenceLinear):
 
     def __init__(self, linear: nn.Linear, dtype: torch.dtype = torch.bfloat16) -> None:
         super().__init__(linear)
-        w = linear.weight.detach().float()
-        scale = w.abs().amax(dim=1).clamp(min=1e-8) / 127.0  # s_o
-        self.register_buffer("weight", torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8))
-        self.scales = scale.to(dtype)
+        q, scale = quantize_int8(linear.weight.detach())  # q (out, in), one s_o per output channel
+        self.register_buffer("weight", q)
+        self.scales = scale.squeeze(1).to(dtype)
         bias = linear.bias.detach().to(dtype) if linear.bias is not None else None
         self.register_buffer("bias", bias)
 

@@ -2,6 +2,7 @@
 
     penalties:   l_i ← l_i / r  (l_i > 0) or l_i·r (l_i ≤ 0) for every token i seen (repetition, CTRL)
                  l_i ← l_i − α_f·count_i − α_p·[count_i > 0]   (frequency and presence)
+    logit bias:  l_i ← l_i + b_i                                  (OpenAI's logit_bias)
     temperature: p_i = exp(l_i/τ) / Σ_j exp(l_j/τ)
     greedy:      next = argmax_i p_i                            (τ = 0)
     top-k:       keep the k most probable tokens, renormalise
@@ -43,6 +44,16 @@ def apply_penalties(logits: torch.Tensor, history: Sequence[int], config: Sample
             logits - config.frequency_penalty * counts - config.presence_penalty * present.to(logits.dtype)
         )
     return logits
+
+
+def apply_logit_bias(logits: torch.Tensor, bias: dict[int, float]) -> torch.Tensor:
+    """``l_i + b_i`` for every token ``i`` in ``bias`` (ids outside the logits are ignored)."""
+    if not bias:
+        return logits
+    ids = [i for i in bias if i < logits.numel()]
+    index = torch.tensor(ids, dtype=torch.long, device=logits.device)
+    values = torch.tensor([float(bias[i]) for i in ids], dtype=logits.dtype, device=logits.device)
+    return logits.index_add(0, index, values)
 
 
 def top_k_filter(logits: torch.Tensor, k: int) -> torch.Tensor:
@@ -88,10 +99,10 @@ class Sampler:
         self.generator = torch.Generator().manual_seed(seed)
 
     def process(self, logits: torch.Tensor, history: Sequence[int]) -> torch.Tensor:
-        """Penalised, temperature-scaled, truncated logits (vocab,), float32 on the CPU."""
+        """Penalised, biased, temperature-scaled, truncated logits (vocab,), float32 on the CPU."""
         c = self.config
         logits = logits[: self.vocab_size].float().cpu()
-        logits = apply_penalties(logits, history, c)
+        logits = apply_logit_bias(apply_penalties(logits, history, c), c.logit_bias)
         if c.greedy:
             return logits
         if c.temperature != 1.0:

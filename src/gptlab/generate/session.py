@@ -13,9 +13,15 @@ but starts after its padding. For one decode step over slots ``s``:
 ALiBi's bias ``−m·(i − j)`` is computed from the last key slot; for a shorter row
 that shifts the scores of the whole row by a constant, which softmax ignores.
 
-When a slot fills the cache, models with relative or no positions (RoPE, ALiBi,
-none) slide: the cache row is rebuilt from the last ``keep`` tokens. Learned and
-sinusoidal positions have no meaning past ``block_size``; their slot is ``full``.
+When a slot fills the cache (``full``), the next step slides a window over the text:
+
+    relative or no positions (RoPE, ALiBi, none): the row is rebuilt from its last
+        ``keep = ¾·max_len`` tokens, then decoding goes on with the cache;
+    absolute positions (learned, sinusoidal): a token's keys depend on its position,
+        so every step re-runs the last ``max_len − 1`` tokens without a cache, then
+        appends the new one (nanoGPT's ``idx[:, -block_size:]``).
+
+Either way the logits equal the uncached model's on the window the row holds.
 """
 
 from __future__ import annotations
@@ -31,7 +37,7 @@ from gptlab.model.kvcache import KVStore, Positions, Rows, default_cache_dtype, 
 
 
 class ContextWarning(UserWarning):
-    """A prompt was cut to the context length, or generation reached it."""
+    """A prompt was cut to fit the context, or generation went past it (the window slides) or stopped at it."""
 
 
 class _Plan:
@@ -92,8 +98,9 @@ class BatchSession:
             )
         self.model = model
         self.max_batch, self.max_len = max_batch, max_len
-        self.can_slide = not model.positional.absolute_table  # RoPE, ALiBi, none
-        self.keep = max(1, (max_len * 3) // 4)  # tokens kept when a full row slides
+        self.can_slide = not model.positional.absolute_table  # RoPE, ALiBi, none: slide with the cache
+        # tokens kept when a full row slides: ¾ of it with relative positions, all but one with absolute ones
+        self.keep = max(1, (max_len * 3) // 4) if self.can_slide else max_len - 1
         device = model.device
         dtype = cache_dtype or default_cache_dtype(model.dtype, device)
         with torch.inference_mode():
@@ -120,8 +127,20 @@ class BatchSession:
         return self.end[slot] - self.start[slot]
 
     def full(self, slot: int) -> bool:
-        """True when ``slot`` cannot take another token (and cannot slide)."""
-        return self.end[slot] >= self.max_len and not self.can_slide
+        """True when ``slot`` holds ``max_len`` tokens: its next step slides the window."""
+        return self.end[slot] >= self.max_len
+
+    def window_notice(self) -> str:
+        """What happens past the context, in one sentence (shown once per request)."""
+        how = (
+            f"the cache is rebuilt from the last {self.keep} tokens whenever it fills"
+            if self.can_slide
+            else "learned/sinusoidal positions: each new token re-runs the window without a cache"
+        )
+        return (
+            f"the text passed the context of {self.max_len} tokens; generation goes on over a "
+            f"sliding window of the last {self.max_len} tokens ({how})"
+        )
 
     def remove(self, slot: int) -> None:
         self._check(slot)
@@ -205,11 +224,6 @@ class BatchSession:
         for s in slots:
             self._check(s)
             if self.end[s] >= self.max_len:
-                if not self.can_slide:
-                    raise GptlabError(
-                        f"slot {s} holds {self.length(s)} tokens, the context limit of this "
-                        f"model (learned/sinusoidal positions cannot go further)"
-                    )
                 self._slide(s)
         device = self.model.device
         ends = [self.end[s] for s in slots]
@@ -262,8 +276,11 @@ class BatchSession:
 
     def _slide(self, slot: int) -> None:
         """Rebuild a full row from its last ``keep`` tokens (positions restart at 0)."""
-        kept = self.tokens[slot][-self.keep :]
+        kept = self.tokens[slot][len(self.tokens[slot]) - self.keep :]
         T = len(kept)
+        if T == 0:  # a context of one token: the new token starts an empty row
+            self.start[slot], self.end[slot], self.tokens[slot] = 0, 0, []
+            return
         idx = torch.tensor([kept], dtype=torch.long, device=self.model.device)
         self._run(idx, torch.arange(T, device=self.model.device), None, slice(slot, slot + 1), slice(0, T), T)
         self.start[slot], self.end[slot], self.tokens[slot] = 0, T, kept

@@ -9,15 +9,7 @@ import torch
 
 from gptlab.errors import GptlabError
 from gptlab.model import GPT
-
-
-def parse_ids(text: str) -> list[int]:
-    """``"1 2, 3"`` → ``[1, 2, 3]``; anything else is a ``GptlabError``."""
-    parts = text.replace(",", " ").split()
-    try:
-        return [int(p) for p in parts]
-    except ValueError:
-        raise GptlabError(f"--ids must be whole numbers separated by spaces, got {text!r}") from None
+from gptlab.tokenizers.loading import parse_ids
 
 
 def token_ids(model: GPT, tokenizer: Any | None, text: str | Sequence[int] | torch.Tensor) -> list[int]:

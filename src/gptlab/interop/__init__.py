@@ -1,5 +1,15 @@
-"""Interoperability with Hugging Face transformers: ``from_hf`` and ``to_hf`` (offline, no transformers import)."""
+"""Interoperability, offline: Hugging Face transformers directories (``from_hf``/``to_hf``, no transformers
+import) and llama.cpp's GGUF files (``from_gguf``, ``tokenizer_from_gguf``, read with the ``gguf`` package)."""
 
+from gptlab.interop.gguf import from_gguf, tokenizer_from_gguf
 from gptlab.interop.hf import FAMILIES, export_family, from_hf, to_hf, tokenizer_from_hf
 
-__all__ = ["FAMILIES", "export_family", "from_hf", "to_hf", "tokenizer_from_hf"]
+__all__ = [
+    "FAMILIES",
+    "export_family",
+    "from_gguf",
+    "from_hf",
+    "to_hf",
+    "tokenizer_from_gguf",
+    "tokenizer_from_hf",
+]

@@ -11,8 +11,10 @@ imported: only ``config.json`` and the weight files are read and written.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -88,11 +90,36 @@ def from_hf(directory: str | os.PathLike[str], dtype: torch.dtype | None = None)
     config = _config(hf, directory / CONFIG_FILE)
     family = family_for_hf(hf, directory / CONFIG_FILE)
     hf_state, source = read_hf_weights(directory)
-    hf_state = normalise_names(hf_state, family)
+    return build_model(family, config, normalise_names(hf_state, family), source, dtype)
+
+
+@contextlib.contextmanager
+def _skip_init() -> Iterator[None]:
+    """Make ``torch.nn.init``'s in-place initialisers no-ops while a model is built (seconds on 100M+ weights)."""
+    names = ("normal_", "zeros_", "ones_", "uniform_", "kaiming_uniform_", "trunc_normal_")
+    saved = {name: getattr(torch.nn.init, name) for name in names}
+    try:
+        for name in names:
+            setattr(torch.nn.init, name, lambda tensor, *args, **kwargs: tensor)
+        yield
+    finally:
+        for name, fn in saved.items():
+            setattr(torch.nn.init, name, fn)
+
+
+def build_model(
+    family: Family,
+    config: GPTConfig,
+    hf_state: dict[str, torch.Tensor],
+    source: Path,
+    dtype: torch.dtype | None,
+) -> GPT:
+    """A ``GPT`` (eval mode, CPU) from tensors under Hugging Face names, through ``family``'s name table."""
     with torch.device("meta"):
         shapes = model_state(GPT(config))  # names and shapes only, no memory
     state = import_state(family, config, hf_state, shapes, source)
-    model = GPT(config)
+    with _skip_init():  # every parameter is overwritten next (load_model_state checks that)
+        model = GPT(config)
     load_model_state(model, {k: v.float() for k, v in state.items()}, source)
     if dtype is not None:
         model.to(dtype=dtype)
@@ -100,15 +127,21 @@ def from_hf(directory: str | os.PathLike[str], dtype: torch.dtype | None = None)
 
 
 def tokenizer_from_hf(directory: str | os.PathLike[str]) -> Any | None:
-    """A ``GPT2Tokenizer`` from the directory's ``vocab.json`` + ``merges.txt``, or ``None`` if it has none.
+    """The directory's tokenizer, or ``None`` if it has none gptlab reads.
 
-    (A ``tokenizer.json``-only or SentencePiece tokenizer is not read.)
+    ``tokenizer.json`` (a byte-level BPE, with its special tokens, bos/eos and the chat template of
+    ``tokenizer_config.json``) is preferred; else ``vocab.json`` + ``merges.txt`` (GPT-2's files).
+    A SentencePiece or WordPiece tokenizer is a ``GptlabError``.
     """
+    from gptlab.tokenizers import GPT2Tokenizer
+    from gptlab.tokenizers.hf_files import read_hf_tokenizer
+
     directory = Path(directory)
+    tokenizer = read_hf_tokenizer(directory)
+    if tokenizer is not None:
+        return tokenizer
     if not ((directory / "vocab.json").is_file() and (directory / "merges.txt").is_file()):
         return None
-    from gptlab.tokenizers import GPT2Tokenizer
-
     return GPT2Tokenizer.from_dir(directory)
 
 

@@ -1,10 +1,14 @@
 """Serving: an OpenAI-compatible HTTP API over a batching scheduler, and a web playground.
 
-``create_app(model, tokenizer, ...)`` builds the FastAPI app; ``gptlab serve CKPT`` runs it
-with uvicorn. The scheduler thread (``scheduler.py``) owns the model; request bodies are
-in ``schemas.py``; the playground is ``static/index.html``.
+``create_app(model, tokenizer, ...)`` builds the FastAPI app (``app.py``); ``gptlab serve CKPT``
+runs it with uvicorn. The parts: ``scheduler.py`` (slots, batching, channels; the thread
+that owns the model), ``service.py`` (the rules of every endpoint, testable without HTTP),
+``openai_routes.py`` and ``gptlab_routes.py`` (the routes), ``errors.py`` (OpenAI's error
+shape), ``schemas.py`` (request bodies), ``launch.py`` (binding and loading), and
+``static/`` (the playground).
 """
 
-from gptlab.serve.app import CHAT_STOP, chat_prompt, create_app
+from gptlab.serve.app import create_app
+from gptlab.serve.service import CHAT_STOP, Service, chat_prompt
 
-__all__ = ["CHAT_STOP", "chat_prompt", "create_app"]
+__all__ = ["CHAT_STOP", "Service", "chat_prompt", "create_app"]

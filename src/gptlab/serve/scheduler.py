@@ -6,15 +6,17 @@ Continuous batching over ``gptlab.generate.BatchSession``:
         admit waiting jobs into free slots   (prefill: add(prompt_ids) -> logits)
         feed = {slot: last token}            for every active job whose client keeps up
         logits = session.step(feed)          one batched decode step, (n_active, vocab)
-        per job: token = Sampler(logits), text = TextStream.push(token) -> its channel
+        per job: event = TokenStep.advance(logits) -> its channel
 
-Each job samples with its own ``Sampler`` (its own seed and penalties), so requests never
-share randomness. Output goes to a bounded per-request ``Channel`` read by an asyncio
+The scheduler manages slots, batching and channels only: each job's per-token step
+(sampling with its own seed, penalties, stops, UTF-8-safe text, finish reason) is
+``gptlab.generate.TokenStep``, the same step the library's decoding loop uses. Output goes to a bounded per-request ``Channel`` read by an asyncio
 coroutine; a job whose channel is full is skipped by the decode step until its client
 catches up, so one slow client never blocks the others. A cancelled job (the client
-went away) leaves its slot at the next iteration. Beam search (``beam_width > 1``) does
-not fit the one-token-per-step batch and runs through ``gptlab.generate.stream_events`` on a
-worker thread instead.
+went away) leaves its slot at the next iteration. Past the context a row's window slides
+(a notice goes to the job's warnings once). Beam search (``beam_width > 1``) does not fit
+the one-token-per-step batch and runs ``gptlab.generate.beam.beam_events`` on the job's
+prompt ids on a worker thread instead.
 """
 
 from __future__ import annotations
@@ -33,25 +35,20 @@ from typing import Any
 import torch
 
 from gptlab.errors import GptlabError
+from gptlab.generate.beam import beam_events
+from gptlab.generate.session import BatchSession
+from gptlab.generate.step import TokenEvent, TokenStep
 
 log = logging.getLogger("gptlab.serve")
 
 
 # ------------------------------------------------------------------ events
 @dataclass
-class TokenEvent:
-    """Text released by one generated token (``text`` may be ``""`` while UTF-8 or a stop string is pending)."""
-
-    index: int  # which choice of the request
-    text: str
-    token_id: int | None = None
-    prob: float | None = None  # the model's probability of the token (softmax of the raw logits)
-    top: list[tuple[str, float]] | None = None  # the most likely alternatives, best first
-
-
-@dataclass
 class EndEvent:
-    """A choice is finished: ``finish_reason`` is ``"stop"``, ``"length"`` or ``"error"``."""
+    """A choice is finished: ``finish_reason`` is ``"stop"``, ``"length"`` or ``"error"``.
+
+    Text and tokens travel as ``gptlab.generate.TokenEvent`` (``index``: the choice).
+    """
 
     index: int
     finish_reason: str
@@ -108,26 +105,25 @@ class Job:
         config: Any,
         channel: Channel,
         index: int = 0,
-        top_n: int = 0,
-        prompt_text: str | None = None,
+        top_n: int | None = None,
     ) -> None:
         self.id = next(Job._ids)
         self.prompt_ids = list(prompt_ids)
-        self.prompt_text = prompt_text
         self.config = config
         self.channel = channel
         self.index = index
-        self.top_n = top_n
+        self.top_n = top_n  # None: no probabilities; N: the chosen token's and the N most likely
         self.cancelled = threading.Event()
         self.ended = False
         # decoding state, owned by the scheduler thread
         self.slot: int | None = None
-        self.sampler: Any = None
-        self.stream: Any = None
-        self.history: list[int] = []
-        self.generated = 0
+        self.step: TokenStep | None = None
         self.pending: int | None = None
         self.warnings: list[str] = []
+
+    @property
+    def generated(self) -> int:
+        return self.step.sampled if self.step is not None else 0
 
     def cancel(self) -> None:
         self.cancelled.set()
@@ -138,15 +134,12 @@ class Scheduler:
     """Owns the model: admits jobs up to ``max_batch`` and runs one batched decode step per iteration."""
 
     def __init__(self, model: Any, tokenizer: Any, max_batch: int = 8, max_len: int | None = None) -> None:
-        from gptlab.generate import BatchSession
-
         if max_batch < 1:
             raise GptlabError(f"max_batch must be at least 1, got {max_batch}")
         self.model = model
         self.tokenizer = tokenizer
         self.max_batch = max_batch
         self.max_len = max_len or model.config.block_size
-        self.vocab_size = min(tokenizer.vocab_size, model.config.vocab_size)
         self._new_session = lambda: BatchSession(model, max_batch, max_len=self.max_len)
         self.session = self._new_session()
         self._cond = threading.Condition()
@@ -239,7 +232,7 @@ class Scheduler:
         for slot, logits in out.items():
             job = self._active.get(slot)
             if job is not None:
-                self._next_token(job, logits)
+                self._advance(job, logits)
 
     def _admit(self) -> None:
         """Move waiting jobs into free slots; jobs admitted together share one prefill pass."""
@@ -263,17 +256,15 @@ class Scheduler:
             self._starting = []
 
     def _start(self, jobs: list[Job]) -> None:
-        from gptlab.generate import Sampler, TextStream
-
         ready = []
         for job in jobs:
             try:
-                job.sampler = Sampler(job.config, self.vocab_size)
-                job.stream = TextStream(self.tokenizer, list(job.config.stop))
+                job.step = TokenStep(
+                    job.config, self.tokenizer, self.model, job.prompt_ids, index=job.index, top_n=job.top_n
+                )
             except GptlabError as exc:
                 self._end(job, "error", error=str(exc), status=400)
                 continue
-            job.history = list(job.prompt_ids)
             ready.append(job)
         if not ready:
             return
@@ -287,51 +278,30 @@ class Scheduler:
                 except GptlabError as exc:
                     self._end(job, "error", error=str(exc), status=400)
                     added.append(None)
-        for job, result in zip(ready, added):
+        for job, result in zip(ready, added, strict=True):
             if result is None:
                 continue
             slot, logits = result
             job.slot = slot
             self._active[slot] = job
-            self._next_token(job, logits)
+            self._advance(job, logits)
 
-    def _next_token(self, job: Job, logits: torch.Tensor) -> None:
-        """Sample the job's next token from ``logits``, emit its text, and finish the job if it is done."""
-        processed = job.sampler.process(logits.reshape(-1)[: self.vocab_size], job.history)
-        token = job.sampler.choose(processed)
-        prob, top = None, None
-        if job.top_n:  # the distribution the token was drawn from (after temperature, top-k, ...)
-            probs = torch.softmax(processed, dim=-1)
-            prob = float(probs[token])
-            values, ids = probs.topk(min(job.top_n, probs.numel()))
-            top = [(token_text(self.tokenizer, int(i)), float(v)) for v, i in zip(values, ids)]
+    def _advance(self, job: Job, logits: torch.Tensor) -> None:
+        """The job's per-token step on ``logits``: its event to the channel, then feed or finish."""
+        full = self.session.window_notice() if self.session.full(job.slot) else None
+        event = job.step.advance(logits, full)
         self.tokens += 1
-        if token in job.config.stop_tokens:
-            job.generated += 1
-            self._finish(job, "stop")
+        if event is not None:
+            if event.notice:
+                job.warnings.append(event.notice)
+            job.channel.put(event)
+        if job.step.reason is None:
+            job.pending = job.step.token
             return
-        job.history.append(token)
-        job.generated += 1
-        text = job.stream.push(token)
-        job.channel.put(TokenEvent(job.index, text, token, prob, top))
-        if job.stream.stopped:
-            self._finish(job, "stop")
-        elif job.generated >= job.config.max_new_tokens:
-            self._finish(job, "length")
-        elif self.session.full(job.slot):
-            job.warnings.append(
-                f"generation reached the end of the context (block_size={self.max_len}) "
-                f"after {job.generated} tokens"
-            )
-            self._finish(job, "length")
-        else:
-            job.pending = token
-
-    def _finish(self, job: Job, reason: str) -> None:
-        tail = job.stream.finish()
-        if tail:
-            job.channel.put(TokenEvent(job.index, tail))
-        self._end(job, reason)
+        tail = job.step.close()
+        if tail.text:
+            job.channel.put(TokenEvent(tail.text, index=job.index))
+        self._end(job, tail.finish_reason)
 
     def _end(self, job: Job, reason: str, error: str | None = None, status: int = 500) -> None:
         self._release(job)
@@ -357,32 +327,26 @@ class Scheduler:
 
     # ------------------------------------------------------------ beam search
     def _run_beam(self, job: Job) -> None:
-        """Beam search through the non-batched ``stream_events`` on a worker thread."""
-        from gptlab.generate import stream_events
-
+        """Beam search over the job's prompt ids on a worker thread."""
         reason = "length"
         try:
-            prompt = job.prompt_text if job.prompt_text is not None else self.tokenizer.decode(job.prompt_ids)
             with torch.inference_mode():
-                events = stream_events(self.model, self.tokenizer, prompt, job.config, want_probs=False)
+                events = beam_events(self.model, self.tokenizer, job.prompt_ids, job.config)
+                n = 0
                 try:
                     for event in events:
                         if job.cancelled.is_set():
                             break
                         while job.channel.full() and not job.cancelled.is_set():
                             time.sleep(0.005)
-                        if event.token_id is not None:
-                            job.generated += 1
-                        if event.finish_reason is not None:
-                            reason = event.finish_reason
+                        n += event.token_id is not None
+                        reason = event.finish_reason or reason
                         if event.text:
-                            job.channel.put(TokenEvent(job.index, event.text, event.token_id))
+                            event.index = job.index
+                            job.channel.put(event)
                 finally:
                     events.close()
-            if reason == "context":
-                job.warnings.append(f"generation reached the end of the context (block_size={self.max_len})")
-                reason = "length"
-            self._end_beam(job, reason)
+            self._end_beam(job, reason, completion_tokens=n)
         except Exception as exc:  # noqa: BLE001 - reported to the client as an error event
             if isinstance(exc, GptlabError):
                 self._end_beam(job, "error", str(exc), 400)
@@ -390,16 +354,10 @@ class Scheduler:
                 log.exception("beam search failed")
                 self._end_beam(job, "error", f"internal error during beam search: {exc}")
 
-    def _end_beam(self, job: Job, reason: str, error: str | None = None, status: int = 500) -> None:
+    def _end_beam(
+        self, job: Job, reason: str, error: str | None = None, status: int = 500, completion_tokens: int = 0
+    ) -> None:
         self._beam_jobs.discard(job)
         if not job.ended:
             job.ended = True
-            job.channel.put(EndEvent(job.index, reason, job.generated, job.warnings, error, status))
-
-
-def token_text(tokenizer: Any, token_id: int) -> str:
-    """A token's text for display (bytes that are not whole UTF-8 characters show as U+FFFD)."""
-    try:
-        return tokenizer.decode_bytes([token_id]).decode("utf-8", errors="replace")
-    except (GptlabError, AttributeError):
-        return tokenizer.decode([token_id])
+            job.channel.put(EndEvent(job.index, reason, completion_tokens, job.warnings, error, status))

@@ -11,6 +11,13 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+# The limits of a request body (also reported by GET /v1/gptlab/limits).
+MAX_N = 16  # choices per prompt
+MAX_LOGPROBS = 5  # completions: logprobs
+MAX_TOP_LOGPROBS = 20  # chat: top_logprobs
+MAX_TOP_N = 20  # the playground's alternatives per token
+MAX_ATTENTION_TOKENS = 512
+
 
 class SamplingFields(BaseModel):
     """The sampling options shared by every generating endpoint.
@@ -18,6 +25,7 @@ class SamplingFields(BaseModel):
     OpenAI's: ``max_tokens``, ``temperature``, ``top_p``, ``n``, ``stop``, ``seed``,
     ``frequency_penalty``, ``presence_penalty``. gptlab's extras: ``top_k``, ``min_p``,
     ``repetition_penalty``, ``beam_width``, ``length_penalty``, ``early_stopping``.
+    ``logit_bias`` maps token ids (as strings, like OpenAI) to a bias in [-100, 100].
     """
 
     model_config = ConfigDict(strict=True, extra="ignore")
@@ -28,7 +36,7 @@ class SamplingFields(BaseModel):
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
     top_k: int | None = Field(default=None, ge=0)
     min_p: float = Field(default=0.0, ge=0.0, le=1.0)
-    n: int = Field(default=1, ge=1, le=16)
+    n: int = Field(default=1, ge=1, le=MAX_N)
     stop: str | list[str] | None = None
     seed: int | None = None
     stream: bool = False
@@ -40,6 +48,7 @@ class SamplingFields(BaseModel):
     length_penalty: float = 1.0
     early_stopping: bool = True
     user: str | None = None
+    logit_bias: dict[str, float] | None = None
 
     def stop_list(self) -> list[str]:
         """``stop`` as a list (OpenAI allows a string, a list of up to 4, or null)."""
@@ -56,7 +65,7 @@ class CompletionRequest(SamplingFields):
 
     prompt: str | list[str] | list[int] | list[list[int]] = ""
     echo: bool = False
-    logprobs: int | None = Field(default=None, ge=0, le=5)
+    logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
 
 
 class ChatMessage(BaseModel):
@@ -80,13 +89,15 @@ class ChatCompletionRequest(SamplingFields):
 
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(default=None, ge=0)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
 
 
 class GenerateRequest(SamplingFields):
     """``POST /v1/gptlab/generate``: one prompt, streamed token by token with probabilities."""
 
     prompt: str = ""
-    top_n: int = Field(default=5, ge=0, le=20)
+    top_n: int = Field(default=5, ge=0, le=MAX_TOP_N)
 
 
 class AttentionRequest(BaseModel):
@@ -97,4 +108,4 @@ class AttentionRequest(BaseModel):
     model: str | None = None
     text: str = Field(min_length=1)
     layer: int = -1
-    max_tokens: int = Field(default=128, ge=1, le=512)  # keep the last this many tokens
+    max_tokens: int = Field(default=128, ge=1, le=MAX_ATTENTION_TOKENS)  # keep the last this many tokens

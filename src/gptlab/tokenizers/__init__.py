@@ -5,6 +5,8 @@
 - ``CharTokenizer``: one id per character of a corpus.
 - ``BPETokenizer``: byte-level BPE trained from scratch (``BPETokenizer.train``).
 - ``GPT2Tokenizer``: exact GPT-2 ids from ``vocab.bpe`` + ``encoder.json``.
+- ``PretrainedTokenizer``: a pretrained model's own byte-level BPE (from GGUF metadata or
+  ``tokenizer.json``), with its special tokens, bos/eos and chat template (``chat.py`` renders it).
 
 Every tokenizer saves to JSON (``tok.save(path)``) and comes back with ``load``.
 No torch here: this package imports without it.
@@ -20,6 +22,7 @@ from gptlab.tokenizers.char import CharTokenizer
 from gptlab.tokenizers.gpt2 import GPT2Tokenizer
 from gptlab.tokenizers.loading import load, read_corpus
 from gptlab.tokenizers.patterns import PATTERNS
+from gptlab.tokenizers.pretrained import PretrainedTokenizer
 
 __all__ = [
     "EOT",
@@ -28,6 +31,7 @@ __all__ = [
     "BPETokenizer",
     "CharTokenizer",
     "GPT2Tokenizer",
+    "PretrainedTokenizer",
     "Tokenizer",
     "from_dict",
     "load",

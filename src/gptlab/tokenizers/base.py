@@ -137,6 +137,9 @@ class Tokenizer:
 
     def __init__(self, special_tokens: Mapping[str, int] | None = None) -> None:
         self.special_tokens: dict[str, int] = dict(special_tokens or {})
+        self.chat_template: str | None = (
+            None  # a Jinja chat template or a fallback's name (tokenizers/chat.py)
+        )
         self._special_regex: dict[frozenset[str], re.Pattern[str]] = {}
 
     # ----------------------------------------------------------- the algorithm
@@ -258,11 +261,13 @@ class Tokenizer:
     # ---------------------------------------------------------- save and load
     def to_dict(self) -> dict[str, Any]:
         """A JSON-serialisable dict that ``from_dict`` turns back into this tokenizer."""
+        template = {"chat_template": self.chat_template} if self.chat_template is not None else {}
         return {
             "format": FORMAT,
             "version": FORMAT_VERSION,
             "kind": self.kind,
             "special_tokens": dict(self.special_tokens),
+            **template,
             **self._payload(),
         }
 
@@ -295,8 +300,13 @@ def from_dict(d: Mapping[str, Any]) -> Tokenizer:
     if cls is None:
         raise GptlabError(f"unknown tokenizer kind {kind!r}; expected one of {sorted(KINDS)}")
     specials = d.get("special_tokens", {})
+    template = d.get("chat_template")
+    if template is not None and not isinstance(template, str):
+        raise GptlabError(f"'chat_template' must be a string, got {type(template).__name__}")
     try:
-        return cls._from_payload(d, dict(specials))
+        tok = cls._from_payload(d, dict(specials))
+        tok.chat_template = template
+        return tok
     except GptlabError:
         raise
     except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:

@@ -32,7 +32,25 @@ GPT4_PATTERN = (
     r"""\s++$|\s*[\r\n]|\s+(?!\S)|\s"""
 )
 
-PATTERNS: dict[str, str] = {"gpt2": GPT2_PATTERN, "gpt4": GPT4_PATTERN}
+# GPT-2's pattern after a first split into single digits (Hugging Face ``Digits(individual_digits=True)``
+# then ``ByteLevel``; llama.cpp's "starcoder"/"smollm" pre-tokenizers). As one regex: digits stand
+# alone, and a whitespace run before a digit is whole, as it is at the end of the first split's piece.
+GPT2_DIGITS_PATTERN = (
+    r"""\p{N}|'(?:[sdmt]|ll|ve|re)| ?\p{L}++| ?[^\s\p{L}\p{N}]++|\s++$|\s+(?=\p{N})|\s+(?!\S)|\s"""
+)
+
+# Qwen2's: GPT-4's with single digits.
+QWEN2_PATTERN = (
+    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|"""
+    r"""\s*[\r\n]+|\s+(?!\S)|\s+"""
+)
+
+PATTERNS: dict[str, str] = {
+    "gpt2": GPT2_PATTERN,
+    "gpt4": GPT4_PATTERN,
+    "gpt2-digits": GPT2_DIGITS_PATTERN,
+    "qwen2": QWEN2_PATTERN,
+}
 
 
 def resolve(pattern: str) -> str:

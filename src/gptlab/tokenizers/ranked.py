@@ -93,6 +93,8 @@ class RankedTokenizer(Tokenizer):
     else pure Python), ``"python"`` or ``"tiktoken"``; every back-end gives the same ids.
     """
 
+    drop_missing_bytes = False  # True: a byte with no token is left out instead of being an error
+
     def __init__(
         self,
         ranks: Mapping[bytes, int],
@@ -102,7 +104,9 @@ class RankedTokenizer(Tokenizer):
     ) -> None:
         ranks = check_ranks(ranks)
         missing = [b for b in range(256) if bytes([b]) not in ranks]
-        if missing:
+        # bytes with no token are dropped from the text (as Hugging Face's BPE does) where a subclass allows it
+        self._drop = bytes(missing) if self.drop_missing_bytes else b""
+        if missing and not self.drop_missing_bytes:
             raise GptlabError(
                 f"the rank table has no token for byte 0x{missing[0]:02x} ({len(missing)} bytes missing); "
                 "byte-level BPE needs all 256 single bytes"
@@ -189,8 +193,10 @@ class RankedTokenizer(Tokenizer):
             ids = cache.get(chunk)
             if ids is None:
                 piece = chunk.encode("utf-8")
+                if self._drop:
+                    piece = piece.translate(None, self._drop)
                 rank = ranks.get(piece)
-                ids = [rank] if rank is not None else bpe_merge(piece, ranks)
+                ids = [rank] if rank is not None else bpe_merge(piece, ranks) if piece else []
                 if len(cache) >= CACHE_SIZE:
                     cache.clear()
                 cache[chunk] = ids

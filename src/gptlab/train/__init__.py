@@ -1,7 +1,8 @@
 """Training: the loop and everything it owns.
 
-config.py        ``TrainConfig``, TOML recipes and ``key=value`` overrides
+config.py        ``TrainConfig``, TOML recipes, ``key=value`` overrides, a new or resumed run's settings
 loop.py          ``train(cfg, data_dir, run_dir)``: steps, accumulation, evaluation, checkpoints
+runtime.py       threads, autocast, torch.compile, RNG states, Ctrl-C
 optim.py         AdamW (decoupled weight decay) and Muon
 schedule.py      learning-rate schedules ``η_t``
 evaluate.py      cross-entropy, perplexity, bits per byte
@@ -11,7 +12,7 @@ demo.py          ``gptlab demo``: prepare → train → sample
 recipes/         built-in recipes (``--config NAME``)
 """
 
-from gptlab.train.config import TrainConfig, build_config, recipe_names
-from gptlab.train.loop import TrainResult, resolve_run, train
+from gptlab.train.config import TrainConfig, build_config, recipe_names, resolve_run
+from gptlab.train.loop import TrainResult, train
 
 __all__ = ["TrainConfig", "TrainResult", "build_config", "recipe_names", "resolve_run", "train"]

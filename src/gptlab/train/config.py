@@ -2,15 +2,18 @@
 
 A config file is TOML: top-level keys are ``TrainConfig`` fields and a ``[model]``
 table holds ``GPTConfig`` fields (``preset = "..."`` picks a base preset; the
-default base is ``shakespeare-char``). Overrides are ``key=value`` strings whose
+default base is ``char-tiny``). Overrides are ``key=value`` strings whose
 value is read as TOML (``lr=3e-3``, ``compile=true``, ``model.pos="rope"``; a bare
 word is a string). Built-in recipes live in ``gptlab/train/recipes/<name>.toml`` and are
-named without the suffix: ``--config shakespeare-char``.
+named without the suffix: ``--config char-best``. ``gptlab train`` without ``--config``
+trains ``char-best``, gptlab's best small recipe.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
+import sys
 import tomllib
 from dataclasses import dataclass, field
 from importlib import resources
@@ -23,7 +26,9 @@ from gptlab.model import GPTConfig
 from gptlab.model.attention import ATTENTION_PATHS
 
 DTYPES = ("float32", "bfloat16", "float16")
-DEFAULT_PRESET = "shakespeare-char"
+DEFAULT_PRESET = "char-tiny"
+DEFAULT_RECIPE = "char-best"  # what `gptlab train` trains without --config
+RECIPE_ALIASES = {"shakespeare-char": "char-best"}  # old name -> new name
 
 
 @dataclass
@@ -185,6 +190,11 @@ def read_config_file(name: str) -> dict[str, Any]:
         data = path.read_bytes()
         source = str(path)
     else:
+        if name in RECIPE_ALIASES:
+            sys.stderr.write(
+                f"note: recipe {name!r} is now called {RECIPE_ALIASES[name]!r}; the old name will go away\n"
+            )
+            name = RECIPE_ALIASES[name]
         recipe = resources.files("gptlab.train") / "recipes" / f"{name}.toml"
         if not recipe.is_file():
             raise GptlabError(
@@ -234,3 +244,45 @@ def build_config(
             raise GptlabError(f"override {item!r}: only model.<field> keys are nested")
         data = merge(data, {path[0]: {path[1]: value}} if len(path) == 2 else {path[0]: value})
     return TrainConfig.from_dict(data)
+
+
+def config_changes(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> list[str]:
+    """Settings that differ between two ``TrainConfig.to_dict()``: ``["lr 0.001 → 0.003", ...]``."""
+    changes = []
+    for key in sorted(set(old) | set(new)):
+        a, b = old.get(key), new.get(key)
+        if isinstance(a, dict) and isinstance(b, dict):
+            changes += config_changes(a, b, f"{prefix}{key}.")
+        elif a != b:
+            changes.append(f"{prefix}{key} {a!r} → {b!r}")
+    return changes
+
+
+def resolve_run(
+    run_dir: str | os.PathLike[str],
+    data_dir: str | os.PathLike[str] | None,
+    resume: bool,
+    config: str | None,
+    overrides: list[str],
+) -> tuple[TrainConfig, Path]:
+    """The config and dataset of a new run (``config`` or the default recipe, then overrides) or of a
+    resumed one (its saved settings, then ``config`` and overrides); refuses a finished run."""
+    from gptlab import checkpoint as ckpt
+
+    if not resume:
+        ckpt.check_new_run(run_dir)
+        if data_dir is None:
+            raise GptlabError("--data DATA_DIR is required (make one with `gptlab prepare`)")
+        return build_config(config or DEFAULT_RECIPE, overrides), Path(data_dir)
+    saved = ckpt.check_resumable(run_dir) or {}
+    data = data_dir or saved.get("data")
+    if data is None:
+        raise GptlabError(f"{run_dir}: the dataset of this run is not recorded; give --data")
+    cfg = build_config(config, overrides, base=saved.get("train"))
+    step = ckpt.latest_step(run_dir)
+    if step is not None and step >= cfg.max_steps:
+        raise GptlabError(
+            f"{run_dir}: this run is finished (step {step} of max_steps={cfg.max_steps}); to train further "
+            f"raise max_steps: gptlab train --out {run_dir} --resume max_steps={2 * step}"
+        )
+    return cfg, Path(data)

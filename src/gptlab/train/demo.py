@@ -1,4 +1,4 @@
-"""``gptlab demo``: prepare a character-level dataset, train the ``shakespeare-char`` recipe, print a sample.
+"""``gptlab demo``: prepare a character-level dataset, train the ``char-best`` recipe, print a sample.
 
 Offline by default: the corpus is Python's own documentation text (``pydoc_data``).
 """
@@ -12,23 +12,7 @@ from pathlib import Path
 
 from gptlab.errors import GptlabError
 
-RECIPE = "shakespeare-char"
-RUN_FILES = ("metrics.jsonl", "loss.png", "train_config.json", "best.json")
-
-
-def _clear_previous_run(out: Path) -> None:
-    """Remove the previous demo's checkpoints and records (only files a training run writes)."""
-    from gptlab.checkpoint import clean_incomplete, list_checkpoints
-
-    if not out.is_dir():
-        return
-    if list_checkpoints(out) and not (out / "train_config.json").exists():
-        raise GptlabError(f"{out}: holds checkpoints that are not a demo run; choose another --out")
-    clean_incomplete(out)
-    for _, path in list_checkpoints(out):
-        shutil.rmtree(path)
-    for name in RUN_FILES:
-        (out / name).unlink(missing_ok=True)
+RECIPE = "char-best"
 
 
 def _prepare(corpus: Path, data_dir: Path) -> dict:
@@ -50,7 +34,7 @@ def run_demo(
     overrides: list[str] | None = None,
 ) -> str:
     """Run the demo; return the sample text."""
-    from gptlab.checkpoint import load
+    from gptlab.checkpoint import clear_run, load
     from gptlab.data.corpus import write_default_corpus
     from gptlab.train import train
     from gptlab.train.config import build_config
@@ -72,7 +56,7 @@ def run_demo(
         f"dataset: {meta['train_tokens']:,} train / {meta['val_tokens']:,} val characters, "
         f"vocabulary {meta['vocab_size']}"
     )
-    _clear_previous_run(out)
+    clear_run(out)  # the previous demo's checkpoints and records
     print(
         f"training: recipe {RECIPE}, {cfg.max_steps} steps "
         f"({cfg.model.get('n_layer', 4)} layers, d_model {cfg.model.get('n_embd', 128)}, "
@@ -95,21 +79,7 @@ def run_demo(
 
 
 def _sample(model, tok, n: int = 400) -> str:  # type: ignore[no-untyped-def]
+    from gptlab.generate import SampleConfig, generate_text
+
     prompt = "\n" if "\n" in getattr(tok, "chars", ["\n"]) else tok.decode([0])
-    try:
-        from gptlab.generate import SampleConfig, generate_text
-    except ImportError:  # the generation package is not installed: a plain sampling loop
-        return _plain_sample(model, tok, prompt, n)
     return prompt + generate_text(model, tok, prompt, SampleConfig(max_new_tokens=n, temperature=0.8, seed=0))
-
-
-def _plain_sample(model, tok, prompt: str, n: int) -> str:  # type: ignore[no-untyped-def]
-    import torch
-
-    torch.manual_seed(0)
-    idx = torch.tensor([tok.encode(prompt)])
-    with torch.no_grad():
-        for _ in range(n):
-            logits = model(idx[:, -model.config.block_size :])[:, -1, :] / 0.8
-            idx = torch.cat([idx, torch.multinomial(torch.softmax(logits, -1), 1)], dim=1)
-    return tok.decode(idx[0].tolist())

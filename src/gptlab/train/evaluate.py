@@ -74,15 +74,29 @@ def evaluate_tokens(
     device: str = "cpu",
     max_batches: int | None = None,
     autocast: Any = None,
+    progress: bool = False,
 ) -> EvalResult:
-    """Loss over non-overlapping windows of ``tokens`` (a 1-D id array) at the model's context length."""
-    from gptlab.data import eval_batches
+    """Loss over non-overlapping windows of ``tokens`` (a 1-D id array) at the model's context length;
+    ``progress`` shows a bar (batches, rate, ETA) on stderr."""
+    from tqdm import tqdm
+
+    from gptlab.data import eval_batches, n_eval_batches
 
     T = model.config.block_size
     if len(tokens) < 2:
         raise GptlabError("the evaluation text has fewer than 2 tokens; give a longer text")
     T = min(T, len(tokens) - 1)
-    total, count = loss_sum(model, eval_batches(tokens, T, batch_size, max_batches), device, autocast)
+    batches = tqdm(
+        eval_batches(tokens, T, batch_size, max_batches),
+        total=n_eval_batches(len(tokens), T, batch_size, max_batches),
+        disable=not progress,
+        desc="eval",
+        unit="batch",
+        dynamic_ncols=True,
+        mininterval=0.5,
+    )
+    with batches:
+        total, count = loss_sum(model, batches, device, autocast)
     return EvalResult(loss=float(total) / max(count, 1), tokens=count, bytes_per_token=bytes_per_token)
 
 
@@ -95,6 +109,7 @@ def evaluate_path(
     max_batches: int | None = None,
     dtype: str = "float32",
     device: str = "cpu",
+    progress: bool = False,
 ) -> tuple[EvalResult, str]:
     """Evaluate a checkpoint (or a run directory's latest) on a text file or a dataset split."""
     import numpy as np
@@ -144,6 +159,13 @@ def evaluate_path(
     if max_batches is None and len(tokens) > 50_000_000:
         max_batches = 1000
     result = evaluate_tokens(
-        model, tokens, batch_size, bpt, device=device, max_batches=max_batches, autocast=autocast
+        model,
+        tokens,
+        batch_size,
+        bpt,
+        device=device,
+        max_batches=max_batches,
+        autocast=autocast,
+        progress=progress,
     )
     return result, f"{directory} on {source}"

@@ -12,12 +12,9 @@ weights, optimizer and RNG states and the step (which is the data position, see
 
 from __future__ import annotations
 
-import contextlib
 import math
 import os
-import signal
 import time
-import warnings
 from dataclasses import dataclass
 from itertools import islice
 from pathlib import Path
@@ -26,34 +23,30 @@ from typing import Any
 import torch
 
 from gptlab import checkpoint as ckpt
-from gptlab.checkpoint import sharded
-from gptlab.compiling import can_compile
+from gptlab.checkpoint import BEST_FILE, RUN_CONFIG_FILE, read_run_config, sharded
 from gptlab.data import TokenDataset, WindowSampler, eval_batches, n_eval_batches
 from gptlab.errors import GptlabError
 from gptlab.fileio import atomic_write_json
+from gptlab.inspect.flops import peak_flops, training_flops_per_token
 from gptlab.model import GPT
 from gptlab.train import distributed
-from gptlab.train.config import TrainConfig, build_config
+from gptlab.train.config import TrainConfig, resolve_run
 from gptlab.train.evaluate import EvalResult, loss_sum
-from gptlab.train.metrics import MetricsLog
+from gptlab.train.metrics import MetricsLog, Progress
 from gptlab.train.optim import build_optimizer
+from gptlab.train.runtime import (
+    StopFlag,
+    autocast,
+    compile_forward,
+    rng_state,
+    set_rng_state,
+    threads,
+)
 from gptlab.train.schedule import learning_rate
 from gptlab.train.strategy import prepare_model, total_norm
 
-RUN_CONFIG_FILE = "train_config.json"
-BEST_FILE = "best.json"
-AUTOCAST_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
-PEAK_FLOPS = {
-    "H100": 989e12,
-    "A100": 312e12,
-    "L40": 181e12,
-    "4090": 165e12,
-    "A10": 125e12,
-    "L4": 121e12,
-    "V100": 125e12,
-    "3090": 71e12,
-    "T4": 65e12,
-}  # dense bf16/fp16 tensor-core peaks
+# (step, loss, gradient norm, learning rate) of steps whose loss is not read yet (reading it is a sync)
+Pending = list[tuple[int, torch.Tensor, torch.Tensor, float]]
 
 
 @dataclass
@@ -74,139 +67,26 @@ class TrainResult:
         return self.tokens / self.train_wall_s if self.train_wall_s > 0 else 0.0
 
 
-# ---------------------------------------------------------------- run directory
-def read_run_config(run_dir: str | os.PathLike[str]) -> dict[str, Any] | None:
-    path = Path(run_dir) / RUN_CONFIG_FILE
-    return ckpt.read_json(path) if path.is_file() else None
-
-
-def resolve_run(
-    run_dir: str | os.PathLike[str],
-    data_dir: str | os.PathLike[str] | None,
-    resume: bool,
-    config: str | None,
-    overrides: list[str],
-) -> tuple[TrainConfig, Path]:
-    """The config and dataset of a new or resumed run (resumed: its saved settings, then config and overrides)."""
-    run_dir = Path(run_dir)
-    saved = read_run_config(run_dir) if run_dir.is_dir() else None
-    if resume:
-        if not run_dir.is_dir():
-            raise GptlabError(f"{run_dir}: no such run directory to resume; drop --resume to start a new run")
-        if saved is None and not ckpt.list_checkpoints(run_dir):
-            raise GptlabError(
-                f"{run_dir}: not a training run ({RUN_CONFIG_FILE} is missing); nothing to resume"
-            )
-        base = saved.get("train") if saved else None
-        data = data_dir or (saved or {}).get("data")
-        if data is None:
-            raise GptlabError(f"{run_dir}: the dataset of this run is not recorded; give --data")
-        return build_config(config, overrides, base=base), Path(data)
-    if run_dir.exists() and (saved is not None or ckpt.list_checkpoints(run_dir)):
-        raise GptlabError(
-            f"{run_dir}: already holds a training run; pass --resume to continue it, or choose another --out"
-        )
-    if data_dir is None:
-        raise GptlabError("--data DATA_DIR is required (make one with `gptlab prepare`)")
-    return build_config(config, overrides), Path(data_dir)
-
-
-# ---------------------------------------------------------------- helpers
-def _autocast(device_type: str, dtype: str) -> contextlib.AbstractContextManager[Any]:
-    if dtype == "float32":
-        return contextlib.nullcontext()
-    if dtype == "float16" and device_type != "cuda":
-        raise GptlabError(
-            "dtype=float16 needs a CUDA device (it uses a gradient scaler); use dtype=bfloat16 on CPU"
-        )
-    return torch.autocast(device_type=device_type, dtype=AUTOCAST_DTYPES[dtype])
-
-
-def compile_forward(forward: Any, device_type: str) -> Any:
-    """``torch.compile`` the training forward (the model, or its DDP wrapper), or return it unchanged.
-
-    The whole model is one graph: the forward and backward each run as a handful of fused
-    kernels around the matrix products (a step of the reference recipe: 27 ms compiled, 33 ms
-    eager; compiling block by block costs half the cold compile but runs ~10 % slower).
-    Checkpoints save the uncompiled model, so parameter names do not change. On a CPU,
-    inductor needs a C++ compiler; without one the run warns and trains uncompiled.
-    """
-    if not can_compile(device_type):
-        warnings.warn(
-            "compile=true needs a C++ compiler on CPU (none found: install g++ or set CXX); "
-            "training uncompiled",
-            stacklevel=2,
-        )
-        return forward
-    return torch.compile(forward)
-
-
-def _rng_state(device_type: str) -> dict[str, torch.Tensor]:
-    state = {"torch": torch.get_rng_state()}
-    if device_type == "cuda":
-        state["cuda"] = torch.cuda.get_rng_state()
-    return state
-
-
-def _set_rng_state(state: dict[str, torch.Tensor], device_type: str) -> None:
-    torch.set_rng_state(state["torch"])
-    if device_type == "cuda" and "cuda" in state:
-        torch.cuda.set_rng_state(state["cuda"])
-
-
-def _threads(cfg: TrainConfig, world: int) -> int:
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:
-        cores = os.cpu_count() or 1
-    return cfg.threads or max(1, cores // world)
-
-
-def _flops_per_token(model: GPT) -> float:
-    """≈ 6·N + 12·L·T·d (weights, forward and backward, plus attention scores)."""
-    c = model.config
-    n = model.num_params()["total_without_positions"]
-    return 6 * n + 12 * c.n_layer * c.block_size * c.n_embd
-
-
-def _peak_flops(device: str) -> float | None:
-    if not device.startswith("cuda"):
-        return None
-    name = torch.cuda.get_device_name(torch.device(device))
-    return next((v for k, v in PEAK_FLOPS.items() if k in name), None)
-
-
-class _StopFlag:
-    """Ctrl-C (SIGINT) or SIGTERM asks the loop to save and stop after the current step; a second Ctrl-C aborts."""
-
-    def __init__(self) -> None:
-        self.requested = False
-        self._old: dict[int, Any] = {}
-
-    def __enter__(self) -> _StopFlag:
-        with contextlib.suppress(ValueError):  # not the main thread: no handlers
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                self._old[sig] = signal.signal(sig, self._handle)
-        return self
-
-    def _handle(self, signum: int, frame: Any) -> None:
-        if self.requested and signum == signal.SIGINT:
-            raise KeyboardInterrupt
-        self.requested = True
-
-    def __exit__(self, *exc: Any) -> None:
-        for sig, old in self._old.items():
-            signal.signal(sig, old)
-
-
 # ---------------------------------------------------------------- training
 def train(
     cfg: TrainConfig, data_dir: str | os.PathLike[str], run_dir: str | os.PathLike[str], resume: bool = False
 ) -> TrainResult:
-    """Train a GPT on a prepared dataset, writing checkpoints and records to ``run_dir``."""
+    """Train a GPT on a prepared dataset, writing checkpoints and records to ``run_dir``.
+
+    A new run that fails while starting (a missing logger package, a dataset too small) leaves
+    no half run directory behind.
+    """
     info = distributed.setup(cfg.device)
+    run_dir = Path(run_dir)
+    existed = run_dir.exists()
     try:
-        return _Trainer(cfg, Path(data_dir), Path(run_dir), resume, info).run()
+        try:
+            trainer = _Trainer(cfg, Path(data_dir), run_dir, resume, info)
+        except BaseException:
+            if info.is_main and not resume:
+                ckpt.discard_failed_start(run_dir, existed)
+            raise
+        return trainer.run()
     finally:
         distributed.teardown(info)
 
@@ -215,13 +95,15 @@ class _Trainer:
     def __init__(
         self, cfg: TrainConfig, data_dir: Path, run_dir: Path, resume: bool, info: distributed.DistInfo
     ) -> None:
-        self.cfg, self.run_dir, self.info = cfg, run_dir, info
+        self.cfg, self.run_dir, self.info, self.data_dir = cfg, run_dir, info, data_dir
         self.device = info.device
         self.device_type = torch.device(self.device).type
-        torch.set_num_threads(_threads(cfg, info.world_size))
+        torch.set_num_threads(threads(cfg, info.world_size))
         self.data = TokenDataset(data_dir)
-        self.data_dir = data_dir
         self.model_config = cfg.model_config(self.data.vocab_size)
+        ckpt.check_tokenizer_fits(
+            self.data.tokenizer, self.model_config.vocab_size, data_dir / "tokenizer.json"
+        )
         T = self.model_config.block_size
         self.sampler = WindowSampler(
             self.data.split("train"),
@@ -233,23 +115,13 @@ class _Trainer:
             rank=info.rank,
         )
         self.data.split("val")
-        self.autocast = _autocast(self.device_type, cfg.dtype)
+        self.autocast = autocast(self.device_type, cfg.dtype)
         self.tokens_per_step = cfg.batch_size * T * cfg.grad_accum * info.world_size
 
         torch.manual_seed(cfg.seed)  # the same initial weights on every rank
         self.model = GPT(self.model_config).set_attention_impl(cfg.attention).to(self.device)
         self.strategy, self.forward = prepare_model(self.model, cfg, info)  # DDP/FSDP, checkpointing
-        self.optimizer = build_optimizer(
-            self.model,
-            cfg.optimizer,
-            cfg.lr,
-            cfg.weight_decay,
-            (cfg.beta1, cfg.beta2),
-            self.device_type,
-            cfg.muon_lr,
-            cfg.muon_momentum,
-            cfg.muon_weight_decay,
-        )
+        self.optimizer = build_optimizer(self.model, cfg, self.device_type)
         self.scaler = torch.amp.GradScaler("cuda") if cfg.dtype == "float16" else None
         self.step = 0
         self.best: dict[str, Any] = {"val_loss": None, "step": None}
@@ -258,10 +130,11 @@ class _Trainer:
         if resume_step is None:
             torch.manual_seed(cfg.seed + info.rank)  # dropout differs across ranks
         if info.is_main:
-            run_dir.mkdir(parents=True, exist_ok=True)
+            # the loggers first: a missing package must fail before anything is written
+            self.log = MetricsLog(run_dir, resume_step if resume else None, cfg.loggers, cfg.to_dict())
             ckpt.clean_incomplete(run_dir)
-            atomic_write_json(
-                run_dir / RUN_CONFIG_FILE,
+            ckpt.write_run_config(
+                run_dir,
                 {
                     "train": cfg.to_dict(),
                     "model": self.model_config.to_dict(),
@@ -269,11 +142,8 @@ class _Trainer:
                     "data_fingerprint": self.data.fingerprint,
                 },
             )
-            self.log = MetricsLog(run_dir, resume_step if resume else None, cfg.loggers, cfg.to_dict())
         if cfg.compile:
             self.forward = compile_forward(self.forward, self.device_type)
-        self.flops_per_token = _flops_per_token(self.model)
-        self.peak_flops = _peak_flops(self.device)
 
     # ------------------------------------------------------------- resume
     def _load_latest(self) -> int | None:
@@ -302,7 +172,7 @@ class _Trainer:
             if self.scaler is not None and "scaler" in state:
                 self.scaler.load_state_dict(state["scaler"])
             if self.info.is_main:
-                _set_rng_state(state["rng"], self.device_type)
+                set_rng_state(state["rng"], self.device_type)
             else:
                 torch.manual_seed(self.cfg.seed + self.info.rank + step)
         self.step = int(meta["step"])
@@ -310,7 +180,8 @@ class _Trainer:
         self.train_wall_s = float(meta.get("train_wall_s", 0.0))
         return self.step
 
-    def _save(self, val_loss: float | None) -> Path | None:
+    def save(self, val_loss: float | None) -> Path | None:
+        """Write ``ckpt-<step>`` (main process; every rank under FSDP), prune old ones, keep the best."""
         if val_loss is not None and (self.best["val_loss"] is None or val_loss < self.best["val_loss"]):
             self.best = {"val_loss": val_loss, "step": self.step}
         extra = {
@@ -327,7 +198,7 @@ class _Trainer:
         elif self.info.is_main:
             state: dict[str, Any] = {
                 "optimizer": self.optimizer.state_dict(),
-                "rng": _rng_state(self.device_type),
+                "rng": rng_state(self.device_type),
             }
             if self.scaler is not None:
                 state["scaler"] = self.scaler.state_dict()
@@ -346,12 +217,11 @@ class _Trainer:
 
     # ------------------------------------------------------------- eval
     def evaluate(self) -> dict[str, float]:
+        """Loss, perplexity and bits per byte on ``eval_batches`` global batches of each split."""
         out: dict[str, float] = {}
         T, B, n = self.model_config.block_size, self.cfg.batch_size, self.cfg.eval_batches
+        world = self.info.world_size  # eval_batches counts global batches (B per rank), shared out by rank
         for split in ("train", "val"):
-            world = (
-                self.info.world_size
-            )  # eval_batches counts global batches (B per rank), shared out by rank
             k = n_eval_batches(len(self.data.split(split)), T, B, n * world)
             stop = k - k % world if self.strategy.sharded else None  # FSDP: equal batches on every rank
             batches = islice(
@@ -371,18 +241,7 @@ class _Trainer:
     def train_step(self) -> tuple[torch.Tensor, torch.Tensor]:
         """One optimizer step over ``grad_accum`` micro-batches; returns (mean loss, gradient norm)."""
         cfg = self.cfg
-        self.optimizer.set_lr_scale(
-            learning_rate(
-                self.step,
-                cfg.schedule,
-                cfg.lr,
-                cfg.min_lr,
-                cfg.warmup_steps,
-                cfg.max_steps,
-                cfg.warmdown_steps,
-            )
-            / cfg.lr
-        )
+        self.optimizer.set_lr_scale(learning_rate(self.step, cfg) / cfg.lr)
         total = torch.zeros((), device=self.device)
         for micro in range(cfg.grad_accum):
             x, y = self.sampler.batch(self.step, micro)
@@ -416,134 +275,104 @@ class _Trainer:
 
     # ------------------------------------------------------------- the loop
     def run(self) -> TrainResult:
-        from tqdm import tqdm
-
+        """Step until ``max_steps`` or a stop request; log, evaluate and save at their cadences."""
         cfg, main = self.cfg, self.info.is_main
-        last_ckpt: Path | None = None
-        last_val: float | None = None
-        train_loss: float | None = None
-        pending: list[tuple[int, torch.Tensor, torch.Tensor, float]] = []
-        bar = tqdm(
-            total=cfg.max_steps,
-            initial=self.step,
-            disable=not (cfg.progress and main),
-            unit="step",
-            dynamic_ncols=True,
-            mininterval=0.5,
-            smoothing=0.1,
+        peak = peak_flops(self.device, cfg.dtype)
+        progress = Progress(
+            cfg.max_steps,
+            self.step,
+            cfg.progress and main,
+            self.tokens_per_step,
+            training_flops_per_token(self.model_config),
+            peak,
+            self.info.world_size,
         )
-        last_postfix = 0.0
-        interrupted = False
+        pending: Pending = []
+        train_loss = val_loss = None
+        checkpoint, interrupted = None, False
         self.model.train()
         try:
-            with _StopFlag() as stop:
+            with StopFlag() as stop:
                 while self.step < cfg.max_steps:
                     t0 = time.perf_counter()
                     loss, norm = self.train_step()
-                    pending.append(
-                        (
-                            self.step,
-                            loss,
-                            norm,
-                            learning_rate(
-                                self.step - 1,
-                                cfg.schedule,
-                                cfg.lr,
-                                cfg.min_lr,
-                                cfg.warmup_steps,
-                                cfg.max_steps,
-                                cfg.warmdown_steps,
-                            ),
-                        )
-                    )
+                    pending.append((self.step, loss, norm, learning_rate(self.step - 1, cfg)))
                     at_eval = self.step % cfg.eval_every == 0 or self.step == cfg.max_steps
                     at_ckpt = self.step % cfg.ckpt_every == 0 or self.step == cfg.max_steps
-                    stopping = distributed.any_flag(stop.requested, self.info)
-                    flush = at_eval or at_ckpt or stopping or self.step % cfg.log_every == 0
-                    if flush:
-                        train_loss = self._flush(pending)  # reads the losses; raises on nan/inf
+                    interrupted = distributed.any_flag(stop.requested, self.info)
+                    if at_eval or at_ckpt or interrupted or self.step % cfg.log_every == 0:
+                        train_loss = self._log_steps(pending)  # reads the losses; raises on nan/inf
                     dt = time.perf_counter() - t0
                     self.train_wall_s += dt
-                    bar.update(1)
-                    now = time.monotonic()
-                    if main and train_loss is not None and (now - last_postfix > 0.5 or flush and at_eval):
-                        last_postfix = now
-                        bar.set_postfix_str(self._postfix(train_loss, dt), refresh=False)
+                    progress.step(train_loss, dt, force=at_eval)
                     if at_eval:
-                        record = {
-                            "step": self.step,
-                            "tokens": self.step * self.tokens_per_step,
-                            **self.evaluate(),
-                        }
-                        last_val = record["val_loss"]
-                        if main:
-                            self.log.log(record)
-                            self.log.plot(self.tokens_per_step)
-                            bar.write(
-                                f"step {self.step}: train loss {record['train_loss']:.4f}, "
-                                f"val loss {last_val:.4f}, val bpb {record['val_bpb']:.3f}"
-                            )
-                    if at_ckpt or stopping:
-                        last_ckpt = self._save(last_val if at_eval else None)
+                        val_loss = self._evaluate_step(progress)
+                    if at_ckpt or interrupted:
+                        checkpoint = self.save(val_loss if at_eval else None)
                         distributed.barrier(self.info)
-                    if stopping:
-                        interrupted = True
+                    if interrupted:
                         break
         finally:
-            bar.close()
+            progress.close()
             if main:
                 self.log.close()
         return TrainResult(
             run_dir=self.run_dir,
             step=self.step,
             train_loss=train_loss,
-            val_loss=last_val,
+            val_loss=val_loss,
             best_val_loss=self.best["val_loss"],
             best_step=self.best["step"],
             tokens=self.step * self.tokens_per_step,
             train_wall_s=self.train_wall_s,
-            checkpoint=last_ckpt,
+            checkpoint=checkpoint,
             interrupted=interrupted,
         )
 
-    def _flush(self, pending: list[tuple[int, torch.Tensor, torch.Tensor, float]]) -> float:
+    def _evaluate_step(self, progress: Progress) -> float:
+        """Evaluate; the main process records it, redraws loss.png and prints a line. Returns val loss."""
+        record = {"step": self.step, "tokens": self.step * self.tokens_per_step, **self.evaluate()}
+        if self.info.is_main:
+            self.log.log(record)
+            self.log.plot(self.tokens_per_step)
+            progress.write(
+                f"step {self.step}: train loss {record['train_loss']:.4f}, "
+                f"val loss {record['val_loss']:.4f}, val bpb {record['val_bpb']:.3f}"
+            )
+        return record["val_loss"]
+
+    def _log_steps(self, pending: Pending) -> float:
         """Read the pending losses (one sync), stop on nan/inf, and append them to metrics.jsonl."""
         values = torch.stack(
             [torch.stack([loss.float(), norm.float()]) for _, loss, norm, _ in pending]
         ).tolist()
-        loss = values[-1][0]
-        for (step, _, _, lr), (lv, nv) in zip(pending, values):
-            if not math.isfinite(lv) or (not math.isfinite(nv) and self.scaler is None):
-                what = "loss" if not math.isfinite(lv) else "gradient norm"
-                ckpts = ckpt.list_checkpoints(self.run_dir)
-                kept = (
-                    f"the last good checkpoint is {ckpts[-1][1]}"
-                    if ckpts
-                    else "no checkpoint was written yet"
-                )
-                raise GptlabError(
-                    f"training diverged: the {what} is {lv if what == 'loss' else nv} at step {step}; "
-                    f"stopped ({kept}). Lower lr, keep grad_clip > 0, or use dtype=float32"
-                )
+        for (step, _, _, lr), (loss, norm) in zip(pending, values):
+            self._check_finite(step, loss, norm)
             if self.info.is_main:
                 self.log.log(
                     {
                         "step": step,
-                        "loss": lv,
-                        "grad_norm": nv,
+                        "loss": loss,
+                        "grad_norm": norm,
                         "lr": lr,
                         "tokens": step * self.tokens_per_step,
                         "time_s": round(self.train_wall_s, 4),
                     }
                 )
         pending.clear()
-        return loss
+        return values[-1][0]
 
-    def _postfix(self, loss: float, dt: float) -> str:
-        tok_s = self.tokens_per_step / dt if dt > 0 else 0.0
-        text = f"loss {loss:.4f} | {tok_s:,.0f} tok/s"
-        if self.peak_flops:
-            text += (
-                f" | MFU {100 * self.flops_per_token * tok_s / (self.peak_flops * self.info.world_size):.1f}%"
-            )
-        return text
+    def _check_finite(self, step: int, loss: float, norm: float) -> None:
+        """A nan/inf loss (or gradient norm, without a loss scaler) stops the run, naming the last good checkpoint."""
+        if math.isfinite(loss) and (math.isfinite(norm) or self.scaler is not None):
+            return
+        what, value = ("loss", loss) if not math.isfinite(loss) else ("gradient norm", norm)
+        ckpts = ckpt.list_checkpoints(self.run_dir)
+        kept = f"the last good checkpoint is {ckpts[-1][1]}" if ckpts else "no checkpoint was written yet"
+        raise GptlabError(
+            f"training diverged: the {what} is {value} at step {step}; "
+            f"stopped ({kept}). Lower lr, keep grad_clip > 0, or use dtype=float32"
+        )
+
+
+__all__ = ["BEST_FILE", "RUN_CONFIG_FILE", "TrainResult", "read_run_config", "resolve_run", "train"]

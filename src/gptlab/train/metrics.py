@@ -1,11 +1,13 @@
-"""Training records: ``metrics.jsonl`` (one JSON object per line), ``loss.png``, and optional
-TensorBoard / Weights & Biases logging when those packages are installed.
+"""Training records: ``metrics.jsonl`` (one JSON object per line), ``loss.png``, optional
+TensorBoard / Weights & Biases logging when those packages are installed, and the progress bar
+(loss, tokens/s and MFU, ``gptlab.inspect.flops``).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -93,6 +95,64 @@ class MetricsLog:
         atomic_write(self.plot_path, lambda tmp: fig.savefig(tmp, format="png"))
         plt.close(fig)
         return self.plot_path
+
+
+class Progress:
+    """The progress bar of a run: steps with rate and ETA, then loss, tokens/s and MFU.
+
+    ``peak`` is ``(card, FLOP/s)`` from ``gptlab.inspect.flops.peak_flops`` (None: no MFU, e.g. on a CPU).
+    """
+
+    def __init__(
+        self,
+        total: int,
+        initial: int,
+        enabled: bool,
+        tokens_per_step: int,
+        flops_per_token: float,
+        peak: tuple[str, float] | None,
+        devices: int = 1,
+    ) -> None:
+        from tqdm import tqdm
+
+        self.bar = tqdm(
+            total=total,
+            initial=initial,
+            disable=not enabled,
+            unit="step",
+            dynamic_ncols=True,
+            mininterval=0.5,
+            smoothing=0.1,
+        )
+        self.enabled = enabled
+        self.tokens_per_step, self.flops_per_token = tokens_per_step, flops_per_token
+        self.peak, self.devices = peak, devices
+        self._shown = 0.0
+        if enabled and peak is not None:
+            self.write(f"MFU against the {peak[0]} peak of {peak[1] / 1e12:,.0f} TFLOP/s per device")
+
+    def step(self, loss: float | None, dt: float, force: bool = False) -> None:
+        """One step done in ``dt`` seconds; the figures are redrawn at most twice a second."""
+        self.bar.update(1)
+        now = time.monotonic()
+        if self.enabled and loss is not None and (force or now - self._shown > 0.5):
+            self._shown = now
+            self.bar.set_postfix_str(self.postfix(loss, dt), refresh=False)
+
+    def postfix(self, loss: float, dt: float) -> str:
+        from gptlab.inspect.flops import mfu
+
+        tok_s = self.tokens_per_step / dt if dt > 0 else 0.0
+        text = f"loss {loss:.4f} | {tok_s:,.0f} tok/s"
+        if self.peak is not None:
+            text += f" | MFU {100 * mfu(self.flops_per_token, tok_s, self.peak[1], self.devices):.1f}%"
+        return text
+
+    def write(self, line: str) -> None:
+        self.bar.write(line)
+
+    def close(self) -> None:
+        self.bar.close()
 
 
 class _TensorBoard:

@@ -10,8 +10,8 @@ parameter (embeddings, head, norms, biases) stays with AdamW.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import Any, Protocol
 
 import torch
 from torch import nn
@@ -19,6 +19,19 @@ from torch import nn
 from gptlab.errors import GptlabError
 
 EMBEDDING_PREFIXES = ("wte.", "positional.", "lm_head.")
+
+
+class OptimizerSettings(Protocol):
+    """The settings an optimizer reads (a ``TrainConfig`` has them all)."""
+
+    optimizer: str
+    lr: float
+    weight_decay: float
+    beta1: float
+    beta2: float
+    muon_lr: float
+    muon_momentum: float
+    muon_weight_decay: float
 
 
 class Optimizers:
@@ -94,67 +107,60 @@ def _split(model: nn.Module) -> tuple[list[nn.Parameter], list[nn.Parameter], li
     return hidden, matrices, rest
 
 
-def _adamw(
-    groups: list[dict[str, Any]], lr: float, betas: tuple[float, float], device_type: str
-) -> torch.optim.AdamW:
+def _adamw(groups: list[dict[str, Any]], cfg: OptimizerSettings, device_type: str) -> torch.optim.AdamW:
     groups = [g for g in groups if g["params"]]
     fused = device_type in ("cuda", "cpu") and all(
         p.dtype.is_floating_point for g in groups for p in g["params"]
     )
-    opt = torch.optim.AdamW(groups, lr=lr, betas=betas, fused=fused or None, foreach=None if fused else True)
-    return opt
+    return torch.optim.AdamW(
+        groups,
+        lr=cfg.lr,
+        betas=(cfg.beta1, cfg.beta2),
+        fused=fused or None,
+        foreach=None if fused else True,
+    )
 
 
-def build_optimizer(
-    model: nn.Module,
-    name: str,
-    lr: float,
-    weight_decay: float,
-    betas: tuple[float, float],
-    device_type: str,
-    muon_lr: float = 0.02,
-    muon_momentum: float = 0.95,
-    muon_weight_decay: float = 0.0,
-) -> Optimizers:
-    """``adamw`` or ``muon`` (Muon for the blocks' matrices, AdamW for the rest)."""
+def build_optimizer(model: nn.Module, cfg: OptimizerSettings, device_type: str) -> Optimizers:
+    """``cfg.optimizer``: ``adamw``, or ``muon`` (Muon for the blocks' matrices, AdamW for the rest)."""
+    if cfg.optimizer not in OPTIMIZERS:
+        raise GptlabError(f"unknown optimizer {cfg.optimizer!r}; choose one of {', '.join(OPTIMIZERS)}")
+    return OPTIMIZERS[cfg.optimizer](model, cfg, device_type)
+
+
+def _adamw_only(model: nn.Module, cfg: OptimizerSettings, device_type: str) -> Optimizers:
     hidden, matrices, rest = _split(model)
-    if name == "adamw":
-        opt = _adamw(
-            [
-                {"params": hidden + matrices, "weight_decay": weight_decay, "base_lr": lr},
-                {"params": rest, "weight_decay": 0.0, "base_lr": lr},
-            ],
-            lr,
-            betas,
-            device_type,
-        )
-        return Optimizers({"adamw": opt})
-    if name == "muon":
-        if not hasattr(torch.optim, "Muon"):
-            raise GptlabError(
-                f"optimizer=muon needs torch.optim.Muon (torch ≥ 2.9); this torch is "
-                f"{torch.__version__}: upgrade torch or use optimizer=adamw"
-            )
-        muon = torch.optim.Muon(
-            hidden,
-            lr=muon_lr,
-            momentum=muon_momentum,
-            weight_decay=muon_weight_decay,
-            adjust_lr_fn="original",
-        )
-        for group in muon.param_groups:
-            group["base_lr"] = muon_lr
-        adamw = _adamw(
-            [
-                {"params": matrices, "weight_decay": weight_decay, "base_lr": lr},
-                {"params": rest, "weight_decay": 0.0, "base_lr": lr},
-            ],
-            lr,
-            betas,
-            device_type,
-        )
-        return Optimizers({"muon": muon, "adamw": adamw})
-    raise GptlabError(f"unknown optimizer {name!r}; choose one of {', '.join(OPTIMIZERS)}")
+    groups = [
+        {"params": hidden + matrices, "weight_decay": cfg.weight_decay, "base_lr": cfg.lr},
+        {"params": rest, "weight_decay": 0.0, "base_lr": cfg.lr},
+    ]
+    return Optimizers({"adamw": _adamw(groups, cfg, device_type)})
 
 
-OPTIMIZERS = ("adamw", "muon")
+def _muon_and_adamw(model: nn.Module, cfg: OptimizerSettings, device_type: str) -> Optimizers:
+    if not hasattr(torch.optim, "Muon"):
+        raise GptlabError(
+            f"optimizer=muon needs torch.optim.Muon (torch ≥ 2.9); this torch is "
+            f"{torch.__version__}: upgrade torch or use optimizer=adamw"
+        )
+    hidden, matrices, rest = _split(model)
+    muon = torch.optim.Muon(
+        hidden,
+        lr=cfg.muon_lr,
+        momentum=cfg.muon_momentum,
+        weight_decay=cfg.muon_weight_decay,
+        adjust_lr_fn="original",
+    )
+    for group in muon.param_groups:
+        group["base_lr"] = cfg.muon_lr
+    groups = [
+        {"params": matrices, "weight_decay": cfg.weight_decay, "base_lr": cfg.lr},
+        {"params": rest, "weight_decay": 0.0, "base_lr": cfg.lr},
+    ]
+    return Optimizers({"muon": muon, "adamw": _adamw(groups, cfg, device_type)})
+
+
+OPTIMIZERS: dict[str, Callable[[nn.Module, OptimizerSettings, str], Optimizers]] = {
+    "adamw": _adamw_only,
+    "muon": _muon_and_adamw,
+}

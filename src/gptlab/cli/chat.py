@@ -1,0 +1,114 @@
+"""``gptlab chat CKPT``: an interactive terminal chat with the model's own chat template.
+
+Each line you type is a user message; the reply streams as it is generated and joins the history,
+which is rendered with the template again for the next turn. ``/reset`` forgets the history,
+``/exit`` (or end of input) quits. Input may come from a pipe: ``printf 'Hi\\n/exit\\n' | gptlab chat CKPT``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from gptlab.errors import GptlabError
+
+COMMANDS = {"/reset": "forget the conversation", "/exit": "quit"}
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "chat",
+        help="chat with a checkpoint in the terminal (its chat template, streamed replies, history)",
+        description="Chat with a checkpoint: the prompt is built with the model's own chat template "
+        "(or --template), replies stream and stop at the end-of-turn token. /reset forgets the "
+        "history, /exit quits.",
+    )
+    p.add_argument("checkpoint", metavar="CKPT", help="a checkpoint directory or a run directory")
+    p.add_argument("--system", help="a system message that starts every conversation")
+    p.add_argument(
+        "--template", help="chatml, llama3, plain, or a file with a Jinja template (default: the model's)"
+    )
+    p.add_argument("--max-new-tokens", type=int, default=256)
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    p.add_argument("--top-p", type=float)
+    p.add_argument("--seed", type=int)
+    p.add_argument("--dtype", choices=["fp32", "bf16", "int8"], default="fp32", help="weight format")
+    p.add_argument("--threads", type=int, help="torch threads (default: torch's choice)")
+    p.set_defaults(func=run)
+
+
+def _template(tokenizer: Any, spec: str | None) -> Any:
+    from pathlib import Path
+
+    from gptlab.tokenizers.chat import FALLBACKS, template_for
+
+    if spec is None or spec in FALLBACKS:
+        return template_for(tokenizer, spec)
+    path = Path(spec)
+    if not path.is_file():
+        raise GptlabError(f"--template {spec!r} is neither {', '.join(FALLBACKS)} nor a template file")
+    return template_for(tokenizer, path.read_text(encoding="utf-8"))
+
+
+def reply(model: Any, tokenizer: Any, template: Any, messages: list[dict[str, str]], config: Any) -> Any:
+    """Stream the assistant's reply to ``messages``: yields text pieces, stops at an end-of-turn token."""
+    from gptlab.generate import stream_events
+
+    prompt = template.render(messages)
+    for event in stream_events(model, tokenizer, prompt, config, want_probs=False):
+        if event.text:
+            yield event.text
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    import gptlab
+    from gptlab.generate import SampleConfig
+    from gptlab.tokenizers.chat import stop_ids
+
+    if args.threads is not None:
+        torch.set_num_threads(max(1, args.threads))
+    model, tokenizer = gptlab.load(args.checkpoint)
+    if tokenizer is None:
+        raise GptlabError(f"{args.checkpoint} has no tokenizer.json; chat needs the model's tokenizer")
+    template = _template(tokenizer, args.template)
+    gptlab.quantize(model, args.dtype)
+    config = SampleConfig(
+        max_new_tokens=args.max_new_tokens,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        seed=args.seed,
+        stop=list(template.stop_strings),
+        stop_tokens=stop_ids(tokenizer),
+    )
+    start = [{"role": "system", "content": args.system}] if args.system else []
+    history = list(start)
+    interactive = sys.stdin.isatty()
+    if interactive:
+        sys.stderr.write(f"chat with {args.checkpoint} ({template.name} template); /reset, /exit\n")
+    while True:
+        if interactive:
+            sys.stderr.write("you> ")
+            sys.stderr.flush()
+        line = sys.stdin.readline()
+        if not line or line.strip() == "/exit":
+            break
+        text = line.rstrip("\n")
+        if text.strip() == "/reset":
+            history = list(start)
+            print("(history cleared)", flush=True)
+            continue
+        if not text.strip():
+            continue
+        history.append({"role": "user", "content": text})
+        pieces = []
+        for piece in reply(model, tokenizer, template, history, config):
+            pieces.append(piece)
+            sys.stdout.write(piece)
+            sys.stdout.flush()
+        sys.stdout.write("\n")
+        sys.stdout.flush()
+        history.append({"role": "assistant", "content": "".join(pieces).strip()})
+    return 0

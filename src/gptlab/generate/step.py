@@ -1,0 +1,185 @@
+"""One request's per-token step, from next-token logits to a token, its text and whether to stop.
+
+    l    = Sampler.process(logits, history)      penalties, logit bias, /τ, top-k/top-p/min-p
+    y    = Sampler.choose(l)                      argmax (τ = 0) or y ~ softmax(l)
+    log p(y) = l_y − log Σ_j exp(l_j)             the probability the playground shades, and
+                                                  OpenAI's ``logprobs`` (log-softmax of l)
+    y ∈ stop tokens             → finish "stop"   (y is not emitted)
+    text = TextStream.push(y)   → a UTF-8-safe piece; a completed stop string → finish "stop"
+    n_new = max_new_tokens      → finish "length"
+    the context is full         → the window slides (a notice, once), or with
+                                  ``slide=False`` finish "context"
+
+``TokenStep`` is that step and nothing else: it never runs the model. The library's
+decoding loop (``decode.py``), beam search's stream and the server's scheduler each
+produce logits their own way (a ``BatchSession``, a batch of requests, a static cache)
+and hand them to ``TokenStep.advance``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+import torch
+
+from gptlab.errors import GptlabError
+from gptlab.generate.config import SampleConfig
+from gptlab.generate.sampling import Sampler
+from gptlab.generate.textstream import TextStream
+
+
+class Alternative(NamedTuple):
+    """One of the most probable tokens at a step: ``(text, prob, token_id, logprob)``."""
+
+    text: str
+    prob: float
+    token_id: int
+    logprob: float
+
+
+@dataclass
+class TokenEvent:
+    """One step of a stream: the text now safe to show and what produced it.
+
+    ``token_id`` is None on the closing event, which carries any held-back text and
+    ``finish_reason``: ``"stop"`` (a stop token or string), ``"length"``
+    (``max_new_tokens``) or ``"context"`` (the context limit, with ``slide=False``).
+    ``notice`` is set once per request, on the step where the window starts to slide.
+    """
+
+    text: str
+    token_id: int | None = None
+    prob: float | None = None  # probability of token_id under the distribution it was drawn from
+    top: list[Alternative] = field(default_factory=list)  # the most probable alternatives, best first
+    finish_reason: str | None = None
+    index: int = 0  # which prompt (or choice) of a batch
+    logprob: float | None = None  # log(prob), computed as a log-softmax
+    notice: str | None = None
+
+
+def stop_token_ids(config: SampleConfig, tokenizer: Any | None) -> frozenset[int]:
+    """``config.stop_tokens`` plus the tokenizer's ``<|endoftext|>``."""
+    eot = getattr(tokenizer, "eot_id", None) if tokenizer is not None else None
+    return frozenset(config.stop_tokens) | ({eot} if eot is not None else set())
+
+
+def vocab_size(model: Any, tokenizer: Any | None) -> int:
+    """Tokens that may be chosen: the model's vocabulary, or the tokenizer's if smaller."""
+    n = model.config.vocab_size
+    return min(n, tokenizer.vocab_size) if tokenizer is not None else n
+
+
+def session_len(model: Any, prompts: Sequence[Sequence[int]], config: SampleConfig) -> int:
+    """Cache length for ``prompts`` and ``max_new_tokens``: at most the context (then the window slides)."""
+    longest = max(len(p) for p in prompts)
+    return max(1, min(model.config.block_size, longest + config.max_new_tokens))
+
+
+def prompt_budget(context: int, max_new_tokens: int) -> int:
+    """Prompt tokens kept: room is left for the new tokens, up to half the context.
+
+    >>> prompt_budget(64, 20), prompt_budget(64, 500)
+    (44, 32)
+    """
+    return context - min(max_new_tokens, context // 2)
+
+
+def fit_prompt(
+    ids: Sequence[int], context: int, max_new_tokens: int, label: str = "the prompt"
+) -> tuple[list[int], str | None]:
+    """``ids`` cut from the left to ``prompt_budget`` tokens → ``(ids, a message when cut, else None)``."""
+    keep = prompt_budget(context, max_new_tokens)
+    ids = list(ids)
+    if len(ids) <= keep:
+        return ids, None
+    return ids[len(ids) - keep :], (
+        f"{label} has {len(ids)} tokens; it was cut to its last {keep} tokens so that the "
+        f"{max_new_tokens} requested tokens fit in the context (block_size={context})"
+    )
+
+
+def token_text(tokenizer: Any | None, token_id: int) -> str:
+    """A token's text for display (bytes that are not whole UTF-8 characters show as U+FFFD)."""
+    if tokenizer is None:
+        return str(token_id)
+    try:
+        return tokenizer.token_bytes(token_id).decode("utf-8", errors="replace")
+    except (GptlabError, AttributeError):
+        return tokenizer.decode([token_id])
+
+
+class TokenStep:
+    """The per-token step of one request; ``advance(logits)`` → the token's event.
+
+    ``top_n`` None: no probabilities; 0: the chosen token's; N: also the N most probable.
+    After each ``advance``, ``reason`` is None while the request goes on (feed ``token``
+    to the model next), else why it finished; ``close()`` then gives the closing event.
+    """
+
+    def __init__(
+        self,
+        config: SampleConfig,
+        tokenizer: Any | None,
+        model: Any,
+        prompt_ids: Sequence[int],
+        *,
+        index: int = 0,
+        top_n: int | None = None,
+    ) -> None:
+        self.config, self.tokenizer, self.index, self.top_n = config, tokenizer, index, top_n
+        self.sampler = Sampler(config, vocab_size(model, tokenizer))
+        self.stops = stop_token_ids(config, tokenizer)
+        self.history = list(prompt_ids)  # prompt + generated: what the penalties look at
+        self.text = TextStream(tokenizer, config.stop) if tokenizer is not None else None
+        self.n_new = 0  # emitted tokens
+        self.sampled = 0  # every sampled token, a stop token included (OpenAI's completion_tokens)
+        self.token: int | None = None
+        self.reason: str | None = "length" if config.max_new_tokens == 0 else None
+        self._noticed = False
+
+    def advance(self, logits: torch.Tensor, full: str | None = None) -> TokenEvent | None:
+        """Choose the next token from ``logits`` (vocab,) → its event, or None for a stop token.
+
+        ``full`` is None while the context has room, else the sentence saying how the window slides.
+        """
+        processed = self.sampler.process(logits, self.history)
+        token = self.sampler.choose(processed)
+        self.sampled += 1
+        if token in self.stops:
+            self.reason = "stop"
+            return None
+        self.history.append(token)
+        self.n_new += 1
+        self.token = token
+        event = TokenEvent(self.text.push(token) if self.text is not None else "", token, index=self.index)
+        if self.top_n is not None:
+            self._probabilities(event, processed)
+        if self.text is not None and self.text.stopped:
+            self.reason = "stop"
+        elif self.n_new >= self.config.max_new_tokens:
+            self.reason = "length"
+        elif full is not None and not self.config.slide:
+            self.reason = "context"
+            event.notice = "generation reached the context limit and stops there (slide=False)"
+        elif full is not None and not self._noticed:
+            self._noticed, event.notice = True, full
+        return event
+
+    def close(self) -> TokenEvent:
+        """The closing event: any held-back text and the finish reason."""
+        tail = self.text.finish() if self.text is not None else ""
+        return TokenEvent(tail, None, finish_reason=self.reason, index=self.index)
+
+    def _probabilities(self, event: TokenEvent, processed: torch.Tensor) -> None:
+        logp = torch.log_softmax(processed, dim=-1)
+        event.logprob = float(logp[event.token_id])
+        event.prob = math.exp(event.logprob)
+        if self.top_n:
+            values, ids = torch.topk(logp, min(self.top_n, logp.numel()))
+            event.top = [
+                Alternative(token_text(self.tokenizer, i), math.exp(v), i, v)
+                for v, i in zip(values.tolist(), ids.tolist(), strict=True)
+            ]

@@ -1,0 +1,137 @@
+"""Errors in OpenAI's shape: ``{"error": {"message", "type", "param", "code"}}`` with a status.
+
+400 bad input, 401 bad key, 404 unknown model or route, 405 wrong method, 413 body too
+large, 500 a bug. ``install(app)`` makes every exception of the app answer that way.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from gptlab.errors import GptlabError
+
+log = logging.getLogger("gptlab.serve")
+
+
+def error_body(message: str, type: str, param: str | None = None, code: str | None = None) -> dict:  # noqa: A002
+    """OpenAI's error object."""
+    return {"error": {"message": message, "type": type, "param": param, "code": code}}
+
+
+def error_response(
+    status: int,
+    message: str,
+    param: str | None = None,
+    code: str | None = None,
+    type: str = "invalid_request_error",  # noqa: A002 - OpenAI's field name
+) -> JSONResponse:
+    return JSONResponse(error_body(message, type, param, code), status_code=status)
+
+
+class APIError(Exception):
+    """An error answered as OpenAI's error object."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        param: str | None = None,
+        code: str | None = None,
+        type: str = "invalid_request_error",  # noqa: A002 - OpenAI's field name
+    ) -> None:
+        super().__init__(message)
+        self.status, self.message, self.param, self.code, self.type = status, message, param, code, type
+
+    def body(self) -> dict[str, Any]:
+        return error_body(self.message, self.type, self.param, self.code)
+
+    def response(self) -> JSONResponse:
+        return JSONResponse(self.body(), status_code=self.status)
+
+
+def generation_error(message: str, status: int) -> APIError:
+    """A choice that ended with an error event of the scheduler (400 bad input, 500 a bug)."""
+    return APIError(status, message, type="invalid_request_error" if status < 500 else "server_error")
+
+
+def not_found_model(name: str, served: str) -> APIError:
+    return APIError(
+        404,
+        f"the model {name!r} does not exist; this server serves {served!r}",
+        param="model",
+        code="model_not_found",
+    )
+
+
+# What a field with several accepted types must be (pydantic reports each alternative separately).
+UNION_FIELDS = {
+    "prompt": "a string, a list of strings, a list of token ids, or a list of lists of token ids",
+    "stop": "a string, a list of strings, or null",
+    "content": "a string, a list of content parts, or null",
+}
+
+
+def validation_error(errors: Sequence[Any]) -> APIError:
+    """The first validation problem as a 400, naming the field (``messages.0.role``) and the value."""
+    first = errors[0] if errors else {}
+    loc = [x for x in first.get("loc", ()) if x != "body"]
+    got = first.get("input")
+    message = first.get("msg", "invalid request")
+    # a union's alternatives add a type tag to the location (``prompt.str``): name the field instead
+    for i, part in enumerate(loc):
+        if part in UNION_FIELDS and i + 1 < len(loc) and isinstance(loc[i + 1], str):
+            loc, message = loc[: i + 1], f"must be {UNION_FIELDS[part]}"
+            errors = [e for e in errors if [x for x in e.get("loc", ()) if x != "body"][: i + 1] != loc]
+            got = got if not isinstance(got, list | dict) else None
+            break
+    param = ".".join(str(x) for x in loc) or None
+    detail = f"{param}: {message}" if param else message
+    if param and not isinstance(got, dict | list):
+        detail += f" (got {json.dumps(got) if _jsonable(got) else repr(got)})"
+    more = len(errors) - 1 if errors and errors[0] is first else len(errors)
+    if more > 0:
+        detail += f"; and {more} more problem(s)"
+    return APIError(400, detail, param=param, code=first.get("type"))
+
+
+def _jsonable(value: Any) -> bool:
+    try:
+        json.dumps(value)
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
+def install(app: FastAPI) -> None:
+    """Answer every error of ``app`` in OpenAI's shape."""
+
+    @app.exception_handler(APIError)
+    async def _api_error(request: Request, exc: APIError) -> JSONResponse:
+        return exc.response()
+
+    @app.exception_handler(GptlabError)
+    async def _gptlab_error(request: Request, exc: GptlabError) -> JSONResponse:
+        return error_response(400, str(exc))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        codes = {404: "not_found", 405: "method_not_allowed"}
+        message = f"{request.method} {request.url.path}: {exc.detail}"
+        return error_response(exc.status_code, message, code=codes.get(exc.status_code))
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+        return validation_error(exc.errors()).response()
+
+    @app.exception_handler(Exception)
+    async def _internal_error(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("unhandled error on %s", request.url.path)
+        return error_response(500, f"internal error: {type(exc).__name__}", type="server_error")

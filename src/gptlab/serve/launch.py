@@ -1,0 +1,51 @@
+"""Starting a server: can this address be listened on, is it this machine only, and the model to serve."""
+
+from __future__ import annotations
+
+import ipaddress
+import socket
+from typing import Any
+
+from gptlab.errors import GptlabError
+
+
+def is_loopback(host: str) -> bool:
+    """True for ``localhost`` and loopback addresses (127.0.0.0/8, ::1)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def check_bind(host: str, port: int) -> None:
+    """Fail early, with one line, if ``host:port`` cannot be listened on (in use, not this machine's)."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        raise GptlabError(
+            f"--host {host!r} is not an address this machine can resolve: {exc.strerror}"
+        ) from None
+    family, _, _, _, address = infos[0]
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(address)
+        except OSError as exc:
+            raise GptlabError(
+                f"cannot listen on {host}:{port}: {exc.strerror or exc}; choose another --port or --host"
+            ) from None
+
+
+def load_for_serving(checkpoint: str, dtype: str) -> tuple[Any, Any]:
+    """The checkpoint's model (weights in ``dtype``) and its tokenizer, which serving needs."""
+    import gptlab
+
+    model, tokenizer = gptlab.load(checkpoint)
+    if tokenizer is None:
+        raise GptlabError(
+            f"{checkpoint}: the checkpoint has no tokenizer.json; serving needs one "
+            "(save the model with its tokenizer: gptlab.save(model, tokenizer, dir))"
+        )
+    return gptlab.quantize(model, dtype), tokenizer

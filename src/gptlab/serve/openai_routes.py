@@ -1,0 +1,205 @@
+"""OpenAI's routes: ``/v1/completions``, ``/v1/chat/completions`` and ``/v1/models``.
+
+Completions and chat share one path (``respond``) for streaming, collecting, usage and
+warnings; a ``_Shape`` holds only what differs between them: object names and how a
+choice, a streamed piece and its ``logprobs`` look.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+
+from gptlab.generate.step import TokenEvent, token_text
+from gptlab.serve.errors import APIError, not_found_model
+from gptlab.serve.generation import Generation
+from gptlab.serve.logprobs import chat_logprobs, completion_logprobs
+from gptlab.serve.scheduler import EndEvent
+from gptlab.serve.schemas import ChatCompletionRequest, CompletionRequest
+from gptlab.serve.service import Service
+from gptlab.serve.transport import DONE, read_request, sse, sse_response, watched
+
+
+class _Shape:
+    """What a choice looks like; the base has what completions and chat share."""
+
+    object = chunk_object = prefix = ""
+
+    def __init__(self, service: Service, gen: Generation, logprobs: bool) -> None:
+        self.tokenizer, self.gen, self.logprobs = service.tokenizer, gen, logprobs
+
+    def opening(self) -> list[dict[str, Any]]:
+        """Choices streamed before the first token."""
+        return []
+
+    def piece(self, event: TokenEvent) -> dict[str, Any] | None:
+        """The streamed choice for one event (None: nothing to send)."""
+        raise NotImplementedError
+
+    def ending(self, end: EndEvent) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def choice(self, index: int, events: Sequence[TokenEvent], end: EndEvent) -> dict[str, Any]:
+        """A whole choice (not streamed)."""
+        raise NotImplementedError
+
+    def wants_logprobs(self, event: TokenEvent) -> bool:
+        return self.logprobs and event.token_id is not None
+
+
+class _Completion(_Shape):
+    object = chunk_object = "text_completion"
+    prefix = "cmpl"
+
+    def __init__(self, service: Service, gen: Generation, req: CompletionRequest) -> None:
+        super().__init__(service, gen, req.logprobs is not None)
+        self.echo = {job.index: gen.texts[job.index // req.n] if req.echo else "" for job in gen.jobs}
+        self.offset = {i: len(text) for i, text in self.echo.items()}  # text_offset of the next token
+
+    def _choice(self, index: int, text: str, logprobs: Any, finish: str | None) -> dict[str, Any]:
+        return {"text": text, "index": index, "logprobs": logprobs, "finish_reason": finish}
+
+    def opening(self) -> list[dict[str, Any]]:
+        return [self._choice(i, text, None, None) for i, text in self.echo.items() if text]
+
+    def piece(self, event: TokenEvent) -> dict[str, Any] | None:
+        logprobs = None
+        if self.wants_logprobs(event):
+            logprobs = completion_logprobs(self.tokenizer, [event], self.offset[event.index])
+            self.offset[event.index] += len(token_text(self.tokenizer, event.token_id))
+        if not event.text and logprobs is None:
+            return None
+        return self._choice(event.index, event.text, logprobs, None)
+
+    def ending(self, end: EndEvent) -> dict[str, Any]:
+        return self._choice(end.index, "", None, end.finish_reason)
+
+    def choice(self, index: int, events: Sequence[TokenEvent], end: EndEvent) -> dict[str, Any]:
+        echo = self.echo[index]
+        logprobs = completion_logprobs(self.tokenizer, events, len(echo)) if self.logprobs else None
+        return self._choice(index, echo + "".join(e.text for e in events), logprobs, end.finish_reason)
+
+
+class _Chat(_Shape):
+    object, chunk_object, prefix = "chat.completion", "chat.completion.chunk", "chatcmpl"
+
+    def __init__(self, service: Service, gen: Generation, req: ChatCompletionRequest) -> None:
+        super().__init__(service, gen, req.logprobs)
+        self.started = {job.index: False for job in gen.jobs}  # the reply's leading whitespace is dropped
+
+    def _choice(self, index: int, delta: dict, logprobs: Any, finish: str | None) -> dict[str, Any]:
+        return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
+
+    def opening(self) -> list[dict[str, Any]]:
+        return [
+            self._choice(job.index, {"role": "assistant", "content": ""}, None, None) for job in self.gen.jobs
+        ]
+
+    def piece(self, event: TokenEvent) -> dict[str, Any] | None:
+        text = event.text if self.started[event.index] else event.text.lstrip()
+        self.started[event.index] = self.started[event.index] or bool(text)
+        logprobs = chat_logprobs(self.tokenizer, [event]) if self.wants_logprobs(event) else None
+        if not text and logprobs is None:
+            return None
+        return self._choice(event.index, {"content": text}, logprobs, None)
+
+    def ending(self, end: EndEvent) -> dict[str, Any]:
+        return self._choice(end.index, {}, None, end.finish_reason)
+
+    def choice(self, index: int, events: Sequence[TokenEvent], end: EndEvent) -> dict[str, Any]:
+        return {
+            "index": index,
+            "message": {"role": "assistant", "content": "".join(e.text for e in events).lstrip()},
+            "logprobs": chat_logprobs(self.tokenizer, events) if self.logprobs else None,
+            "finish_reason": end.finish_reason,
+        }
+
+
+async def respond(
+    request: Request, service: Service, gen: Generation, shape: _Shape, stream: bool, include_usage: bool
+) -> Response:
+    """The response for ``gen``: SSE chunks then ``[DONE]``, or one JSON body; usage and warnings in both."""
+    cid, now = f"{shape.prefix}-{uuid.uuid4().hex[:24]}", int(time.time())
+
+    def envelope(choices: list[dict[str, Any]], obj: str) -> dict[str, Any]:
+        return {"id": cid, "object": obj, "created": now, "model": service.model_name, "choices": choices}
+
+    ends: list[EndEvent] = []
+
+    async def choices() -> AsyncIterator[dict[str, Any]]:
+        for choice in shape.opening():
+            yield choice
+        async for event in watched(request, gen):
+            if isinstance(event, EndEvent):
+                ends.append(event)
+                yield shape.ending(event)
+            elif (choice := shape.piece(event)) is not None:
+                yield choice
+
+    if stream:
+
+        async def lines() -> AsyncIterator[str]:
+            first = True
+            try:
+                async for choice in choices():
+                    payload = envelope([choice], shape.chunk_object)
+                    if first and gen.warnings:
+                        payload["warnings"] = gen.warnings
+                    first = False
+                    yield sse(payload)
+                if include_usage:
+                    yield sse({**envelope([], shape.chunk_object), "usage": gen.usage(ends)})
+            except APIError as exc:
+                yield sse(exc.body())
+            yield DONE
+
+        return sse_response(lines())
+
+    events: dict[int, list[TokenEvent]] = {job.index: [] for job in gen.jobs}
+    async for event in watched(request, gen):
+        if isinstance(event, EndEvent):
+            ends.append(event)
+        else:
+            events[event.index].append(event)
+    by_index = {e.index: e for e in ends}
+    body = envelope([shape.choice(i, events[i], by_index[i]) for i in sorted(events)], shape.object)
+    body["usage"] = gen.usage(ends)
+    if warnings := gen.all_warnings(ends):
+        body["warnings"] = warnings
+    return JSONResponse(body)
+
+
+def router(service: Service) -> APIRouter:
+    """OpenAI's routes over ``service``."""
+    r = APIRouter()
+
+    @r.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        return {"object": "list", "data": [service.model_card()]}
+
+    @r.get("/v1/models/{model_id:path}")
+    async def one_model(model_id: str) -> dict[str, Any]:
+        if model_id != service.model_name:
+            raise not_found_model(model_id, service.model_name)
+        return service.model_card()
+
+    @r.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        req = await read_request(request, service, CompletionRequest)
+        gen = service.completion(req)
+        return await respond(
+            request, service, gen, _Completion(service, gen, req), req.stream, req.include_usage()
+        )
+
+    @r.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        req = await read_request(request, service, ChatCompletionRequest)
+        gen = service.chat(req)
+        return await respond(request, service, gen, _Chat(service, gen, req), req.stream, req.include_usage())
+
+    return r

@@ -1,0 +1,369 @@
+"""The service behind the HTTP API, testable without HTTP: requests in, ``Generation``\\ s out.
+
+    parse(body bytes, schema)      JSON → a validated request (OpenAI's error shape on failure)
+    completion / chat / generate   a request → prompt ids (cut to leave room for max_tokens)
+                                   → SampleConfig per choice → jobs on the scheduler
+    Generation.events()            the jobs' TokenEvents and EndEvents, as they come (generation.py)
+
+Chat prompts are built in one place, ``Service.chat_prompt``, with the model's own chat template
+(or a fallback: ``tokenizers/chat.py``); a chat that does not fit
+the context drops its oldest turns first (the system message stays).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Sequence
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ValidationError
+
+from gptlab.errors import GptlabError
+from gptlab.generate import SampleConfig
+from gptlab.generate.step import fit_prompt, prompt_budget, token_text
+from gptlab.serve import schemas
+from gptlab.serve.errors import APIError, not_found_model, validation_error
+from gptlab.serve.generation import Generation
+from gptlab.serve.scheduler import Channel, EndEvent, Job, Scheduler
+from gptlab.serve.schemas import (
+    ChatCompletionRequest,
+    ChatMessage,
+    CompletionRequest,
+    GenerateRequest,
+    SamplingFields,
+)
+from gptlab.tokenizers.chat import FALLBACK_STOPS, ChatTemplate, stop_ids, template_for
+
+M = TypeVar("M", bound=BaseModel)
+
+# Models without a chat template of their own: role-tagged lines (tokenizers/chat.py's "plain").
+CHAT_STOP = FALLBACK_STOPS["plain"]  # a base model continues the dialogue by itself; these end the turn
+MAX_CHOICES = 64  # prompts × n per request
+DEFAULT_CAP = 1024  # max_tokens allowed by default (or the context, if larger): the window slides
+
+
+def _dicts(messages: Sequence[ChatMessage]) -> list[dict[str, str]]:
+    return [{"role": m.role, "content": m.text()} for m in messages]
+
+
+def chat_prompt(messages: Sequence[ChatMessage]) -> str:
+    """The plain chat template: ``"system: …\\nuser: …\\nassistant:"``.
+
+    >>> chat_prompt([ChatMessage(role="user", content="hi")])
+    'user: hi\\nassistant:'
+    """
+    return ChatTemplate.named("plain").render(_dicts(messages))
+
+
+class Service:
+    """The model, its tokenizer and a scheduler, with the rules every endpoint shares."""
+
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        *,
+        model_name: str = "gptlab",
+        max_batch: int = 8,
+        max_tokens_cap: int | None = None,
+        max_body_bytes: int = 1 << 20,
+    ) -> None:
+        if tokenizer is None:
+            raise GptlabError(
+                "the checkpoint has no tokenizer.json; serving needs a tokenizer to turn text into ids"
+            )
+        self.model, self.tokenizer, self.model_name = model, tokenizer, model_name
+        self.context = model.config.block_size
+        self.cap = max_tokens_cap if max_tokens_cap is not None else max(self.context, DEFAULT_CAP)
+        if self.cap < 1:
+            raise GptlabError(f"max_tokens_cap must be at least 1, got {self.cap}")
+        self.max_body_bytes = max_body_bytes
+        self.chat_template = template_for(tokenizer)  # the model's own, else a fallback (tokenizers/chat.py)
+        self.created = int(time.time())
+        model.eval()
+        self.scheduler = Scheduler(model, tokenizer, max_batch=max_batch)
+
+    def close(self) -> None:
+        self.scheduler.close()
+
+    # ------------------------------------------------------------ what the server allows
+    def default_max_tokens(self) -> dict[str, int]:
+        return {
+            "completions": min(16, self.cap),
+            "chat": min(self.context, self.cap),
+            "generate": min(200, self.cap),
+        }
+
+    def limits(self) -> dict[str, Any]:
+        """Everything a client must know not to be refused (``GET /v1/gptlab/limits``)."""
+        return {
+            "object": "gptlab.limits",
+            "model": self.model_name,
+            "context_length": self.context,
+            "max_tokens": self.cap,
+            "default_max_tokens": self.default_max_tokens(),
+            "sliding_window": True,
+            "max_choices": MAX_CHOICES,
+            "max_n": schemas.MAX_N,
+            "max_logprobs": schemas.MAX_LOGPROBS,
+            "max_top_logprobs": schemas.MAX_TOP_LOGPROBS,
+            "max_top_n": schemas.MAX_TOP_N,
+            "max_attention_tokens": min(schemas.MAX_ATTENTION_TOKENS, self.context),
+            "max_body_bytes": self.max_body_bytes,
+            "vocab_size": self.tokenizer.vocab_size,
+            "n_layer": self.model.config.n_layer,
+        }
+
+    def model_card(self) -> dict[str, Any]:
+        return {
+            "id": self.model_name,
+            "object": "model",
+            "created": self.created,
+            "owned_by": "gptlab",
+            "context_length": self.context,
+            "vocab_size": self.tokenizer.vocab_size,
+        }
+
+    def health(self) -> dict[str, Any]:
+        return {
+            "status": "ok",
+            "model": self.model_name,
+            "n_layer": self.model.config.n_layer,
+            **self.scheduler.stats(),
+        }
+
+    # ------------------------------------------------------------ requests
+    def parse(self, raw: bytes, cls: type[M]) -> M:
+        """A request body → a validated ``cls``; bad JSON, deep nesting or bad fields are a 400."""
+        try:
+            data = json.loads(raw)
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise APIError(400, f"malformed JSON in the request body: {exc}", code="invalid_json") from None
+        except RecursionError:
+            raise APIError(
+                400, "the request body is nested too deeply to be a request", code="invalid_json"
+            ) from None
+        if not isinstance(data, dict):
+            raise APIError(
+                400, f"the request body must be a JSON object, got {type(data).__name__}", code="invalid_json"
+            )
+        try:
+            req = cls.model_validate(data)
+        except ValidationError as exc:
+            raise validation_error(exc.errors()) from None
+        except RecursionError:
+            raise APIError(400, "a field of the request is nested too deeply", code="invalid_json") from None
+        if getattr(req, "model", None) not in (None, self.model_name):
+            raise not_found_model(req.model, self.model_name)
+        return req
+
+    def encode(self, text: str, param: str) -> list[int]:
+        try:
+            return self.tokenizer.encode(text, allowed_special="all")
+        except GptlabError as exc:
+            raise APIError(400, f"{param}: {exc}", param=param) from None
+
+    def prompt_ids(self, ids: list[int], label: str, max_tokens: int, warnings: list[str]) -> list[int]:
+        """Check ``ids``; an empty prompt starts from end-of-text; a long one is cut from the left."""
+        vocab = self.tokenizer.vocab_size
+        bad = [i for i in ids if not 0 <= i < vocab]
+        if bad:
+            raise APIError(
+                400, f"{label}: token id {bad[0]} is outside the vocabulary (0..{vocab - 1})", param="prompt"
+            )
+        if not ids:
+            if self.tokenizer.eot_id is None:
+                raise APIError(400, f"{label} is empty; give at least one token of text", param="prompt")
+            return [self.tokenizer.eot_id]  # an empty prompt starts from end-of-text, like GPT-2
+        ids, message = fit_prompt(ids, self.context, max_tokens, label)
+        if message:
+            warnings.append(message)
+        return ids
+
+    def max_tokens(self, req: SamplingFields, default: int) -> int:
+        value = req.max_tokens
+        if isinstance(req, ChatCompletionRequest) and req.max_completion_tokens is not None:
+            value = req.max_completion_tokens
+        value = default if value is None else value
+        if value > self.cap:
+            raise APIError(
+                400,
+                f"max_tokens={value} is more than this server allows ({self.cap}); "
+                f"ask for at most {self.cap} tokens (GET /v1/gptlab/limits lists every limit)",
+                param="max_tokens",
+            )
+        return value
+
+    def logit_bias(self, req: SamplingFields) -> dict[int, float]:
+        """OpenAI's ``{"token id": bias}`` → ``{id: bias}``, each id in the vocabulary, each bias in [-100, 100]."""
+        out = {}
+        for key, bias in (req.logit_bias or {}).items():
+            if not key.isdigit() or int(key) >= self.tokenizer.vocab_size:
+                raise APIError(
+                    400,
+                    f"logit_bias: {key!r} is not a token id of this model (0..{self.tokenizer.vocab_size - 1})",
+                    param="logit_bias",
+                )
+            if not -100 <= bias <= 100:
+                raise APIError(400, f"logit_bias: {bias} is outside [-100, 100]", param="logit_bias")
+            out[int(key)] = bias
+        return out
+
+    def sample_config(
+        self, req: SamplingFields, max_tokens: int, stop: list[str], seed: int | None
+    ) -> SampleConfig:
+        try:
+            return SampleConfig(
+                max_new_tokens=max_tokens,
+                temperature=req.temperature,
+                top_k=req.top_k or None,  # OpenAI-style "off" values (0, 1.0, 0.0) mean no truncation
+                top_p=req.top_p if req.top_p < 1.0 else None,
+                min_p=req.min_p or None,
+                repetition_penalty=req.repetition_penalty,
+                frequency_penalty=req.frequency_penalty,
+                presence_penalty=req.presence_penalty,
+                beam_width=req.beam_width,
+                length_penalty=req.length_penalty,
+                early_stopping=req.early_stopping,
+                stop=stop,
+                stop_tokens=stop_ids(self.tokenizer),  # eos and end-of-turn tokens (<|im_end|> …)
+                seed=seed,
+                logit_bias=self.logit_bias(req),
+            )
+        except GptlabError as exc:
+            raise APIError(400, str(exc)) from None
+
+    def start(
+        self,
+        req: SamplingFields,
+        prompts: list[list[int]],
+        max_tokens: int,
+        stop: list[str],
+        *,
+        top_n: int | None = None,
+        warnings: list[str] | None = None,
+    ) -> Generation:
+        """One job per prompt × ``n`` on the scheduler (choice ``p·n + i``, seed ``seed + i``)."""
+        self.check_choices(len(prompts), req.n)
+        if top_n is not None and req.beam_width > 1:
+            raise APIError(
+                400, "logprobs are not available with beam search (beam_width > 1)", param="logprobs"
+            )
+        configs = [
+            self.sample_config(req, max(max_tokens, 1), stop, None if req.seed is None else req.seed + i)
+            for i in range(req.n)
+        ]
+        channel = Channel(asyncio.get_running_loop())
+        jobs = [
+            Job(ids, configs[i], channel, index=p * req.n + i, top_n=top_n)
+            for p, ids in enumerate(prompts)
+            for i in range(req.n)
+        ]
+        gen = Generation(channel, jobs, sum(map(len, prompts)), warnings or [])
+        if max_tokens == 0:  # nothing to generate: answer at once
+            for job in jobs:
+                job.ended = True
+                channel.put(EndEvent(job.index, "length", 0))
+            return gen
+        for job in jobs:
+            self.scheduler.submit(job)
+        return gen
+
+    def check_choices(self, n_prompts: int, n: int) -> None:
+        if n_prompts * n > MAX_CHOICES:
+            raise APIError(
+                400,
+                f"{n_prompts} prompt(s) × n={n} is more than {MAX_CHOICES} choices per request; "
+                f"split the request",
+                param="n" if n > 1 else "prompt",
+            )
+
+    # ------------------------------------------------------------ the three generating endpoints
+    def completion(self, req: CompletionRequest) -> Generation:
+        """``/v1/completions``: prompt as text, texts, token ids, or lists of token ids."""
+        raw = req.prompt
+        if isinstance(raw, str):
+            items: list[str | list[int]] = [raw]
+        elif raw and all(isinstance(x, int) for x in raw):
+            items = [list(raw)]  # type: ignore[arg-type]
+        else:
+            items = list(raw)  # type: ignore[arg-type]
+        if not items:
+            raise APIError(400, "prompt is an empty list; give a string or a list of strings", param="prompt")
+        self.check_choices(len(items), req.n)  # before any encoding
+        max_tokens = self.max_tokens(req, self.default_max_tokens()["completions"])
+        warnings: list[str] = []
+        prompts = []
+        for p, item in enumerate(items):
+            label = "prompt" if len(items) == 1 else f"prompt[{p}]"
+            ids = self.encode(item, "prompt") if isinstance(item, str) else item
+            prompts.append(self.prompt_ids(ids, label, max_tokens, warnings))
+        gen = self.start(req, prompts, max_tokens, req.stop_list(), top_n=req.logprobs, warnings=warnings)
+        gen.texts = [
+            item if isinstance(item, str) else self.tokenizer.decode(ids)
+            for item, ids in zip(items, prompts, strict=True)
+        ]
+        return gen
+
+    def chat(self, req: ChatCompletionRequest) -> Generation:
+        """``/v1/chat/completions``: the messages through the chat template, stopping at the end of the turn."""
+        if req.top_logprobs is not None and not req.logprobs:
+            raise APIError(400, "top_logprobs needs logprobs=true", param="top_logprobs")
+        max_tokens = self.max_tokens(req, self.default_max_tokens()["chat"])
+        warnings: list[str] = []
+        ids = self.chat_ids(req.messages, max_tokens, warnings)
+        top_n = (req.top_logprobs or 0) if req.logprobs else None
+        return self.start(
+            req,
+            [ids],
+            max_tokens,
+            [*req.stop_list(), *self.chat_template.stop_strings],
+            top_n=top_n,
+            warnings=warnings,
+        )
+
+    def generate(self, req: GenerateRequest) -> Generation:
+        """``/v1/gptlab/generate`` (the playground): one prompt, with probabilities per token."""
+        max_tokens = self.max_tokens(req, self.default_max_tokens()["generate"])
+        warnings: list[str] = []
+        ids = self.prompt_ids(self.encode(req.prompt, "prompt"), "prompt", max_tokens, warnings)
+        return self.start(req, [ids], max_tokens, req.stop_list(), top_n=req.top_n, warnings=warnings)
+
+    # ------------------------------------------------------------ chat
+    def chat_prompt(self, messages: Sequence[ChatMessage]) -> str:
+        """The one place a chat becomes a prompt: the model's chat template (``tokenizers/chat.py``)."""
+        try:
+            return self.chat_template.render(_dicts(messages))
+        except GptlabError as exc:
+            raise APIError(400, f"messages: {exc}", param="messages") from None
+
+    def chat_ids(self, messages: Sequence[ChatMessage], max_tokens: int, warnings: list[str]) -> list[int]:
+        """The chat's prompt ids; a chat too long for the context drops its oldest turns first.
+
+        System (and developer) messages and the last message stay; if those alone are too long,
+        the prompt is cut from the left like any other.
+        """
+        budget = prompt_budget(self.context, max_tokens)
+        kept = list(messages)
+        sizes = [len(self.encode(self.chat_prompt([m]), "messages")) for m in kept]  # linear, not quadratic
+        dropped = 0
+        while sum(sizes) > budget:
+            i = next((i for i, m in enumerate(kept[:-1]) if m.role not in ("system", "developer")), None)
+            if i is None:
+                break
+            del kept[i], sizes[i]
+            dropped += 1
+        if dropped:
+            warnings.append(
+                f"the chat does not fit the context (block_size={self.context}) with room for "
+                f"{max_tokens} tokens; its {dropped} oldest message(s) were left out (system messages stay)"
+            )
+        return self.prompt_ids(
+            self.encode(self.chat_prompt(kept), "messages"), "the chat prompt", max_tokens, warnings
+        )
+
+    # ------------------------------------------------------------ the playground's extras
+    def token_texts(self, ids: Sequence[int]) -> list[str]:
+        return [token_text(self.tokenizer, i) for i in ids]

@@ -1,0 +1,252 @@
+"""Byte-level BPE vocabularies that come with pretrained models (GGUF metadata, ``tokenizer.json``).
+
+Blueprint stage 1: tokenize(s) = [vocab[τ_i] | τ_i ∈ BPE_segment(s, M)], with the model's own
+vocabulary and merges M. A source gives
+
+* ``tokens[id]``, spelled in GPT-2's byte alphabet (``"Ġcat"`` is ``b" cat"``);
+* ``merges`` ``"Ġ c"`` in priority order (merge ``i`` joins the pair ``i``-th);
+* the special tokens (``<|im_start|>``, ``<|im_end|>`` …) with their ids, and which are bos / eos;
+* the split pattern (``patterns.py``), chosen by the source's pre-tokenizer type.
+
+Encoding is ``ranked.py``'s rule with rank(token) = its id. That equals Hugging Face's BPE (lowest
+merge priority first) when the ids of the merged tokens rise with the merge order, which the
+constructor checks, so the Rust back-end (tiktoken) gives the model's ids. Bytes that have no token
+(a vocabulary learned from UTF-8 text may lack ``\\x04``) are left out, as Hugging Face's BPE does;
+text holding one is encoded by the Python path, which knows how.
+
+    >>> tok = PretrainedTokenizer(["<s>", *[bytes_to_token(bytes([b])) for b in range(256)], "ab"],
+    ...                           ["a b"], special_ids=[0], eos_id=0)
+    >>> tok.encode("abc"), tok.eot_id
+    ([257, 100], 0)
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from functools import lru_cache
+from typing import Any
+
+from gptlab.errors import GptlabError
+from gptlab.tokenizers.base import AllowedSpecial, Tokenizer, as_id_list
+from gptlab.tokenizers.byte_unicode import bytes_to_token, char_to_byte
+from gptlab.tokenizers.ranked import RankedTokenizer
+
+#: Special tokens that end an assistant's turn in the chat formats gptlab knows; generation stops there.
+END_OF_TURN = ("<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<|end|>", "<end_of_turn>", "<|end_of_text|>")
+
+#: A source's pre-tokenizer type (GGUF ``tokenizer.ggml.pre``, llama.cpp's names) → split pattern name.
+PRE_TOKENIZERS = {
+    "default": "gpt2",
+    "gpt2": "gpt2",
+    "gpt-2": "gpt2",
+    "mpt": "gpt2",
+    "olmo": "gpt2",
+    "jais": "gpt2",
+    "smollm": "gpt2-digits",
+    "starcoder": "gpt2-digits",
+    "refact": "gpt2-digits",
+    "codeshell": "gpt2-digits",
+    "llama3": "gpt4",
+    "llama-v3": "gpt4",
+    "llama-bpe": "gpt4",
+    "dbrx": "gpt4",
+    "smaug-bpe": "gpt4",
+    "qwen2": "qwen2",
+    "deepseek-r1-qwen": "qwen2",
+    "stablelm2": "qwen2",
+}
+
+
+def pattern_for(pre: str | None) -> str:
+    """The split pattern of a pre-tokenizer type; an unknown type is a ``GptlabError`` naming it."""
+    name = "default" if pre is None else pre
+    if name not in PRE_TOKENIZERS:
+        raise GptlabError(
+            f"pre-tokenizer type {name!r} is not supported; gptlab knows {', '.join(sorted(PRE_TOKENIZERS))}"
+        )
+    return PRE_TOKENIZERS[name]
+
+
+@lru_cache(maxsize=1)
+def _alphabet() -> tuple[re.Pattern[str], dict[int, int]]:
+    """A regex matching strings of GPT-2's byte alphabet, and the table ``str.translate`` undoes it with."""
+    table = char_to_byte()
+    chars = "".join(re.escape(c) for c in table)
+    return re.compile(f"[{chars}]+"), {ord(c): b for c, b in table.items()}
+
+
+def spelled_bytes(token: str) -> bytes:
+    """A token's bytes: GPT-2's byte alphabet undone, or its UTF-8 if it is not spelled in that alphabet.
+
+    >>> spelled_bytes("Ġcat"), spelled_bytes("é→")
+    (b' cat', b'\\xc3\\xa9\\xe2\\x86\\x92')
+    """
+    spelled, table = _alphabet()
+    if spelled.fullmatch(token):
+        return token.translate(table).encode("latin-1")
+    return token.encode("utf-8")
+
+
+def _pair(merge: str | Sequence[str], i: int) -> tuple[str, str]:
+    parts = merge.split(" ") if isinstance(merge, str) else list(merge)
+    if len(parts) == 2 and parts[0] and parts[1]:
+        return parts[0], parts[1]
+    if len(parts) != 2 or not all(isinstance(p, str) and p for p in parts):
+        raise GptlabError(f"merge {i} is {merge!r}; a merge is two tokens, 'left right'")
+    return parts[0], parts[1]
+
+
+class PretrainedTokenizer(RankedTokenizer):
+    """A pretrained model's byte-level BPE: its tokens, merges, special tokens, bos/eos and chat template."""
+
+    kind = "pretrained"
+    drop_missing_bytes = True
+
+    def __init__(
+        self,
+        tokens: Sequence[str],
+        merges: Sequence[str | Sequence[str]],
+        special_ids: Iterable[int] = (),
+        pattern: str = "gpt2",
+        bos_id: int | None = None,
+        eos_id: int | None = None,
+        add_bos: bool = False,
+        chat_template: str | None = None,
+        backend: str = "auto",
+    ) -> None:
+        tokens = list(tokens)
+        if not tokens or not all(isinstance(t, str) and t for t in tokens):
+            raise GptlabError("a pretrained vocabulary must be a non-empty list of non-empty token strings")
+        special_ids = sorted(set(special_ids))
+        for i in (*special_ids, bos_id, eos_id):
+            if i is not None and not (isinstance(i, int) and 0 <= i < len(tokens)):
+                raise GptlabError(f"special token id {i!r} is outside the vocabulary (0..{len(tokens) - 1})")
+        specials = {tokens[i]: i for i in special_ids}
+        special_set = set(specials.values())
+        spelled = [t.encode("utf-8") if i in special_set else spelled_bytes(t) for i, t in enumerate(tokens)]
+        ids: dict[bytes, int] = {}
+        for i, token in enumerate(spelled):
+            if i not in special_set:
+                ids.setdefault(token, i)
+        by_text = dict(zip(tokens, spelled))
+        pairs = [_pair(m, i) for i, m in enumerate(merges)]
+        self.tokens, self.merges = tokens, [f"{a} {b}" for a, b in pairs]
+        ranks = {t: i for t, i in ids.items() if len(t) == 1}
+        last = -1
+        for n, (left, right) in enumerate(pairs):
+            made = by_text.get(left, b"") + by_text.get(right, b"")
+            if left not in by_text or right not in by_text:
+                made = spelled_bytes(left) + spelled_bytes(right)
+            if made not in ids:
+                raise GptlabError(
+                    f"merge {n} ({self.merges[n]!r}) makes a token that is not in the vocabulary"
+                )
+            if ids[made] <= last:
+                raise GptlabError(
+                    f"merge {n} ({self.merges[n]!r}) makes id {ids[made]}, not above the previous merge's {last}; "
+                    "gptlab needs ids in merge order"
+                )
+            ranks[made] = last = ids[made]
+        super().__init__(ranks, pattern, specials, backend=backend)
+        # tokens no merge reaches (and duplicates) can still be generated: decode them too
+        decoder = dict(self._decoder)
+        for i, token in enumerate(spelled):
+            decoder.setdefault(i, token)
+        self._set_decoder(decoder)
+        self._drop_re = re.compile(b"[" + re.escape(self._drop) + b"]") if self._drop else None
+        self.bos_id, self.eos_id, self.add_bos = bos_id, eos_id, bool(add_bos)
+        self.chat_template = chat_template
+
+    # ------------------------------------------------------------ the source's tokens
+    @property
+    def eot_id(self) -> int | None:
+        """The source's end-of-sequence id (generation stops there), else ``<|endoftext|>``'s."""
+        return self.eos_id if self.eos_id is not None else super().eot_id
+
+    @property
+    def bos_token(self) -> str | None:
+        return None if self.bos_id is None else self.tokens[self.bos_id]
+
+    @property
+    def eos_token(self) -> str | None:
+        return None if self.eos_id is None else self.tokens[self.eos_id]
+
+    @property
+    def stop_ids(self) -> list[int]:
+        """Ids that end a reply: eos and the end-of-turn tokens this vocabulary has."""
+        ids = [self.special_tokens[t] for t in END_OF_TURN if t in self.special_tokens]
+        return sorted({*ids, *([self.eos_id] if self.eos_id is not None else [])})
+
+    # ------------------------------------------------------------------ encoding
+    def _has_dropped(self, text: str) -> bool:
+        return self._drop_re is not None and self._drop_re.search(text.encode("utf-8")) is not None
+
+    def _encode_ordinary(self, text: str) -> list[int]:
+        if self._has_dropped(text):  # tiktoken cannot encode a byte that has no token
+            return self._encode_python(text)
+        return super()._encode_ordinary(text)
+
+    def encode(self, text: str, allowed_special: AllowedSpecial = frozenset()) -> list[int]:
+        if isinstance(text, str) and self._has_dropped(text):
+            return Tokenizer.encode(self, text, allowed_special)
+        return super().encode(text, allowed_special)
+
+    encode.__doc__ = Tokenizer.encode.__doc__
+
+    def decode_bytes(self, ids: Iterable[int]) -> bytes:
+        return Tokenizer.decode_bytes(self, as_id_list(ids))
+
+    decode_bytes.__doc__ = Tokenizer.decode_bytes.__doc__
+
+    # ----------------------------------------------------------------- save / load
+    def _payload(self) -> dict[str, Any]:
+        return {
+            "pattern": self.pattern,
+            "tokens": self.tokens,
+            "merges": self.merges,
+            "bos_id": self.bos_id,
+            "eos_id": self.eos_id,
+            "add_bos": self.add_bos,
+        }
+
+    @classmethod
+    def _from_payload(cls, d: Mapping[str, Any], special_tokens: dict[str, int]) -> PretrainedTokenizer:
+        return cls(
+            d["tokens"],
+            d["merges"],
+            special_ids=special_tokens.values(),
+            pattern=d["pattern"],
+            bos_id=d.get("bos_id"),
+            eos_id=d.get("eos_id"),
+            add_bos=bool(d.get("add_bos", False)),
+        )
+
+    @classmethod
+    def from_gguf_fields(cls, fields: Mapping[str, Any]) -> PretrainedTokenizer:
+        """From GGUF ``tokenizer.*`` metadata (``tokenizer.ggml.model`` must be ``"gpt2"``: byte-level BPE).
+
+        Tokens of type 3 (control) and 4 (user-defined) are the special tokens.
+        """
+        model = fields.get("tokenizer.ggml.model")
+        if model != "gpt2":
+            raise GptlabError(
+                f"tokenizer model {model!r} is not supported; gptlab reads byte-level BPE ('gpt2') vocabularies"
+            )
+        tokens, merges = fields.get("tokenizer.ggml.tokens"), fields.get("tokenizer.ggml.merges")
+        if not tokens or merges is None:
+            raise GptlabError("the file has no tokenizer.ggml.tokens / tokenizer.ggml.merges")
+        types = fields.get("tokenizer.ggml.token_type") or []
+        return cls(
+            tokens,
+            merges,
+            special_ids=[i for i, t in enumerate(types) if t in (3, 4)],
+            pattern=pattern_for(fields.get("tokenizer.ggml.pre")),
+            bos_id=fields.get("tokenizer.ggml.bos_token_id"),
+            eos_id=fields.get("tokenizer.ggml.eos_token_id"),
+            add_bos=bool(fields.get("tokenizer.ggml.add_bos_token", False)),
+            chat_template=fields.get("tokenizer.chat_template"),
+        )
+
+
+__all__ = ["END_OF_TURN", "PRE_TOKENIZERS", "PretrainedTokenizer", "bytes_to_token", "pattern_for"]

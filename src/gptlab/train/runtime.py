@@ -1,0 +1,91 @@
+"""What a training process sets up around the loop: CPU threads, autocast, ``torch.compile``,
+RNG states for checkpoints, and Ctrl-C / SIGTERM as a request to save and stop."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import warnings
+from typing import Any
+
+import torch
+
+from gptlab.compiling import can_compile
+from gptlab.errors import GptlabError
+from gptlab.train.config import TrainConfig
+
+AUTOCAST_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def autocast(device_type: str, dtype: str) -> contextlib.AbstractContextManager[Any]:
+    if dtype == "float32":
+        return contextlib.nullcontext()
+    if dtype == "float16" and device_type != "cuda":
+        raise GptlabError(
+            "dtype=float16 needs a CUDA device (it uses a gradient scaler); use dtype=bfloat16 on CPU"
+        )
+    return torch.autocast(device_type=device_type, dtype=AUTOCAST_DTYPES[dtype])
+
+
+def compile_forward(forward: Any, device_type: str) -> Any:
+    """``torch.compile`` the training forward (the model, or its DDP wrapper), or return it unchanged.
+
+    The whole model is one graph: the forward and backward each run as a handful of fused
+    kernels around the matrix products (a step of the reference recipe: 27 ms compiled, 33 ms
+    eager; compiling block by block costs half the cold compile but runs ~10 % slower).
+    Checkpoints save the uncompiled model, so parameter names do not change. On a CPU,
+    inductor needs a C++ compiler; without one the run warns and trains uncompiled.
+    """
+    if not can_compile(device_type):
+        warnings.warn(
+            "compile=true needs a C++ compiler on CPU (none found: install g++ or set CXX); "
+            "training uncompiled",
+            stacklevel=2,
+        )
+        return forward
+    return torch.compile(forward)
+
+
+def rng_state(device_type: str) -> dict[str, torch.Tensor]:
+    state = {"torch": torch.get_rng_state()}
+    if device_type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state()
+    return state
+
+
+def set_rng_state(state: dict[str, torch.Tensor], device_type: str) -> None:
+    torch.set_rng_state(state["torch"])
+    if device_type == "cuda" and "cuda" in state:
+        torch.cuda.set_rng_state(state["cuda"])
+
+
+def threads(cfg: TrainConfig, world: int) -> int:
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:
+        cores = os.cpu_count() or 1
+    return cfg.threads or max(1, cores // world)
+
+
+class StopFlag:
+    """Ctrl-C (SIGINT) or SIGTERM asks the loop to save and stop after the current step; a second Ctrl-C aborts."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        self._old: dict[int, Any] = {}
+
+    def __enter__(self) -> StopFlag:
+        with contextlib.suppress(ValueError):  # not the main thread: no handlers
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._old[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if self.requested and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        self.requested = True
+
+    def __exit__(self, *exc: Any) -> None:
+        for sig, old in self._old.items():
+            signal.signal(sig, old)
