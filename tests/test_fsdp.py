@@ -248,3 +248,35 @@ def test_local_bytes_counts_weights_gradients_and_moments():
     opt.step()
     n = sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
     assert local_bytes(model, opt) == {"params": 4 * n, "grads": 4 * n, "optimizer": 8 * n}
+
+
+def test_fsdp_mixed_precision_follows_dtype(tmp_path):
+    """dtype=bfloat16: blocks run with bf16 weights, the sharded master weights and gradients stay fp32,
+    and the tied head stays the embedding (one process group of one gloo rank, in this process)."""
+    import torch.distributed as dist
+
+    from gptlab.model import GPT, GPTConfig
+    from gptlab.train.distributed import DistInfo
+    from gptlab.train.strategy import STRATEGIES, mixed_precision_policy
+
+    assert mixed_precision_policy("float32").param_dtype is None
+    store = dist.FileStore(str(tmp_path / "store"), 1)
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        cfg = build_config(None, ["strategy=fsdp", "dtype=bfloat16"])
+        model = GPT(GPTConfig.preset("char-tiny", vocab_size=32, n_layer=2, n_embd=32, n_head=2))
+        forward = STRATEGIES["fsdp"].wrap(model, cfg, DistInfo(rank=0, world_size=1, device="cpu"))
+        seen = []
+        model.blocks[0].mlp.register_forward_hook(lambda m, i, o: seen.append(o.dtype))
+        x = torch.randint(0, 32, (2, 8))
+        forward(x, x)[1].backward()
+        assert seen == [torch.bfloat16]
+        assert model.lm_head.weight is model.wte.weight
+        for p in model.parameters():
+            assert (
+                type(p).__name__ == "DTensor" and p.dtype == torch.float32 and p.grad.dtype == torch.float32
+            )
+        with pytest.raises(GptlabError, match="adamw"):
+            STRATEGIES["fsdp"].wrap(model, build_config(None, ["optimizer=muon"]), DistInfo())
+    finally:
+        dist.destroy_process_group()
