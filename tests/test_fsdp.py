@@ -90,18 +90,31 @@ def _weights(run: Path, tmp_path: Path, name: str) -> dict[str, torch.Tensor]:
 
 @pytest.mark.slow
 def test_fsdp_equals_one_process_and_sigkill_resume_is_bitwise(tmp_path):
-    """2 FSDP ranks (B=2, activation checkpointing) = one process (B=4, none) to 1e-5 after 120 steps; the
-    same run SIGKILLed after a checkpoint and resumed is bitwise the uninterrupted one, and resumed on one
-    process (DCP reshards 2 ranks' shards into one) it stays within 1e-5."""
+    """2 FSDP ranks (B=1, 2 accumulated micro-batches, activation checkpointing) = one process (B=4, none)
+    to 1e-5 after 120 steps; the same run SIGKILLed after a checkpoint and resumed is bitwise the
+    uninterrupted one, and resumed on one process (DCP reshards 2 ranks' shards into one) it stays
+    within 1e-5."""
     ds, recipe = _dataset(tmp_path), _recipe(tmp_path)
     steps = ["--config", str(recipe), *SMALL, "model.n_embd=64", "max_steps=120", "ckpt_every=20"]
-    steps += ["keep_last=20", "batch_size=2", "strategy=fsdp", "activation_checkpointing=blocks"]
+    steps += [
+        "keep_last=20",
+        "batch_size=1",
+        "grad_accum=2",
+        "strategy=fsdp",
+        "activation_checkpointing=blocks",
+    ]
     steps += ["reshard_after_forward=false"]  # the resume below reshards after each forward: same numbers
     _finish(_torchrun(2, ["--data", str(ds), "--out", str(tmp_path / "full"), *steps]))
     latest_full = ckpt.resolve_checkpoint(tmp_path / "full")
     assert sharded.is_sharded(latest_full)
     assert len(list((latest_full / sharded.SHARDED_DIR).glob("*.safetensors"))) == 2  # one file per rank
-    one_process = [*steps[2:], "batch_size=4", "strategy=ddp", "activation_checkpointing=none"]
+    one_process = [
+        *steps[2:],
+        "batch_size=4",
+        "grad_accum=1",
+        "strategy=ddp",
+        "activation_checkpointing=none",
+    ]
     train(build_config(str(recipe), one_process), ds, tmp_path / "single")
     full, single = _weights(tmp_path / "full", tmp_path, "a"), _weights(tmp_path / "single", tmp_path, "-")
     assert sorted(full) == sorted(single) and "lm_head.weight" not in full  # the tied head is stored once
@@ -119,7 +132,7 @@ def test_fsdp_equals_one_process_and_sigkill_resume_is_bitwise(tmp_path):
     assert 40 <= latest < 120, "the run must be killed mid-way"
     one = tmp_path / "one"
     shutil.copytree(killed, one)
-    train(build_config(str(recipe), [*steps[2:], "batch_size=4"]), ds, one, resume=True)
+    train(build_config(str(recipe), [*steps[2:], "batch_size=2"]), ds, one, resume=True)
     _finish(_torchrun(2, ["--out", str(killed), "--resume", "reshard_after_forward=true"]))
     resumed = _weights(killed, tmp_path, "b")
     for k in full:
