@@ -213,13 +213,19 @@ def test_a_crash_mid_save_leaves_the_previous_checkpoint(tmp_path, monkeypatch):
         assert torch.equal(v, before[k])
 
 
-def test_truncated_shard_and_sharded_only_commands_fail_in_one_line(tmp_path):
+def test_consolidate_and_one_line_errors(tmp_path, capsys):
+    from gptlab.cli import main
+
     run = _one_process_run(tmp_path, [])
     with pytest.raises(GptlabError, match="convert --consolidate"):
         ckpt.load(run)
-    out = sharded.consolidate(run, tmp_path / "c")
-    model, _ = ckpt.load(out)
+    assert main(["convert", "--consolidate", str(run), "--out", str(tmp_path / "c")]) == 0
+    model, _ = ckpt.load(tmp_path / "c")
     assert model.lm_head.weight is model.wte.weight
+    assert sorted(ckpt.read_tensors(tmp_path / "c" / ckpt.WEIGHTS_FILE)) == sorted(ckpt.model_state(model))
+    capsys.readouterr()
+    assert main(["convert", "--consolidate", str(tmp_path / "c"), "--out", str(tmp_path / "d")]) == 2
+    assert "not a sharded checkpoint" in capsys.readouterr().err
     shard = next((run / "ckpt-1" / sharded.SHARDED_DIR).glob("*.safetensors"))
     shard.write_bytes(shard.read_bytes()[:-100])
     with pytest.raises(GptlabError, match="truncated") as exc:
