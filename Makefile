@@ -6,7 +6,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint format bench venv clean
+.PHONY: demo test test-fast lint format bench venv clean
 
 venv: $(STAMP)
 
@@ -30,8 +30,13 @@ format: $(STAMP)
 	$(VENV)/bin/ruff format src tests bench tools
 	$(VENV)/bin/ruff check --fix src tests bench tools
 
+# every test, the slow ones (marked @pytest.mark.slow) included: what CI runs
 test: lint
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# the tests that take seconds: everything not marked slow
+test-fast: lint
+	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
 
 bench: $(STAMP)
 	$(PY) bench/tokenizer.py

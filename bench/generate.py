@@ -26,6 +26,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
+from gptlab.cli.options import resolve_dtype  # noqa: E402
 from gptlab.generate import BatchSession, SampleConfig  # noqa: E402
 from gptlab.generate.decode import _decode, _start  # noqa: E402
 from gptlab.generate.fused_step import compile_decode, fused_step  # noqa: E402
@@ -80,9 +81,9 @@ def build(preset: str, dtype: str) -> GPT:
 def run_once(model: GPT, prompts: list[list[int]], new_tokens: int) -> tuple[float, float, int]:
     config = SampleConfig(max_new_tokens=new_tokens, temperature=0)
     t0 = time.perf_counter()
-    session, requests = _start(model, None, prompts, config, None)
+    session, rows = _start(model, None, prompts, config, None)
     t1 = time.perf_counter()
-    n = sum(1 for e in _decode(session, requests, config, None, want_probs=False) if e.token_id is not None)
+    n = sum(1 for e in _decode(session, rows) if e.token_id is not None)
     t2 = time.perf_counter()
     return t1 - t0, t2 - t1, n
 
@@ -188,7 +189,12 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--prompt-tokens", type=int, default=32)
     p.add_argument("--new-tokens", type=int, default=128)
-    p.add_argument("--dtype", choices=["fp32", "bf16", "int8"], default="fp32")
+    p.add_argument(
+        "--dtype",
+        choices=["auto", "fp32", "bf16", "int8"],
+        default="auto",
+        help="auto: bf16 where native, else fp32",
+    )
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument(
@@ -211,6 +217,7 @@ def main() -> None:
         print(json.dumps(quality(args.quality)))
         return
     load_start = os.getloadavg()[0]
+    setting, args.dtype = args.dtype, resolve_dtype(args.dtype, "cpu")  # what --dtype auto means here
     model = build(args.preset, args.dtype)
     if args.compile:
         compile_decode(model)  # batch 1: each decode step one compiled graph
@@ -232,6 +239,7 @@ def main() -> None:
     result = {
         "preset": args.preset,
         "dtype": args.dtype,
+        "dtype_setting": setting,
         "batch": args.batch,
         "prompt_tokens": args.prompt_tokens,
         "new_tokens": args.new_tokens,

@@ -45,6 +45,7 @@ def main() -> int:
     )
     parser.add_argument("--max-steps", type=int, help="override the recipe's max_steps")
     parser.add_argument("--keep", help="keep the run directory here instead of a temporary one")
+    parser.add_argument("--steady-skip", type=int, default=50, help="steps left out of the steady state (50)")
     parser.add_argument("overrides", nargs="*", metavar="key=value")
     args = parser.parse_args()
 
@@ -63,7 +64,8 @@ def main() -> int:
         data_dir, run_dir = Path(tmp) / "data", Path(args.keep or Path(tmp) / "run")
         prepare([args.data], data_dir, tokenizer="char", val_fraction=0.1)
         result = train(cfg, data_dir, run_dir)
-        steady = _steady_ms_per_step(run_dir)
+        resolved = json.loads((run_dir / "train_config.json").read_text())["resolved"]  # what auto chose
+        steady = _steady_ms_per_step(run_dir, args.steady_skip)
         model, _ = load(run_dir)
         ds = TokenDataset(data_dir)
         val = evaluate_tokens(model, ds.split("val"), 64, ds.bytes_per_token("val"))
@@ -85,7 +87,11 @@ def main() -> int:
                 "val_bpb": round(val.bits_per_byte, 4),
                 "last_eval_val_loss": result.val_loss and round(result.val_loss, 4),
                 "peak_rss_mb": round(rss_mb, 1),
-                "dtype": cfg.dtype,
+                "dtype": resolved["dtype"],
+                "dtype_setting": cfg.dtype,
+                "attention": resolved["attention"],
+                "device": resolved["device"],
+                "cpu": resolved["machine"],
                 "compile": cfg.compile,
                 "optimizer": cfg.optimizer,
                 "block_size": cfg.model_config(65).block_size,

@@ -21,6 +21,7 @@ from gptlab.train.metrics import read_metrics
 from gptlab.train.schedule import learning_rate
 
 TINY = [*TINY_TRAIN, "batch_size=4"]
+CPU_FP32 = ["device=cpu", "dtype=float32"]  # for tests that assert CPU float32 numerics
 
 
 @pytest.fixture(scope="module")
@@ -68,7 +69,8 @@ def test_resume_is_bitwise_identical(dataset, tmp_path):
 
 @pytest.mark.parametrize("optimizer", ["adamw", "muon"])
 def test_grad_accumulation_matches_one_big_batch(dataset, tmp_path, optimizer):
-    common = ["max_steps=2", "eval_every=100", f"optimizer={optimizer}", "grad_clip=0.5"]
+    # CPU float32 numerics (auto would pick a GPU, or bf16 on a CPU that has it)
+    common = ["max_steps=2", "eval_every=100", f"optimizer={optimizer}", "grad_clip=0.5", *CPU_FP32]
     _train(dataset, tmp_path / "big", *common, "batch_size=8", "grad_accum=1")
     _train(dataset, tmp_path / "acc", *common, "batch_size=4", "grad_accum=2")
     a, b = _weights(tmp_path / "big"), _weights(tmp_path / "acc")
@@ -181,12 +183,14 @@ def test_schedule_shapes():
 def test_compiled_training_matches_eager_and_keeps_checkpoint_names(dataset, tmp_path):
     if not runtime.can_compile("cpu"):
         pytest.skip("torch.compile needs a C++ compiler on CPU (none found)")
-    eager = _train(dataset, tmp_path / "eager", "max_steps=6", "eval_every=6")
+    eager = _train(dataset, tmp_path / "eager", "max_steps=6", "eval_every=6", *CPU_FP32)
     import torch._dynamo.utils as dynamo_utils
 
     frames = dynamo_utils.counters["frames"]
     before = frames["ok"]
-    compiled = _train(dataset, tmp_path / "compiled", "max_steps=6", "eval_every=6", "compile=true")
+    compiled = _train(
+        dataset, tmp_path / "compiled", "max_steps=6", "eval_every=6", "compile=true", *CPU_FP32
+    )
     assert frames["ok"] > before  # the training forward really ran as a compiled graph
     losses = [
         [r["loss"] for r in read_metrics(run / "metrics.jsonl") if "loss" in r]

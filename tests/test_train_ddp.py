@@ -20,6 +20,7 @@ from gptlab.train.config import build_config
 TINY = [*TINY_TRAIN, "max_steps=3", "eval_every=3"]
 
 
+@pytest.mark.slow  # two torchrun processes start torch: ~35 s on 2 busy cores
 def test_two_process_gloo_equals_single_process(tmp_path):
     text = "\n".join(f"line {i}: the cat sat on mat number {i % 13} and purred." for i in range(500))
     (tmp_path / "c.txt").write_text(text)

@@ -101,7 +101,10 @@ def _parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespa
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = _parse(parser, list(sys.argv[1:] if argv is None else argv))
+    try:
+        args = _parse(parser, list(sys.argv[1:] if argv is None else argv))
+    except SystemExit as exc:  # a usage error (status 2), --help or --version (status 0)
+        return exc.code if isinstance(exc.code, int) else 2
     if not getattr(args, "func", None):
         parser.print_help()
         return 2

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from gptlab.cli.options import add_device_argument, resolve_device
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
@@ -20,6 +22,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "-o", "--output", default="attention.png", help="image file (.png, .svg, .pdf; default attention.png)"
     )
+    add_device_argument(p)
     p.set_defaults(func=run)
 
 
@@ -33,7 +36,7 @@ def run(args: argparse.Namespace) -> int:
         raise GptlabError("--head needs --layer (for every layer's heads, leave out both)")
     image_format(args.output)  # a bad file name fails before the model is loaded
     text = cli_input(args.text, args.ids)
-    model, tokenizer = load_checkpoint(args.checkpoint)
+    model, tokenizer = load_checkpoint(args.checkpoint, resolve_device(args))
     ids = token_ids(model, tokenizer, text)
     maps = attention_maps(model, ids)
     labels = token_labels(tokenizer, ids)

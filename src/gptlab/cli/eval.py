@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 
+from gptlab.cli.options import add_device_argument, resolve_device, resolve_dtype
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
@@ -23,9 +25,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--max-batches", type=int, default=None, help="evaluate at most this many batches (default all)"
     )
     p.add_argument(
-        "--dtype", default="float32", choices=["float32", "bfloat16"], help="autocast dtype (default float32)"
+        "--dtype",
+        default="auto",
+        choices=["auto", "float32", "bfloat16"],
+        help="autocast dtype (default auto: bfloat16 where bf16 is native, else float32)",
     )
-    p.add_argument("--device", default="cpu", help="cpu, cuda, ... (default cpu)")
+    add_device_argument(p)
     p.add_argument("--json", action="store_true", help="print JSON")
     p.add_argument("--no-progress", action="store_true", help="no progress bar (it goes to stderr)")
     p.set_defaults(func=run)
@@ -34,6 +39,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from gptlab.train.evaluate import evaluate_path
 
+    device = resolve_device(args)
+
     result, source = evaluate_path(
         args.checkpoint,
         text=args.text,
@@ -41,8 +48,8 @@ def run(args: argparse.Namespace) -> int:
         split=args.split,
         batch_size=args.batch_size,
         max_batches=args.max_batches,
-        dtype=args.dtype,
-        device=args.device,
+        dtype=resolve_dtype(args.dtype, device, "bfloat16", "float32"),
+        device=device,
         progress=not args.no_progress,
     )
     if args.json:

@@ -13,6 +13,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from gptlab.cli.options import add_device_argument, resolve_device, resolve_dtype
 from gptlab.errors import GptlabError
 
 
@@ -50,7 +51,13 @@ def register(subparsers: Any) -> None:
         "--stop-token", action="append", type=int, default=[], metavar="ID", help="a stop token id"
     )
     p.add_argument("--seed", type=int)
-    p.add_argument("--dtype", choices=["fp32", "bf16", "int8"], default="fp32", help="weight format")
+    p.add_argument(
+        "--dtype",
+        choices=["auto", "fp32", "bf16", "int8"],
+        default="auto",
+        help="weight format (default auto: bf16 where bf16 is native, else fp32)",
+    )
+    add_device_argument(p)
     p.add_argument(
         "--cache-dtype",
         choices=["model", "fp32", "bf16", "int8"],
@@ -132,7 +139,8 @@ def run(args: argparse.Namespace) -> int:
         seed=args.seed,
     )
     prompt = _prompt(args)
-    model, tokenizer = gptlab.load(args.checkpoint)
+    device = resolve_device(args)
+    model, tokenizer = gptlab.load(args.checkpoint, device=device)
     if args.tokenizer:
         from gptlab.checkpoint import check_tokenizer_fits
         from gptlab.tokenizers import load as load_tokenizer
@@ -142,7 +150,8 @@ def run(args: argparse.Namespace) -> int:
     if tokenizer is None:
         raise GptlabError(f"{args.checkpoint} has no tokenizer.json; pass --tokenizer PATH")
     encode_prompt(tokenizer, prompt)  # fail on a prompt the tokenizer cannot encode before printing anything
-    quantize(model, args.dtype)
+    weights = resolve_dtype(args.dtype, device)
+    quantize(model, weights)
     if args.compile:
         from gptlab.generate import compile_decode
 
@@ -173,5 +182,5 @@ def run(args: argparse.Namespace) -> int:
     out.write("\n")
     out.flush()
     rate = n_tokens / seconds if seconds > 0 else 0.0
-    sys.stderr.write(f"{n_tokens} tokens in {seconds:.2f} s: {rate:.1f} tokens/s ({args.dtype} weights)\n")
+    sys.stderr.write(f"{n_tokens} tokens in {seconds:.2f} s: {rate:.1f} tokens/s ({weights} weights)\n")
     return 0

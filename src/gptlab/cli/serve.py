@@ -8,7 +8,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-DTYPES = ("fp32", "bf16", "int8")
+from gptlab.cli.options import add_device_argument, resolve_device, resolve_dtype
+
+DTYPES = ("auto", "fp32", "bf16", "int8")
 
 
 def register(subparsers: Any) -> None:
@@ -51,7 +53,10 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "--model-name", default=None, help="the model id clients use (default: the checkpoint's folder name)"
     )
-    p.add_argument("--dtype", choices=DTYPES, default="fp32", help="weights for inference (default fp32)")
+    p.add_argument(
+        "--dtype", choices=DTYPES, default="auto", help="weights (default auto: bf16 where native, else fp32)"
+    )
+    add_device_argument(p)
     p.add_argument(
         "--max-body-bytes",
         type=int,
@@ -79,7 +84,8 @@ def run(args: argparse.Namespace) -> int:
     if args.max_tokens_cap is not None and args.max_tokens_cap < 1:
         raise GptlabError(f"--max-tokens-cap must be at least 1, got {args.max_tokens_cap}")
     check_bind(args.host, args.port)
-    model, tokenizer = load_for_serving(args.checkpoint, args.dtype)
+    device = resolve_device(args)
+    model, tokenizer = load_for_serving(args.checkpoint, resolve_dtype(args.dtype, device), device)
     name = args.model_name or Path(args.checkpoint).resolve().name
     app = create_app(
         model,
@@ -97,7 +103,7 @@ def run(args: argparse.Namespace) -> int:
         )
     shown = f"[{args.host}]" if ":" in args.host else args.host
     sys.stderr.write(
-        f"serving {name!r} ({args.dtype}, max batch {args.max_batch}) on http://{shown}:{args.port}/ "
+        f"serving {name!r} ({model.quantization} on {device}, max batch {args.max_batch}) on http://{shown}:{args.port}/ "
         f"- playground at /, API at /v1\n"
     )
     sys.stderr.flush()

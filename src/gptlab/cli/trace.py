@@ -6,6 +6,8 @@ import argparse
 import json
 import sys
 
+from gptlab.cli.options import add_device_argument, resolve_device
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
@@ -20,6 +22,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--temperature", type=float, default=1.0, help="τ in softmax(z/τ); 0 = greedy (default 1)")
     p.add_argument("--top", type=int, default=10, help="how many next tokens to list (default 10)")
     p.add_argument("--json", action="store_true", help="print the trace as JSON")
+    add_device_argument(p)
     p.set_defaults(func=run)
 
 
@@ -28,7 +31,7 @@ def run(args: argparse.Namespace) -> int:
     from gptlab.inspect.tracing import trace
 
     text = cli_input(args.text, args.ids)
-    model, tokenizer = load_checkpoint(args.checkpoint)
+    model, tokenizer = load_checkpoint(args.checkpoint, resolve_device(args))
     result = trace(model, tokenizer, text, temperature=args.temperature, top=args.top)
     if args.json:
         print(json.dumps(result.to_dict(), ensure_ascii=False, indent=2))

@@ -13,7 +13,7 @@ room for ``max_new_tokens`` (``step.fit_prompt``); past the context the window s
 from __future__ import annotations
 
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -94,10 +94,16 @@ def _start(
     cache_dtype: torch.dtype | None,
     seeds: Sequence[int | None] | None = None,
     top_n: int | None = None,
+    make_session: Callable[..., Any] = BatchSession,
 ) -> tuple[BatchSession, list[_Row]]:
-    """Prefill every prompt (one left-padded pass) and make its row."""
+    """Prefill every prompt (one left-padded pass) and make its row.
+
+    ``make_session(model, max_batch, max_len, cache_dtype)`` builds the engine that runs the
+    model; anything with ``BatchSession``'s ``add_many``, ``step``, ``remove``, ``full``,
+    ``window_notice`` and ``tokens`` fits (e.g. a static cache with CUDA graphs).
+    """
     prompts = fit_prompts(model, prompts, config)
-    session = BatchSession(model, len(prompts), session_len(model, prompts, config), cache_dtype)
+    session = make_session(model, len(prompts), session_len(model, prompts, config), cache_dtype)
     rows = []
     for i, (slot, logits) in enumerate(session.add_many(prompts)):
         cfg = config if seeds is None else config.replace(seed=seeds[i])

@@ -5,24 +5,31 @@ Every ``nn.Linear`` becomes an inference linear ``y = x·Wᵀ + b`` whose weight
 * fp32: the model's own parameters (tied weights stay tied);
 * bf16: every parameter cast to bfloat16 (positional tables stay float32 buffers);
 * int8 (weight-only, per output channel): ``q_o = round(W_o / s_o) ∈ [−127, 127]``,
-  ``s_o = max_k |W_o,k| / 127``, so ``y ≈ (x·qᵀ) ⊙ s``; activations, embeddings and norms are bf16.
+  ``s_o = max_k |W_o,k| / 127``, so ``y ≈ (x·qᵀ) ⊙ s``; activations, embeddings and norms are bf16
+  where bf16 is native, float32 elsewhere.
 
 A decode step multiplies one row by every matrix, so it is bound by how fast the weights stream
 from memory. On a CPU that one-row product is ``gemv``, ``y_o = s_o·Σ_k x_k·w_ok``, written as one
 reduction that inductor compiles into a single pass over the weights, converting each one to float
 in registers (no (N, K) temporary), in models whose matrices total ``STREAM_MIN_BYTES`` or more.
 Measured on gpt2's matrices it reads 1.3–2.6× faster than the library kernels (docs/benchmarks.md). More rows (a prefill, a batch of sequences) use each format's
-batched kernel: ``F.linear``; bf16 weights prepacked for oneDNN's AVX-512-bf16 kernels; int8
+batched kernel: ``F.linear``; bf16 weights prepacked for oneDNN's bf16 kernels where the CPU has
+native bf16, and multiplied in float32 where it only emulates bf16 (``gptlab.hardware``: an
+emulated bf16 product is 14–60× slower than a float32 one on an AVX2 CPU); int8
 through ``torch.ops.aten._weight_int8pack_mm`` (the CPU kernel gpt-fast uses), or dequantised on
-the fly where torch lacks it. Without a C++ compiler the one-row product uses those too.
+the fly where torch lacks it, with bf16 activations where bf16 is native and float32 elsewhere.
+Without a C++ compiler the one-row product uses those too.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from gptlab import hardware
 from gptlab.compiling import Compiled
 from gptlab.errors import GptlabError
 from gptlab.model.kvcache import quantize_int8
@@ -52,6 +59,10 @@ _GEMV = {
 # A model whose matrices fit in the CPU's caches gains nothing from the one-row kernel (the
 # library kernels are as fast there) and would only wait for its compilation.
 STREAM_MIN_BYTES = 32 * 2**20
+# Where bf16 is emulated (AVX2), a bf16 product of 1–2 rows reads W as fast as float32 does, and from
+# ~8 rows on it is compute-bound and 1.4–5× slower than converting W to float32 and multiplying there
+# (3072×768, 1 thread: 8 rows 40 vs 29 ms, 128 rows 554 vs 104 ms; docs/benchmarks.md).
+UPCAST_MIN_ROWS = 8
 
 
 def _onednn_bf16() -> bool:
@@ -116,10 +127,14 @@ class FloatLinear(InferenceLinear):
 
 
 class PackedBF16Linear(InferenceLinear):
-    """bf16 weights; many rows multiply through a copy reordered once into oneDNN's blocked layout.
+    """bf16 weights; how many rows multiply is chosen per machine (``gptlab.hardware.Plan.bf16_matmul``):
 
-    The blocked layout lets oneDNN's AVX-512-bf16 kernels stream the weights for a handful of
-    rows, where a plain bf16 ``F.linear`` is compute-bound.
+    * ``packed``: through a copy reordered once into oneDNN's blocked layout, which lets a CPU's
+      native bf16 kernels stream the weights for a handful of rows, where a plain bf16
+      ``F.linear`` is compute-bound;
+    * ``float32``: a CPU that only emulates bf16 multiplies ``x·float(W)ᵀ`` in float32 from
+      ``UPCAST_MIN_ROWS`` rows on (fewer rows are bound by reading W, where bf16 is as fast);
+    * ``plain``: ``F.linear`` in bf16 (a GPU).
     """
 
     fmt = "bf16"
@@ -128,17 +143,21 @@ class PackedBF16Linear(InferenceLinear):
         super().__init__(linear)
         w = linear.weight.detach().to(torch.bfloat16)
         self.register_buffer("weight", w, persistent=False)
-        on_cpu = w.device.type == "cpu" and _onednn_bf16()
-        packed = torch.ops.mkldnn._reorder_linear_weight(w, None) if on_cpu else None
+        self.matmul = hardware.plan(device="cpu").bf16_matmul if w.device.type == "cpu" else "plain"
+        if self.matmul == "packed" and not _onednn_bf16():
+            self.matmul = "plain"
+        packed = torch.ops.mkldnn._reorder_linear_weight(w, None) if self.matmul == "packed" else None
         self.register_buffer("packed", packed, persistent=False)
         bias = linear.bias.detach().to(torch.bfloat16) if linear.bias is not None else None
         self.register_buffer("bias", bias, persistent=False)
 
     def _matmul(self, x2: torch.Tensor) -> torch.Tensor:
-        if self.packed is None or x2.device.type != "cpu":
-            return F.linear(x2, self.weight.to(x2.dtype))
-        x2 = x2.to(torch.bfloat16).contiguous()
-        return torch.ops.mkldnn._linear_pointwise(x2, self.packed, None, "none", [], "")
+        if self.packed is not None and x2.device.type == "cpu":
+            x2 = x2.to(torch.bfloat16).contiguous()
+            return torch.ops.mkldnn._linear_pointwise(x2, self.packed, None, "none", [], "")
+        if self.matmul == "float32" and x2.size(0) >= UPCAST_MIN_ROWS:
+            return F.linear(x2.float(), self.weight.float()).to(x2.dtype)
+        return F.linear(x2, self.weight.to(x2.dtype))
 
 
 class Int8Linear(InferenceLinear):
@@ -169,8 +188,11 @@ def _cast_params(model: nn.Module, dtype: torch.dtype) -> None:
 
 
 def _to_int8(model: nn.Module) -> None:
-    _replace_linears(model, Int8Linear)
-    _cast_params(model, torch.bfloat16)
+    """int8 matrices; activations, embeddings and norms in bf16 where bf16 is native, else float32."""
+    device = next(model.parameters()).device.type
+    act = torch.bfloat16 if hardware.native_bf16(device) else torch.float32
+    _replace_linears(model, lambda linear: Int8Linear(linear, act))
+    _cast_params(model, act)
 
 
 def _to_bf16(model: nn.Module) -> None:
@@ -183,7 +205,7 @@ def _to_fp32(model: nn.Module) -> None:
     _replace_linears(model, FloatLinear)
 
 
-def _replace_linears(model: nn.Module, make: type[nn.Module]) -> None:
+def _replace_linears(model: nn.Module, make: Callable[[nn.Linear], nn.Module]) -> None:
     for module in list(model.modules()):
         for child_name, child in list(module.named_children()):
             if isinstance(child, nn.Linear | FloatLinear):  # FloatLinear holds the float parameters

@@ -65,11 +65,11 @@ def cli_input(text: str | None, ids: str | None) -> str | list[int]:
     return text
 
 
-def load_checkpoint(path: str) -> tuple[GPT, Any | None]:
-    """``gptlab.load(path)`` on the CPU, in eval mode."""
+def load_checkpoint(path: str, device: str = "cpu") -> tuple[GPT, Any | None]:
+    """``gptlab.load(path)`` onto ``device``, in eval mode."""
     from gptlab.checkpoint import load
 
-    return load(path)
+    return load(path, device=device)
 
 
 def plot_label(label: str) -> str:

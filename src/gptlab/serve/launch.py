@@ -38,11 +38,11 @@ def check_bind(host: str, port: int) -> None:
             ) from None
 
 
-def load_for_serving(checkpoint: str, dtype: str) -> tuple[Any, Any]:
-    """The checkpoint's model (weights in ``dtype``) and its tokenizer, which serving needs."""
+def load_for_serving(checkpoint: str, dtype: str, device: str = "cpu") -> tuple[Any, Any]:
+    """The checkpoint's model (weights in ``dtype``, on ``device``) and its tokenizer, which serving needs."""
     import gptlab
 
-    model, tokenizer = gptlab.load(checkpoint)
+    model, tokenizer = gptlab.load(checkpoint, device=device)
     if tokenizer is None:
         raise GptlabError(
             f"{checkpoint}: the checkpoint has no tokenizer.json; serving needs one "

@@ -342,27 +342,43 @@ class Service:
     def chat_ids(self, messages: Sequence[ChatMessage], max_tokens: int, warnings: list[str]) -> list[int]:
         """The chat's prompt ids; a chat too long for the context drops its oldest turns first.
 
-        System (and developer) messages and the last message stay; if those alone are too long,
-        the prompt is cut from the left like any other.
+        System (and developer) messages and the last message stay; the kept turns start at a user
+        message. The fewest turns to drop are found by bisection (a few renders, whatever the
+        template). If what is left is still too long, the prompt is cut from the left like any other.
         """
         budget = prompt_budget(self.context, max_tokens)
-        kept = list(messages)
-        sizes = [len(self.encode(self.chat_prompt([m]), "messages")) for m in kept]  # linear, not quadratic
-        dropped = 0
-        while sum(sizes) > budget:
-            i = next((i for i, m in enumerate(kept[:-1]) if m.role not in ("system", "developer")), None)
-            if i is None:
-                break
-            del kept[i], sizes[i]
-            dropped += 1
-        if dropped:
-            warnings.append(
-                f"the chat does not fit the context (block_size={self.context}) with room for "
-                f"{max_tokens} tokens; its {dropped} oldest message(s) were left out (system messages stay)"
-            )
-        return self.prompt_ids(
-            self.encode(self.chat_prompt(kept), "messages"), "the chat prompt", max_tokens, warnings
-        )
+        ids = self.encode(self.chat_prompt(messages), "messages")
+        if len(ids) > budget:
+            last = len(messages) - 1
+            turns = [i for i, m in enumerate(messages[:last]) if m.role not in ("system", "developer")]
+            starts = [k for k, i in enumerate(turns) if k and messages[i].role == "user"] + [len(turns)]
+
+            def render(start: int) -> list[int] | None:  # None: the template refuses what is left
+                dropped = set(turns[:start])
+                try:
+                    return self.encode(
+                        self.chat_prompt([m for i, m in enumerate(messages) if i not in dropped]), "messages"
+                    )
+                except APIError:
+                    return None
+
+            lo, hi = 0, len(starts) - 1  # the first start whose prompt fits (or the last one)
+            while lo < hi:
+                mid = (lo + hi) // 2
+                fewer = render(starts[mid])
+                if fewer is not None and len(fewer) <= budget:
+                    hi = mid
+                else:
+                    lo = mid + 1
+            fewer = render(starts[lo]) if starts[lo] else None
+            if fewer is not None:  # else: the whole chat, cut from the left below
+                ids = fewer
+                warnings.append(
+                    f"the chat does not fit the context (block_size={self.context}) with room for "
+                    f"{max_tokens} tokens; its {starts[lo]} oldest message(s) were left out "
+                    f"(system messages stay)"
+                )
+        return self.prompt_ids(ids, "the chat prompt", max_tokens, warnings)
 
     # ------------------------------------------------------------ the playground's extras
     def token_texts(self, ids: Sequence[int]) -> list[str]:

@@ -25,7 +25,7 @@ from gptlab.errors import GptlabError
 from gptlab.model import GPTConfig
 from gptlab.model.attention import ATTENTION_PATHS
 
-DTYPES = ("float32", "bfloat16", "float16")
+DTYPES = ("auto", "float32", "bfloat16", "float16")
 DEFAULT_PRESET = "char-tiny"
 DEFAULT_RECIPE = "char-best"  # what `gptlab train` trains without --config
 RECIPE_ALIASES = {"shakespeare-char": "char-best"}  # old name -> new name
@@ -56,9 +56,11 @@ class TrainConfig:
     ckpt_every: int = 500  # steps between checkpoints (one is always written at the end)
     keep_last: int = 2  # checkpoints kept besides the best by val loss
     seed: int = 1337
-    dtype: str = "float32"  # float32 | bfloat16 (autocast, CPU or CUDA) | float16 (CUDA, with a GradScaler)
+    dtype: str = "auto"  # auto (gptlab.hardware) | float32 | bfloat16 (autocast) | float16 (CUDA, GradScaler)
     compile: bool = False  # torch.compile the model
-    attention: str = "sdpa"  # sdpa (fused kernel) | plain (the written-out equation: faster for bf16 on CPU)
+    attention: str = (
+        "auto"  # auto | sdpa (fused kernel) | plain (the written-out equation: faster for bf16 on CPU)
+    )
     device: str = "auto"  # auto | cpu | cuda | cuda:N | mps
     threads: int = 0  # CPU threads per process; 0: the available cores divided among processes
     log_every: int = 1  # steps between metrics.jsonl records (each record reads the loss: a sync on GPU)
@@ -138,8 +140,8 @@ class TrainConfig:
             )
         need(self.dtype in DTYPES, f"dtype must be one of {', '.join(DTYPES)}; got {self.dtype!r}")
         need(
-            self.attention in ATTENTION_PATHS,
-            f"attention must be one of {', '.join(ATTENTION_PATHS)}; got {self.attention!r}",
+            self.attention in ("auto", *ATTENTION_PATHS),
+            f"attention must be one of auto, {', '.join(ATTENTION_PATHS)}; got {self.attention!r}",
         )
         need(
             isinstance(self.loggers, list) and all(x in ("tensorboard", "wandb") for x in self.loggers),
@@ -278,7 +280,11 @@ def resolve_run(
     data = data_dir or saved.get("data")
     if data is None:
         raise GptlabError(f"{run_dir}: the dataset of this run is not recorded; give --data")
-    cfg = build_config(config, overrides, base=saved.get("train"))
+    from gptlab.train.precision import keep_resolved
+
+    cfg = keep_resolved(
+        build_config(config, overrides, base=saved.get("train")), saved
+    )  # auto as first resolved
     step = ckpt.latest_step(run_dir)
     if step is not None and step >= cfg.max_steps:
         raise GptlabError(

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from gptlab import hardware
+
 
 @dataclass
 class DistInfo:
@@ -31,20 +33,19 @@ class DistInfo:
         return self.world_size > 1
 
 
-def resolve_device(device: str) -> str:
-    """``auto`` → ``cuda`` when available, else ``cpu``."""
-    if device == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    return device
-
-
 def setup(device: str) -> DistInfo:
-    """Join the process group when launched by torchrun; pick this rank's device."""
+    """Join the process group when launched by torchrun; pick this rank's device.
+
+    ``device`` is checked first (``gptlab.hardware.resolve_device``: ``auto`` → CUDA, MPS or
+    CPU; one error line for a device this machine lacks), and so is the number of processes
+    on this node against its GPUs.
+    """
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    device = resolve_device(device)
+    device = hardware.resolve_device(device)
     if world <= 1:
         return DistInfo(device=device)
     rank, local = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))
+    hardware.check_ranks(device, int(os.environ.get("LOCAL_WORLD_SIZE", world)))
     if device.startswith("cuda"):
         torch.cuda.set_device(local)
         device = f"cuda:{local}"

@@ -34,6 +34,8 @@ from gptlab.train.config import TrainConfig, resolve_run
 from gptlab.train.evaluate import EvalResult, loss_sum
 from gptlab.train.metrics import MetricsLog, Progress
 from gptlab.train.optim import build_optimizer
+from gptlab.train.precision import announce
+from gptlab.train.precision import resolve as resolve_precision
 from gptlab.train.runtime import (
     StopFlag,
     autocast,
@@ -95,6 +97,7 @@ class _Trainer:
     def __init__(
         self, cfg: TrainConfig, data_dir: Path, run_dir: Path, resume: bool, info: distributed.DistInfo
     ) -> None:
+        cfg, self.resolved = resolve_precision(cfg, info.device)  # what dtype/attention "auto" mean here
         self.cfg, self.run_dir, self.info, self.data_dir = cfg, run_dir, info, data_dir
         self.device = info.device
         self.device_type = torch.device(self.device).type
@@ -140,8 +143,10 @@ class _Trainer:
                     "model": self.model_config.to_dict(),
                     "data": str(data_dir.resolve()),
                     "data_fingerprint": self.data.fingerprint,
+                    "resolved": self.resolved,
                 },
             )
+            announce(self.resolved)
         if cfg.compile:
             self.forward = compile_forward(self.forward, self.device_type)
 

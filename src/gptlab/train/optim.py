@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from gptlab.errors import GptlabError
+from gptlab.train.muon import muon_class
 
 EMBEDDING_PREFIXES = ("wte.", "positional.", "lm_head.")
 
@@ -144,7 +145,7 @@ def _muon_and_adamw(model: nn.Module, cfg: OptimizerSettings, device_type: str) 
             f"{torch.__version__}: upgrade torch or use optimizer=adamw"
         )
     hidden, matrices, rest = _split(model)
-    muon = torch.optim.Muon(
+    muon = muon_class(device_type)(  # Newton–Schulz in float32 where bf16 is emulated
         hidden,
         lr=cfg.muon_lr,
         momentum=cfg.muon_momentum,

@@ -1,10 +1,12 @@
 // gptlab playground: plain JavaScript, no build step, no external resources.
-// Streams POST /v1/gptlab/generate (server-sent events, one per token with its probability
-// and top alternatives) and draws POST /v1/gptlab/attention as a heads × positions heatmap.
+// Reads GET /v1/gptlab/limits first and never offers more than the server allows.
+// Generate streams POST /v1/gptlab/generate (server-sent events, one per token with its probability
+// and top alternatives); Chat streams POST /v1/chat/completions with logprobs (the same probabilities);
+// both shade each token, and POST /v1/gptlab/attention is drawn as a heads × positions heatmap.
 "use strict";
 
 const $ = (id) => document.getElementById(id);
-const state = { controller: null, text: "", attn: null, nLayer: 0 };
+const state = { controller: null, text: "", attn: null, nLayer: 0, limits: null, mode: "generate", messages: [] };
 
 function headers() {
   const h = { "Content-Type": "application/json" };
@@ -42,21 +44,32 @@ function esc(s) {
   return s.replace(/[&<>"]/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;" })[c]);
 }
 
-// ----------------------------------------------------------------- model info
+// ----------------------------------------------------------------- model info and limits
+async function getJSON(path) {
+  const r = await fetch(path, { headers: headers() });
+  const body = await r.json();
+  if (!r.ok) throw new Error(body.error ? body.error.message : r.statusText);
+  return body;
+}
+
+function applyLimits(l) {  // never offer what the server refuses
+  state.limits = l;
+  const mt = $("max_tokens");
+  mt.max = String(l.max_tokens);
+  if (!(parseInt(mt.value, 10) <= l.max_tokens)) mt.value = String(Math.min(l.default_max_tokens.generate, l.max_tokens));
+  $("max_tokens_limit").textContent = `(at most ${l.max_tokens})`;
+  state.nLayer = l.n_layer;
+}
+
 async function loadModel() {
   try {
-    const r = await fetch("/v1/models", { headers: headers() });
-    const body = await r.json();
-    if (!r.ok) throw new Error(body.error ? body.error.message : r.statusText);
-    const m = body.data[0];
-    $("model").textContent = `${m.id} · context ${m.context_length} · vocab ${m.vocab_size}`;
+    const m = (await getJSON("/v1/models")).data[0];
+    const l = await getJSON("/v1/gptlab/limits");
+    applyLimits(l);
+    $("model").textContent = `${m.id} · context ${l.context_length} · vocab ${l.vocab_size} · max tokens ${l.max_tokens}`;
   } catch (e) {
     $("model").textContent = "model info unavailable: " + e.message;
   }
-  try {
-    const h = await (await fetch("/health")).json();
-    state.nLayer = h.n_layer || 0;
-  } catch (e) { /* optional */ }
   const sel = $("layer");
   sel.innerHTML = "";
   const last = document.createElement("option");
@@ -69,24 +82,28 @@ async function loadModel() {
   }
 }
 
-// ----------------------------------------------------------------- generation
-function addToken(ev) {
-  if (!ev.text) return;
+// ----------------------------------------------------------------- tokens, shaded by probability
+function tokenSpan(text, prob, alts) {  // alts: [{text, prob}], best first
   const span = document.createElement("span");
   span.className = "tok";
-  span.textContent = ev.text;
-  if (ev.prob !== null && ev.prob !== undefined) {
-    span.style.background = probColor(ev.prob);
-    span.dataset.prob = ev.prob.toFixed(4);
-    const lines = [`p = ${ev.prob.toFixed(4)}  "${esc(showable(ev.text))}"`, ""];
-    for (const alt of ev.top || []) {
-      const mark = alt.text === ev.text ? ' class="chosen"' : "";
+  span.textContent = text;
+  if (prob !== null && prob !== undefined) {
+    span.style.background = probColor(prob);
+    span.dataset.prob = prob.toFixed(4);
+    const lines = [`p = ${prob.toFixed(4)}  "${esc(showable(text))}"`, ""];
+    for (const alt of alts || []) {
+      const mark = alt.text === text ? ' class="chosen"' : "";
       lines.push(`<span${mark}>${(alt.prob * 100).toFixed(1).padStart(5)}%  "${esc(showable(alt.text))}"</span>`);
     }
     span.addEventListener("mousemove", (e) => showTip(e, lines.join("\n")));
     span.addEventListener("mouseleave", hideTip);
   }
-  $("output").appendChild(span);
+  return span;
+}
+
+function addToken(ev) {
+  if (!ev.text) return;
+  $("output").appendChild(tokenSpan(ev.text, ev.prob, ev.top));
   state.text += ev.text;
   $("output").scrollTop = $("output").scrollHeight;
 }
@@ -98,69 +115,147 @@ function showError(message) {
   $("output").appendChild(div);
 }
 
+function samplingBody() {
+  const mt = $("max_tokens");
+  const limit = state.limits ? state.limits.max_tokens : Infinity;
+  if (num("max_tokens", true) > limit) mt.value = String(limit);
+  const body = {
+    max_tokens: num("max_tokens", true), temperature: num("temperature"), top_k: num("top_k", true),
+    top_p: num("top_p"), min_p: num("min_p"), repetition_penalty: num("repetition_penalty"), seed: num("seed", true),
+  };
+  const stop = $("stop").value;
+  if (stop) body.stop = [stop.replace(/\\n/g, "\n").replace(/\\t/g, "\t")];
+  Object.keys(body).forEach((k) => body[k] === undefined && delete body[k]);
+  return body;
+}
+
+async function readSSE(path, body, onData) {  // POST, then call onData(JSON) per "data:" line
+  const r = await fetch(path, {
+    method: "POST", headers: headers(), body: JSON.stringify(body), signal: state.controller.signal,
+  });
+  if (!r.ok) {
+    const err = await r.json().catch(() => ({}));
+    throw new Error(err.error ? err.error.message : r.status + " " + r.statusText);
+  }
+  const reader = r.body.getReader();
+  const decoder = new TextDecoder();
+  let buf = "";
+  for (;;) {
+    const { value, done } = await reader.read();
+    if (done) break;
+    buf += decoder.decode(value, { stream: true });
+    let cut;
+    while ((cut = buf.indexOf("\n\n")) >= 0) {
+      const block = buf.slice(0, cut);
+      buf = buf.slice(cut + 2);
+      for (const line of block.split("\n")) {
+        if (line.startsWith("data: ") && line.slice(6) !== "[DONE]") onData(JSON.parse(line.slice(6)));
+      }
+    }
+  }
+}
+
+async function running(work) {  // buttons, status and the Stop button around one request
+  state.controller = new AbortController();
+  for (const id of ["generate", "send"]) $(id).disabled = true;
+  $("stopbtn").disabled = false;
+  $("status").textContent = "generating…";
+  const counter = { n: 0, t0: performance.now() };
+  try {
+    await work(counter);
+  } catch (e) {
+    if (e.name === "AbortError") $("status").textContent = `stopped after ${counter.n} tokens`;
+    else { showError(e.message); $("status").textContent = ""; }
+  } finally {
+    state.controller = null;
+    for (const id of ["generate", "send"]) $(id).disabled = false;
+    $("stopbtn").disabled = true;
+  }
+  await loadAttention(true);
+}
+
+function doneStatus(counter, tokens, finish, warnings) {
+  const secs = (performance.now() - counter.t0) / 1000;
+  $("status").textContent = `${tokens} tokens, ${(counter.n / secs).toFixed(1)} tokens/s, finish: ${finish}` +
+    (warnings && warnings.length ? " · " + warnings.join("; ") : "");
+}
+
+// ----------------------------------------------------------------- generation
 async function generate() {
   const prompt = $("prompt").value;
   const out = $("output");
   out.innerHTML = '<span class="prompt-text"></span>';
   out.firstChild.textContent = prompt;
   state.text = prompt;
-  const body = {
-    prompt, max_tokens: num("max_tokens", true), temperature: num("temperature"), top_k: num("top_k", true),
-    top_p: num("top_p"), min_p: num("min_p"), repetition_penalty: num("repetition_penalty"),
-    seed: num("seed", true), top_n: 5,
-  };
-  const stop = $("stop").value;
-  if (stop) body.stop = [stop.replace(/\\n/g, "\n").replace(/\\t/g, "\t")];
-  Object.keys(body).forEach((k) => body[k] === undefined && delete body[k]);
-  state.controller = new AbortController();
-  $("generate").disabled = true;
-  $("stopbtn").disabled = false;
-  $("status").textContent = "generating…";
-  const t0 = performance.now();
-  let n = 0;
-  try {
-    const r = await fetch("/v1/gptlab/generate", {
-      method: "POST", headers: headers(), body: JSON.stringify(body), signal: state.controller.signal,
-    });
-    if (!r.ok) {
-      const err = await r.json().catch(() => ({}));
-      throw new Error(err.error ? err.error.message : r.status + " " + r.statusText);
+  const body = { prompt, ...samplingBody(), top_n: 5 };
+  await running((counter) => readSSE("/v1/gptlab/generate", body, (ev) => {
+    if (ev.type === "token") { addToken(ev); counter.n += 1; }
+    else if (ev.type === "prompt" && ev.warnings.length) $("status").textContent = ev.warnings.join("; ");
+    else if (ev.type === "done") doneStatus(counter, ev.usage.completion_tokens, ev.finish_reason, ev.warnings);
+    else if (ev.type === "error") showError(ev.message);
+  }));
+}
+
+// ----------------------------------------------------------------- chat
+function turnDiv(role, text) {
+  const div = document.createElement("div");
+  div.className = "turn " + role;
+  const r = document.createElement("span");
+  r.className = "role";
+  r.textContent = role + ":";
+  div.appendChild(r);
+  if (text) div.appendChild(document.createTextNode(text));
+  $("output").appendChild(div);
+  return div;
+}
+
+function renderChat() {
+  $("output").innerHTML = "";
+  for (const m of state.messages) turnDiv(m.role, m.content);
+}
+
+async function chat() {
+  const message = $("message").value;
+  const system = $("system").value.trim();
+  const history = [...(system ? [{ role: "system", content: system }] : []), ...state.messages];
+  const user = { role: "user", content: message };
+  renderChat();
+  turnDiv("user", message);
+  const reply = turnDiv("assistant", "");
+  let text = "";
+  const body = { messages: [...history, user], ...samplingBody(), stream: true, logprobs: true, top_logprobs: 5 };
+  state.text = [...history, user].map((m) => `${m.role}: ${m.content}`).join("\n") + "\nassistant:";
+  await running((counter) => readSSE("/v1/chat/completions", body, (chunk) => {
+    if (chunk.error) { showError(chunk.error.message); return; }
+    if (chunk.warnings) $("status").textContent = chunk.warnings.join("; ");
+    const choice = (chunk.choices || [])[0];
+    if (!choice) return;
+    const items = (choice.logprobs && choice.logprobs.content) || [];
+    counter.n += items.length;
+    const content = (choice.delta && choice.delta.content) || "";
+    if (content) {
+      const best = items[items.length - 1];
+      const alts = best ? best.top_logprobs.map((a) => ({ text: a.token, prob: Math.exp(a.logprob) })) : [];
+      reply.appendChild(tokenSpan(content, best ? Math.exp(best.logprob) : null, alts));
+      text += content;
+      state.text += content;
     }
-    const reader = r.body.getReader();
-    const decoder = new TextDecoder();
-    let buf = "";
-    for (;;) {
-      const { value, done } = await reader.read();
-      if (done) break;
-      buf += decoder.decode(value, { stream: true });
-      let cut;
-      while ((cut = buf.indexOf("\n\n")) >= 0) {
-        const block = buf.slice(0, cut);
-        buf = buf.slice(cut + 2);
-        for (const line of block.split("\n")) {
-          if (!line.startsWith("data: ")) continue;
-          const data = line.slice(6);
-          if (data === "[DONE]") continue;
-          const ev = JSON.parse(data);
-          if (ev.type === "token") { addToken(ev); n += 1; }
-          else if (ev.type === "prompt" && ev.warnings.length) $("status").textContent = ev.warnings.join("; ");
-          else if (ev.type === "done") {
-            const secs = (performance.now() - t0) / 1000;
-            $("status").textContent = `${ev.usage.completion_tokens} tokens, ${(n / secs).toFixed(1)} tokens/s, ` +
-              `finish: ${ev.finish_reason}` + (ev.warnings.length ? " · " + ev.warnings.join("; ") : "");
-          } else if (ev.type === "error") showError(ev.message);
-        }
-      }
-    }
-  } catch (e) {
-    if (e.name === "AbortError") $("status").textContent = `stopped after ${n} tokens`;
-    else { showError(e.message); $("status").textContent = ""; }
-  } finally {
-    state.controller = null;
-    $("generate").disabled = false;
-    $("stopbtn").disabled = true;
-  }
-  await loadAttention(true);
+    if (choice.finish_reason) doneStatus(counter, counter.n, choice.finish_reason);
+  }));
+  state.messages.push(user, { role: "assistant", content: text });
+}
+
+function setMode(mode) {
+  state.mode = mode;
+  const isChat = mode === "chat";
+  $("tab-generate").classList.toggle("active", !isChat);
+  $("tab-chat").classList.toggle("active", isChat);
+  $("generate-pane").hidden = isChat;
+  $("chat-pane").hidden = !isChat;
+  $("generate").hidden = isChat;
+  $("send").hidden = !isChat;
+  $("newchat").hidden = !isChat;
+  if (isChat) renderChat();
 }
 
 // ----------------------------------------------------------------- attention
@@ -169,7 +264,10 @@ async function loadAttention(resetQuery) {
   try {
     const r = await fetch("/v1/gptlab/attention", {
       method: "POST", headers: headers(),
-      body: JSON.stringify({ text: state.text, layer: parseInt($("layer").value || "-1", 10), max_tokens: 64 }),
+      body: JSON.stringify({
+        text: state.text, layer: parseInt($("layer").value || "-1", 10),
+        max_tokens: Math.min(64, state.limits ? state.limits.max_attention_tokens : 64),
+      }),
     });
     const body = await r.json();
     if (!r.ok) throw new Error(body.error ? body.error.message : r.statusText);
@@ -238,6 +336,11 @@ $("query").addEventListener("input", drawAttention);
 $("layer").addEventListener("change", () => loadAttention(false));
 $("attn-refresh").addEventListener("click", () => { state.text = state.text || $("prompt").value; loadAttention(false); });
 $("generate").addEventListener("click", generate);
+$("send").addEventListener("click", chat);
+$("newchat").addEventListener("click", () => { state.messages = []; renderChat(); $("status").textContent = ""; });
+$("tab-generate").addEventListener("click", () => setMode("generate"));
+$("tab-chat").addEventListener("click", () => setMode("chat"));
+$("message").addEventListener("keydown", (e) => { if (e.key === "Enter" && (e.ctrlKey || e.metaKey)) chat(); });
 $("stopbtn").addEventListener("click", () => state.controller && state.controller.abort());
 $("prompt").addEventListener("keydown", (e) => { if (e.key === "Enter" && (e.ctrlKey || e.metaKey)) generate(); });
 $("api_key").value = localStorage.getItem("gptlab_api_key") || "";

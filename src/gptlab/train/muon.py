@@ -1,0 +1,87 @@
+"""Muon with its Newton–Schulz iteration in a chosen precision (float32 where bf16 is emulated).
+
+Muon (``torch.optim.Muon``), per hidden matrix θ with gradient g and momentum buffer B:
+
+    B ← μ·B + (1−μ)·g,   U = g + μ·(B − g) (Nesterov) or B,   θ ← (1 − η·λ)·θ − η·√max(1, A/C)·NS(U)
+
+and NS orthogonalises U by five quintic Newton–Schulz steps on X = U/‖U‖ (transposed so rows ≤ cols):
+
+    G = X·Xᵀ,   X ← a·X + (b·G + c·G²)·X,   (a, b, c) = (3.4445, −4.7750, 2.0315)
+
+``torch.optim.Muon`` runs NS in bfloat16 (``grad.bfloat16()``). On a CPU without native bf16 those
+matrix products are emulated and cost about 1 s a step for the best recipe's 12 matrices;
+``muon_class(device_type)`` then returns ``Float32Muon``, the same update with NS in float32.
+Where bf16 is native it returns ``torch.optim.Muon`` itself. Both keep the same state
+(``momentum_buffer``), so a checkpoint resumes under either.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+
+def newton_schulz(
+    update: torch.Tensor,
+    coefficients: tuple[float, float, float],
+    steps: int,
+    eps: float,
+    dtype: torch.dtype = torch.float32,
+) -> torch.Tensor:
+    """``NS(U)`` in ``dtype``: the iteration of ``torch.optim.Muon`` (identical to it in bfloat16)."""
+    a, b, c = coefficients
+    x = update.to(dtype, copy=True)
+    tall = update.size(0) > update.size(1)
+    if tall:
+        x = x.T
+    x.div_(x.norm().clamp(min=eps))  # spectral norm ≤ 1
+    for _ in range(steps):
+        gram = x @ x.T  # G = X·Xᵀ
+        poly = torch.addmm(gram, gram, gram, beta=b, alpha=c)  # b·G + c·G²
+        x = torch.addmm(x, poly, x, beta=a)  # a·X + (b·G + c·G²)·X
+    return x.T if tall else x
+
+
+def _lr_ratio(adjust_lr_fn: str | None, shape: torch.Size) -> float:
+    """torch.optim.Muon's learning-rate adjustment for an A×C matrix."""
+    rows, cols = shape[:2]
+    if adjust_lr_fn in (None, "original"):
+        return math.sqrt(max(1, rows / cols))
+    if adjust_lr_fn == "match_rms_adamw":
+        return 0.2 * math.sqrt(max(rows, cols))
+    return 1.0
+
+
+class Float32Muon(torch.optim.Muon):
+    """``torch.optim.Muon`` with Newton–Schulz in ``ns_dtype`` (float32 by default)."""
+
+    ns_dtype = torch.float32
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> Any:
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            params: list[torch.Tensor] = []
+            grads: list[torch.Tensor] = []
+            bufs: list[torch.Tensor] = []
+            self._init_group(group, params, grads, bufs)
+            lr, mu = float(group["lr"]), group["momentum"]
+            for p, g, buf in zip(params, grads, bufs, strict=True):
+                buf.lerp_(g, 1 - mu)
+                u = g.lerp(buf, mu) if group["nesterov"] else buf
+                o = newton_schulz(u, group["ns_coefficients"], group["ns_steps"], group["eps"], self.ns_dtype)
+                p.mul_(1 - lr * group["weight_decay"])
+                p.add_(o.to(p.dtype), alpha=-lr * _lr_ratio(group["adjust_lr_fn"], p.shape))
+        return loss
+
+
+def muon_class(device_type: str) -> type[torch.optim.Optimizer]:
+    """``torch.optim.Muon`` where bf16 is native on ``device_type``, else ``Float32Muon``."""
+    from gptlab.hardware import native_bf16
+
+    return torch.optim.Muon if native_bf16(device_type) else Float32Muon
