@@ -71,7 +71,7 @@ class MinimalGPT(nn.Module):
                 nn.init.normal_(m.weight, 0.0, 0.02)
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        x = self.wte(idx) + self.wpe(torch.arange(idx.size(1)))
+        x = self.wte(idx) + self.wpe(torch.arange(idx.size(1), device=idx.device))
         for block in self.h:
             x = block(x)
         logits = self.lm_head(self.ln_f(x))

@@ -88,19 +88,31 @@ def run_once(model: GPT, prompts: list[list[int]], new_tokens: int) -> tuple[flo
     return t1 - t0, t2 - t1, n
 
 
-def hf_bench(batch: int, prompt_tokens: int, new_tokens: int, repeats: int) -> dict:
+def hf_bench(
+    batch: int,
+    prompt_tokens: int,
+    new_tokens: int,
+    repeats: int,
+    device: str = "cpu",
+    dtype: torch.dtype = torch.float32,
+    hf_config: dict | None = None,
+) -> dict:
     from transformers import GPT2Config, GPT2LMHeadModel
 
     torch.manual_seed(0)
-    model = GPT2LMHeadModel(GPT2Config()).eval()
-    idx = torch.randint(0, 50257, (batch, prompt_tokens))
+    config = GPT2Config(**(hf_config or {}))
+    model = GPT2LMHeadModel(config).to(device=device, dtype=dtype).eval()
+    idx = torch.randint(0, config.vocab_size, (batch, prompt_tokens), device=device)
     kw = dict(max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False, pad_token_id=0)
+    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
     with torch.inference_mode():
         model.generate(idx, **dict(kw, max_new_tokens=4, min_new_tokens=4))
         times = []
         for _ in range(repeats):
+            sync()
             t = time.perf_counter()
             model.generate(idx, attention_mask=torch.ones_like(idx), **kw)
+            sync()
             times.append(time.perf_counter() - t)
     med = statistics.median(times)
     return {"hf_tokens_per_s": round(batch * new_tokens / med, 2)}

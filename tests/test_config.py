@@ -89,13 +89,21 @@ def test_option_names_are_the_registries_keys() -> None:
     """Every registered variant is accepted and builds; any other name is refused, naming the choices."""
     import torch
 
+    from gptlab.model import MODELS, build_model
     from gptlab.model import config as model_config
     from gptlab.model.block import RESIDUALS
-    from gptlab.model.mlp import MLPS
+    from gptlab.model.mlp import GATE_ACTIVATIONS, MLPS
     from gptlab.model.norms import NORMS
     from gptlab.model.positional import POSITIONAL
 
-    registries = {"pos": POSITIONAL, "norm": NORMS, "norm_placement": RESIDUALS, "mlp": MLPS}
+    registries = {
+        "pos": POSITIONAL,
+        "norm": NORMS,
+        "norm_placement": RESIDUALS,
+        "mlp": MLPS,
+        "glu_act": GATE_ACTIVATIONS,
+        "arch": MODELS,
+    }
     assert set(model_config.REGISTRIES) == set(registries)
     assert model_config.MLP_OPTIONS == tuple(MLPS) and model_config.POS_OPTIONS == tuple(POSITIONAL)
     assert model_config.NORM_OPTIONS == tuple(NORMS)
@@ -103,7 +111,8 @@ def test_option_names_are_the_registries_keys() -> None:
     for option, registry in registries.items():
         for name in registry:
             config = GPTConfig(vocab_size=11, block_size=8, n_layer=1, n_head=2, n_embd=16, **{option: name})
-            assert GPT(config)(torch.zeros(1, 4, dtype=torch.long)).shape == (1, 4, 11)
+            source = {"source": torch.zeros(1, 3, dtype=torch.long)} if name == "encoder-decoder" else {}
+            assert build_model(config)(torch.zeros(1, 4, dtype=torch.long), **source).shape == (1, 4, 11)
         with pytest.raises(GptlabError, match=f"{option} must be one of {', '.join(registry)}"):
             GPTConfig(**{option: "no-such-variant"})
 

@@ -97,7 +97,7 @@ def test_auto_is_printed_recorded_and_kept_on_resume(dataset, tmp_path, capsys, 
     again = json.loads((run / RUN_CONFIG_FILE).read_text())["resolved"]
     assert (again["dtype"], again["attention"]) == ("float32", "sdpa")
     # an explicit override still wins
-    cfg, _ = resolve_run(run, None, True, None, ["dtype=bfloat16"])
+    cfg, _ = resolve_run(run, None, True, None, ["max_steps=6", "dtype=bfloat16"])
     assert cfg.dtype == "bfloat16"
 
 

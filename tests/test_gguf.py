@@ -81,14 +81,27 @@ def _tokenizer_fields(w: gguf.GGUFWriter, vocab_size: int) -> None:
     )
 
 
-def write_llama(path, model: GPT, qtype: Q = Q.F32, extra_tensor: str | None = None, **meta) -> None:
-    cfg = model.config
-    w = gguf.GGUFWriter(str(path), meta.pop("arch", "llama"))
+def _writer(path, arch: str, cfg: GPTConfig) -> gguf.GGUFWriter:
+    """A writer with the shape metadata every architecture has."""
+    w = gguf.GGUFWriter(str(path), arch)
     w.add_block_count(cfg.n_layer)
     w.add_context_length(cfg.block_size)
     w.add_embedding_length(cfg.n_embd)
     w.add_feed_forward_length(cfg.d_ff)
     w.add_head_count(cfg.n_head)
+    return w
+
+
+def _finish(w: gguf.GGUFWriter) -> None:
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def write_llama(path, model: GPT, qtype: Q = Q.F32, extra_tensor: str | None = None, **meta) -> None:
+    cfg = model.config
+    w = _writer(path, meta.pop("arch", "llama"), cfg)
     w.add_head_count_kv(cfg.n_kv_head)
     w.add_rope_freq_base(cfg.rope_theta)
     w.add_layer_norm_rms_eps(cfg.norm_eps)
@@ -108,10 +121,7 @@ def write_llama(path, model: GPT, qtype: Q = Q.F32, extra_tensor: str | None = N
             w.add_tensor(name, np.ascontiguousarray(a))
     if extra_tensor:
         w.add_tensor(extra_tensor, np.ones(cfg.head_dim // 2, dtype=np.float32))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    _finish(w)
 
 
 def tiny_llama(tie: bool = True, seed: int = 0) -> GPT:
@@ -190,12 +200,7 @@ def test_bf16_dtype_and_the_tokenizer_come_from_the_file(tmp_path):
 
 def write_gpt2(path, model: GPT) -> None:
     cfg = model.config
-    w = gguf.GGUFWriter(str(path), "gpt2")
-    w.add_block_count(cfg.n_layer)
-    w.add_context_length(cfg.block_size)
-    w.add_embedding_length(cfg.n_embd)
-    w.add_feed_forward_length(cfg.d_ff)
-    w.add_head_count(cfg.n_head)
+    w = _writer(path, "gpt2", cfg)
     w.add_layer_norm_eps(cfg.norm_eps)
     _tokenizer_fields(w, cfg.vocab_size)
     for hf_name, t in export_state(gpt2.FAMILY, cfg, model_state(model)).items():
@@ -203,10 +208,7 @@ def write_gpt2(path, model: GPT) -> None:
         if a.ndim == 2 and ".h." in hf_name:  # llama.cpp stores Conv1D matrices as (out, in)
             a = a.T
         w.add_tensor(_gguf_name(hf_name, GPT2_TO_GGUF), np.ascontiguousarray(a))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    _finish(w)
 
 
 def test_gpt2_file_gives_the_same_model(tmp_path):
@@ -230,10 +232,7 @@ def test_unsupported_architecture_is_named(tmp_path):
 def test_unsupported_tensor_type_is_named(tmp_path):
     w = gguf.GGUFWriter(str(tmp_path / "q.gguf"), "llama")
     w.add_tensor("token_embd.weight", np.zeros((4, 292), dtype=np.uint8), raw_dtype=Q.Q8_K)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    _finish(w)
     from gptlab.interop.gguf import dequantize, read_gguf
 
     f = read_gguf(tmp_path / "q.gguf")

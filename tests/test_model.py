@@ -17,7 +17,7 @@ from gptlab.model.norms import LayerNorm
 from gptlab.model.positional import alibi_slopes, sinusoidal_table
 
 POS = ["learned", "sinusoidal", "rope", "alibi", "none"]
-MLP = ["relu", "gelu", "gelu_tanh", "swiglu", "relu2"]
+MLP = ["relu", "gelu", "gelu_tanh", "relu2", "swiglu", "geglu", "reglu", "dual_glu"]
 PLACEMENT = ["pre", "post"]
 KV_KIND = {"mha": 4, "gqa": 2, "mqa": 1}
 

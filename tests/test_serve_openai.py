@@ -62,6 +62,7 @@ def test_completion_logprobs_shape_and_values_equal_the_playground(client, tok):
         == [{}] * 8
     )
     assert_error(client.post("/v1/completions", json={**body, "logprobs": 6}), 400, "logprobs")
+    assert_error(client.post("/v1/completions", json={**body, "logprobs": 2, "echo": True}), 400, "echo")
 
 
 def test_streamed_completion_logprobs_equal_the_whole_ones(client):

@@ -35,7 +35,9 @@ class Compiled:
 
     ``dynamic=True`` compiles one kernel for every shape (sizes are symbols), which also keeps
     a function called with many shapes under dynamo's recompilation limit. ``options`` are
-    inductor settings for this function only.
+    inductor settings for this function only; ``settings`` other ``torch.compile`` arguments
+    (``mode="reduce-overhead"`` captures CUDA graphs, ``fullgraph=True``, a ``backend``).
+    ``enabled=False`` (or ``device_type`` without a compiler) runs ``fn`` itself.
 
     The first call that fails to compile turns the compiled path off for good, with a warning;
     ``failure`` keeps the exception and ``compiled_calls`` counts the calls that ran compiled, so a
@@ -48,6 +50,10 @@ class Compiled:
         what: str,
         dynamic: bool = False,
         options: dict[str, Any] | None = None,
+        *,
+        device_type: str = "cpu",
+        enabled: bool = True,
+        **settings: Any,
     ) -> None:
         # dynamo keeps compiled graphs (and its limit of recompilations) per code object: a
         # private copy of fn's code gives every Compiled its own
@@ -55,18 +61,20 @@ class Compiled:
         own.__kwdefaults__, own.__doc__ = fn.__kwdefaults__, fn.__doc__
         self.fn, self.what, self.dynamic, self.options = own, what, dynamic, options
         self._compiled: Callable[..., Any] | None = None
-        self.enabled = os.environ.get("GPTLAB_COMPILE", "1") != "0" and can_compile("cpu")
+        self.settings = settings  # more torch.compile arguments: mode, fullgraph, backend
+        self.enabled = enabled and os.environ.get("GPTLAB_COMPILE", "1") != "0" and can_compile(device_type)
         self.compiled_calls = 0
         self.failure: Exception | None = None
 
     def __call__(self, *args: Any) -> Any:
         if not self.enabled:
             return self.fn(*args)
-        if self._compiled is None:
-            import torch
-
-            self._compiled = torch.compile(self.fn, dynamic=self.dynamic, options=self.options)
         try:
+            if self._compiled is None:
+                import torch
+
+                extra = dict(self.settings, **({"options": self.options} if self.options else {}))
+                self._compiled = torch.compile(self.fn, dynamic=self.dynamic, **extra)
             out = self._compiled(*args)
         except Exception as exc:  # a missing header, a broken toolchain: keep working, uncompiled
             self.enabled, self.failure = False, exc

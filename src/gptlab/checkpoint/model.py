@@ -20,15 +20,34 @@ from gptlab.checkpoint.files import (
 )
 from gptlab.errors import GptlabError
 from gptlab.fileio import atomic_write_json
-from gptlab.model import GPT, GPTConfig
+from gptlab.model import GPT, GPTConfig, build_model
+
+VOCAB_ROWS = ("wte.weight", "lm_head.weight")  # tensors with one row per token
 
 
 def model_state(model: GPT) -> dict[str, torch.Tensor]:
-    """The model's weights as saved: a tied ``lm_head.weight`` is left out (it is ``wte.weight``)."""
+    """The model's weights as saved: a tied ``lm_head.weight`` is left out (it is ``wte.weight``),
+    and the vocabulary's padding rows (``GPTConfig.vocab_multiple``) are cut off."""
     state = model.state_dict()
     if model.config.tie_embeddings:
         state.pop("lm_head.weight", None)
+    for name in VOCAB_ROWS:
+        if name in state:
+            state[name] = state[name][: model.config.vocab_size]
     return state
+
+
+def _pad_vocab(model: GPT, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``state`` with zero padding rows appended to the vocabulary tensors, as ``model`` holds them."""
+    rows = model.config.padded_vocab_size - model.config.vocab_size
+    if not rows:
+        return state
+    out = dict(state)
+    for name in VOCAB_ROWS:
+        if name in out:
+            t = out[name]
+            out[name] = torch.cat([t, t.new_zeros(rows, *t.shape[1:])])
+    return out
 
 
 def load_model_state(model: GPT, state: dict[str, torch.Tensor], source: str | os.PathLike[str]) -> None:
@@ -47,7 +66,7 @@ def load_model_state(model: GPT, state: dict[str, torch.Tensor], source: str | o
                 f"{source}: tensor {name} has shape {tuple(tensor.shape)} but config.json "
                 f"implies {tuple(expected[name].shape)}"
             )
-    model.load_state_dict(state, strict=not model.config.tie_embeddings)
+    model.load_state_dict(_pad_vocab(model, state), strict=not model.config.tie_embeddings)
 
 
 def write_config(path: str | os.PathLike[str], config: GPTConfig, **extra: Any) -> None:
@@ -96,7 +115,7 @@ def load(
     require_consolidated(directory)  # FSDP shards: a one-line hint to consolidate first
     config = read_config(directory / CONFIG_FILE)
     state = read_tensors(directory / WEIGHTS_FILE)
-    model = GPT(config)
+    model = build_model(config)
     load_model_state(model, state, directory / WEIGHTS_FILE)
     if dtype is not None:
         model.to(dtype=dtype)

@@ -25,6 +25,7 @@ COMMANDS = [
     "compare",
     "sample",
     "chat",
+    "fill",
     "tokenizer",
     "convert",
     "trace",

@@ -3,6 +3,24 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
+from typing import Any
+
+
+def _text(*args: Any, **kwargs: Any) -> dict[str, Any]:
+    from gptlab.data import prepare
+
+    return prepare(*args, **kwargs)
+
+
+def _pairs(*args: Any, **kwargs: Any) -> dict[str, Any]:
+    from gptlab.data.pairs import prepare_pairs
+
+    return prepare_pairs(*args, **kwargs)
+
+
+#: --format NAME → the function that writes the dataset directory
+FORMATS: dict[str, Callable[..., dict[str, Any]]] = {"text": _text, "pairs": _pairs}
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -19,6 +37,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="text files, directories (recursive), JSONL with a 'text' field, or parquet with a 'text' column",
     )
     p.add_argument("--out", required=True, help="the dataset directory to write")
+    p.add_argument(
+        "--format",
+        choices=list(FORMATS),
+        default="text",
+        help="text: a token stream (default); pairs: JSONL of {source, target} for an encoder-decoder",
+    )
     p.add_argument(
         "--tokenizer",
         default="char",
@@ -54,9 +78,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from gptlab.data import prepare
-
-    meta = prepare(
+    meta = FORMATS[args.format](
         args.inputs,
         args.out,
         tokenizer=args.tokenizer,

@@ -113,7 +113,7 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     import gptlab
-    from gptlab.generate import SampleConfig, encode_prompt, stream_events
+    from gptlab.generate import SampleConfig, encode_prompt, seq2seq, stream_events
     from gptlab.generate.quantization import quantize
 
     if args.num_samples < 1:
@@ -149,7 +149,9 @@ def run(args: argparse.Namespace) -> int:
         check_tokenizer_fits(tokenizer, model.config.vocab_size, args.tokenizer)
     if tokenizer is None:
         raise GptlabError(f"{args.checkpoint} has no tokenizer.json; pass --tokenizer PATH")
-    encode_prompt(tokenizer, prompt)  # fail on a prompt the tokenizer cannot encode before printing anything
+    seq2seq.check_generative(model, str(args.checkpoint))  # a masked-language model cannot generate
+    s2s = seq2seq.is_seq2seq(model)  # an encoder-decoder: the prompt is the source, the output its target
+    (seq2seq.source_ids if s2s else encode_prompt)(tokenizer, prompt)  # fail before printing anything
     weights = resolve_dtype(args.dtype, device)
     quantize(model, weights)
     if args.compile:
@@ -168,10 +170,10 @@ def run(args: argparse.Namespace) -> int:
             if i:
                 out.write("\n" + "-" * 40 + "\n")
             seed = None if config.seed is None else config.seed + i
-            out.write(prompt)
+            out.write("" if s2s else prompt)
             out.flush()
             started = time.perf_counter()
-            for event in stream_events(
+            for event in (seq2seq.stream_events if s2s else stream_events)(
                 model, tokenizer, prompt, config.replace(seed=seed), cache_dtype=cache_dtype, want_probs=False
             ):
                 n_tokens += event.token_id is not None

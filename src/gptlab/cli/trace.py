@@ -22,6 +22,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--temperature", type=float, default=1.0, help="τ in softmax(z/τ); 0 = greedy (default 1)")
     p.add_argument("--top", type=int, default=10, help="how many next tokens to list (default 10)")
     p.add_argument("--json", action="store_true", help="print the trace as JSON")
+    p.add_argument("--target", help="encoder-decoder: the target so far (the text is the source)")
     add_device_argument(p)
     p.set_defaults(func=run)
 
@@ -32,7 +33,7 @@ def run(args: argparse.Namespace) -> int:
 
     text = cli_input(args.text, args.ids)
     model, tokenizer = load_checkpoint(args.checkpoint, resolve_device(args))
-    result = trace(model, tokenizer, text, temperature=args.temperature, top=args.top)
+    result = trace(model, tokenizer, text, temperature=args.temperature, top=args.top, target=args.target)
     if args.json:
         print(json.dumps(result.to_dict(), ensure_ascii=False, indent=2))
     else:

@@ -8,7 +8,9 @@
 ``generate_text``, ``generate_batch`` and ``generate_ids`` (``GPT.generate``) are
 built on the same decoding loop over a ``BatchSession``; each request's per-token step
 (``TokenStep``: sampling, stops, UTF-8-safe text, finish reason) is shared with the server. ``compile_decode(model)`` makes each
-one-sequence decode step on a CPU a single compiled graph.
+one-sequence decode step on a CPU a single compiled graph. On CUDA the same calls decode through
+``StaticSession`` (a static KV cache, one CUDA graph per batch-size bucket, the sampler inside
+it); ``static_decode(model)`` asks for that path anywhere.
 """
 
 from gptlab.generate.beam import beam_search
@@ -24,6 +26,8 @@ from gptlab.generate.decode import (
 from gptlab.generate.fused_step import compile_decode
 from gptlab.generate.sampling import Sampler
 from gptlab.generate.session import BatchSession, ContextWarning
+from gptlab.generate.static import StaticSession
+from gptlab.generate.static_decode import static_decode
 from gptlab.generate.step import TokenEvent, TokenStep, fit_prompt, stop_token_ids
 from gptlab.generate.textstream import TextStream
 
@@ -32,6 +36,7 @@ __all__ = [
     "ContextWarning",
     "SampleConfig",
     "Sampler",
+    "StaticSession",
     "TextStream",
     "TokenEvent",
     "TokenStep",
@@ -42,6 +47,7 @@ __all__ = [
     "generate_batch",
     "generate_ids",
     "generate_text",
+    "static_decode",
     "stop_token_ids",
     "stream",
     "stream_events",

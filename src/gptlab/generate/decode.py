@@ -23,6 +23,7 @@ from gptlab.errors import GptlabError
 from gptlab.generate.beam import beam_events, beam_search
 from gptlab.generate.config import SampleConfig
 from gptlab.generate.session import BatchSession, ContextWarning
+from gptlab.generate.static_decode import start_static, use_static
 from gptlab.generate.step import TokenEvent, TokenStep, fit_prompt, session_len
 
 
@@ -96,13 +97,15 @@ def _start(
     top_n: int | None = None,
     make_session: Callable[..., Any] = BatchSession,
 ) -> tuple[BatchSession, list[_Row]]:
-    """Prefill every prompt (one left-padded pass) and make its row.
+    """Prefill every prompt (one left-padded pass) and make its row (on CUDA: the static path's).
 
     ``make_session(model, max_batch, max_len, cache_dtype)`` builds the engine that runs the
     model; anything with ``BatchSession``'s ``add_many``, ``step``, ``remove``, ``full``,
     ``window_notice`` and ``tokens`` fits (e.g. a static cache with CUDA graphs).
     """
     prompts = fit_prompts(model, prompts, config)
+    if make_session is BatchSession and use_static(model, config, cache_dtype, top_n is not None):
+        return start_static(model, tokenizer, prompts, config, cache_dtype, seeds)  # type: ignore[return-value]
     session = make_session(model, len(prompts), session_len(model, prompts, config), cache_dtype)
     rows = []
     for i, (slot, logits) in enumerate(session.add_many(prompts)):

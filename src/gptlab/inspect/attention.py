@@ -4,6 +4,11 @@ They come from the plain attention path (``model.run(idx, output_attentions=True
 which computes the equation as written, so the maps are the exact weights the
 model used. Row ``i`` of a head's map is how query position ``i`` spreads its
 attention over positions ``j ≤ i``; every row sums to 1.
+
+An encoder–decoder has three kinds (``seq2seq_maps``): the encoder's bidirectional
+maps ``(L_enc, H, S, S)``, the decoder's causal maps ``(L, H, T, T)`` and the
+cross-attention maps ``CrossAttn = softmax(Q_dec·K_encᵀ/√d_k)``, ``(L, H, T, S)``:
+target position × source position.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ from typing import Any
 
 import torch
 
+from gptlab.errors import GptlabError
 from gptlab.inspect.inputs import token_ids
 from gptlab.model import GPT
 
@@ -39,8 +45,53 @@ def attention_maps(model: GPT, tokenizer_or_ids: Any, text: str | None = None) -
     return torch.stack([a[0].float() for a in out.attentions]).cpu()  # (L, H, T, T)
 
 
+@torch.no_grad()
+def seq2seq_maps(
+    model: Any, tokenizer: Any, source: str | Sequence[int], target: str | Sequence[int] | None = None
+) -> dict[str, Any]:
+    """Encoder, decoder and cross-attention weights of an encoder–decoder, with the ids they read.
+
+    ``target`` is the decoder input after BOS; by default the model's own greedy output
+    for ``source`` (so the cross-attention map shows the alignment the model uses).
+    """
+    from gptlab.generate import SampleConfig
+    from gptlab.generate.seq2seq import generate_ids
+
+    src = token_ids(model, tokenizer, source) if isinstance(source, str) else list(source)
+    bos = getattr(tokenizer, "eot_id", None)
+    if bos is None:
+        raise GptlabError("an encoder-decoder's tokenizer needs <|endoftext|> (its BOS)")
+    if target is None:
+        config = SampleConfig(temperature=0.0, max_new_tokens=model.config.block_size - 1, stop_tokens=[bos])
+        tgt = generate_ids(model, src, bos, config)[0]
+    else:
+        tgt = token_ids(model, tokenizer, target) if isinstance(target, str) else list(target)
+    ids = [bos, *tgt][: model.config.block_size]
+    was_training = model.training
+    model.eval()
+    try:
+        out = model.run(
+            torch.tensor([ids], device=model.device),
+            source=torch.tensor([src], device=model.device),
+            output_attentions=True,
+        )
+    finally:
+        model.train(was_training)
+
+    def stack(maps: list[torch.Tensor]) -> torch.Tensor:
+        return torch.stack([a[0].float() for a in maps]).cpu()
+
+    return {
+        "source_ids": src,
+        "target_ids": ids,
+        "encoder": stack(out.encoder_attentions),  # (L_enc, H, S, S)
+        "decoder": stack(out.attentions),  # (L, H, T, T)
+        "cross": stack(out.cross_attentions),  # (L, H, T, S)
+    }
+
+
 def _is_ids(obj: Any) -> bool:
     return isinstance(obj, torch.Tensor) or (isinstance(obj, Sequence) and not isinstance(obj, str))
 
 
-__all__ = ["attention_maps"]
+__all__ = ["attention_maps", "seq2seq_maps"]

@@ -65,6 +65,12 @@ def _norm_size(c: GPTConfig) -> tuple[int, str]:
 
 def parameter_figures(c: GPTConfig) -> tuple[list[Figure], dict[str, int]]:
     V, d, L, T_max = c.vocab_size, c.n_embd, c.n_layer, c.block_size
+    # an encoder–decoder adds L_enc encoder blocks, L cross-attention sublayers (each the size of a
+    # self-attention: W_Q, W_K, W_V, W_O) with their norms, a second position table and a final norm
+    E = c.n_encoder_layer or 0
+    X = L if E else 0
+    stacks = "(L + L_enc + L_cross)·" if E else "L·"
+    n_att, n_ffn = L + E + X, L + E
     figs: list[Figure] = []
     emb = V * d
     figs.append(
@@ -77,9 +83,11 @@ def parameter_figures(c: GPTConfig) -> tuple[list[Figure], dict[str, int]]:
             "W_e, shared with the output head (eq. 9)" if c.tie_embeddings else "W_e",
         )
     )
-    pos = T_max * d if c.pos == "learned" else 0
+    pos = (2 if E else 1) * T_max * d if c.pos == "learned" else 0
     pos_notes = {
-        "learned": ("T_max·d", f"{T_max}·{d}", "the learned table W_p"),
+        "learned": ("2·T_max·d", f"2·{T_max}·{d}", "W_p of encoder and decoder")
+        if E
+        else ("T_max·d", f"{T_max}·{d}", "the learned table W_p"),
         "sinusoidal": ("0", "", "a fixed sin/cos table: a buffer, not a parameter"),
         "rope": ("0", "", "rotary angles are computed, not learned"),
         "alibi": ("0", "", "ALiBi slopes are fixed"),
@@ -90,16 +98,23 @@ def parameter_figures(c: GPTConfig) -> tuple[list[Figure], dict[str, int]]:
 
     att, a_formula, a_calc = _attention_layer(c)
     figs.append(
-        Figure("attention", L * att, "params", f"L·({a_formula})", f"{L}·({a_calc})", f"{att:,} per layer")
+        Figure(
+            "attention",
+            n_att * att,
+            "params",
+            f"{stacks}({a_formula})",
+            f"{n_att}·({a_calc})",
+            f"{att:,} per layer" + (", cross-attention included" if E else ""),
+        )
     )
     ffn, ffn_active, f_formula, f_calc = _ffn_layer(c)
     figs.append(
         Figure(
             "feed_forward",
-            L * ffn,
+            n_ffn * ffn,
             "params",
-            f"L·({f_formula})",
-            f"{L}·({f_calc})",
+            f"{'(L + L_enc)' if E else 'L'}·({f_formula})",
+            f"{n_ffn}·({f_calc})",
             f"{ffn:,} per layer"
             + (f"; {ffn_active:,} active per token (k={c.experts_top_k})" if c.n_experts else ""),
         )
@@ -108,11 +123,16 @@ def parameter_figures(c: GPTConfig) -> tuple[list[Figure], dict[str, int]]:
     one_norm, n_formula = _norm_size(c)
     n_final = 1 if c.norm_placement == "pre" else 0
     qk = 2 * c.head_dim if c.qk_norm else 0
-    norms = (2 * L + n_final) * one_norm + L * qk
-    formula = f"(2·L{' + 1' if n_final else ''})·{n_formula}"
-    calc = f"(2·{L}{' + 1' if n_final else ''})·{n_formula.replace('d', str(c.n_embd))}"
+    n_norms = 2 * L + n_final + (2 * E + X + n_final if E else 0)
+    norms = n_norms * one_norm + n_att * qk
+    if E:
+        formula = f"(3·L + 2·L_enc{' + 2' if n_final else ''})·{n_formula}"
+        calc = f"{n_norms}·{n_formula.replace('d', str(c.n_embd))}"
+    else:
+        formula = f"(2·L{' + 1' if n_final else ''})·{n_formula}"
+        calc = f"(2·{L}{' + 1' if n_final else ''})·{n_formula.replace('d', str(c.n_embd))}"
     if qk:
-        formula, calc = formula + " + L·2·d_k", calc + f" + {L}·2·{c.head_dim}"
+        formula, calc = formula + f" + {stacks}2·d_k", calc + f" + {n_att}·2·{c.head_dim}"
     figs.append(
         Figure(
             "norms",
@@ -120,7 +140,9 @@ def parameter_figures(c: GPTConfig) -> tuple[list[Figure], dict[str, int]]:
             "params",
             formula,
             calc,
-            "two per block" + (", one final" if n_final else "") + (", QK-norm" if qk else ""),
+            ("three per decoder block, two per encoder block" if E else "two per block")
+            + ((", a final one per stack" if E else ", one final") if n_final else "")
+            + (", QK-norm" if qk else ""),
         )
     )
 
@@ -135,10 +157,10 @@ def parameter_figures(c: GPTConfig) -> tuple[list[Figure], dict[str, int]]:
             "logits = h·W_eᵀ reuse W_e" if c.tie_embeddings else "a separate W_out",
         )
     )
-    total = emb + pos + L * att + L * ffn + norms + head
+    total = emb + pos + n_att * att + n_ffn * ffn + norms + head
     figs.append(Figure("total", total, "params", "sum of the above"))
     figs.append(Figure("total_without_positions", total - pos, "params", "total − positions"))
-    active = emb + L * att + L * ffn_active + norms + head
+    active = emb + n_att * att + n_ffn * ffn_active + norms + head
     if c.n_experts:
         figs.append(
             Figure(
@@ -151,7 +173,7 @@ def parameter_figures(c: GPTConfig) -> tuple[list[Figure], dict[str, int]]:
         )
     # weights a token multiplies: blocks (active experts), norms, and the head V·d (even when tied);
     # the embedding lookup and the position table cost no multiply-adds
-    matmul = L * att + L * ffn_active + norms + V * d
+    matmul = n_att * att + n_ffn * ffn_active + norms + V * d
     return figs, {"total": total, "matmul": matmul, "positions": pos}
 
 

@@ -6,8 +6,10 @@ Three layouts of an ``(L, H, T, T)`` tensor from ``attention_maps``:
 * ``plot_layer``: a grid of every head of one layer;
 * ``plot_overview``: a layers × heads grid of small maps.
 
-Future positions (``j > i``, masked by ``M``) are drawn blank. Each function writes
-the image atomically and returns its size in pixels, ``(width, height)``.
+Future positions (``j > i``, masked by ``M``) are drawn blank; ``causal=False`` (an
+encoder's maps, or cross-attention maps ``(L, H, T_target, S_source)`` with their own
+column labels ``col_labels``) draws every cell. Each function writes the image
+atomically and returns its size in pixels, ``(width, height)``.
 """
 
 from __future__ import annotations
@@ -44,23 +46,30 @@ def image_format(path: str | os.PathLike[str]) -> str:
     return suffix
 
 
-def _masked(weights: torch.Tensor) -> np.ma.MaskedArray:
-    """A ``(T, T)`` map with the causally masked future (``j > i``) blanked."""
+def _masked(weights: torch.Tensor, causal: bool = True) -> np.ma.MaskedArray:
+    """A ``(T, T_k)`` map with the causally masked future (``j > i``) blanked when ``causal``."""
     a = weights.detach().float().cpu().numpy()
-    T = a.shape[-1]
-    return np.ma.masked_array(a, mask=np.triu(np.ones((T, T), dtype=bool), k=1))
+    return np.ma.masked_array(a, mask=np.triu(np.ones(a.shape, dtype=bool), k=1) & causal)
 
 
-def _draw(ax, weights: torch.Tensor, labels: Sequence[str] | None, vmax: float, fontsize: float):  # noqa: ANN001
+def _draw(  # noqa: ANN202
+    ax,  # noqa: ANN001
+    weights: torch.Tensor,
+    labels: Sequence[str] | None,
+    vmax: float,
+    fontsize: float,
+    col_labels: Sequence[str] | None = None,
+    causal: bool = True,
+):
     from matplotlib import colormaps
 
     cmap = colormaps["viridis"].with_extremes(bad="white")
-    image = ax.imshow(_masked(weights), cmap=cmap, vmin=0.0, vmax=vmax, interpolation="nearest")
-    T = weights.size(-1)
-    if labels is not None and T <= MAX_LABELLED_TOKENS:
-        shown = [plot_label(s) for s in labels]
-        ax.set_xticks(range(T), labels=shown, rotation=90, fontsize=fontsize)
-        ax.set_yticks(range(T), labels=shown, fontsize=fontsize)
+    image = ax.imshow(_masked(weights, causal), cmap=cmap, vmin=0.0, vmax=vmax, interpolation="nearest")
+    T, T_k = weights.shape[-2:]
+    cols = labels if col_labels is None else col_labels
+    if labels is not None and cols is not None and max(T, T_k) <= MAX_LABELLED_TOKENS:
+        ax.set_xticks(range(T_k), labels=[plot_label(s) for s in cols], rotation=90, fontsize=fontsize)
+        ax.set_yticks(range(T), labels=[plot_label(s) for s in labels], fontsize=fontsize)
     else:
         ax.set_xticks([])
         ax.set_yticks([])
@@ -96,9 +105,15 @@ def _rc():  # noqa: ANN202
 
 
 def plot_head(
-    maps: torch.Tensor, labels: Sequence[str] | None, layer: int, head: int, path: str | os.PathLike[str]
+    maps: torch.Tensor,
+    labels: Sequence[str] | None,
+    layer: int,
+    head: int,
+    path: str | os.PathLike[str],
+    col_labels: Sequence[str] | None = None,
+    causal: bool = True,
 ) -> tuple[int, int]:
-    """One head: ``maps[layer, head]`` as a (T, T) heatmap with a colour bar."""
+    """One head: ``maps[layer, head]`` as a (T, T_k) heatmap with a colour bar."""
     L, H, T, _ = maps.shape
     _check_index("layer", layer, L)
     _check_index("head", head, H)
@@ -107,8 +122,9 @@ def plot_head(
         fig = _figure(side + 1.2, side)
         ax = fig.add_axes((0.15, 0.15, 0.68, 0.75))
         weights = maps[layer, head]
-        image = _draw(ax, weights, labels, float(weights.max()), _label_size(T))
-        ax.set_title(f"layer {layer}, head {head}: A = softmax(QKᵀ/√d_k + M)", fontsize=10)
+        image = _draw(ax, weights, labels, float(weights.max()), _label_size(T), col_labels, causal)
+        title = "A = softmax(QKᵀ/√d_k + M)" if col_labels is None else "A = softmax(Q_dec·K_encᵀ/√d_k)"
+        ax.set_title(f"layer {layer}, head {head}: {title}", fontsize=10)
         ax.set_xlabel("key position j (attended to)")
         ax.set_ylabel("query position i")
         fig.colorbar(image, cax=fig.add_axes((0.86, 0.15, 0.03, 0.75)))
@@ -116,7 +132,12 @@ def plot_head(
 
 
 def plot_layer(
-    maps: torch.Tensor, labels: Sequence[str] | None, layer: int, path: str | os.PathLike[str]
+    maps: torch.Tensor,
+    labels: Sequence[str] | None,
+    layer: int,
+    path: str | os.PathLike[str],
+    col_labels: Sequence[str] | None = None,
+    causal: bool = True,
 ) -> tuple[int, int]:
     """Every head of one layer, in a near-square grid."""
     L, H, T, _ = maps.shape
@@ -132,14 +153,14 @@ def plot_layer(
             if i >= H:
                 ax.set_axis_off()
                 continue
-            _draw(ax, maps[layer, i], labels, vmax, _label_size(T) * 0.8)
+            _draw(ax, maps[layer, i], labels, vmax, _label_size(T) * 0.8, col_labels, causal)
             ax.set_title(f"head {i}", fontsize=9)
         fig.suptitle(f"layer {layer}: attention of every head (rows: queries, columns: keys)")
         fig.tight_layout()
         return _save(fig, path)
 
 
-def plot_overview(maps: torch.Tensor, path: str | os.PathLike[str]) -> tuple[int, int]:
+def plot_overview(maps: torch.Tensor, path: str | os.PathLike[str], causal: bool = True) -> tuple[int, int]:
     """All layers × heads as small maps (no token labels)."""
     L, H, T, _ = maps.shape
     cell = 1.3
@@ -150,7 +171,7 @@ def plot_overview(maps: torch.Tensor, path: str | os.PathLike[str]) -> tuple[int
             vmax = float(maps[layer].max())
             for head in range(H):
                 ax = axes[layer, head]
-                _draw(ax, maps[layer, head], None, vmax, 6)
+                _draw(ax, maps[layer, head], None, vmax, 6, causal=causal)
                 if layer == 0:
                     ax.set_title(f"head {head}", fontsize=8)
                 if head == 0:

@@ -9,13 +9,16 @@
     7. next token     p = softmax(z_T / τ)                          (V,)
 
 The forward pass runs once with ``output_attentions=True`` (the plain attention
-path), so the weights shown are the ones the model used.
+path), so the weights shown are the ones the model used. For an encoder–decoder the
+text is the source: an encoder stage (bidirectional blocks over the source) comes
+first, the stages above follow the decoder (input: BOS + ``target``), and each
+decoder block also shows its cross-attention, ``softmax(Q_dec·K_encᵀ/√d_k)``.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -23,10 +26,9 @@ import torch
 
 from gptlab.errors import GptlabError
 from gptlab.inspect.inputs import token_ids, token_label, token_labels
+from gptlab.inspect.trace_positions import N_VALUES, POSITION_STAGES, _round, _rows
 from gptlab.model import GPT
-from gptlab.model.positional import alibi_slopes
 
-N_VALUES = 4  # how many numbers of a vector to show
 TOP_ATTENTION = 3  # earlier tokens shown per head
 
 
@@ -45,86 +47,13 @@ class Trace:
     logits: dict[str, Any]  # shape, last-position statistics
     temperature: float
     next_tokens: list[dict[str, Any]]  # {id, token, logit, prob}
+    encoder: dict[str, Any] | None = None  # encoder–decoder: {tokens, layers: [{layer, attention}]}
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     def render(self) -> str:
         return "\n".join(_render(self)) + "\n"
-
-
-# --------------------------------------------------------------- positions
-def _learned(model: GPT, T: int, labels: list[str]) -> dict[str, Any]:
-    table = model.positional.wpe.weight  # type: ignore[union-attr]
-    return {
-        "where": "added to the token embeddings",
-        "formula": "h⁽⁰⁾_i = e_i + p_i,  p_i = W_p[i]",
-        "shape": [T, table.size(1)],
-        "table": "W_p",
-        "table_shape": list(table.shape),
-        "rows": _rows(table[:T], labels),
-    }
-
-
-def _sinusoidal(model: GPT, T: int, labels: list[str]) -> dict[str, Any]:
-    table = model.positional.table  # type: ignore[union-attr]
-    return {
-        "where": "added to the token embeddings (a fixed table, not learned)",
-        "formula": "h⁽⁰⁾_i = e_i + PE_i,  PE[i, 2j] = sin(i/10000^(2j/d)),  PE[i, 2j+1] = cos(i/10000^(2j/d))",
-        "shape": [T, table.size(1)],
-        "table": "PE",
-        "table_shape": list(table.shape),
-        "rows": _rows(table[:T], labels),
-    }
-
-
-def _rope(model: GPT, T: int, labels: list[str]) -> dict[str, Any]:
-    c = model.config
-    d = c.head_dim
-    theta = [c.rope_theta ** (-2 * i / d) for i in range(d // 2)]
-    return {
-        "where": "inside every attention layer: q and k are rotated; nothing is added to h⁽⁰⁾",
-        "formula": f"rotate feature pairs of q, k by angle pos·θ_i, θ_i = {c.rope_theta:g}^(−2i/d_k), d_k = {d}",
-        "values": {
-            "theta_first": _round(theta[:N_VALUES]),
-            "theta_last": _round(theta[-1:]),
-            f"angles_at_pos_{T - 1}": _round([(T - 1) * t for t in theta[:N_VALUES]]),
-        },
-    }
-
-
-def _alibi(model: GPT, T: int, labels: list[str]) -> dict[str, Any]:
-    slopes = alibi_slopes(model.config.n_head).tolist()
-    return {
-        "where": "inside every attention layer: a distance penalty on the scores; nothing is added to h⁽⁰⁾",
-        "formula": "score_ij += −m_h·(i − j),  m_h = 2^(−8h/H)",
-        "values": {"slopes": _round(slopes)},
-    }
-
-
-def _none(model: GPT, T: int, labels: list[str]) -> dict[str, Any]:
-    return {"where": "nowhere: only the causal mask tells positions apart", "formula": "h⁽⁰⁾_i = e_i"}
-
-
-POSITION_STAGES: dict[str, Callable[[GPT, int, list[str]], dict[str, Any]]] = {
-    "learned": _learned,
-    "sinusoidal": _sinusoidal,
-    "rope": _rope,
-    "alibi": _alibi,
-    "none": _none,
-}
-
-
-def _round(values: Sequence[float], digits: int = 4) -> list[float]:
-    return [round(float(v), digits) for v in values]
-
-
-def _rows(matrix: torch.Tensor, labels: list[str]) -> list[dict[str, Any]]:
-    """First ``N_VALUES`` numbers of each row of a ``(T, d)`` matrix."""
-    return [
-        {"position": i, "token": labels[i], "values": _round(row[:N_VALUES].tolist())}
-        for i, row in enumerate(matrix.float())
-    ]
 
 
 # ------------------------------------------------------------------- trace
@@ -135,6 +64,7 @@ def trace(
     text: str | Sequence[int] | torch.Tensor,
     temperature: float = 1.0,
     top: int = 10,
+    target: str | None = None,
 ) -> Trace:
     """Run ``text`` (or a list of token ids) through ``model`` and record every stage.
 
@@ -148,12 +78,21 @@ def trace(
     ids = token_ids(model, tokenizer, text)
     labels = token_labels(tokenizer, ids)
     c = model.config
+    extra: dict[str, Any] = {}
+    if c.arch == "encoder-decoder":  # the text is the source; the decoder reads BOS + target
+        src, src_labels = ids, labels
+        extra["source"] = torch.tensor([src], dtype=torch.long, device=model.device)
+        ids = [
+            getattr(tokenizer, "eot_id", None) or 0,
+            *(token_ids(model, tokenizer, target) if target else []),
+        ]
+        labels = token_labels(tokenizer, ids)
     T = len(ids)
     was_training = model.training
     model.eval()
     try:
         idx = torch.tensor([ids], dtype=torch.long, device=model.device)
-        out = model.run(idx, output_attentions=True, output_hidden_states=True)
+        out = model.run(idx, output_attentions=True, output_hidden_states=True, **extra)
         tok_emb = model.wte(idx)[0]  # (T, d_model)
         hidden = out.hidden_states or []
         final = model.norm_f(hidden[-1])[0]  # (T, d_model)
@@ -167,23 +106,21 @@ def trace(
 
     layers = []
     for layer, (h, attn) in enumerate(zip(hidden[1:], out.attentions or [])):
-        heads = []
-        for head in range(attn.size(1)):
-            row = attn[0, head, -1].float()  # (T,): the last position over every position ≤ it
-            w, j = row.topk(min(TOP_ATTENTION, T))
-            heads.append(
-                {
-                    "head": head,
-                    "kv_head": head // c.n_rep,
-                    "top": [
-                        {"position": int(p), "token": labels[int(p)], "weight": round(float(x), 4)}
-                        for x, p in zip(w, j)
-                    ],
-                }
-            )
-        layers.append(
-            {"layer": layer, "residual_norms": _round(h[0].float().norm(dim=-1).tolist()), "attention": heads}
-        )
+        norms = _round(h[0].float().norm(dim=-1).tolist())
+        layers.append({"layer": layer, "residual_norms": norms, "attention": _heads(attn, labels, c.n_rep)})
+        if out.cross_attentions:  # the last target position over the source tokens
+            layers[-1]["cross_attention"] = _heads(out.cross_attentions[layer], src_labels, c.n_rep)
+    encoder = None
+    if out.encoder_attentions:
+        encoder = {
+            "tokens": [
+                {"position": i, "id": t, "token": lab} for i, (t, lab) in enumerate(zip(src, src_labels))
+            ],
+            "layers": [
+                {"layer": i, "attention": _heads(a, src_labels, c.n_rep)}
+                for i, a in enumerate(out.encoder_attentions)
+            ],
+        }
     position = {"kind": c.pos, **POSITION_STAGES[c.pos](model, T, labels)}
     return Trace(
         text=text if isinstance(text, str) else None,
@@ -233,7 +170,20 @@ def trace(
             {"id": int(i), "token": token_label(tokenizer, int(i)), "logit": float(last[i]), "prob": float(p)}
             for p, i in zip(top_p, top_i)
         ],
+        encoder=encoder,
     )
+
+
+def _heads(attn: torch.Tensor, labels: list[str], n_rep: int) -> list[dict[str, Any]]:
+    """Per head, the ``TOP_ATTENTION`` keys the last query attends to most. attn: (1, H, T_q, T_k)."""
+    heads = []
+    for head in range(attn.size(1)):
+        w, j = attn[0, head, -1].float().topk(min(TOP_ATTENTION, attn.size(-1)))
+        top = [
+            {"position": int(p), "token": labels[int(p)], "weight": round(float(x), 4)} for x, p in zip(w, j)
+        ]
+        heads.append({"head": head, "kv_head": head // n_rep, "top": top})
+    return heads
 
 
 def _probabilities(logits: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -282,6 +232,16 @@ def _render(t: Trace) -> list[str]:
     for x in t.tokens:
         lines.append(f"   {x['position']:>4}  {x['id']:>6}  {_quoted(x['token'])}")
     lines.append("")
+    if t.encoder is not None:
+        src = "".join(x["token"] for x in t.encoder["tokens"])
+        lines.append(f"1b. Encoder: {len(t.encoder['layers'])} bidirectional blocks over the source {src!r}")
+        lines.append(
+            "   (tokens above are the decoder's input: BOS + target; attention of the last source token)"
+        )
+        for layer in t.encoder["layers"]:
+            lines.append(f"   encoder block {layer['layer']}:")
+            lines += _head_lines(layer["attention"], "head")
+        lines.append("")
 
     e = t.embedding
     lines.append(
@@ -323,9 +283,8 @@ def _render(t: Trace) -> list[str]:
             f"   block {layer['layer']}: ‖h⁽{_sup(layer['layer'] + 1)}⁾‖ last {norms[-1]:.3f}, "
             f"mean {sum(norms) / T:.3f}"
         )
-        for h in layer["attention"]:
-            tops = "  ".join(f"{_quoted(a['token'])}@{a['position']} {a['weight']:.2f}" for a in h["top"])
-            lines.append(f"      head {h['head']:>2}: {tops}")
+        lines += _head_lines(layer["attention"], "head")
+        lines += _head_lines(layer.get("cross_attention", []), "cross")  # over the source tokens
     lines.append("")
 
     f = t.final
@@ -352,6 +311,14 @@ def _render(t: Trace) -> list[str]:
             f"p {x['prob']:.4f}  {bar}"
         )
     return lines
+
+
+def _head_lines(heads: list[dict[str, Any]], name: str) -> list[str]:
+    return [
+        f"      {name} {h['head']:>2}: "
+        + "  ".join(f"{_quoted(a['token'])}@{a['position']} {a['weight']:.2f}" for a in h["top"])
+        for h in heads
+    ]
 
 
 _SUP = str.maketrans("0123456789", "⁰¹²³⁴⁵⁶⁷⁸⁹")

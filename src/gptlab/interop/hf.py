@@ -147,6 +147,8 @@ def tokenizer_from_hf(directory: str | os.PathLike[str]) -> Any | None:
 
 def export_family(config: GPTConfig) -> Family:
     """The first family of ``FAMILIES`` that can represent ``config``, or a ``GptlabError`` saying why none can."""
+    if config.arch != "decoder":  # the exported families are causal decoders
+        raise GptlabError(f"this model has no Hugging Face transformers equivalent: arch={config.arch!r}")
     problems = {}
     for key, family in FAMILIES.items():
         problems[key] = family.export_problems(config)

@@ -1,7 +1,28 @@
 """The network and nothing else: no file I/O, no tokenizer, no printing."""
 
 from gptlab.model.config import PRESETS, GPTConfig
+from gptlab.model.encdec import BoundDecoder, EncoderDecoder
 from gptlab.model.gpt import GPT, ModelOutput
 from gptlab.model.kvcache import KVCache, LayerKVCache
 
-__all__ = ["GPT", "GPTConfig", "ModelOutput", "KVCache", "LayerKVCache", "PRESETS"]
+#: config.arch → the model class (an encoder is a GPT without the causal mask)
+MODELS: dict[str, type[GPT]] = {"decoder": GPT, "encoder": GPT, "encoder-decoder": EncoderDecoder}
+
+
+def build_model(config: GPTConfig) -> GPT:
+    """The model ``config.arch`` names: ``GPT`` (decoder or encoder) or ``EncoderDecoder``."""
+    return MODELS[config.arch](config)
+
+
+__all__ = [
+    "GPT",
+    "GPTConfig",
+    "BoundDecoder",
+    "EncoderDecoder",
+    "ModelOutput",
+    "KVCache",
+    "LayerKVCache",
+    "MODELS",
+    "PRESETS",
+    "build_model",
+]

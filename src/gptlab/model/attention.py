@@ -4,6 +4,9 @@
     Attention(Q, K, V) = softmax(Q·Kᵀ/√d_k + M)·V       M_ij = 0 if j ≤ i else −∞
     MultiHead(H) = Concat(head_1, …, head_h)·W_O
 
+With ``causal=False`` (an encoder, document 004 §8) there is no ``M``: every position
+attends to every other; a padding mask (``attn_mask``) still hides padded keys.
+
 Two paths compute the same function and are tested to agree to 1e-5 (float32):
 
 * ``plain``: the equation written out; it can return the attention weights;
@@ -42,6 +45,17 @@ def causal_mask(n_q: int, n_k: int, device: torch.device) -> torch.Tensor:
     return torch.ones(n_q, n_k, dtype=torch.bool, device=device).tril(diagonal=n_k - n_q)
 
 
+def _allowed(
+    n_q: int, n_k: int, attn_mask: torch.Tensor | None, causal: bool, device: torch.device
+) -> torch.Tensor:
+    """Which keys each query may see: ``attn_mask`` if given, else the causal mask, else all."""
+    if attn_mask is not None:
+        return attn_mask
+    if causal:
+        return causal_mask(n_q, n_k, device)
+    return torch.ones(n_q, n_k, dtype=torch.bool, device=device)
+
+
 def _full_mask(
     n_q: int,
     n_k: int,
@@ -49,9 +63,10 @@ def _full_mask(
     bias: torch.Tensor | None,
     device: torch.device,
     dtype: torch.dtype,
+    causal: bool = True,
 ) -> torch.Tensor:
     """The additive mask ``M`` (plus the ALiBi bias), broadcastable to ``(B, H, n_q, n_k)``."""
-    allowed = causal_mask(n_q, n_k, device) if attn_mask is None else attn_mask
+    allowed = _allowed(n_q, n_k, attn_mask, causal, device)
     m = torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill(~allowed, float("-inf"))
     return m if bias is None else m + bias
 
@@ -64,11 +79,12 @@ def plain_attention(
     bias: torch.Tensor | None,
     dropout_p: float,
     need_weights: bool,
+    causal: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``softmax(Q·Kᵀ/√d_k + M)·V`` written out. q: (B, H, T_q, d_k); k, v: (B, H, T_k, d_k)."""
     n_q, n_k, d_k = q.size(-2), k.size(-2), q.size(-1)
     scores = (q @ k.transpose(-2, -1)) / math.sqrt(d_k)  # (B, H, T_q, T_k)
-    scores = scores.float() + _full_mask(n_q, n_k, attn_mask, bias, q.device, torch.float32)
+    scores = scores.float() + _full_mask(n_q, n_k, attn_mask, bias, q.device, torch.float32, causal)
     weights = torch.softmax(scores, dim=-1).to(q.dtype)  # rows sum to 1, exact zeros where M = −∞
     dropped = F.dropout(weights, dropout_p) if dropout_p > 0 else weights
     return dropped @ v, (weights if need_weights else None)
@@ -82,29 +98,48 @@ def sdpa_attention(
     bias: torch.Tensor | None,
     dropout_p: float,
     need_weights: bool,
+    causal: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The same function through ``F.scaled_dot_product_attention``."""
     n_q, n_k = q.size(-2), k.size(-2)
     if attn_mask is None and bias is None:
-        if n_q == 1:  # one new token sees every cached key: no mask at all
+        if n_q == 1 or not causal:  # one new token sees every cached key, or no M: no mask at all
             return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p), None
         if n_q == n_k:
             return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True), None
     if bias is None:
-        mask = causal_mask(n_q, n_k, q.device) if attn_mask is None else attn_mask
+        mask = _allowed(n_q, n_k, attn_mask, causal, q.device)
     else:
-        mask = _full_mask(n_q, n_k, attn_mask, bias, q.device, q.dtype)
+        mask = _full_mask(n_q, n_k, attn_mask, bias, q.device, q.dtype, causal)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p), None
 
 
 ATTENTION_PATHS = {"plain": plain_attention, "sdpa": sdpa_attention}
 
 
-class CausalSelfAttention(nn.Module):
-    """``MultiHead(H) = Concat(head_1..head_h)·W_O`` with causal masking, optional GQA, QK-norm."""
+def split_heads(x: torch.Tensor, n_head: int, head_dim: int) -> torch.Tensor:
+    """``(B, T, n_head·d_k)`` → ``(B, n_head, T, d_k)``."""
+    B, T, _ = x.shape
+    return x.view(B, T, n_head, head_dim).transpose(1, 2)
 
-    def __init__(self, config: GPTConfig) -> None:
+
+def share_kv_heads(k: torch.Tensor, v: torch.Tensor, n_head: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """GQA/MQA: each of the ``H_kv`` key/value heads serves ``n_head/H_kv`` query heads."""
+    rep = n_head // k.size(1)
+    if rep == 1:
+        return k, v
+    return k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+
+
+class CausalSelfAttention(nn.Module):
+    """``MultiHead(H) = Concat(head_1..head_h)·W_O`` with causal masking, optional GQA, QK-norm.
+
+    ``causal=False`` (default: ``config.causal``) drops the causal mask: bidirectional attention.
+    """
+
+    def __init__(self, config: GPTConfig, causal: bool | None = None) -> None:
         super().__init__()
+        self.causal = bool(config.causal if causal is None else causal)
         assert config.n_kv_head is not None
         self.n_head, self.n_kv_head, self.head_dim = config.n_head, config.n_kv_head, config.head_dim
         q_dim, kv_dim = self.n_head * self.head_dim, self.n_kv_head * self.head_dim
@@ -130,21 +165,19 @@ class CausalSelfAttention(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         B, T, _ = x.shape
         q, k, v = self.qkv(x).split([self.q_dim, self.kv_dim, self.kv_dim], dim=-1)
-        q = self.q_norm(q.view(B, T, self.n_head, self.head_dim)).transpose(1, 2)  # (B, H, T, d_k)
-        k = self.k_norm(k.view(B, T, self.n_kv_head, self.head_dim)).transpose(1, 2)  # (B, H_kv, T, d_k)
-        v = v.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)
+        q = self.q_norm(split_heads(q, self.n_head, self.head_dim))  # (B, H, T, d_k)
+        k = self.k_norm(split_heads(k, self.n_kv_head, self.head_dim))  # (B, H_kv, T, d_k)
+        v = split_heads(v, self.n_kv_head, self.head_dim)
         q, k = positional.rotate(q, k, pos)
         if cache is not None:
             k, v = cache.update(k, v)  # all keys/values so far: (B, H_kv, T_k, d_k)
             if k.dtype != q.dtype:  # attend in the wider of the activations' and the cache's dtypes
                 wide = torch.promote_types(q.dtype, k.dtype)
                 q, k, v = q.to(wide), k.to(wide), v.to(wide)
-        if self.n_kv_head != self.n_head:  # GQA/MQA: each KV head serves n_head/n_kv_head query heads
-            rep = self.n_head // self.n_kv_head
-            k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
-        bias = positional.bias(T, k.size(-2), x.device, q.dtype)
+        k, v = share_kv_heads(k, v, self.n_head)  # (B, H, T_k, d_k)
+        bias = positional.bias(T, k.size(-2), x.device, q.dtype, causal=self.causal)
         path = "plain" if need_weights else self.impl
         dropout_p = self.dropout if self.training else 0.0
-        y, weights = ATTENTION_PATHS[path](q, k, v, attn_mask, bias, dropout_p, need_weights)
+        y, weights = ATTENTION_PATHS[path](q, k, v, attn_mask, bias, dropout_p, need_weights, self.causal)
         y = y.transpose(1, 2).reshape(B, T, self.q_dim).to(x.dtype)  # Concat(head_1..head_h)
         return self.resid_dropout(self.proj(y)), weights

@@ -19,7 +19,7 @@ from typing import Any
 from gptlab import configs
 from gptlab.errors import GptlabError
 
-GATED_MLPS = ("swiglu",)
+GATED_MLPS = ("swiglu", "geglu", "reglu", "dual_glu")  # three matrices: (act(x·W_1) ⊙ x·W_3)·W_2, or σ ⊙ σ
 # The names an option accepts are the keys of the registry that builds it. The registries' modules
 # import this one, so they are read when a config is validated (by then ``gptlab.model`` is loaded).
 REGISTRIES = {
@@ -27,12 +27,16 @@ REGISTRIES = {
     "norm": ("gptlab.model.norms", "NORMS"),
     "norm_placement": ("gptlab.model.block", "RESIDUALS"),
     "mlp": ("gptlab.model.mlp", "MLPS"),
+    "glu_act": ("gptlab.model.mlp", "GATE_ACTIVATIONS"),  # σ of mlp="dual_glu"
+    "arch": ("gptlab.model", "MODELS"),  # decoder, encoder, encoder-decoder
 }
 _OPTION_TUPLES = {
     "POS_OPTIONS": "pos",
     "NORM_OPTIONS": "norm",
     "PLACEMENT_OPTIONS": "norm_placement",
     "MLP_OPTIONS": "mlp",
+    "GLU_ACT_OPTIONS": "glu_act",
+    "ARCH_OPTIONS": "arch",
 }
 
 
@@ -51,9 +55,10 @@ def __getattr__(name: str) -> tuple[str, ...]:  # POS_OPTIONS, NORM_OPTIONS, ...
 def _default_d_ff(n_embd: int, mlp: str) -> int:
     """Hidden width of the feed-forward network.
 
-    Ungated: ``4·d_model`` (the blueprint's ratio). Gated (SwiGLU) has three
-    matrices, so it uses ``8/3·d_model`` rounded up to a multiple of 64 to keep
-    the parameter count close to ``8·d_model²``.
+    Ungated: ``4·d_model`` (the blueprint's ratio). Gated networks (SwiGLU, GEGLU,
+    ReGLU, the blueprint's σ ⊙ σ) have three matrices, so they use ``2/3·4·d_model =
+    8/3·d_model`` rounded up to a multiple of 64 to keep the parameter count close
+    to ``8·d_model²``.
     """
     if mlp in GATED_MLPS:
         return 64 * math.ceil(8 * n_embd / 3 / 64)
@@ -62,7 +67,7 @@ def _default_d_ff(n_embd: int, mlp: str) -> int:
 
 @dataclass
 class GPTConfig:
-    """Shapes and options of a decoder-only transformer.
+    """Shapes and options of a transformer: decoder-only (GPT), encoder-only (BERT) or encoder–decoder.
 
     The names follow GPT-2 / nanoGPT: ``n_embd`` is the blueprint's ``d_model``,
     ``block_size`` the context length ``T_max``, ``d_k = n_embd / n_head``.
@@ -74,13 +79,14 @@ class GPTConfig:
     n_head: int = 12
     n_kv_head: int | None = None  # None: same as n_head (MHA). 1: MQA. A divisor: GQA.
     n_embd: int = 768
-    d_ff: int | None = None  # None: 4·n_embd (8/3·n_embd for swiglu)
+    d_ff: int | None = None  # None: 4·n_embd (8/3·n_embd for the gated networks)
     pos: str = "learned"
     rope_theta: float = 10000.0
     norm: str = "layernorm"
     norm_eps: float = 1e-5
     norm_placement: str = "pre"
     mlp: str = "gelu"
+    glu_act: str = "sigmoid"  # σ of mlp="dual_glu": σ(x·W_1 + b_1) ⊙ σ(x·W_3 + b_3), then W_2
     bias: bool = True
     dropout: float = 0.0
     tie_embeddings: bool = True
@@ -91,6 +97,10 @@ class GPTConfig:
     moe_aux_weight: float = 0.01
     init_std: float = 0.02
     zero_init_residual: bool = False  # zero the residual output projections (a modern recipe)
+    vocab_multiple: int = 1  # pad embedding and head rows internally to a multiple of this (64 on GPUs)
+    arch: str = "decoder"  # decoder (GPT) | encoder (bidirectional, BERT) | encoder-decoder (T5)
+    causal: bool | None = None  # None: False for arch="encoder", else True (the mask M)
+    n_encoder_layer: int | None = None  # encoder-decoder: encoder blocks (None: n_layer); else 0
     extra: dict[str, Any] = field(
         default_factory=dict
     )  # free-form notes (e.g. the source of imported weights)
@@ -100,6 +110,10 @@ class GPTConfig:
             self.n_kv_head = self.n_head
         if self.d_ff is None:
             self.d_ff = _default_d_ff(self.n_embd, self.mlp)
+        if self.causal is None:
+            self.causal = self.arch != "encoder"
+        if self.n_encoder_layer is None:
+            self.n_encoder_layer = self.n_layer if self.arch == "encoder-decoder" else 0
         self.validate()
 
     # ------------------------------------------------------------------ checks
@@ -110,7 +124,16 @@ class GPTConfig:
             if not ok:
                 raise GptlabError(f"invalid model config: {msg}")
 
-        for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd", "d_ff", "n_kv_head"):
+        for name in (
+            "vocab_size",
+            "block_size",
+            "n_layer",
+            "n_head",
+            "n_embd",
+            "d_ff",
+            "n_kv_head",
+            "vocab_multiple",
+        ):
             value = getattr(self, name)
             need(
                 isinstance(value, int) and not isinstance(value, bool) and value > 0,
@@ -119,6 +142,21 @@ class GPTConfig:
         for option in REGISTRIES:
             names, value = option_names(option), getattr(self, option)
             need(value in names, f"{option} must be one of {', '.join(names)}; got {value!r}")
+        need(isinstance(self.causal, bool), f"causal must be true, false or null, got {self.causal!r}")
+        need(
+            not (self.arch == "encoder" and self.causal),
+            "arch='encoder' is bidirectional; drop causal=true (or use arch='decoder')",
+        )
+        need(
+            not (self.arch == "encoder-decoder" and not self.causal),
+            "the decoder of arch='encoder-decoder' stays causal; drop causal=false",
+        )
+        need(
+            isinstance(self.n_encoder_layer, int)
+            and self.n_encoder_layer >= 0
+            and (self.n_encoder_layer > 0) == (self.arch == "encoder-decoder"),
+            f"n_encoder_layer must be ≥ 1 for arch='encoder-decoder' and 0 otherwise, got {self.n_encoder_layer!r}",
+        )
         need(
             self.n_embd % self.n_head == 0,
             f"n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head}); "
@@ -162,6 +200,16 @@ class GPTConfig:
         return self.n_embd // self.n_head
 
     @property
+    def padded_vocab_size(self) -> int:
+        """Rows of the embedding and the head: ``vocab_size`` rounded up to ``vocab_multiple``.
+
+        The extra rows are never a token: their logits are sliced off (and masked out of the
+        loss), checkpoints and exports hold ``vocab_size`` rows. 50,257 → 50,304 lets GPU matrix
+        products use their fastest tiles.
+        """
+        return self.vocab_multiple * math.ceil(self.vocab_size / self.vocab_multiple)
+
+    @property
     def n_rep(self) -> int:
         """How many query heads share one key/value head (1 for MHA)."""
         assert self.n_kv_head is not None
@@ -190,6 +238,8 @@ class GPTConfig:
         data = self.to_dict()
         if "mlp" in changes or "n_embd" in changes:
             data["d_ff"] = None  # re-derive unless given
+        if "arch" in changes:
+            data["causal"] = data["n_encoder_layer"] = None
         data.update(changes)
         return GPTConfig.from_dict(data)
 

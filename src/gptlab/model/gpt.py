@@ -13,13 +13,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from gptlab.errors import GptlabError
 from gptlab.model.block import Block
 from gptlab.model.config import GPTConfig
 from gptlab.model.kvcache import KVCache
+from gptlab.model.loss import next_token_loss
 from gptlab.model.mlp import MixtureOfExperts
 from gptlab.model.norms import NORMS, make_norm
 from gptlab.model.positional import POSITIONAL
@@ -34,28 +34,39 @@ class ModelOutput:
     aux_loss: torch.Tensor | None = None  # MoE load-balancing loss, summed over layers
     hidden_states: list[torch.Tensor] | None = None  # residual stream: input + after each block
     attentions: list[torch.Tensor] | None = None  # per layer (B, H, T, T_k), from the plain path
+    cross_attentions: list[torch.Tensor] | None = None  # encoder–decoder: per layer (B, H, T, S)
+    encoder_attentions: list[torch.Tensor] | None = None  # encoder–decoder: per layer (B, H, S, S)
 
 
 class GPT(nn.Module):
-    """A GPT built from ``GPTConfig``: ``model(idx)`` → logits; ``model(idx, targets)`` → (logits, loss)."""
+    """A GPT built from ``GPTConfig``: ``model(idx)`` → logits; ``model(idx, targets)`` → (logits, loss).
+
+    ``config.causal = False`` (``arch="encoder"``) makes every block bidirectional: a
+    BERT-style encoder whose logits at position i predict the token there (masked LM).
+    """
+
+    block_type: type[Block] = Block
 
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
         self.config = config
-        self.wte = nn.Embedding(config.vocab_size, config.n_embd)  # W_e
+        self.wte = nn.Embedding(config.padded_vocab_size, config.n_embd)  # W_e (+ padding rows)
         self.positional = POSITIONAL[config.pos](config)
         self.drop = nn.Dropout(config.dropout)
-        self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layer))
+        self.blocks = nn.ModuleList(self.block_type(config) for _ in range(config.n_layer))
         # pre-norm stacks end with a norm; a post-norm block's output is already normalised
         self.norm_f = (
             make_norm(config.norm, config.n_embd, config.norm_eps, config.bias)
             if config.norm_placement == "pre"
             else nn.Identity()
         )
-        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        self.lm_head = nn.Linear(config.n_embd, config.padded_vocab_size, bias=False)
         if config.tie_embeddings:
             self.lm_head.weight = self.wte.weight  # eq. 9: logits = h·W_eᵀ, one shared matrix
         self.apply(self._init_weights)
+        with torch.no_grad():  # padding rows are never a token: zero, and kept so (no gradient reaches them)
+            self.wte.weight[config.vocab_size :].zero_()
+            self.lm_head.weight[config.vocab_size :].zero_()
 
     # ------------------------------------------------------------------ init
     def _init_weights(self, module: nn.Module) -> None:
@@ -81,8 +92,9 @@ class GPT(nn.Module):
 
         if impl not in ATTENTION_PATHS:
             raise GptlabError(f"unknown attention path {impl!r}; choose one of {', '.join(ATTENTION_PATHS)}")
-        for block in self.blocks:
-            block.attn.impl = impl
+        for module in self.modules():
+            if hasattr(module, "impl"):
+                module.impl = impl
         return self
 
     @property
@@ -107,44 +119,78 @@ class GPT(nn.Module):
         last_only: bool = False,  # compute logits for the last position only (generation)
     ) -> ModelOutput:
         """The whole forward pass, with every optional output."""
+        pos = self._positions(idx, pos, cache)
+        x = self.drop(self.positional.embed(self.wte(idx), pos))  # h⁽⁰⁾ = e_x + p: (B, T, d_model)
+        x, hidden, attentions = self._stack(
+            self.blocks, x, pos, self.positional, cache, attn_mask, output_attentions, output_hidden_states
+        )
+        return self._head(x, targets, last_only, hidden, attentions)
+
+    def _positions(self, idx: torch.Tensor, pos: torch.Tensor | None, cache: KVCache | None) -> torch.Tensor:
+        """``pos`` if given, else ``cache.length + arange(T)``, checked against ``block_size``."""
         if idx.dim() != 2:
             raise GptlabError(f"idx must have shape (B, T), got {tuple(idx.shape)}")
-        B, T = idx.shape
-        if pos is None:
-            start = cache.length if cache is not None else 0
-            if start + T > self.config.block_size:
-                raise GptlabError(
-                    f"sequence of {start + T} tokens exceeds the context length "
-                    f"block_size={self.config.block_size}; shorten the input"
-                )
-            pos = torch.arange(start, start + T, device=idx.device)
-        x = self.positional.embed(self.wte(idx), pos)  # h⁽⁰⁾ = e_x + p: (B, T, d_model)
-        x = self.drop(x)
+        if pos is not None:
+            return pos
+        T = idx.size(1)
+        start = cache.length if cache is not None else 0
+        if start + T > self.config.block_size:
+            raise GptlabError(
+                f"sequence of {start + T} tokens exceeds the context length "
+                f"block_size={self.config.block_size}; shorten the input"
+            )
+        return torch.arange(start, start + T, device=idx.device)
+
+    def _stack(
+        self,
+        blocks: nn.ModuleList,
+        x: torch.Tensor,  # (B, T, d_model)
+        pos: torch.Tensor,
+        positional: nn.Module,
+        cache: Any,
+        attn_mask: torch.Tensor | None,
+        output_attentions: bool,
+        output_hidden_states: bool,
+        **block_kwargs: Any,
+    ) -> tuple[torch.Tensor, list[torch.Tensor] | None, list[Any] | None]:
+        """``h⁽ˡ⁾ = Block_l(h⁽ˡ⁻¹⁾)`` for each block → (h⁽ᴺ⁾, residual streams?, attention weights?)."""
         hidden = [x] if output_hidden_states else None
-        attentions: list[torch.Tensor] | None = [] if output_attentions else None
-        for i, block in enumerate(self.blocks):
+        attentions: list[Any] | None = [] if output_attentions else None
+        for i, block in enumerate(blocks):
             layer_cache = cache.layers[i] if cache is not None else None
-            x, weights = block(x, pos, self.positional, layer_cache, attn_mask, output_attentions)
+            extra = {k: v[i] for k, v in block_kwargs.items()}  # per-layer arguments (cross K/V)
+            x, weights = block(x, pos, positional, layer_cache, attn_mask, output_attentions, **extra)
             if hidden is not None:
                 hidden.append(x)
             if attentions is not None:
                 assert weights is not None
                 attentions.append(weights)
+        return x, hidden, attentions
+
+    def _head(
+        self,
+        x: torch.Tensor,  # (B, T, d_model), the last block's output
+        targets: torch.Tensor | None,
+        last_only: bool,
+        hidden: list[torch.Tensor] | None,
+        attentions: list[torch.Tensor] | None,
+    ) -> ModelOutput:
+        """Final norm, logits ``h·W_eᵀ`` (soft-capped if set) and the cross-entropy over targets ≠ −1."""
         x = self.norm_f(x)
         if last_only:
             x = x[:, -1:, :]
-        logits = self.lm_head(x)  # (B, T, vocab_size)
+        logits = self.lm_head(x)  # (B, T, padded_vocab_size)
         if self.config.logit_softcap is not None:
             cap = self.config.logit_softcap
             logits = cap * torch.tanh(logits / cap)
         aux = self._aux_loss()
         loss = None
         if targets is not None:
-            loss = F.cross_entropy(
-                logits.reshape(-1, logits.size(-1)).float(), targets.reshape(-1), ignore_index=-1
-            )
+            loss = next_token_loss(logits, targets, self.config.vocab_size)
             if aux is not None:
                 loss = loss + self.config.moe_aux_weight * aux
+        if logits.size(-1) != self.config.vocab_size:
+            logits = logits[..., : self.config.vocab_size]  # the padding columns are never a token
         return ModelOutput(
             logits=logits, loss=loss, aux_loss=aux, hidden_states=hidden, attentions=attentions
         )
@@ -168,7 +214,9 @@ class GPT(nn.Module):
         ``temperature=0`` is greedy; every option of ``gptlab.generate.SampleConfig`` is accepted.
         """
         from gptlab.generate import generate_ids
+        from gptlab.generate.seq2seq import check_generative
 
+        check_generative(self)  # a bidirectional encoder has no next-token distribution
         return generate_ids(self, idx, max_new_tokens, **sampling)
 
     # ---------------------------------------------------------- parameters
@@ -176,6 +224,7 @@ class GPT(nn.Module):
         """Parameter counts by part: embeddings, positions, attention, feed_forward, norms, head, total.
 
         A tied head counts once (under embeddings); ``total_without_positions`` omits the learned table.
+        The vocabulary's padding rows (``vocab_multiple``) are not counted: they are never a token.
         """
         counts = dict.fromkeys(("embeddings", "positions", "attention", "feed_forward", "norms", "head"), 0)
         seen: set[int] = set()
@@ -185,7 +234,9 @@ class GPT(nn.Module):
                 if id(p) in seen:
                     continue
                 seen.add(id(p))
-                counts[_part_of(name, module, norm_types)] += p.numel()
+                vocab_rows = name in ("wte", "lm_head") and p.dim() == 2  # padding rows left out
+                n = self.config.vocab_size * p.size(1) if vocab_rows else p.numel()
+                counts[_part_of(name, module, norm_types)] += n
         counts["total"] = sum(counts.values())
         counts["total_without_positions"] = counts["total"] - counts["positions"]
         return counts
@@ -194,8 +245,8 @@ class GPT(nn.Module):
 def _part_of(name: str, module: nn.Module, norm_types: tuple[type, ...]) -> str:
     if isinstance(module, norm_types):
         return "norms"
-    parts = {"wte": "embeddings", "positional": "positions", "lm_head": "head"}
+    parts = {"wte": "embeddings", "positional": "positions", "enc_positional": "positions", "lm_head": "head"}
     head = name.split(".")[0]
     if head in parts:
         return parts[head]
-    return "attention" if ".attn." in f".{name}." else "feed_forward"
+    return "attention" if (".attn." in f".{name}." or ".cross_attn." in f".{name}.") else "feed_forward"

@@ -1,7 +1,14 @@
 """Position-wise feed-forward networks (blueprint §2.2.2, eq. 6), chosen by name.
 
     FFN(x) = σ(x·W_1 + b_1)·W_2 + b_2        σ ∈ {ReLU, GELU, GELU-tanh, ReLU²}
-    SwiGLU(x) = (SiLU(x·W_1) ⊙ x·W_3)·W_2
+    GLU family:  (act(x·W_1) ⊙ x·W_3)·W_2     SwiGLU (act = SiLU), GEGLU (GELU), ReGLU (ReLU)
+    dual_glu:    (σ(x·W_1 + b_1) ⊙ σ(x·W_3 + b_3))·W_2 + b_2
+                 (document 000's FFNN(x) = σ(W₁x + b₁) × σ(W₂x + b₂), then the output
+                 projection; σ = ``config.glu_act``, sigmoid by default)
+
+Every gated network has three matrices, so its default ``d_ff`` is 2/3 of 4·d_model
+(``GPTConfig``) and its parameter count is ``3·d·d_ff (+ 2·d_ff + d)``
+(``ffn_param_count``, which ``gptlab size`` uses).
 
 ``GELU-tanh(x) = ½·x·(1 + tanh(√(2/π)·(x + 0.044715·x³)))`` (GPT-2's approximation),
 ``ReLU²(x) = max(0, x)²``. A mixture of experts (``n_experts > 1``) routes each
@@ -57,8 +64,29 @@ class FeedForward(nn.Module):
         return self.dropout(self.proj(self.act(self.fc(x))))
 
 
-class SwiGLU(nn.Module):
-    """``SwiGLU(x) = (SiLU(x·W_1) ⊙ x·W_3)·W_2`` (Llama's feed-forward)."""
+GATE_ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "sigmoid": torch.sigmoid,
+    "tanh": torch.tanh,
+    "relu": F.relu,
+    "gelu": gelu,
+    "silu": F.silu,
+}
+
+
+class GatedFeedForward(nn.Module):
+    """``GLU(x) = (act(x·W_1) ⊙ act_up(x·W_3))·W_2``: ``gate`` is W_1, ``up`` W_3, ``proj`` W_2.
+
+    ``act`` is SiLU (SwiGLU, Llama's), GELU (GEGLU) or ReLU (ReGLU); ``act_up`` is the
+    identity, except for ``dual_glu`` where both halves pass through σ.
+    """
+
+    #: config.mlp → (act of the gate, act of the up projection or None)
+    KINDS: dict[str, tuple[str | None, str | None]] = {
+        "swiglu": ("silu", None),
+        "geglu": ("gelu", None),
+        "reglu": ("relu", None),
+        "dual_glu": (None, None),  # both σ = config.glu_act
+    }
 
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
@@ -68,9 +96,16 @@ class SwiGLU(nn.Module):
         self.proj = nn.Linear(config.d_ff, config.n_embd, bias=config.bias)  # W_2
         self.proj.residual_out = True  # type: ignore[assignment]
         self.dropout = nn.Dropout(config.dropout)
+        gate, up = self.KINDS[config.mlp]
+        self.act = GATE_ACTIVATIONS[gate or config.glu_act]
+        self.act_up = GATE_ACTIVATIONS[config.glu_act] if config.mlp == "dual_glu" else _identity
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.dropout(self.proj(F.silu(self.gate(x)) * self.up(x)))
+        return self.dropout(self.proj(self.act(self.gate(x)) * self.act_up(self.up(x))))
+
+
+def _identity(x: torch.Tensor) -> torch.Tensor:
+    return x
 
 
 MLPS: dict[str, type[nn.Module]] = {
@@ -78,7 +113,7 @@ MLPS: dict[str, type[nn.Module]] = {
     "gelu": FeedForward,
     "gelu_tanh": FeedForward,
     "relu2": FeedForward,
-    "swiglu": SwiGLU,
+    **dict.fromkeys(GatedFeedForward.KINDS, GatedFeedForward),
 }
 
 
@@ -129,7 +164,7 @@ __all__ = [
     "ACTIVATIONS",
     "MLPS",
     "FeedForward",
-    "SwiGLU",
+    "GatedFeedForward",
     "MixtureOfExperts",
     "make_mlp",
     "ffn_param_count",

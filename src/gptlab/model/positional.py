@@ -7,7 +7,8 @@ Each encoding answers three questions, and the ones it does not use are no-ops:
 * ``rotate(q, k, pos)``: RoPE rotates each pair of query/key features by the angle
   ``pos·θ_i`` with ``θ_i = base^(−2i/d_k)``;
 * ``bias(n_q, n_k)``: ALiBi adds ``−m_h·(i − j)`` to the attention score of query
-  ``i`` and key ``j``, with head slopes ``m_h = 2^(−8h/H)``.
+  ``i`` and key ``j``, with head slopes ``m_h = 2^(−8h/H)`` (``−m_h·|i − j|`` when the
+  attention is bidirectional).
 
 Sinusoidal: ``PE(pos, 2i) = sin(pos / 10000^(2i/d))``, ``PE(pos, 2i+1) = cos(pos / 10000^(2i/d))``.
 
@@ -40,7 +41,9 @@ class PositionalEncoding(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         return q, k
 
-    def bias(self, n_q: int, n_k: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor | None:
+    def bias(
+        self, n_q: int, n_k: int, device: torch.device, dtype: torch.dtype, causal: bool = True
+    ) -> torch.Tensor | None:
         return None
 
     #: True when positions beyond ``block_size`` have no meaning (a table lookup).
@@ -137,17 +140,21 @@ def alibi_slopes(n_head: int) -> torch.Tensor:
 
 
 class ALiBiPositions(PositionalEncoding):
-    """ALiBi: add ``−m_h·(i − j)`` to the score of query slot ``i`` and key slot ``j``."""
+    """ALiBi: add ``−m_h·(i − j)`` to the score of query slot ``i`` and key slot ``j``
+    (``−m_h·|i − j|`` without the causal mask)."""
 
     def __init__(self, config: GPTConfig) -> None:
         super().__init__(config)
         self.register_buffer("slopes", alibi_slopes(config.n_head), persistent=False)
 
-    def bias(self, n_q: int, n_k: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    def bias(
+        self, n_q: int, n_k: int, device: torch.device, dtype: torch.dtype, causal: bool = True
+    ) -> torch.Tensor:
         # queries occupy the last n_q of the n_k key slots (a KV cache holds the earlier ones)
         i = torch.arange(n_k - n_q, n_k, device=device)[:, None]
         j = torch.arange(n_k, device=device)[None, :]
-        dist = (i - j).clamp(min=0).to(torch.float32)  # future keys are masked anyway
+        # causal: future keys are masked anyway
+        dist = ((i - j).clamp(min=0) if causal else (i - j).abs()).to(torch.float32)
         return (-self.slopes.to(device)[:, None, None] * dist).to(dtype)  # (H, n_q, n_k)
 
 

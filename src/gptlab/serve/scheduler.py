@@ -1,6 +1,7 @@
 """The batching scheduler: one thread owns the model and decodes every request together.
 
-Continuous batching over ``gptlab.generate.BatchSession``:
+Continuous batching over ``gptlab.generate.BatchSession`` (on CUDA with a static lane beside it,
+``gptlab.generate.lanes``: CUDA graphs for the requests whose sampling runs inside them):
 
     loop:
         admit waiting jobs into free slots   (prefill: add(prompt_ids) -> logits)
@@ -36,7 +37,7 @@ import torch
 
 from gptlab.errors import GptlabError
 from gptlab.generate.beam import beam_events
-from gptlab.generate.session import BatchSession
+from gptlab.generate.lanes import Lanes
 from gptlab.generate.step import TokenEvent, TokenStep
 
 log = logging.getLogger("gptlab.serve")
@@ -140,7 +141,11 @@ class Scheduler:
         self.tokenizer = tokenizer
         self.max_batch = max_batch
         self.max_len = max_len or model.config.block_size
-        self._new_session = lambda: BatchSession(model, max_batch, max_len=self.max_len)
+        from gptlab.generate import seq2seq
+
+        self.seq2seq = seq2seq.is_seq2seq(model)  # each source has its own encoding: one job at a time
+        # a BatchSession, plus on CUDA a static lane (CUDA graphs) for the requests it can sample
+        self._new_session = lambda: Lanes(model, max_batch, max_len=self.max_len)
         self.session = self._new_session()
         self._cond = threading.Condition()
         self._waiting: deque[Job] = deque()
@@ -242,7 +247,7 @@ class Scheduler:
                 job = self._waiting[0]
                 if job.cancelled.is_set():
                     self._waiting.popleft()
-                elif job.config.beam_width > 1:
+                elif job.config.beam_width > 1 or self.seq2seq:
                     self._waiting.popleft()
                     self._beam_jobs.add(job)
                     self._beam_pool.submit(self._run_beam, job)
@@ -269,12 +274,12 @@ class Scheduler:
         if not ready:
             return
         try:
-            added = self.session.add_many([job.prompt_ids for job in ready])
+            added = self.session.add_many([job.prompt_ids for job in ready], [job.step for job in ready])
         except GptlabError:  # one bad prompt: prefill them one by one to find it
             added = []
             for job in ready:
                 try:
-                    added.append(self.session.add(job.prompt_ids))
+                    added.append(self.session.add(job.prompt_ids, job.step))
                 except GptlabError as exc:
                     self._end(job, "error", error=str(exc), status=400)
                     added.append(None)
@@ -327,11 +332,14 @@ class Scheduler:
 
     # ------------------------------------------------------------ beam search
     def _run_beam(self, job: Job) -> None:
-        """Beam search over the job's prompt ids on a worker thread."""
+        """Beam search (or an encoder–decoder's job: its prompt is the source) on a worker thread."""
+        from gptlab.generate import seq2seq
+
+        run = seq2seq.stream_ids if self.seq2seq else beam_events
         reason = "length"
         try:
             with torch.inference_mode():
-                events = beam_events(self.model, self.tokenizer, job.prompt_ids, job.config)
+                events = run(self.model, self.tokenizer, job.prompt_ids, job.config)
                 n = 0
                 try:
                     for event in events:

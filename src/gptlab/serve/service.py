@@ -74,6 +74,9 @@ class Service:
             raise GptlabError(
                 "the checkpoint has no tokenizer.json; serving needs a tokenizer to turn text into ids"
             )
+        from gptlab.generate.seq2seq import check_generative
+
+        check_generative(model)  # a masked-language encoder cannot generate
         self.model, self.tokenizer, self.model_name = model, tokenizer, model_name
         self.context = model.config.block_size
         self.cap = max_tokens_cap if max_tokens_cap is not None else max(self.context, DEFAULT_CAP)
@@ -293,6 +296,13 @@ class Service:
         if not items:
             raise APIError(400, "prompt is an empty list; give a string or a list of strings", param="prompt")
         self.check_choices(len(items), req.n)  # before any encoding
+        if req.echo and req.logprobs is not None:
+            raise APIError(
+                400,
+                "echo with logprobs would need the prompt's log-probabilities, which this server does not "
+                "compute; drop echo or logprobs",
+                param="echo",
+            )
         max_tokens = self.max_tokens(req, self.default_max_tokens()["completions"])
         warnings: list[str] = []
         prompts = []

@@ -36,7 +36,9 @@ def _blocks(model: nn.Module) -> nn.Module:
         checkpoint_wrapper,
     )
 
-    blocks = model.blocks  # type: ignore[attr-defined]
+    blocks = getattr(model, "blocks", None)
+    if blocks is None:
+        raise GptlabError("activation_checkpointing=blocks needs a model with blocks (the decoder)")
     for i, block in enumerate(blocks):
         if not isinstance(block, CheckpointWrapper):
             blocks[i] = checkpoint_wrapper(block, checkpoint_impl=CheckpointImpl.NO_REENTRANT)

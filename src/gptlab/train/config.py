@@ -66,6 +66,10 @@ class TrainConfig:
     log_every: int = 1  # steps between metrics.jsonl records (each record reads the loss: a sync on GPU)
     loggers: list[str] = field(default_factory=list)  # "tensorboard", "wandb"
     progress: bool = True  # the progress bar
+    objective: str = "causal"  # causal (next token) | mlm (masked tokens, an encoder) | seq2seq (pairs)
+    mlm_rate: float = (
+        0.15  # objective = "mlm": share of positions chosen (80 % [MASK], 10 % random, 10 % kept)
+    )
     strategy: str = "ddp"  # ddp | fsdp (under torchrun: FSDP2 shards weights, gradients and AdamW state)
     activation_checkpointing: str = "none"  # none | blocks (recompute each block in the backward)
     reshard_after_forward: bool = True  # fsdp: free gathered weights after each block's forward
@@ -130,6 +134,14 @@ class TrainConfig:
             self.optimizer in OPTIMIZERS,
             f"optimizer must be one of {', '.join(OPTIMIZERS)}; got {self.optimizer!r}",
         )
+        from gptlab.train.objectives import OBJECTIVES
+
+        need(
+            self.objective in OBJECTIVES,
+            f"objective must be one of {', '.join(OBJECTIVES)}; got {self.objective!r}",
+        )
+        need(0.0 < self.mlm_rate < 1.0, f"mlm_rate must be in (0, 1), got {self.mlm_rate}")
+
         from gptlab.train.checkpointing import ACTIVATION_CHECKPOINTING
         from gptlab.train.strategy import STRATEGIES
 

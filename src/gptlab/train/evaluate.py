@@ -42,7 +42,6 @@ class EvalResult:
         }
 
 
-@torch.no_grad()
 def loss_sum(
     model: Any,
     batches: Iterable[tuple[torch.Tensor, torch.Tensor]],
@@ -50,17 +49,34 @@ def loss_sum(
     autocast: Any = None,
 ) -> tuple[torch.Tensor, int]:
     """``(Σ token losses, token count)`` over ``batches`` (a float64 tensor sum, so ranks can all-reduce it)."""
+    return target_loss_sum(model, batches, lambda m, b: m.run(*b).loss, device, autocast)
+
+
+@torch.no_grad()
+def target_loss_sum(
+    model: Any,
+    batches: Iterable[tuple[torch.Tensor, ...]],
+    run: Any,
+    device: str | torch.device,
+    autocast: Any = None,
+) -> tuple[torch.Tensor, int]:
+    """``(Σ losses, count)`` over the positions whose target (a batch's last tensor) is not −1.
+
+    ``run(model, batch)`` returns the batch's mean loss over those positions.
+    """
     was_training = model.training
     model.eval()
     total = torch.zeros((), dtype=torch.float64, device=device)
     count = 0
     try:
-        for x, y in batches:
-            x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+        for batch in batches:
+            batch = tuple(t.to(device, non_blocking=True) for t in batch)
             with autocast if autocast is not None else contextlib.nullcontext():
-                out = model.run(x, y)
-            total += out.loss.double() * y.numel()
-            count += y.numel()
+                loss = run(model, batch)
+            n = int((batch[-1] != -1).sum())
+            if n:  # a batch with no target at all has a NaN mean and adds nothing
+                total += loss.double() * n
+                count += n
     finally:
         model.train(was_training)
     return total, count
@@ -125,6 +141,12 @@ def evaluate_path(
     autocast = (
         torch.autocast(torch.device(device).type, dtype=torch.bfloat16) if dtype == "bfloat16" else None
     )
+    if model.config.arch != "decoder":  # an encoder (masked tokens) or an encoder–decoder (pairs)
+        from gptlab.train.objectives import evaluate_objective
+
+        return evaluate_objective(model, text, data, split, batch_size, max_batches, device, autocast), (
+            f"{directory} on {data} ({split})"
+        )
     if text is not None:
         from gptlab.tokenizers.loading import read_text_file
 

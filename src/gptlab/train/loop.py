@@ -16,7 +16,6 @@ import math
 import os
 import time
 from dataclasses import dataclass
-from itertools import islice
 from pathlib import Path
 from typing import Any
 
@@ -24,15 +23,15 @@ import torch
 
 from gptlab import checkpoint as ckpt
 from gptlab.checkpoint import BEST_FILE, RUN_CONFIG_FILE, read_run_config, sharded
-from gptlab.data import TokenDataset, WindowSampler, eval_batches, n_eval_batches
 from gptlab.errors import GptlabError
 from gptlab.fileio import atomic_write_json
 from gptlab.inspect.flops import peak_flops, training_flops_per_token
-from gptlab.model import GPT
+from gptlab.model import build_model
 from gptlab.train import distributed
 from gptlab.train.config import TrainConfig, resolve_run
-from gptlab.train.evaluate import EvalResult, loss_sum
+from gptlab.train.evaluate import EvalResult
 from gptlab.train.metrics import MetricsLog, Progress
+from gptlab.train.objectives import make_objective
 from gptlab.train.optim import build_optimizer
 from gptlab.train.precision import announce
 from gptlab.train.precision import resolve as resolve_precision
@@ -102,27 +101,17 @@ class _Trainer:
         self.device = info.device
         self.device_type = torch.device(self.device).type
         torch.set_num_threads(threads(cfg, info.world_size))
-        self.data = TokenDataset(data_dir)
-        self.model_config = cfg.model_config(self.data.vocab_size)
+        self.objective = make_objective(cfg, data_dir, info.rank, info.world_size)  # batches and loss
+        self.data, self.model_config = self.objective.data, self.objective.model_config
         ckpt.check_tokenizer_fits(
-            self.data.tokenizer, self.model_config.vocab_size, data_dir / "tokenizer.json"
+            self.objective.tokenizer, self.model_config.vocab_size, data_dir / "tokenizer.json"
         )
         T = self.model_config.block_size
-        self.sampler = WindowSampler(
-            self.data.split("train"),
-            T,
-            cfg.batch_size,
-            seed=cfg.seed,
-            grad_accum=cfg.grad_accum,
-            world_size=info.world_size,
-            rank=info.rank,
-        )
-        self.data.split("val")
         self.autocast = autocast(self.device_type, cfg.dtype)
         self.tokens_per_step = cfg.batch_size * T * cfg.grad_accum * info.world_size
 
         torch.manual_seed(cfg.seed)  # the same initial weights on every rank
-        self.model = GPT(self.model_config).set_attention_impl(cfg.attention).to(self.device)
+        self.model = build_model(self.model_config).set_attention_impl(cfg.attention).to(self.device)
         self.strategy, self.forward = prepare_model(self.model, cfg, info)  # DDP/FSDP, checkpointing
         self.optimizer = build_optimizer(self.model, cfg, self.device_type)
         self.scaler = torch.amp.GradScaler("cuda") if cfg.dtype == "float16" else None
@@ -198,7 +187,13 @@ class _Trainer:
         }
         if self.strategy.sharded:  # every rank writes its own shard (DCP)
             path = sharded.save_training_checkpoint(
-                self.run_dir, self.step, self.model, self.optimizer, self.data.tokenizer, self.info, extra
+                self.run_dir,
+                self.step,
+                self.model,
+                self.optimizer,
+                self.objective.tokenizer,
+                self.info,
+                extra,
             )
         elif self.info.is_main:
             state: dict[str, Any] = {
@@ -208,7 +203,7 @@ class _Trainer:
             if self.scaler is not None:
                 state["scaler"] = self.scaler.state_dict()
             path = ckpt.save_training_checkpoint(
-                self.run_dir, self.step, self.model, self.data.tokenizer, state, extra=extra
+                self.run_dir, self.step, self.model, self.objective.tokenizer, state, extra=extra
             )
         if not self.info.is_main:
             return None
@@ -224,16 +219,11 @@ class _Trainer:
     def evaluate(self) -> dict[str, float]:
         """Loss, perplexity and bits per byte on ``eval_batches`` global batches of each split."""
         out: dict[str, float] = {}
-        T, B, n = self.model_config.block_size, self.cfg.batch_size, self.cfg.eval_batches
-        world = self.info.world_size  # eval_batches counts global batches (B per rank), shared out by rank
-        for split in ("train", "val"):
-            k = n_eval_batches(len(self.data.split(split)), T, B, n * world)
-            stop = k - k % world if self.strategy.sharded else None  # FSDP: equal batches on every rank
-            batches = islice(
-                eval_batches(self.data.split(split), T, B, n * world), self.info.rank, stop, world
-            )
-            with self.strategy.gathered(self.model):
-                total, count = loss_sum(self.model, batches, self.device, self.autocast)
+        for split in ("train", "val"):  # eval_batches counts global batches (B per rank), shared out by rank
+            with self.strategy.gathered(self.model):  # FSDP: whole weights, so ranks may differ in batches
+                total, count = self.objective.eval_sum(
+                    self.model, split, self.cfg.eval_batches, self.device, self.autocast
+                )
             sums = distributed.all_reduce_sum(
                 torch.stack([total, torch.tensor(float(count), dtype=torch.float64, device=self.device)]),
                 self.info,
@@ -249,12 +239,10 @@ class _Trainer:
         self.optimizer.set_lr_scale(learning_rate(self.step, cfg) / cfg.lr)
         total = torch.zeros((), device=self.device)
         for micro in range(cfg.grad_accum):
-            x, y = self.sampler.batch(self.step, micro)
-            x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
+            batch = self.objective.batch(self.step, micro, self.device)
             skip_sync = self.info.enabled and micro < cfg.grad_accum - 1
             with self.strategy.no_sync(self.forward, skip_sync), self.autocast:
-                _, loss = self.forward(x, y)
-                loss = loss / cfg.grad_accum
+                loss = self.objective.loss(self.forward, batch) / cfg.grad_accum
             (self.scaler.scale(loss) if self.scaler else loss).backward()
             total += loss.detach()
         if self.scaler is not None:

@@ -83,6 +83,8 @@ def _wrap_fsdp(model: nn.Module, cfg: Any, info: Any) -> nn.Module:
         )
     if cfg.compile:
         raise GptlabError("strategy=fsdp runs uncompiled here; set compile=false")
+    if getattr(model, "blocks", None) is None or getattr(cfg, "objective", "causal") != "causal":
+        raise GptlabError("strategy=fsdp supports the decoder with objective=causal")
     if cfg.dtype == "float16":
         raise GptlabError(
             "strategy=fsdp supports dtype=float32 or bfloat16 (float16 needs a sharded grad scaler)"
@@ -92,6 +94,7 @@ def _wrap_fsdp(model: nn.Module, cfg: Any, info: Any) -> nn.Module:
     for block in model.blocks:  # type: ignore[attr-defined]
         fully_shard(block, mesh=mesh, mp_policy=policy, reshard_after_forward=cfg.reshard_after_forward)
     fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=cfg.reshard_after_forward)
+    model.gptlab_reshard_after_forward = cfg.reshard_after_forward  # restored after evaluation
     return model
 
 
@@ -106,16 +109,27 @@ def _fsdp_no_sync(forward: nn.Module) -> Iterator[None]:
 
 @contextlib.contextmanager
 def _fsdp_gathered(model: nn.Module) -> Iterator[None]:
-    """The root's own weights (embedding, head, final norm) gathered, for calls that bypass ``forward``
-    (evaluation calls ``model.run``); the blocks still gather theirs through their hooks."""
-    if not hasattr(model, "unshard"):
+    """Every FSDP group's full weights gathered once and kept through the forwards (evaluation).
+
+    Evaluation calls ``model.run`` (which bypasses the root's hooks) and ranks may evaluate
+    different numbers of batches; with the weights gathered and ``reshard_after_forward`` off,
+    a forward needs no collective. Costs the full weights (in the parameter dtype) meanwhile.
+    """
+    from torch.distributed.fsdp import FSDPModule
+
+    if not isinstance(model, FSDPModule):
         yield
         return
-    model.unshard()  # type: ignore[operator]
+    groups = [m for m in model.modules() if isinstance(m, FSDPModule)]
+    model.set_reshard_after_forward(False)
+    for m in groups:
+        m.unshard()
     try:
         yield
     finally:
-        model.reshard()  # type: ignore[operator]
+        for m in groups:
+            m.reshard()
+        model.set_reshard_after_forward(bool(getattr(model, "gptlab_reshard_after_forward", True)))
 
 
 STRATEGIES: dict[str, Strategy] = {

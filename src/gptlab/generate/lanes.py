@@ -1,0 +1,107 @@
+"""The server's session: ``BatchSession``'s interface over two lanes, static and dynamic.
+
+    a request whose options run inside the graph  → the static lane (CUDA graphs, sampler inside)
+    one that wants logprobs                       → the dynamic lane (``BatchSession``)
+
+Slots ``[0, B)`` are the dynamic lane's and ``[B, 2B)`` the static lane's, so the scheduler keeps
+one slot → job map. ``free_slots`` is the smaller of the two lanes' free slots: whatever mix a
+batch of admitted requests is, it fits. Off CUDA (unless ``static_decode(model)`` asked) there is
+no static lane and every call goes straight to the ``BatchSession``.
+
+A request in the static lane keeps its ``TokenStep`` (stops, text, finish reason); only its
+sampler becomes ``CHOSEN``, and the seed its ``Sampler`` drew seeds the row inside the graph.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from gptlab.generate.graph_sampling import supports
+from gptlab.generate.session import BatchSession
+from gptlab.generate.static import StaticSession
+from gptlab.generate.static_decode import _ASKED, CHOSEN, _Choice, static_wanted
+
+
+class Lanes:
+    """A ``BatchSession`` and, on CUDA, a ``StaticSession`` behind one slot numbering."""
+
+    def __init__(self, model: Any, max_batch: int, max_len: int | None = None) -> None:
+        self.dynamic = BatchSession(model, max_batch, max_len=max_len)
+        self.max_batch, self.max_len = max_batch, self.dynamic.max_len
+        self.static: StaticSession | None = None
+        if static_wanted(model) and os.environ.get("GPTLAB_STATIC", "1") != "0":
+            choice = _ASKED.get(model) or _Choice()
+            self.static = StaticSession(
+                model,
+                max_batch,
+                self.max_len,
+                slot_base=max_batch,
+                compile=choice.compile,
+                compile_options=choice.compile_options,
+            )
+
+    @property
+    def free_slots(self) -> int:
+        if self.static is None:
+            return self.dynamic.free_slots
+        return min(self.dynamic.free_slots, self.static.free_slots)
+
+    def _lane(self, slot: int) -> BatchSession | StaticSession:
+        return self.static if self.static is not None and slot >= self.max_batch else self.dynamic
+
+    def full(self, slot: int) -> bool:
+        return self._lane(slot).full(slot)
+
+    def window_notice(self) -> str:
+        return self.dynamic.window_notice()  # both lanes slide by the same rule
+
+    def remove(self, slot: int) -> None:
+        self._lane(slot).remove(slot)
+
+    def add(self, prompt_ids: Sequence[int], step: Any | None = None) -> tuple[int, torch.Tensor | int]:
+        return self.add_many([prompt_ids], None if step is None else [step])[0]
+
+    def add_many(
+        self, prompts: Sequence[Sequence[int]], steps: Sequence[Any] | None = None
+    ) -> list[tuple[int, torch.Tensor | int]]:
+        """Prefill each prompt in its lane → ``(slot, logits)`` (dynamic) or ``(slot, token)`` (static).
+
+        ``steps`` are the requests' ``TokenStep``s; without them everything goes to the dynamic lane.
+        """
+        with warnings.catch_warnings():  # every prompt checked before any slot is taken
+            warnings.simplefilter("ignore")
+            for p in prompts:
+                self.dynamic.fit(p)
+        fast = []
+        if self.static is not None and steps is not None:
+            fast = [i for i, s in enumerate(steps) if s.top_n is None and supports(s.config)]
+        slow = [i for i in range(len(prompts)) if i not in fast]
+        out: list[Any] = [None] * len(prompts)
+        if slow:
+            for i, result in zip(slow, self.dynamic.add_many([prompts[i] for i in slow]), strict=True):
+                out[i] = result
+        if fast:
+            assert self.static is not None and steps is not None
+            configs = [steps[i].config for i in fast]
+            seeds = [steps[i].sampler.generator.initial_seed() for i in fast]
+            for i, result in zip(
+                fast, self.static.add_many([prompts[i] for i in fast], configs, seeds), strict=True
+            ):
+                out[i] = result
+                steps[i].sampler = CHOSEN
+        return out
+
+    def step(self, feed: dict[int, int]) -> dict[int, torch.Tensor | int]:
+        """One decode step of each lane that has fed slots."""
+        out: dict[int, Any] = {}
+        for lane in (self.dynamic, self.static):
+            part = {s: t for s, t in feed.items() if lane is not None and self._lane(s) is lane}
+            if part:
+                assert lane is not None
+                out.update(lane.step(part))
+        return out

@@ -1,0 +1,148 @@
+"""Encoder–decoder generation: encode the source once, then decode the target like a GPT.
+
+    H_enc = Encoder(source);  K_enc, V_enc = H_enc·W_K, H_enc·W_V   per decoder layer, once
+    y_0 = BOS;  y_t ~ choose(P(· | y_<t, source))                   until EOS (= <|endoftext|>)
+
+``EncoderDecoder.bind(source)`` holds the cached cross-attention keys and values and
+looks like a GPT to ``BatchSession``, so every strategy of ``gptlab.generate`` (greedy,
+temperature, top-k/p, min-p, penalties, beam search) runs on it unchanged: the same
+``_decode`` loop and the same ``beam_search`` drive it. A bidirectional encoder
+(``arch="encoder"``) predicts masked tokens, not the next one, so it cannot generate.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import torch
+
+from gptlab.errors import GptlabError
+from gptlab.generate.beam import beam_events, beam_search
+from gptlab.generate.config import SampleConfig
+from gptlab.generate.decode import _decode, _start
+from gptlab.generate.step import TokenEvent
+
+
+def is_seq2seq(model: Any) -> bool:
+    """True for an encoder–decoder model (it generates from a source)."""
+    return getattr(model.config, "arch", "decoder") == "encoder-decoder"
+
+
+def check_generative(model: Any, name: str = "this model") -> None:
+    """Refuse a bidirectional encoder, which has no next-token distribution to sample from."""
+    if not getattr(model.config, "causal", True):
+        raise GptlabError(
+            f"{name} is a bidirectional encoder (masked-language model): it predicts masked tokens, "
+            f'not the next one, so it cannot generate; use `gptlab fill CKPT "text with [MASK]"`'
+        )
+
+
+def source_ids(tokenizer: Any, source: str) -> list[int]:
+    """Token ids of a source text (it must not be empty)."""
+    if not isinstance(source, str):
+        raise GptlabError(f"a source must be a string, got {type(source).__name__}")
+    ids = list(tokenizer.encode(source)) if source else []
+    if not ids:
+        raise GptlabError("an encoder-decoder model needs a source to translate; give a non-empty --prompt")
+    return ids
+
+
+def _bos(tokenizer: Any) -> list[int]:
+    eot = getattr(tokenizer, "eot_id", None)
+    if eot is None:
+        raise GptlabError("the tokenizer has no <|endoftext|>, which begins and ends a target")
+    return [eot]
+
+
+def stream_events(
+    model: Any,
+    tokenizer: Any,
+    source: str,
+    config: SampleConfig | None = None,
+    *,
+    cache_dtype: torch.dtype | None = None,
+    want_probs: bool = True,
+) -> Iterator[TokenEvent]:
+    """Generate the target of ``source``, a ``TokenEvent`` per token (the interface of ``generate.stream_events``)."""
+    ids = source_ids(tokenizer, source)
+    yield from stream_ids(model, tokenizer, ids, config, cache_dtype=cache_dtype, want_probs=want_probs)
+
+
+def stream_ids(
+    model: Any,
+    tokenizer: Any,
+    source: Sequence[int],
+    config: SampleConfig | None = None,
+    *,
+    cache_dtype: torch.dtype | None = None,
+    want_probs: bool = False,
+) -> Iterator[TokenEvent]:
+    """``stream_events`` for a source given as token ids (the server's jobs)."""
+    config = config or SampleConfig()
+    if not source:
+        raise GptlabError("an encoder-decoder model needs a source to translate; give a non-empty prompt")
+    bound = model.bind(source)
+    if config.beam_width > 1:
+        yield from beam_events(bound, tokenizer, _bos(tokenizer), config, cache_dtype)
+        return
+    session, rows = _start(
+        bound, tokenizer, [_bos(tokenizer)], config, cache_dtype, top_n=5 if want_probs else None
+    )
+    yield from _decode(session, rows)
+
+
+def generate_text(
+    model: Any,
+    tokenizer: Any,
+    source: str,
+    config: SampleConfig | None = None,
+    *,
+    cache_dtype: torch.dtype | None = None,
+) -> str:
+    """The target text of ``source`` (without BOS/EOS or stop strings)."""
+    events = stream_events(model, tokenizer, source, config, cache_dtype=cache_dtype, want_probs=False)
+    return "".join(e.text for e in events)
+
+
+def generate_ids(
+    model: Any,
+    source: Sequence[int],
+    bos_id: int,
+    config: SampleConfig,
+    cache_dtype: torch.dtype | None = None,
+) -> tuple[list[int], str]:
+    """Token ids of the target of ``source`` (ids) → ``(ids without BOS and the stop token, finish_reason)``.
+
+    Stops at ``config.stop_tokens`` (give the EOS id there) or ``max_new_tokens``.
+    """
+    bound = model.bind(source)
+    if config.beam_width > 1:
+        return beam_search(bound, [bos_id], config, None, cache_dtype)
+    session, rows = _start(bound, None, [[bos_id]], config, cache_dtype)
+    tokens = [e.token_id for e in _decode(session, rows) if e.token_id is not None]
+    return tokens, rows[0].step.reason or "length"
+
+
+@torch.no_grad()
+def greedy_uncached(model: Any, source: Sequence[int], bos_id: int, steps: int) -> list[torch.Tensor]:
+    """Reference: the next-token logits of greedy decoding, re-running encoder and decoder each step."""
+    src = torch.tensor([list(source)], device=model.device)
+    ids, out = [bos_id], []
+    for _ in range(steps):
+        logits = model.run(torch.tensor([ids], device=model.device), source=src).logits[0, -1].float()
+        out.append(logits)
+        ids.append(int(logits.argmax()))
+    return out
+
+
+__all__ = [
+    "check_generative",
+    "generate_ids",
+    "generate_text",
+    "greedy_uncached",
+    "is_seq2seq",
+    "source_ids",
+    "stream_events",
+    "stream_ids",
+]

@@ -1,0 +1,393 @@
+"""Decoding whose shapes never change: a static KV cache, batch-size buckets, CUDA graphs.
+
+A decode step on a GPU is launch overhead (GPT-2 124M reads 249 MB of bf16 weights a step, 0.08 ms
+on an H100, but hundreds of kernel launches take milliseconds). Captured once as a CUDA graph and
+replayed, the step costs about its memory traffic. A graph fixes every shape and address, so:
+
+    cache:      StaticKVCache, rows (B_max, H_kv, T_max, d_k) at fixed addresses
+    rows:       active sequences are rows [0, n) of the cache; a bucket b ≥ n runs rows [0, b)
+                (rows n..b−1 are idle: they compute, but write only into their own free rows)
+    state:      per row, as tensors: length (the next position), next token, live, sampling options,
+                token counts (for the penalties) and logit bias
+    step(b):    x_r = next_r;  pos_r = length_r;  write k, v at pos_r;  attend over j ≤ pos_r
+                next_r = sample(penalise(logits_r));  length_r += live_r;  counts_r[next_r] += live_r
+                                                                        (all inside the graph)
+
+One graph per bucket (1, 2, 4, …, ``max_batch``) and sampler flavour, captured on first use through
+``torch.compile(mode="reduce-overhead", fullgraph=True)``: the step is compiled once per flavour
+with the bucket as a symbol, and inductor records one CUDA graph per bucket size. A sequence joins by a prefill into the
+next free row (prefill is compiled with dynamic shapes: prompts vary); one leaves by moving the last
+row into its place. Neither touches a graph, so nothing is re-captured.
+
+``StaticSession`` has ``BatchSession``'s methods (``add_many``, ``step``, ``remove``, ``full``) but
+samples inside the step: ``add_many(prompts, configs)`` returns each slot's first token, ``step``
+the next one. The dynamic ``BatchSession`` stays the reference; greedy tokens of both agree, with
+and without penalties (tested on the CPU, where ``compile=False`` runs the same step eagerly).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+
+from gptlab.compiling import Compiled
+from gptlab.errors import GptlabError
+from gptlab.generate.config import SampleConfig
+from gptlab.generate.graph_sampling import ROW_OPTIONS, ROW_SAMPLERS, penalise, row_options
+from gptlab.generate.session import BatchSession
+from gptlab.model.kvcache import StaticKVCache, default_cache_dtype, mark_static
+
+
+def buckets_for(max_batch: int) -> list[int]:
+    """Batch sizes that get a graph: powers of two below ``max_batch``, then ``max_batch``.
+
+    >>> buckets_for(6)
+    [1, 2, 4, 6]
+    """
+    sizes = [1 << i for i in range(max_batch.bit_length()) if 1 << i < max_batch]
+    return sizes + [max_batch]
+
+
+class _Rows(nn.Module):
+    """Per-row decoding state as buffers at fixed addresses: what a captured step reads and writes."""
+
+    def __init__(self, n: int, vocab: int, device: torch.device) -> None:
+        super().__init__()
+        spec = {
+            "length": torch.long,  # positions cached = the next token's position
+            "next_token": torch.long,  # sampled, not yet cached
+            "live": torch.bool,  # False: the row keeps its state this step (idle or paused)
+            **dict.fromkeys(ROW_OPTIONS, torch.float32),  # temperature, top_p, penalties, ...
+            "top_k": torch.long,
+            "seed": torch.long,
+        }
+        for name, dtype in spec.items():
+            self.register_buffer(
+                name, mark_static(torch.zeros(n, dtype=dtype, device=device)), persistent=False
+            )
+        for name in ("repetition", "top_p"):  # idle rows hold neutral options (l/1, keep all)
+            getattr(self, name).fill_(1.0)
+        self.top_k.fill_(vocab)
+        for name in ("counts", "bias"):  # (n, V): token counts of each row's history, its logit bias
+            self.register_buffer(name, mark_static(torch.zeros(n, vocab, device=device)), persistent=False)
+
+    # (rows as start, stop: a slice object holding a symbolic size would make dynamo specialise it)
+    def options(self, start: int, stop: int) -> list[torch.Tensor]:
+        """What the row sampler takes after the logits, for rows ``[start, stop)``."""
+        return [getattr(self, n)[start:stop] for n in ("temperature", "top_k", "top_p", "min_p", "seed")]
+
+    def penalised(self, logits: torch.Tensor, start: int, stop: int) -> torch.Tensor:
+        return penalise(
+            logits,
+            self.counts[start:stop],
+            self.repetition[start:stop],
+            self.frequency[start:stop],
+            self.presence[start:stop],
+            self.bias[start:stop],
+        )
+
+    def move(self, dst: int, src: int) -> None:
+        for t in self.buffers():
+            t[dst] = t[src]
+
+
+class _DecodeLayer:
+    """One layer's cache inside a step of ``b`` rows: write ``k_t`` at each row's position, read all."""
+
+    def __init__(self, k: torch.Tensor, v: torch.Tensor, at: torch.Tensor) -> None:
+        self.k, self.v, self.at = k, v, at  # at: (b, H_kv, 1, d_k) index of each row's position
+
+    def update(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        self.k.scatter_(2, self.at, k.to(self.k.dtype))  # K[r, :, pos_r] = k_r
+        self.v.scatter_(2, self.at, v.to(self.v.dtype))
+        return self.k, self.v  # (b, H_kv, T_max, d_k), masked to j ≤ pos_r
+
+
+class _PrefillLayer:
+    """One layer's cache during a prefill of rows ``[r0, r0 + n)``, positions ``[0, T)``."""
+
+    def __init__(self, k: torch.Tensor, v: torch.Tensor) -> None:
+        self.k, self.v = k, v  # views (n, H_kv, T, d_k)
+
+    def update(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        self.k.copy_(k)
+        self.v.copy_(v)
+        return k, v
+
+
+class _Layers:
+    """What ``GPT.run`` calls ``cache``: a list of layer views."""
+
+    def __init__(self, layers: list) -> None:
+        self.layers = layers
+
+
+def decode_step(session: StaticSession, bucket: torch.Tensor, flavour: str) -> None:
+    """One token for rows ``[0, b)``, ``b = len(bucket)``: every shape fixed by ``b``, every other
+    tensor a static buffer. (``b`` comes as a tensor's size so that one compilation, with ``b`` a
+    symbol, serves every bucket.)"""
+    b = bucket.size(0)
+    s, model = session.state, session.model
+    pos = s.length[:b].clamp(max=session.max_len - 1)  # (b,) an idle row never writes out of bounds
+    cfg = model.config
+    at = pos.view(b, 1, 1, 1).expand(b, cfg.n_kv_head, 1, cfg.head_dim)
+    layers = [_DecodeLayer(k[:b], v[:b], at) for k, v in map(session.cache.layer, range(cfg.n_layer))]
+    keys = torch.arange(session.max_len, device=pos.device)
+    mask = (keys[None, :] <= pos[:, None])[:, None, None, :]  # (b, 1, 1, T_max)
+    out = model.run(
+        s.next_token[:b, None], pos=pos[:, None], cache=_Layers(layers), attn_mask=mask, last_only=True
+    )
+    logits = s.penalised(out.logits[:, -1, : session.vocab].float(), 0, b)  # (b, V)
+    token = ROW_SAMPLERS[flavour](logits, *s.options(0, b), pos)
+    live = s.live[:b]
+    s.next_token[:b] = torch.where(live, token, s.next_token[:b])
+    s.length[:b] += live.long()
+    s.counts[:b].scatter_add_(1, token[:, None], live.to(s.counts.dtype)[:, None])  # the history grows
+
+
+def prefill(
+    session: StaticSession, idx: torch.Tensor, r0: int, last: torch.Tensor, flavour: str
+) -> torch.Tensor:
+    """Fill rows ``[r0, r0 + n)`` with right-padded prompts ``idx`` (n, T) → each row's first token (n,).
+
+    Causal attention means a real token never sees the padding after it; ``last`` (n,) holds the
+    index of each prompt's last token, whose logits are sampled.
+    """
+    s, model = session.state, session.model
+    n, T = idx.shape
+    layers = [
+        _PrefillLayer(k[r0 : r0 + n, :, :T], v[r0 : r0 + n, :, :T])
+        for k, v in map(session.cache.layer, range(model.config.n_layer))
+    ]
+    pos = torch.arange(T, device=idx.device)
+    logits = model.run(idx, pos=pos, cache=_Layers(layers)).logits  # (n, T, V)
+    rows = torch.arange(n, device=idx.device)
+    chosen = s.penalised(logits[rows, last, : session.vocab].float(), r0, r0 + n)  # (n, V)
+    return ROW_SAMPLERS[flavour](chosen, *s.options(r0, r0 + n), last)
+
+
+class StaticSession:
+    """Slots of a static cache, decoded by captured steps (see the module docstring).
+
+    ``compile``: None follows the device (CUDA graphs on CUDA, eager elsewhere); True asks for
+    ``torch.compile`` anywhere (``compile_options`` replaces its settings, e.g. a test's backend).
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        max_batch: int,
+        max_len: int | None = None,
+        cache_dtype: torch.dtype | None = None,
+        vocab: int | None = None,
+        compile: bool | None = None,
+        compile_options: dict | None = None,
+        slot_base: int = 0,
+    ) -> None:
+        config = model.config
+        max_len = config.block_size if max_len is None else max_len
+        if not isinstance(max_batch, int) or max_batch < 1:
+            raise GptlabError(f"max_batch must be a positive integer, got {max_batch!r}")
+        if not isinstance(max_len, int) or not 1 <= max_len <= config.block_size:
+            raise GptlabError(
+                f"max_len must be between 1 and the model's block_size ({config.block_size}), got {max_len!r}"
+            )
+        device = model.device
+        self.model, self.max_batch, self.max_len = model, max_batch, max_len
+        self.slot_base = slot_base  # slots are numbered slot_base .. slot_base + max_batch − 1
+        self.vocab = min(vocab or config.vocab_size, config.vocab_size)
+        # past the context the window slides as BatchSession's does: rebuilt from ¾ of the row with
+        # relative positions, from all but one token (every step) with absolute ones
+        self.can_slide = not model.positional.absolute_table
+        self.keep = max(1, (max_len * 3) // 4) if self.can_slide else max_len - 1
+        dtype = cache_dtype or default_cache_dtype(model.dtype, device)
+        with torch.inference_mode(False), torch.no_grad():
+            self.cache = StaticKVCache(config, max_batch, max_len, dtype, device)
+            self.state = _Rows(max_batch, self.vocab, device)
+        self.buckets = buckets_for(max_batch)
+        self._marks = {b: torch.zeros(b, device=device) for b in self.buckets}  # their sizes: the buckets
+        if compile is None:
+            compile = device.type == "cuda" and os.environ.get("GPTLAB_COMPILE", "1") != "0"
+        options = compile_options or {"mode": "reduce-overhead", "fullgraph": True}
+        self._compile, self._options = compile, options
+        self._steps: dict[str, Compiled] = {}  # the compiled step per sampler flavour
+        self._graphs: set[tuple[int, str]] = set()  # (bucket, flavour) graphs captured so far
+        # prompts vary: one kernel set for every shape, no CUDA graph (it would be one per shape)
+        prefill_options = {k: v for k, v in options.items() if k != "mode"}
+        self._prefill = Compiled(
+            prefill, "the static prefill", True, device_type=device.type, enabled=compile, **prefill_options
+        )
+        self.rows: list[int] = []  # rows[r] = the slot held in cache row r
+        self._row_of: dict[int, int] = {}  # its inverse
+        self.tokens: dict[int, list[int]] = {}  # slot -> ids whose keys/values are cached
+        self._greedy: dict[int, bool] = {}
+        self._pending: dict[int, int] = {}  # slot -> its sampled token, not yet cached
+        self._live_rows: tuple[int, ...] = ()
+
+    # ------------------------------------------------------------ slots
+    @property
+    def free_slots(self) -> int:
+        return self.max_batch - len(self.rows)
+
+    @property
+    def graphs(self) -> list[tuple[int, str]]:
+        """The ``(bucket, flavour)`` step graphs used so far, each captured once."""
+        return sorted(self._graphs)
+
+    @property
+    def captures(self) -> int:
+        return len(self._graphs)
+
+    @property
+    def compiled(self) -> bool:
+        """True while every step built so far runs through ``torch.compile`` (no silent fallback)."""
+        return bool(self._steps) and all(c.enabled and c.compiled_calls for c in self._steps.values())
+
+    def length(self, slot: int) -> int:
+        self._check(slot)
+        return len(self.tokens[slot])
+
+    def full(self, slot: int) -> bool:
+        """True when ``slot`` holds ``max_len`` tokens: its next step slides the window."""
+        return self.length(slot) >= self.max_len
+
+    # the same sentence and the same prompt checks as the dynamic session (they read only
+    # max_len, keep, can_slide and model)
+    window_notice = BatchSession.window_notice
+    fit = BatchSession.fit
+
+    def _check(self, slot: int) -> None:
+        if slot not in self.tokens:
+            raise GptlabError(f"slot {slot!r} is not in use; use a slot returned by add_many()")
+
+    def bucket(self, n: int) -> int:
+        """The smallest bucket holding ``n`` rows."""
+        return next(b for b in self.buckets if b >= n)
+
+    def remove(self, slot: int) -> None:
+        """Free ``slot``: the last row moves into its place (no graph changes)."""
+        self._check(slot)
+        r, last = self._row_of.pop(slot), len(self.rows) - 1
+        with torch.inference_mode():
+            if r != last:
+                self.cache.move_row(r, last, len(self.tokens[self.rows[last]]))
+                self.state.move(r, last)
+            self.state.live[last] = False
+        self.rows[r] = self.rows[last]
+        self.rows.pop()
+        if r != last:
+            self._row_of[self.rows[r]] = r
+        del self.tokens[slot], self._greedy[slot], self._pending[slot]
+        self._live_rows = ()
+
+    # ------------------------------------------------------------ passes
+    @torch.inference_mode()
+    def add_many(
+        self, prompts: Sequence[Sequence[int]], configs: Sequence[SampleConfig], seeds: Sequence[int]
+    ) -> list[tuple[int, int]]:
+        """Prefill prompts into free rows (one right-padded pass) → ``(slot, first token)`` each."""
+        ids = [self.fit(p) for p in prompts]
+        if len(ids) > self.free_slots:
+            raise GptlabError(f"the session has {self.free_slots} free slot(s) but {len(ids)} are needed")
+        used = set(self.rows)
+        slots = [s for s in range(self.slot_base, self.slot_base + self.max_batch) if s not in used]
+        slots = slots[: len(ids)]
+        r0, n = len(self.rows), len(ids)
+        device = self.model.device
+        options = [row_options(c, self.vocab, seed) for c, seed in zip(configs, seeds, strict=True)]
+        s = self.state
+        for j, name in enumerate(ROW_OPTIONS):
+            getattr(s, name)[r0 : r0 + n] = torch.tensor(
+                [o[j] for o in options], device=device, dtype=getattr(s, name).dtype
+            )
+        counts, bias = (
+            torch.zeros(n, self.vocab),
+            torch.zeros(n, self.vocab),
+        )  # built on the host: one copy each
+        for b, (p, c) in enumerate(zip(ids, configs, strict=True)):
+            seen = torch.tensor([t for t in p if t < self.vocab], dtype=torch.long)
+            counts[b] = torch.bincount(seen, minlength=self.vocab)
+            for t, value in c.logit_bias.items():
+                if t < self.vocab:
+                    bias[b, t] += value
+        s.counts[r0 : r0 + n] = counts.to(device)
+        s.bias[r0 : r0 + n] = bias.to(device)
+        T = max(map(len, ids))
+        idx = torch.tensor([p + [0] * (T - len(p)) for p in ids], dtype=torch.long, device=device)
+        last = torch.tensor([len(p) - 1 for p in ids], device=device)
+        flavour = "greedy" if all(o[0] <= 0 for o in options) else "sample"
+        first = self._prefill(self, idx, r0, last, flavour)
+        s.next_token[r0 : r0 + n] = first
+        s.length[r0 : r0 + n] = last + 1
+        s.live[r0 : r0 + n] = False
+        s.counts[r0 : r0 + n].scatter_add_(1, first[:, None], torch.ones_like(s.counts[:n, :1]))
+        tokens = first.tolist()
+        for b, slot in enumerate(slots):
+            self._row_of[slot] = len(self.rows)
+            self.rows.append(slot)
+            self.tokens[slot] = list(ids[b])
+            self._greedy[slot] = options[b][0] <= 0
+            self._pending[slot] = tokens[b]
+        self._live_rows = ()
+        return list(zip(slots, tokens, strict=True))
+
+    @torch.inference_mode()
+    def step(self, feed: dict[int, int] | Sequence[int]) -> dict[int, int]:
+        """Cache each fed slot's pending token and sample its next one → ``{slot: token}``.
+
+        ``feed`` names the slots to advance (a ``{slot: token}`` dict's tokens must be the ones
+        this session chose); the other slots wait with their state unchanged.
+        """
+        slots = sorted(feed)
+        if not slots:
+            return {}
+        for slot in slots:
+            self._check(slot)
+            if len(self.tokens[slot]) >= self.max_len:
+                self._slide(slot)
+        rows = tuple(sorted(self._row_of[s] for s in slots))
+        if rows != self._live_rows:  # a host→device copy only when the set of live rows changes
+            live = torch.zeros(self.max_batch, dtype=torch.bool)
+            live[list(rows)] = True
+            self.state.live.copy_(live)
+            self._live_rows = rows
+        b = self.bucket(len(self.rows))
+        flavour = "greedy" if all(self._greedy[s] for s in slots) else "sample"
+        if self._compile and self.model.device.type == "cuda":
+            torch.compiler.cudagraph_mark_step_begin()  # a new step: earlier replays are finished with
+        self._graph(b, flavour)(self, self._marks[b], flavour)
+        chosen = self.state.next_token[: len(self.rows)].tolist()  # the one host sync of a step
+        out = {}
+        for r in rows:
+            slot = self.rows[r]
+            self.tokens[slot].append(self._pending[slot])
+            out[slot] = self._pending[slot] = chosen[r]
+        return out
+
+    def _graph(self, b: int, flavour: str) -> Compiled:
+        """The step of ``flavour``: compiled once with the bucket ``b`` a symbol (1 apart), and
+        captured as one CUDA graph per bucket (inductor records a graph per distinct size)."""
+        if flavour not in self._steps:
+            self._steps[flavour] = Compiled(
+                decode_step,
+                f"the static decode step ({flavour})",
+                True,
+                device_type=self.model.device.type,
+                enabled=self._compile,
+                **self._options,
+            )
+        self._graphs.add((b, flavour))
+        return self._steps[flavour]
+
+    def _slide(self, slot: int) -> None:
+        """Rebuild a full row from its last ``keep`` cached tokens (positions restart at 0)."""
+        kept = self.tokens[slot][len(self.tokens[slot]) - self.keep :]
+        r = self._row_of[slot]
+        if kept:  # (a context of one token keeps none: the pending token starts an empty row)
+            idx = torch.tensor([kept], dtype=torch.long, device=self.model.device)
+            self._prefill(self, idx, r, torch.tensor([len(kept) - 1], device=idx.device), "greedy")
+        self.state.length[r] = len(kept)
+        self.tokens[slot] = kept

@@ -1,0 +1,244 @@
+"""Training objectives, chosen by name (``TrainConfig.objective``): what a batch is and what the loss is.
+
+    causal   L = −(1/N)·Σ_t log P_θ(x_t | x_<t)                      next token (eq. 10), a decoder
+    mlm      L = −(1/|C|)·Σ_{i∈C} log P_θ(x_i | x̃)                    masked tokens, a bidirectional encoder
+    seq2seq  L = −(1/N_y)·Σ_t log P_θ(y_t | y_<t, x)                  target tokens, an encoder–decoder
+
+MLM (BERT's recipe): each position is chosen with probability ``mlm_rate`` (15 %) into
+``C``; a chosen token becomes ``[MASK]`` with probability 0.8, a random token with 0.1
+and stays itself with 0.1, giving the input ``x̃``; the loss is taken at ``C`` only (the
+targets elsewhere are −1, which the cross-entropy ignores). The masks are a function of
+``(seed, step, micro-batch, rank)``, so a resumed run draws the same ones.
+
+The training loop calls an objective through one interface: ``batch(step, micro)``,
+``loss(forward, batch)``, ``eval_sum(model, split, ...)``, plus ``model_config``,
+``tokenizer`` (with ``[MASK]`` added where needed) and ``data``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from itertools import islice
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from gptlab.data import TokenDataset, WindowSampler, eval_batches
+from gptlab.errors import GptlabError
+from gptlab.model import GPTConfig
+from gptlab.train.evaluate import target_loss_sum
+
+MASK = "[MASK]"
+Batch = tuple[torch.Tensor, ...]
+
+
+def with_mask_token(tokenizer: Any) -> Any:
+    """``tokenizer`` with a ``[MASK]`` special token (the next free id) unless it has one."""
+    if MASK in tokenizer.special_tokens:
+        return tokenizer
+    from gptlab.tokenizers import from_dict
+
+    data = tokenizer.to_dict()
+    data["special_tokens"] = {**data["special_tokens"], MASK: tokenizer.vocab_size}
+    return from_dict(data)
+
+
+def mlm_mask(
+    x: torch.Tensor, mask_id: int, vocab_size: int, generator: torch.Generator, rate: float = 0.15
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """BERT's corruption of ``x`` (B, T) → ``(inputs, targets)``; targets are −1 off the chosen positions."""
+    chosen = torch.rand(x.shape, generator=generator) < rate
+    if not chosen.any():
+        chosen.view(-1)[0] = True  # at least one position, so the loss is defined
+    r = torch.rand(x.shape, generator=generator)
+    rand = torch.randint(0, vocab_size - 1, x.shape, generator=generator)
+    rand = rand + (rand >= mask_id).long()  # a random token other than [MASK]
+    inputs = torch.where(chosen & (r < 0.8), torch.full_like(x, mask_id), x)
+    inputs = torch.where(chosen & (r >= 0.8) & (r < 0.9), rand, inputs)
+    return inputs, torch.where(chosen, x, torch.full_like(x, -1))
+
+
+def _generator(*key: int) -> torch.Generator:
+    return torch.Generator().manual_seed(int(np.random.SeedSequence(list(key)).generate_state(1)[0]))
+
+
+class CausalLM:
+    """Next-token prediction over windows of the token stream (a decoder)."""
+
+    arch = "decoder"
+    dataset_type: type[TokenDataset] = TokenDataset
+
+    def __init__(self, cfg: Any, data_dir: Path, rank: int = 0, world_size: int = 1) -> None:
+        self.cfg, self.rank, self.world = cfg, rank, world_size
+        self.data = self.dataset_type(data_dir)
+        self.tokenizer = self._tokenizer()
+        self.model_config = self._model_config()
+        self._setup()
+
+    def _tokenizer(self) -> Any:
+        return self.data.tokenizer
+
+    def _model_config(self) -> GPTConfig:
+        config = self.cfg.model_config(max(self.data.vocab_size, self.tokenizer.vocab_size))
+        if config.arch == self.arch:
+            return config
+        if "arch" in self.cfg.model:
+            raise GptlabError(
+                f"objective={self.cfg.objective!r} trains arch={self.arch!r}, but model.arch={config.arch!r}; "
+                f"drop model.arch or change the objective"
+            )
+        return config.replace(arch=self.arch)
+
+    def _setup(self) -> None:
+        c = self.cfg
+        self.sampler = WindowSampler(
+            self.data.split("train"),
+            self.model_config.block_size,
+            c.batch_size,
+            seed=c.seed,
+            grad_accum=c.grad_accum,
+            world_size=self.world,
+            rank=self.rank,
+        )
+        self.data.split("val")
+
+    def batch(self, step: int, micro: int, device: str) -> Batch:
+        return tuple(t.to(device, non_blocking=True) for t in self.sampler.batch(step, micro))
+
+    def loss(self, forward: Any, batch: Batch) -> torch.Tensor:
+        _, loss = forward(*batch)
+        return loss
+
+    def _eval_windows(self, split: str, n: int) -> Iterable[Batch]:
+        T, B = self.model_config.block_size, self.cfg.batch_size
+        return islice(eval_batches(self.data.split(split), T, B, n * self.world), self.rank, None, self.world)
+
+    def eval_sum(
+        self, model: Any, split: str, n: int, device: str, autocast: Any
+    ) -> tuple[torch.Tensor, int]:
+        """``(Σ token losses, tokens)`` over ``n`` evaluation batches (this rank's share)."""
+        from gptlab.train.evaluate import loss_sum
+
+        return loss_sum(model, self._eval_windows(split, n), device, autocast)
+
+
+class MaskedLM(CausalLM):
+    """BERT's masked-language modelling over windows of the token stream (a bidirectional encoder)."""
+
+    arch = "encoder"
+
+    def _tokenizer(self) -> Any:
+        return with_mask_token(self.data.tokenizer)
+
+    def _setup(self) -> None:
+        super()._setup()
+        self.mask_id = self.tokenizer.special_tokens[MASK]
+
+    def _corrupt(self, x: torch.Tensor, *key: int) -> Batch:
+        g = _generator(self.cfg.seed, *key)
+        return mlm_mask(x, self.mask_id, self.model_config.vocab_size, g, self.cfg.mlm_rate)
+
+    def batch(self, step: int, micro: int, device: str) -> Batch:
+        x, _ = self.sampler.batch(step, micro)
+        return tuple(t.to(device, non_blocking=True) for t in self._corrupt(x, step, micro, self.rank))
+
+    def eval_sum(
+        self, model: Any, split: str, n: int, device: str, autocast: Any
+    ) -> tuple[torch.Tensor, int]:
+        batches = (self._corrupt(x, 1 << 30, i) for i, (x, _) in enumerate(self._eval_windows(split, n)))
+        return target_loss_sum(model, batches, lambda m, b: m.run(*b).loss, device, autocast)
+
+
+class Seq2Seq(CausalLM):
+    """Target tokens given the source, over a pairs dataset (an encoder–decoder)."""
+
+    arch = "encoder-decoder"
+
+    @property
+    def dataset_type(self) -> type[TokenDataset]:  # type: ignore[override]
+        from gptlab.data.pairs import PairDataset
+
+        return PairDataset
+
+    def _setup(self) -> None:
+        meta = self.data.meta
+        longest = max(int(meta["source_len"]), int(meta["target_len"]) - 1)
+        if longest > self.model_config.block_size:
+            raise GptlabError(
+                f"the dataset's longest sequence has {longest} tokens, more than model.block_size="
+                f"{self.model_config.block_size}; raise model.block_size"
+            )
+        self.n_train = len(self.data.rows("train")[0])
+        self._orders: dict[int, np.ndarray] = {}
+
+    def _order(self, epoch: int) -> np.ndarray:
+        from gptlab.data.pairs import pair_order
+
+        if epoch not in self._orders:
+            self._orders = {e: o for e, o in self._orders.items() if e >= epoch - 1}
+            self._orders[epoch] = pair_order(self.n_train, self.cfg.seed, epoch)
+        return self._orders[epoch]
+
+    def batch(self, step: int, micro: int, device: str) -> Batch:
+        """Row ``j`` of micro-batch ``m`` of step ``s`` on rank ``r`` is sample ``((s·A + m)·W + r)·B + j``."""
+        B = self.cfg.batch_size
+        first = ((step * self.cfg.grad_accum + micro) * self.world + self.rank) * B
+        epochs, ks = np.divmod(np.arange(first, first + B), self.n_train)
+        index = np.array([self._order(int(e))[k] for e, k in zip(epochs, ks, strict=True)])
+        return tuple(t.to(device, non_blocking=True) for t in self.data.batch("train", index))
+
+    def loss(self, forward: Any, batch: Batch) -> torch.Tensor:
+        src, src_mask, tgt_in, tgt_out = batch
+        _, loss = forward(tgt_in, tgt_out, source=src, source_mask=src_mask)
+        return loss
+
+    def eval_sum(
+        self, model: Any, split: str, n: int, device: str, autocast: Any
+    ) -> tuple[torch.Tensor, int]:
+        B, total = self.cfg.batch_size, len(self.data.rows(split)[0])
+        starts = list(range(0, total, B))[: n * self.world][self.rank :: self.world]
+        batches = (self.data.batch(split, np.arange(s, min(s + B, total))) for s in starts)
+
+        def run(m: Any, b: Batch) -> torch.Tensor:
+            return m.run(b[2], b[3], source=b[0], source_mask=b[1]).loss
+
+        return target_loss_sum(model, batches, run, device, autocast)
+
+
+OBJECTIVES: dict[str, type[CausalLM]] = {"causal": CausalLM, "mlm": MaskedLM, "seq2seq": Seq2Seq}
+
+
+def make_objective(cfg: Any, data_dir: Path, rank: int = 0, world_size: int = 1) -> CausalLM:
+    """The objective ``cfg.objective`` names, over the dataset in ``data_dir``."""
+    return OBJECTIVES[cfg.objective](cfg, Path(data_dir), rank, world_size)
+
+
+#: the objective a trained model is evaluated with, by ``config.arch``
+ARCH_OBJECTIVES = {"decoder": "causal", "encoder": "mlm", "encoder-decoder": "seq2seq"}
+
+
+def evaluate_objective(
+    model: Any,
+    text: Any,
+    data: Any,
+    split: str,
+    batch_size: int,
+    max_batches: int | None,
+    device: str,
+    autocast: Any = None,
+) -> Any:
+    """``gptlab eval`` of an encoder (masked-token loss) or an encoder–decoder (target-token loss) on ``data``."""
+    from gptlab.train.config import TrainConfig
+    from gptlab.train.evaluate import EvalResult
+
+    name = ARCH_OBJECTIVES[model.config.arch]
+    if text is not None:
+        raise GptlabError(f"a {model.config.arch} model is evaluated on a dataset: use --data DATA_DIR")
+    cfg = TrainConfig(objective=name, batch_size=batch_size, model=model.config.to_dict())
+    objective = make_objective(cfg, data)
+    total, count = objective.eval_sum(model, split, max_batches or 1 << 30, device, autocast)
+    if count == 0:
+        raise GptlabError(f"{data}: the {split} split has nothing to evaluate")
+    return EvalResult(float(total) / count, count, objective.data.bytes_per_token(split))
