@@ -110,6 +110,9 @@ def load(
 ) -> tuple[GPT, Any | None]:
     """Read a checkpoint directory (or a run directory: its latest checkpoint) → ``(model, tokenizer_or_None)``."""
     directory = resolve_checkpoint(path)
+    from gptlab.checkpoint.sharded import require_consolidated
+
+    require_consolidated(directory)  # FSDP shards: a one-line hint to consolidate first
     config = read_config(directory / CONFIG_FILE)
     state = read_tensors(directory / WEIGHTS_FILE)
     model = build_model(config)

@@ -34,7 +34,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "inputs",
         nargs="+",
         metavar="INPUT",
-        help="text files, directories (recursive) or JSONL with a 'text' field",
+        help="text files, directories (recursive), JSONL with a 'text' field, or parquet with a 'text' column",
     )
     p.add_argument("--out", required=True, help="the dataset directory to write")
     p.add_argument(
@@ -60,7 +60,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default=64,
         help="smallest context you will train with; each split must hold one block (default 64)",
     )
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="tokenizer processes; the output is the same for any N (default 1)",
+    )
+    p.add_argument(
+        "--shard-tokens",
+        type=int,
+        default=0,
+        metavar="M",
+        help="write numbered shards train-00000.bin … of at most M tokens (default 0: one file per split)",
+    )
+    p.add_argument("--no-progress", action="store_true", help="no progress bar (MB/s and ETA)")
     p.set_defaults(func=run)
 
 
@@ -72,9 +85,12 @@ def run(args: argparse.Namespace) -> int:
         val_fraction=args.val_fraction,
         block_size=args.block_size,
         progress=not args.no_progress,
+        workers=args.workers,
+        shard_tokens=args.shard_tokens,
     )
     print(
         f"{args.out}: {meta['train_tokens']:,} train + {meta['val_tokens']:,} val tokens "
-        f"({meta['dtype']}, vocabulary {meta['vocab_size']:,}, {meta['documents']} document(s))"
+        f"({meta['dtype']}, vocabulary {meta['vocab_size']:,}, {meta['documents']} document(s), "
+        f"{len(meta['shards']['train'])} + {len(meta['shards']['val'])} shard file(s))"
     )
     return 0
