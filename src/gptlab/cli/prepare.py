@@ -39,7 +39,6 @@ FORMATS: dict[str, Callable[..., dict[str, Any]]] = {
     "chat": _chat,
     "alpaca": _alpaca,
 }
-INSTRUCTION_FORMATS = ("chat", "alpaca")  # these take the chat options below
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -53,7 +52,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "inputs",
         nargs="+",
         metavar="INPUT",
-        help="text files, directories (recursive) or JSONL with a 'text' field",
+        help="text files, directories (recursive), JSONL with a 'text' field, or parquet with a 'text' column",
     )
     p.add_argument("--out", required=True, help="the dataset directory to write")
     p.add_argument(
@@ -80,7 +79,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default=64,
         help="smallest context you will train with; each split must hold one block (default 64)",
     )
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="tokenizer processes; the output is the same for any N (default 1)",
+    )
+    p.add_argument(
+        "--shard-tokens",
+        type=int,
+        default=0,
+        metavar="M",
+        help="write numbered shards train-00000.bin … of at most M tokens (default 0: one file per split)",
+    )
+    p.add_argument("--no-progress", action="store_true", help="no progress bar (MB/s and ETA)")
     chat = p.add_argument_group("chat and alpaca data")
     chat.add_argument("--template", default="auto", help="chat template: auto (the model's own) or a name")
     chat.add_argument("--prompt-loss", action="store_true", help="count prompt tokens in the loss too")
@@ -95,7 +107,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    options = {"options": _chat_options(args)} if args.format in INSTRUCTION_FORMATS else {}
+    options = FORMAT_OPTIONS.get(args.format, _no_options)(args)
     meta = FORMATS[args.format](
         args.inputs,
         args.out,
@@ -107,7 +119,9 @@ def run(args: argparse.Namespace) -> int:
     )
     print(
         f"{args.out}: {meta['train_tokens']:,} train + {meta['val_tokens']:,} val tokens "
-        f"({meta['dtype']}, vocabulary {meta['vocab_size']:,}, {meta['documents']} document(s))"
+        f"({meta['dtype']}, vocabulary {meta['vocab_size']:,}, {meta['documents']} document(s), "
+        f"{len(meta.get('shards', {}).get('train', [0]))} + {len(meta.get('shards', {}).get('val', [0]))} "
+        f"shard file(s))"
     )
     if "row_tokens" in meta:
         print(
@@ -118,13 +132,27 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _chat_options(args: argparse.Namespace) -> object:
+def _no_options(args: argparse.Namespace) -> dict[str, Any]:
+    return {}
+
+
+def _text_options(args: argparse.Namespace) -> dict[str, Any]:
+    return {"workers": args.workers, "shard_tokens": args.shard_tokens}
+
+
+def _chat_options(args: argparse.Namespace) -> dict[str, Any]:
     from gptlab.data import ChatOptions
 
-    return ChatOptions(
-        template=args.template,
-        prompt_loss=args.prompt_loss,
-        packing=args.packing,
-        too_long=args.too_long,
-        skip_bad=args.skip_bad,
-    )
+    return {
+        "options": ChatOptions(
+            template=args.template,
+            prompt_loss=args.prompt_loss,
+            packing=args.packing,
+            too_long=args.too_long,
+            skip_bad=args.skip_bad,
+        )
+    }
+
+
+#: --format NAME → the options of that format beyond the common ones
+FORMAT_OPTIONS = {"text": _text_options, "chat": _chat_options, "alpaca": _chat_options}

@@ -22,6 +22,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--batch", type=int, default=1, help="batch size B (default 1)")
     p.add_argument("--dtype", default="fp32", help="number format: fp32, bf16, fp16 (default fp32)")
     p.add_argument("--kv-dtype", help="KV-cache storage: fp32, bf16, fp16 or int8 (default: --dtype)")
+    p.add_argument(
+        "--strategy", choices=("ddp", "fsdp"), help="add per-rank training memory under DDP or FSDP"
+    )
+    p.add_argument("--world-size", type=int, default=2, help="ranks for --strategy (default 2)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.set_defaults(func=run)
 
@@ -33,6 +37,12 @@ def run(args: argparse.Namespace) -> int:
     report = size_report(
         config, context=args.context, batch=args.batch, dtype=args.dtype, name=name, kv_dtype=args.kv_dtype
     )
+    if args.strategy:
+        from gptlab.inspect.size import DTYPES, dtype_name
+        from gptlab.train.strategy import per_rank_memory
+
+        b = DTYPES[dtype_name(args.dtype)][1]
+        report.training_memory += per_rank_memory(config, args.strategy, args.world_size, b)
     if args.json:
         print(json.dumps(report.to_dict(), ensure_ascii=False, indent=2))
     else:

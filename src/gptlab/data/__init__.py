@@ -2,7 +2,9 @@
 
 sources.py   the files of a corpus, read as UTF-8 chunks that stream
 corpus.py    built-in corpora (an offline default, an optional download)
-prepare.py   tokenize into ``train.bin``/``val.bin`` + ``meta.json`` + ``tokenizer.json``
+prepare.py   tokenize into ``train.bin``/``val.bin`` (or numbered shards) + ``meta.json`` + ``tokenizer.json``
+workers.py   a pool of tokenizer processes whose results come back in input order
+shards.py    ``ShardWriter`` (numbered shard files) and ``ShardedTokens`` (shards read as one array)
 dataset.py   ``TokenDataset``: a prepared directory read back as memmaps
 sampler.py   ``WindowSampler`` (training, exact resume) and ``eval_batches``
 chat.py      chat / alpaca records → rows of tokens with a loss mask and example boundaries

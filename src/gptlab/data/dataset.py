@@ -1,4 +1,8 @@
-"""A prepared dataset directory, read back: token memmaps per split, the tokenizer and the meta."""
+"""A prepared dataset directory, read back: token memmaps per split, the tokenizer and the meta.
+
+Format 2 lists each split's shard files in ``meta.json`` (``shards``: file, tokens, sha256);
+format 1 (one ``train.bin`` and ``val.bin``) still loads.
+"""
 
 from __future__ import annotations
 
@@ -13,10 +17,12 @@ from typing import Any
 
 import numpy as np
 
+from gptlab.data.corpus import sha256_file
+from gptlab.data.shards import open_split
 from gptlab.data.sources import PathLike
 from gptlab.errors import GptlabError
 
-DATASET_FORMAT = 1
+DATASET_FORMAT = 2
 META_FILE = "meta.json"
 TOKENIZER_FILE = "tokenizer.json"
 SPLITS = ("train", "val")
@@ -67,6 +73,8 @@ class TokenDataset:
     def split(self, name: str) -> np.ndarray:
         if name not in SPLITS:
             raise GptlabError(f"unknown split {name!r}; choose one of {', '.join(SPLITS)}")
+        if name not in self._splits and "shards" in self.meta:
+            self._splits[name] = open_split(self.dir, self.meta["shards"][name], self.dtype)
         if name not in self._splits:
             path = self.dir / f"{name}.bin"
             expected = int(self.meta.get(f"{name}_tokens", -1))
@@ -98,6 +106,14 @@ class TokenDataset:
                 if len(out[key]) != len(self.split(name)):
                     raise GptlabError(f"{path}: not as long as {name}.bin; prepare the dataset again")
         return out
+
+    def verify(self) -> None:
+        """Check every shard's sha256 against meta.json (reads the whole dataset once)."""
+        for split in SPLITS:
+            for entry in self.meta.get("shards", {}).get(split, []):
+                path = self.dir / entry["file"]
+                if "sha256" in entry and sha256_file(path) != entry["sha256"]:
+                    raise GptlabError(f"{path}: checksum differs from meta.json; prepare the dataset again")
 
     @property
     def tokenizer(self) -> Any:

@@ -5,7 +5,13 @@
     train.bin   token ids, a flat numpy memmap (uint16 when the vocabulary fits, else uint32)
     val.bin     the last ``val_fraction`` of the tokens, same format
     tokenizer.json
-    meta.json   token and byte counts, dtype, tokenizer, source files (size, sha256)
+    meta.json   token and byte counts, dtype, tokenizer, source files (size, sha256),
+                and each split's shard files (tokens, sha256)
+
+With ``shard_tokens = M`` the splits are numbered shards ``train-00000.bin``, … of at most
+``M`` tokens (``gptlab.data.shards``). ``workers = N`` tokenizes with a pool of processes
+that return pieces in order (``gptlab.data.workers``): the files are byte-identical for any
+``N``. The input streams through (1 MB pieces, a bounded queue), so memory stays flat.
 
 Documents are separated by ``<|endoftext|>`` when the tokenizer has it. The directory is
 built under a temporary name and renamed into place, so it is complete or absent.
@@ -22,8 +28,18 @@ from typing import Any
 
 import numpy as np
 
+from gptlab.data.corpus import sha256_file
 from gptlab.data.dataset import DATASET_FORMAT, EOT, META_FILE, TOKENIZER_FILE
-from gptlab.data.sources import CHUNK_BYTES, PathLike, describe_sources, find_sources, iter_chunks
+from gptlab.data.shards import COPY_TOKENS, ShardWriter, open_split
+from gptlab.data.sources import (
+    CHUNK_BYTES,
+    PathLike,
+    describe_sources,
+    find_sources,
+    iter_chunks,
+    source_bytes,
+)
+from gptlab.data.workers import encode_in_order
 from gptlab.errors import GptlabError
 from gptlab.fileio import atomic_write_json
 
@@ -75,11 +91,15 @@ def prepare(
     val_fraction: float = 0.1,
     block_size: int = 64,
     progress: bool = False,
+    workers: int = 1,
+    shard_tokens: int = 0,
 ) -> dict[str, Any]:
-    """Tokenize ``inputs`` into ``out_dir`` (train.bin, val.bin, tokenizer.json, meta.json); return the meta.
+    """Tokenize ``inputs`` into ``out_dir`` (train/val shards, tokenizer.json, meta.json); return the meta.
 
-    If ``out_dir`` already holds the same dataset (same sources, tokenizer and split) it is kept as is.
+    If ``out_dir`` already holds the same dataset (same sources, tokenizer, split and sharding) it is kept.
     """
+    if workers < 1 or shard_tokens < 0:
+        raise GptlabError(f"--workers must be ≥ 1 and --shard-tokens ≥ 0, got {workers} and {shard_tokens}")
     if not 0.0 < val_fraction < 1.0:
         raise GptlabError(f"--val-fraction must be between 0 and 1 (exclusive), got {val_fraction}")
     if block_size < 1:
@@ -91,6 +111,7 @@ def prepare(
         "tokenizer": tokenizer,
         "val_fraction": val_fraction,
         "sources": [{k: s[k] for k in ("bytes", "sha256")} for s in described],
+        "shard_tokens": shard_tokens,
     }
     if out.exists():
         existing = _existing_dataset(out)
@@ -107,11 +128,13 @@ def prepare(
     shutil.rmtree(stage, ignore_errors=True)
     stage.mkdir(parents=True)
     try:
-        meta = _write_dataset(stage, sources, tok, dtype, val_fraction, block_size, progress)
+        tok.save(stage / TOKENIZER_FILE)  # first: the workers load it
+        meta = _write_dataset(
+            stage, sources, tok, dtype, val_fraction, block_size, progress, workers, shard_tokens
+        )
         meta.update(
             wanted, sources=described, format=DATASET_FORMAT, tokenizer_kind=getattr(tok, "kind", None)
         )
-        tok.save(stage / TOKENIZER_FILE)
         atomic_write_json(stage / META_FILE, meta)
         if out.exists():
             out.rmdir()  # checked empty above
@@ -137,6 +160,7 @@ def _same_dataset(meta: dict[str, Any], wanted: dict[str, Any]) -> bool:
         "tokenizer": meta.get("tokenizer"),
         "val_fraction": meta.get("val_fraction"),
         "sources": [{k: s.get(k) for k in ("bytes", "sha256")} for s in meta.get("sources", [])],
+        "shard_tokens": meta.get("shard_tokens", 0),
     }
     return have == wanted
 
@@ -149,37 +173,38 @@ def _write_dataset(
     val_fraction: float,
     block_size: int,
     progress: bool,
+    workers: int = 1,
+    shard_tokens: int = 0,
 ) -> dict[str, Any]:
+    """Stream every piece through the tokenizer (pool) into shards, then cut the last tokens off as val."""
     from tqdm import tqdm
 
-    total_bytes = sum(p.stat().st_size for p in sources)
     eot = tok.eot_id
     eot_bytes = len(EOT.encode()) if eot is not None else 0
-    n_tokens = n_docs = text_bytes = 0
-    all_path = stage / "train.bin"
+    n_docs = text_bytes = 0
+    writer = ShardWriter(stage, "train", dtype, shard_tokens)  # the whole corpus; val is cut off its end
     bar = tqdm(
-        total=total_bytes,
+        total=sum(source_bytes(p) for p in sources),
         unit="B",
         unit_scale=True,
-        desc="tokenizing",
+        desc=f"tokenizing ({workers} worker{'s' if workers > 1 else ''})",
         disable=not progress,
         leave=False,
         delay=1.0,
     )
-    with open(all_path, "wb") as f:
-        for start, text in iter_chunks(sources):
-            ids = tok.encode(text)
-            if start:
-                if n_docs and eot is not None:
-                    ids = [eot, *ids]
-                    text_bytes += eot_bytes
-                n_docs += 1
-            raw = len(text.encode("utf-8"))
-            text_bytes += raw
-            np.asarray(ids, dtype=dtype).tofile(f)
-            n_tokens += len(ids)
-            bar.update(raw)
+    pieces = (((start, len(text.encode("utf-8"))), text) for start, text in iter_chunks(sources))
+    for (start, raw), ids in encode_in_order(pieces, tok, stage / TOKENIZER_FILE, dtype, workers):
+        if start:
+            if n_docs and eot is not None:
+                writer.write(np.asarray([eot], dtype=dtype))
+                text_bytes += eot_bytes
+            n_docs += 1
+        writer.write(ids)
+        text_bytes += raw
+        bar.update(raw)
     bar.close()
+    entries = writer.close()
+    n_tokens = sum(e["tokens"] for e in entries)
     if n_tokens == 0:
         raise GptlabError("the corpus is empty; give it some text")
     n_val = int(n_tokens * val_fraction)
@@ -191,14 +216,15 @@ def _write_dataset(
             f"tokens in both splits (train {n_train}, val {n_val}, each needs ≥ {need}); "
             f"give more text, a larger --val-fraction or a smaller --block-size"
         )
-    all_tokens = np.memmap(all_path, dtype=dtype, mode="r")
-    val = np.array(all_tokens[n_train:])
-    del all_tokens
-    val.tofile(stage / "val.bin")
-    os.truncate(all_path, n_train * dtype.itemsize)
+    shards = _cut_val(stage, entries, n_train, dtype, shard_tokens)
+    val = open_split(stage, shards["val"], dtype)
     val_bytes = sum(
-        len(tok.decode_bytes(val[i : i + CHUNK_BYTES].tolist())) for i in range(0, n_val, CHUNK_BYTES)
+        len(tok.decode_bytes(val[i : min(i + CHUNK_BYTES, n_val)].tolist()))
+        for i in range(0, n_val, CHUNK_BYTES)
     )
+    for split_entries in shards.values():
+        for entry in split_entries:
+            entry["sha256"] = sha256_file(stage / entry["file"])
     return {
         "dtype": dtype.name,
         "vocab_size": tok.vocab_size,
@@ -208,4 +234,27 @@ def _write_dataset(
         "val_tokens": n_val,
         "train_bytes": max(text_bytes - val_bytes, 1),
         "val_bytes": val_bytes,
+        "shards": shards,
     }
+
+
+def _cut_val(
+    stage: Path, entries: list[dict[str, Any]], n_train: int, dtype: np.dtype, shard_tokens: int
+) -> dict[str, list[dict[str, Any]]]:
+    """Copy tokens ``[n_train, N)`` into val shards (a chunk at a time), then truncate the train shards."""
+    tokens = open_split(stage, entries, dtype)
+    writer = ShardWriter(stage, "val", dtype, shard_tokens)
+    for i in range(n_train, len(tokens), COPY_TOKENS):
+        writer.write(tokens[i : min(i + COPY_TOKENS, len(tokens))])
+    val = writer.close()
+    del tokens
+    train, start = [], 0
+    for entry in entries:
+        path, keep = stage / entry["file"], max(0, min(entry["tokens"], n_train - start))
+        start += entry["tokens"]
+        if keep == 0:
+            path.unlink()
+            continue
+        os.truncate(path, keep * dtype.itemsize)
+        train.append({"file": entry["file"], "tokens": keep})
+    return {"train": train, "val": val}

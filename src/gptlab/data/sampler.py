@@ -27,6 +27,8 @@ class WindowSampler:
     Row ``j`` of micro-batch ``m`` of step ``s`` on rank ``r`` is sample
     ``((s·A + m)·W + r)·B + j``: ranks read disjoint rows of each global batch, and
     one micro-batch of ``2B`` holds the same rows as two of ``B`` (or two ranks of ``B``).
+    ``tokens`` may be a ``ShardedTokens`` (several shard files read as one array): the
+    windows, and so exact resume, do not depend on how the split is cut into files.
 
     Instruction data (``gptlab.data.chat``) comes in rows of ``T + 1`` tokens with a loss
     ``mask`` (targets whose mask is 0 become −1, ignored by the loss) and ``pos``, each

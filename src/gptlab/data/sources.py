@@ -1,8 +1,9 @@
 """Corpus sources: the files behind a dataset, read as UTF-8 text in chunks that stream.
 
-Inputs are text files, directories (searched recursively for ``*.txt``, ``*.md`` …)
-or JSONL files with a ``text`` field. Each file (each JSONL line) is a document.
-Files are read in chunks, so corpora larger than memory stream through.
+Inputs are text files, directories (searched recursively for ``*.txt``, ``*.md`` …),
+JSONL files with a ``text`` field, or parquet files with a ``text`` column (pyarrow).
+Each file (each JSONL line, each parquet row) is a document. Files are read in chunks
+(parquet in record batches), so corpora larger than memory stream through.
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ from typing import Any
 
 from gptlab.errors import GptlabError
 
-TEXT_SUFFIXES = (".txt", ".md", ".rst", ".text", ".jsonl")
+TEXT_SUFFIXES = (".txt", ".md", ".rst", ".text", ".jsonl", ".parquet")
+PARQUET_BATCH_ROWS = 1024
 CHUNK_BYTES = 1 << 20
 
 PathLike = str | os.PathLike[str]
@@ -31,7 +33,11 @@ def find_sources(inputs: Sequence[PathLike]) -> list[Path]:
     for item in inputs:
         path = Path(item)
         if path.is_dir():
-            files = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix.lower() in TEXT_SUFFIXES)
+            files = sorted(
+                p
+                for p in path.rglob("*")
+                if (p.is_file() or p.is_symlink()) and p.suffix.lower() in TEXT_SUFFIXES
+            )
             if not files:
                 raise GptlabError(f"{path}: directory holds no text files ({', '.join(TEXT_SUFFIXES)})")
             found.extend(files)
@@ -39,7 +45,21 @@ def find_sources(inputs: Sequence[PathLike]) -> list[Path]:
             found.append(path)
         else:
             raise GptlabError(f"{path}: no such file or directory")
+    for path in found:  # an unreadable file (a broken link, no permission) fails before any work
+        try:
+            open(path, "rb").close()
+        except OSError as exc:
+            raise GptlabError(f"{path}: cannot be read ({exc.strerror or exc}); fix or remove it") from None
     return list(dict.fromkeys(found))
+
+
+def source_bytes(path: Path) -> int:
+    """Bytes of text a source holds, for progress: the file size, or a parquet ``text`` column's size."""
+    if path.suffix.lower() != ".parquet":
+        return path.stat().st_size
+    meta = _parquet_file(path).metadata
+    col = meta.schema.names.index("text")
+    return sum(meta.row_group(g).column(col).total_uncompressed_size for g in range(meta.num_row_groups))
 
 
 def describe_sources(sources: Sequence[Path]) -> list[dict[str, Any]]:
@@ -113,12 +133,48 @@ def _jsonl_documents(path: Path) -> Iterator[str]:
             yield record["text"]
 
 
+def _parquet_file(path: Path) -> Any:
+    try:
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise GptlabError(
+            f"{path}: reading parquet needs pyarrow; pip install pyarrow (or gptlab[parquet])"
+        ) from None
+    try:
+        pf = pq.ParquetFile(path)
+    except Exception as exc:  # pyarrow raises its own ArrowInvalid / OSError types
+        raise GptlabError(f"{path}: not a readable parquet file ({exc})") from None
+    names = pf.schema_arrow.names
+    if "text" not in names:
+        raise GptlabError(
+            f"{path}: parquet file has no 'text' column (columns: {', '.join(names) or 'none'}); "
+            f"rename the column holding the documents to 'text'"
+        )
+    return pf
+
+
+def _parquet_documents(path: Path) -> Iterator[str]:
+    """Each row's ``text`` (a string column), one record batch at a time; null rows are skipped."""
+    pf = _parquet_file(path)
+    for batch in pf.iter_batches(columns=["text"], batch_size=PARQUET_BATCH_ROWS):
+        for doc in batch.column(0).to_pylist():
+            if doc is None:
+                continue
+            if not isinstance(doc, str):
+                raise GptlabError(f"{path}: the 'text' column holds {type(doc).__name__}, not strings")
+            yield doc
+
+
+DOCUMENT_READERS = {".jsonl": _jsonl_documents, ".parquet": _parquet_documents}  # one document per record
+
+
 def iter_chunks(sources: Sequence[Path], chunk_bytes: int | None = None) -> Iterator[tuple[bool, str]]:
     """``(starts_document, text)`` pieces of every source, in order (``CHUNK_BYTES`` at a time by default)."""
     chunk_bytes = chunk_bytes or CHUNK_BYTES
     for path in sources:
-        if path.suffix.lower() == ".jsonl":
-            for doc in _jsonl_documents(path):
+        reader = DOCUMENT_READERS.get(path.suffix.lower())
+        if reader is not None:
+            for doc in reader(path):
                 yield True, doc
         else:
             first = True

@@ -71,6 +71,9 @@ class TrainConfig:
     mlm_rate: float = (
         0.15  # objective = "mlm": share of positions chosen (80 % [MASK], 10 % random, 10 % kept)
     )
+    strategy: str = "ddp"  # ddp | fsdp (under torchrun: FSDP2 shards weights, gradients and AdamW state)
+    activation_checkpointing: str = "none"  # none | blocks (recompute each block in the backward)
+    reshard_after_forward: bool = True  # fsdp: free gathered weights after each block's forward
     model: dict[str, Any] = field(default_factory=dict)  # GPTConfig fields; "preset" picks the base
     init: str = ""  # start from pretrained weights: a gptlab checkpoint/run, a HF folder or a GGUF file
     finetune: str = "full"  # full | lora (gptlab.train.init.FINETUNE)
@@ -146,6 +149,15 @@ class TrainConfig:
             f"objective must be one of {', '.join(OBJECTIVES)}; got {self.objective!r}",
         )
         need(0.0 < self.mlm_rate < 1.0, f"mlm_rate must be in (0, 1), got {self.mlm_rate}")
+
+        from gptlab.train.checkpointing import ACTIVATION_CHECKPOINTING
+        from gptlab.train.strategy import STRATEGIES
+
+        for name, table in (("strategy", STRATEGIES), ("activation_checkpointing", ACTIVATION_CHECKPOINTING)):
+            need(
+                getattr(self, name) in table,
+                f"{name} must be one of {', '.join(table)}; got {getattr(self, name)!r}",
+            )
         need(self.dtype in DTYPES, f"dtype must be one of {', '.join(DTYPES)}; got {self.dtype!r}")
         need(
             self.attention in ("auto", *ATTENTION_PATHS),

@@ -1,8 +1,9 @@
-"""Distributed data parallel under ``torchrun``: one process per device, gradients all-reduced.
+"""The process group under ``torchrun``: one process per device, and the collectives the loop needs.
 
 ``torchrun --nproc_per_node=N -m gptlab train ...`` sets ``RANK``, ``WORLD_SIZE`` and
 ``LOCAL_RANK``; ``setup`` then joins the process group (gloo on CPU, nccl on CUDA).
-Without them everything here is a no-op for a single process.
+Without them everything here is a no-op for a single process. How the model is spread
+over the ranks (DDP or FSDP) is ``gptlab.train.strategy``.
 """
 
 from __future__ import annotations

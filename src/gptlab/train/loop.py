@@ -12,7 +12,6 @@ weights, optimizer and RNG states and the step (which is the data position, see
 
 from __future__ import annotations
 
-import contextlib
 import math
 import os
 import time
@@ -23,7 +22,7 @@ from typing import Any
 import torch
 
 from gptlab import checkpoint as ckpt
-from gptlab.checkpoint import BEST_FILE, RUN_CONFIG_FILE, read_run_config
+from gptlab.checkpoint import BEST_FILE, RUN_CONFIG_FILE, read_run_config, sharded
 from gptlab.errors import GptlabError
 from gptlab.fileio import atomic_write_json
 from gptlab.inspect.flops import peak_flops, training_flops_per_token
@@ -45,6 +44,7 @@ from gptlab.train.runtime import (
     threads,
 )
 from gptlab.train.schedule import learning_rate
+from gptlab.train.strategy import prepare_model, total_norm
 
 # (step, loss, gradient norm, learning rate) of steps whose loss is not read yet (reading it is a sync)
 Pending = list[tuple[int, torch.Tensor, torch.Tensor, float]]
@@ -114,6 +114,7 @@ class _Trainer:
         torch.manual_seed(cfg.seed)  # the same initial weights on every rank
         model = init.finetune_model(self.start, cfg) if self.start else build_model(self.model_config)
         self.model = model.set_attention_impl(cfg.attention).to(self.device)
+        self.strategy, self.forward = prepare_model(self.model, cfg, info)  # DDP/FSDP, checkpointing
         self.optimizer = build_optimizer(self.model, cfg, self.device_type)
         self.scaler = torch.amp.GradScaler("cuda") if cfg.dtype == "float16" else None
         self.step = 0
@@ -137,13 +138,6 @@ class _Trainer:
                 },
             )
             announce(self.resolved)
-        self.forward: Any = self.model
-        if info.enabled:
-            from torch.nn.parallel import DistributedDataParallel
-
-            self.forward = DistributedDataParallel(
-                self.model, device_ids=[info.local_rank] if self.device_type == "cuda" else None
-            )
         if cfg.compile:
             self.forward = compile_forward(self.forward, self.device_type)
 
@@ -153,7 +147,8 @@ class _Trainer:
         if not ckpts:
             return None
         step, path = ckpts[-1]
-        state, meta = ckpt.read_training_checkpoint(path)
+        is_sharded = sharded.is_sharded(path)
+        state, meta = ({}, sharded.read_info(path)) if is_sharded else ckpt.read_training_checkpoint(path)
         if meta.get("data_fingerprint") not in (None, self.data.fingerprint):
             raise GptlabError(
                 f"{path} was trained on a different dataset than {self.data_dir}; "
@@ -165,45 +160,55 @@ class _Trainer:
                 f"{path}: the model settings differ from this run's; model.* overrides cannot change "
                 f"when resuming"
             )
-        ckpt.restore_weights(self.model, path)
-        self.optimizer.load_state_dict(state["optimizer"])
-        if self.scaler is not None and "scaler" in state:
-            self.scaler.load_state_dict(state["scaler"])
-        if self.info.is_main:
-            set_rng_state(state["rng"], self.device_type)
+        if is_sharded:  # every rank reads its shards (any number of ranks) and its own RNG
+            sharded.load_training_state(path, self.model, self.optimizer, self.info, self.cfg.seed + step)
         else:
-            torch.manual_seed(self.cfg.seed + self.info.rank + step)
+            ckpt.restore_weights(self.model, path)
+            self.optimizer.load_state_dict(state["optimizer"])
+            if self.scaler is not None and "scaler" in state:
+                self.scaler.load_state_dict(state["scaler"])
+            if self.info.is_main:
+                set_rng_state(state["rng"], self.device_type)
+            else:
+                torch.manual_seed(self.cfg.seed + self.info.rank + step)
         self.step = int(meta["step"])
         self.best = meta.get("best", self.best)
         self.train_wall_s = float(meta.get("train_wall_s", 0.0))
         return self.step
 
     def save(self, val_loss: float | None) -> Path | None:
-        """Write ``ckpt-<step>`` (main process), prune old ones, keep the best by val loss."""
-        if not self.info.is_main:
-            return None
+        """Write ``ckpt-<step>`` (main process; every rank under FSDP), prune old ones, keep the best."""
         if val_loss is not None and (self.best["val_loss"] is None or val_loss < self.best["val_loss"]):
             self.best = {"val_loss": val_loss, "step": self.step}
-        state: dict[str, Any] = {
-            "optimizer": self.optimizer.state_dict(),
-            "rng": rng_state(self.device_type),
+        extra = {
+            "val_loss": val_loss,
+            "best": self.best,
+            "train_wall_s": self.train_wall_s,
+            "tokens": self.step * self.tokens_per_step,
+            "data_fingerprint": self.data.fingerprint,
         }
-        if self.scaler is not None:
-            state["scaler"] = self.scaler.state_dict()
-        path = ckpt.save_training_checkpoint(
-            self.run_dir,
-            self.step,
-            self.model,
-            self.objective.tokenizer,
-            state,
-            extra={
-                "val_loss": val_loss,
-                "best": self.best,
-                "train_wall_s": self.train_wall_s,
-                "tokens": self.step * self.tokens_per_step,
-                "data_fingerprint": self.data.fingerprint,
-            },
-        )
+        if self.strategy.sharded:  # every rank writes its own shard (DCP)
+            path = sharded.save_training_checkpoint(
+                self.run_dir,
+                self.step,
+                self.model,
+                self.optimizer,
+                self.objective.tokenizer,
+                self.info,
+                extra,
+            )
+        elif self.info.is_main:
+            state: dict[str, Any] = {
+                "optimizer": self.optimizer.state_dict(),
+                "rng": rng_state(self.device_type),
+            }
+            if self.scaler is not None:
+                state["scaler"] = self.scaler.state_dict()
+            path = ckpt.save_training_checkpoint(
+                self.run_dir, self.step, self.model, self.objective.tokenizer, state, extra=extra
+            )
+        if not self.info.is_main:
+            return None
         protect = {self.best["step"]} if self.best["step"] is not None else set()
         ckpt.prune_checkpoints(self.run_dir, self.cfg.keep_last, protect)
         if self.best["step"] is not None:
@@ -217,9 +222,10 @@ class _Trainer:
         """Loss, perplexity and bits per byte on ``eval_batches`` global batches of each split."""
         out: dict[str, float] = {}
         for split in ("train", "val"):  # eval_batches counts global batches (B per rank), shared out by rank
-            total, count = self.objective.eval_sum(
-                self.model, split, self.cfg.eval_batches, self.device, self.autocast
-            )
+            with self.strategy.gathered(self.model):  # FSDP: whole weights, so ranks may differ in batches
+                total, count = self.objective.eval_sum(
+                    self.model, split, self.cfg.eval_batches, self.device, self.autocast
+                )
             sums = distributed.all_reduce_sum(
                 torch.stack([total, torch.tensor(float(count), dtype=torch.float64, device=self.device)]),
                 self.info,
@@ -236,8 +242,8 @@ class _Trainer:
         total = torch.zeros((), device=self.device)
         for micro in range(cfg.grad_accum):
             batch = self.objective.batch(self.step, micro, self.device)
-            sync = self.info.enabled and micro < cfg.grad_accum - 1
-            with self.forward.no_sync() if sync else contextlib.nullcontext(), self.autocast:
+            skip_sync = self.info.enabled and micro < cfg.grad_accum - 1
+            with self.strategy.no_sync(self.forward, skip_sync), self.autocast:
                 loss = self.objective.loss(self.forward, batch) / cfg.grad_accum
             (self.scaler.scale(loss) if self.scaler else loss).backward()
             total += loss.detach()
@@ -245,7 +251,7 @@ class _Trainer:
             for opt in self.optimizer.optimizers.values():
                 self.scaler.unscale_(opt)
         params = [p for p in self.model.parameters() if p.grad is not None]
-        norm = torch.nn.utils.get_total_norm([p.grad for p in params])
+        norm = total_norm([p.grad for p in params])
         grad_scale = None
         if cfg.grad_clip > 0:  # g ← g·min(1, c/(‖g‖ + 10⁻⁶)), as clip_grad_norm_
             if self.scaler is None and self.optimizer.takes_grad_scale:  # inside the fused update
