@@ -13,10 +13,13 @@ def _text(*args: Any, **kwargs: Any) -> dict[str, Any]:
     return prepare(*args, **kwargs)
 
 
-def _pairs(*args: Any, **kwargs: Any) -> dict[str, Any]:
+def _pairs(*args: Any, workers: int = 1, shard_tokens: int = 0, **kwargs: Any) -> dict[str, Any]:
     from gptlab.data.pairs import prepare_pairs
+    from gptlab.errors import GptlabError
 
-    return prepare_pairs(*args, **kwargs)
+    if shard_tokens:
+        raise GptlabError("--shard-tokens applies to --format text; pairs are written as one file per split")
+    return prepare_pairs(*args, **kwargs)  # pairs datasets are small: one process
 
 
 #: --format NAME → the function that writes the dataset directory
@@ -88,9 +91,10 @@ def run(args: argparse.Namespace) -> int:
         workers=args.workers,
         shard_tokens=args.shard_tokens,
     )
+    shards = meta.get("shards")
+    files = f", {len(shards['train'])} + {len(shards['val'])} shard file(s)" if shards else ""
     print(
         f"{args.out}: {meta['train_tokens']:,} train + {meta['val_tokens']:,} val tokens "
-        f"({meta['dtype']}, vocabulary {meta['vocab_size']:,}, {meta['documents']} document(s), "
-        f"{len(meta['shards']['train'])} + {len(meta['shards']['val'])} shard file(s))"
+        f"({meta['dtype']}, vocabulary {meta['vocab_size']:,}, {meta.get('documents', 0)} document(s){files})"
     )
     return 0
