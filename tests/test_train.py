@@ -44,7 +44,7 @@ def _weights(path):
 
 
 def test_resume_is_bitwise_identical(dataset, tmp_path):
-    common = ["max_steps=8", "ckpt_every=4", "eval_every=4", "keep_last=5", "model.dropout=0.1"]
+    common = ["max_steps=8", "ckpt_every=4", "eval_every=4", "keep_last=5", "model.dropout=0.1", *CPU_FP32]
     _train(dataset, tmp_path / "full", *common)
     # a run interrupted right after ckpt-4: its directory holds only that checkpoint
     part = tmp_path / "part"

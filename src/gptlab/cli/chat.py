@@ -11,6 +11,7 @@ import argparse
 import sys
 from typing import Any
 
+from gptlab.cli.options import add_device_argument, resolve_device, resolve_dtype
 from gptlab.errors import GptlabError
 
 COMMANDS = {"/reset": "forget the conversation", "/exit": "quit"}
@@ -33,7 +34,13 @@ def register(subparsers: Any) -> None:
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     p.add_argument("--top-p", type=float)
     p.add_argument("--seed", type=int)
-    p.add_argument("--dtype", choices=["fp32", "bf16", "int8"], default="fp32", help="weight format")
+    p.add_argument(
+        "--dtype",
+        choices=["auto", "fp32", "bf16", "int8"],
+        default="auto",
+        help="weight format (default auto: bf16 where bf16 is native, else fp32)",
+    )
+    add_device_argument(p)
     p.add_argument("--threads", type=int, help="torch threads (default: torch's choice)")
     p.set_defaults(func=run)
 
@@ -70,11 +77,12 @@ def run(args: argparse.Namespace) -> int:
 
     if args.threads is not None:
         torch.set_num_threads(max(1, args.threads))
-    model, tokenizer = gptlab.load(args.checkpoint)
+    device = resolve_device(args)
+    model, tokenizer = gptlab.load(args.checkpoint, device=device)
     if tokenizer is None:
         raise GptlabError(f"{args.checkpoint} has no tokenizer.json; chat needs the model's tokenizer")
     template = _template(tokenizer, args.template)
-    gptlab.quantize(model, args.dtype)
+    gptlab.quantize(model, resolve_dtype(args.dtype, device))
     config = SampleConfig(
         max_new_tokens=args.max_new_tokens,
         temperature=args.temperature,
