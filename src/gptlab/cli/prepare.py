@@ -14,10 +14,13 @@ def _text(*args: Any, **kwargs: Any) -> dict[str, Any]:
     return prepare(*args, **kwargs)
 
 
-def _pairs(*args: Any, **kwargs: Any) -> dict[str, Any]:
+def _pairs(*args: Any, workers: int = 1, shard_tokens: int = 0, **kwargs: Any) -> dict[str, Any]:
     from gptlab.data.pairs import prepare_pairs
+    from gptlab.errors import GptlabError
 
-    return prepare_pairs(*args, **kwargs)
+    if shard_tokens:
+        raise GptlabError("--shard-tokens applies to --format text; pairs are written as one file per split")
+    return prepare_pairs(*args, **kwargs)  # pairs datasets are small: one process
 
 
 def _chat(*args: Any, **kwargs: Any) -> dict[str, Any]:
@@ -117,11 +120,11 @@ def run(args: argparse.Namespace) -> int:
         progress=not args.no_progress,
         **options,
     )
+    shards = meta.get("shards")
+    files = f", {len(shards['train'])} + {len(shards['val'])} shard file(s)" if shards else ""
     print(
         f"{args.out}: {meta['train_tokens']:,} train + {meta['val_tokens']:,} val tokens "
-        f"({meta['dtype']}, vocabulary {meta['vocab_size']:,}, {meta['documents']} document(s), "
-        f"{len(meta.get('shards', {}).get('train', [0]))} + {len(meta.get('shards', {}).get('val', [0]))} "
-        f"shard file(s))"
+        f"({meta['dtype']}, vocabulary {meta['vocab_size']:,}, {meta.get('documents', 0)} document(s){files})"
     )
     if "row_tokens" in meta:
         print(
@@ -155,4 +158,9 @@ def _chat_options(args: argparse.Namespace) -> dict[str, Any]:
 
 
 #: --format NAME → the options of that format beyond the common ones
-FORMAT_OPTIONS = {"text": _text_options, "chat": _chat_options, "alpaca": _chat_options}
+FORMAT_OPTIONS = {
+    "text": _text_options,
+    "pairs": _text_options,
+    "chat": _chat_options,
+    "alpaca": _chat_options,
+}

@@ -83,8 +83,12 @@ class CausalLM:
     def _tokenizer(self) -> Any:
         return self.data.tokenizer
 
+    def _vocab_size(self) -> int:
+        """The model's vocabulary: the dataset's ids (a larger tokenizer is refused at train start)."""
+        return self.data.vocab_size
+
     def _model_config(self) -> GPTConfig:
-        config = self.cfg.model_config(max(self.data.vocab_size, self.tokenizer.vocab_size))
+        config = self.cfg.model_config(self._vocab_size())
         if config.arch == self.arch:
             return config
         if "arch" in self.cfg.model:
@@ -143,6 +147,9 @@ class MaskedLM(CausalLM):
 
     def _tokenizer(self) -> Any:
         return with_mask_token(self.data.tokenizer)
+
+    def _vocab_size(self) -> int:
+        return max(self.data.vocab_size, self.tokenizer.vocab_size)  # room for [MASK]
 
     def _setup(self) -> None:
         super()._setup()
