@@ -20,28 +20,36 @@ from gptlab.model.positional import alibi_slopes
 N_VALUES = 4  # how many numbers of a vector to show
 
 
-def _learned(model: GPT, T: int, labels: list[str]) -> dict[str, Any]:
-    table = model.positional.wpe.weight  # type: ignore[union-attr]
+def _added_table(
+    table: Any, name: str, where: str, formula: str, T: int, labels: list[str]
+) -> dict[str, Any]:
+    """A position table added to the token embeddings: its first ``T`` rows, as the trace shows them."""
     return {
-        "where": "added to the token embeddings",
-        "formula": "h⁽⁰⁾_i = e_i + p_i,  p_i = W_p[i]",
+        "where": where,
+        "formula": formula,
         "shape": [T, table.size(1)],
-        "table": "W_p",
+        "table": name,
         "table_shape": list(table.shape),
         "rows": _rows(table[:T], labels),
     }
+
+
+def _learned(model: GPT, T: int, labels: list[str]) -> dict[str, Any]:
+    table = model.positional.wpe.weight  # type: ignore[union-attr]
+    return _added_table(
+        table, "W_p", "added to the token embeddings", "h⁽⁰⁾_i = e_i + p_i,  p_i = W_p[i]", T, labels
+    )
 
 
 def _sinusoidal(model: GPT, T: int, labels: list[str]) -> dict[str, Any]:
-    table = model.positional.table  # type: ignore[union-attr]
-    return {
-        "where": "added to the token embeddings (a fixed table, not learned)",
-        "formula": "h⁽⁰⁾_i = e_i + PE_i,  PE[i, 2j] = sin(i/10000^(2j/d)),  PE[i, 2j+1] = cos(i/10000^(2j/d))",
-        "shape": [T, table.size(1)],
-        "table": "PE",
-        "table_shape": list(table.shape),
-        "rows": _rows(table[:T], labels),
-    }
+    return _added_table(
+        model.positional.table,  # type: ignore[union-attr]
+        "PE",
+        "added to the token embeddings (a fixed table, not learned)",
+        "h⁽⁰⁾_i = e_i + PE_i,  PE[i, 2j] = sin(i/10000^(2j/d)),  PE[i, 2j+1] = cos(i/10000^(2j/d))",
+        T,
+        labels,
+    )
 
 
 def _rope(model: GPT, T: int, labels: list[str]) -> dict[str, Any]:
