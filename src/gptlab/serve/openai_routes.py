@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
@@ -25,7 +26,7 @@ from gptlab.serve.service import Service
 from gptlab.serve.transport import DONE, read_request, sse, sse_response, watched
 
 
-class _Shape:
+class _Shape(ABC):
     """What a choice looks like; the base has what completions and chat share."""
 
     object = chunk_object = prefix = ""
@@ -37,16 +38,17 @@ class _Shape:
         """Choices streamed before the first token."""
         return []
 
+    @abstractmethod
     def piece(self, event: TokenEvent) -> dict[str, Any] | None:
         """The streamed choice for one event (None: nothing to send)."""
-        raise NotImplementedError
 
+    @abstractmethod
     def ending(self, end: EndEvent) -> dict[str, Any]:
-        raise NotImplementedError
+        """The last streamed choice: its finish reason."""
 
+    @abstractmethod
     def choice(self, index: int, events: Sequence[TokenEvent], end: EndEvent) -> dict[str, Any]:
         """A whole choice (not streamed)."""
-        raise NotImplementedError
 
     def wants_logprobs(self, event: TokenEvent) -> bool:
         return self.logprobs and event.token_id is not None
