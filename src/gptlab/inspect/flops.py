@@ -149,7 +149,7 @@ def compute_figures(config: GPTConfig, context: int, batch: int, source: int | N
             "FLOPs",
             " + ".join(t[0] for t in terms),
             " + ".join(t[2] for t in terms),
-            f"per {per} at context T; " + "; ".join(f"{t[0]}: {t[3]}" for t in terms[1:]),
+            f"per {per} at context T; " + "; ".join(f"{t[0]} is {t[3]}" for t in terms[1:]),
         ),
         Figure("training", 3 * fwd, "FLOPs", "3·forward", f"3·{fwd}", "backward ≈ 2× forward"),
         Figure(
