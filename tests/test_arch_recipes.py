@@ -1,5 +1,6 @@
-"""The seq2seq-toy recipe as a user runs it (write pairs, prepare, train, sample) and concurrent
-encoder–decoder requests to the server."""
+"""The other architectures' recipes as a user runs them: ``mlm-char`` (train, fill) and
+``seq2seq-toy`` (write pairs, prepare, train, sample), and concurrent encoder–decoder requests
+to the server."""
 
 from __future__ import annotations
 
@@ -54,6 +55,33 @@ def test_toy_recipe_from_the_command_line(tmp_path, capsys) -> None:
         assert main(["sample", str(run), "--prompt", "abcdef", "--max-new-tokens", "8", *flags]) == 0
         printed = capsys.readouterr().out
         assert printed.strip() == s2s.generate_text(model, tok, "abcdef", config).strip()
+
+
+def test_mlm_char_recipe_from_the_command_line(tmp_path, capsys) -> None:
+    from gptlab.train import build_config
+
+    cfg = build_config("mlm-char")
+    assert cfg.objective == "mlm" and cfg.mlm_rate == 0.15 and cfg.model["arch"] == "encoder"
+    text = tmp_path / "corpus.txt"
+    text.write_text("To be, or not to be, that is the question. " * 60, encoding="utf-8")
+    assert main(["prepare", str(text), "--out", str(tmp_path / "data")]) == 0
+    small = ["model.n_layer=1", "model.n_embd=32", "model.block_size=32", "batch_size=4", "eval_every=2"]
+    train = [
+        "train",
+        "--config",
+        "mlm-char",
+        "--data",
+        str(tmp_path / "data"),
+        "--out",
+        str(tmp_path / "run"),
+    ]
+    assert main([*train, "max_steps=2", "threads=1", "progress=false", *small]) == 0
+    model, tok = ckpt.load(tmp_path / "run")
+    assert model.config.arch == "encoder" and not model.config.causal and model.config.mlp == "relu2"
+    capsys.readouterr()
+    assert main(["fill", str(tmp_path / "run"), "To be, or not to b[MASK], that", "--top-k", "3"]) == 0
+    first, filled = capsys.readouterr().out.splitlines()
+    assert first.startswith("[MASK] 1") and len(filled) == len("To be, or not to bX, that")
 
 
 @pytest.fixture(scope="module")
