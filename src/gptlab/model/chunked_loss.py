@@ -45,25 +45,28 @@ def _chunk(
     want_grad: bool,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(Σ of the chunk's row losses, float32; ∂L/∂z of its rows (C, V_pad) or None)."""
-    z = (h @ w.t()).float()  # (C, V_pad)
+    z = (h @ w.t()).float()  # (C, V_pad); every step below works in place on this one buffer
     t = None
     if softcap is not None:
-        t = torch.tanh(z / softcap)
-        z = softcap * t
+        t = z.div_(softcap).tanh_()
+        z = t * softcap
     if z.size(1) > vocab_size:
         z[:, vocab_size:] = float("-inf")  # the padding columns are never a token
     keep = y != -1  # (C,)
     safe = torch.where(keep, y, torch.zeros_like(y))
-    lse = torch.logsumexp(z, dim=1)  # (C,)
-    picked = z.gather(1, safe[:, None]).squeeze(1)
+    picked = z.gather(1, safe[:, None]).squeeze(1)  # z_i[y_i]
+    top = z.amax(dim=1, keepdim=True)  # (C, 1)
+    e = z.sub_(top).exp_()  # exp(z − max)
+    total = e.sum(dim=1, keepdim=True)
+    lse = (top + total.log()).squeeze(1)  # logsumexp(z_i)
     loss = torch.where(keep, lse - picked, torch.zeros_like(lse)).sum()
     if not want_grad:
         return loss, None
-    g = torch.exp_(z.sub_(lse[:, None]))  # softmax, in place over z: (C, V_pad)
+    g = e.div_(total)  # softmax: (C, V_pad)
     g.scatter_add_(1, safe[:, None], -torch.ones_like(lse[:, None]))
     g.mul_((keep.float() * inv_n)[:, None])  # ignored rows: 0
     if t is not None:  # d(c·tanh(u/c))/du = 1 − tanh²
-        g.mul_(1 - t * t)
+        g.mul_(t.square_().neg_().add_(1))
     return loss, g
 
 
