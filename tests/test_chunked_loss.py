@@ -180,3 +180,11 @@ def test_compiled_in_one_graph_with_the_model():
     assert torch.allclose(loss, eager, rtol=1e-6)
     for name, p in model.named_parameters():
         assert torch.allclose(grads[name], p.grad, rtol=1e-5, atol=1e-7), name
+
+
+def test_a_second_backward_through_the_same_graph_is_refused_not_wrong():
+    h, w = torch.randn(8, 4, requires_grad=True), torch.randn(16, 4, requires_grad=True)
+    loss = chunked_cross_entropy(h, w, torch.randint(0, 16, (8,)), 16)
+    loss.backward(retain_graph=True)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        loss.backward()

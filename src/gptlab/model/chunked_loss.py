@@ -114,10 +114,11 @@ class ChunkedHeadLoss(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[Any, ...]:  # type: ignore[override]
-        grad_h, grad_w = ctx.saved_tensors
+        grad_h, grad_w = ctx.saved_tensors  # scaled in place: no second (V_pad, d) buffer
+        # (a second backward through the same graph would fail autograd's version check, not go wrong)
         return (
-            grad_h * grad_out.to(grad_h.dtype),
-            (grad_w * grad_out).to(ctx.weight_dtype),
+            grad_h.mul_(grad_out.to(grad_h.dtype)),
+            grad_w.mul_(grad_out).to(ctx.weight_dtype),
             None,
             None,
             None,
