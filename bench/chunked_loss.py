@@ -110,7 +110,9 @@ def main() -> None:
     out = {}
     for impl in ("plain", "chunked"):
         cmd = [sys.executable, __file__, "--rows", str(args.rows), "--reps", str(args.reps), "--impl", impl]
-        out[impl] = json.loads(subprocess.run(cmd, capture_output=True, text=True, env=env, check=True).stdout)
+        out[impl] = json.loads(
+            subprocess.run(cmd, capture_output=True, text=True, env=env, check=True).stdout
+        )
     print(
         json.dumps(
             {

@@ -188,3 +188,15 @@ def test_a_second_backward_through_the_same_graph_is_refused_not_wrong():
     loss.backward(retain_graph=True)
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
         loss.backward()
+
+
+def test_a_frozen_head_gets_no_gradient_and_none_is_derived():
+    """LoRA fine-tuning freezes the head: only ∂L/∂h is derived (and kept)."""
+    torch.manual_seed(2)
+    h, w = torch.randn(40, 8, requires_grad=True), torch.randn(64, 8)
+    y = torch.randint(0, 60, (40,))
+    plain = _plain(h, w, y, 60, None)
+    (ref,) = torch.autograd.grad(plain, h)
+    saved = _saved_bytes(lambda: chunked_cross_entropy(h, w, y, 60, None, 16).backward())
+    assert torch.allclose(h.grad, ref, rtol=1e-5, atol=1e-6) and w.grad is None
+    assert saved == h.numel() * 4  # ∂L/∂h only, no (V_pad, d) buffer

@@ -91,22 +91,26 @@ class ChunkedHeadLoss(torch.autograd.Function):
         softcap: float | None,
         chunk_rows: int,
         dtype: torch.dtype,
-        want_grad: bool,
+        want_h: bool,  # derive ∂L/∂h
+        want_w: bool,  # derive ∂L/∂W (not for a frozen head)
     ) -> torch.Tensor:
         with torch.autocast(h.device.type, enabled=False):
             hc, wc = h.to(dtype), weight.to(dtype)
             inv_n = 1.0 / (targets != -1).sum().float()  # a tensor: n is never read on the host
             total = torch.zeros((), dtype=torch.float32, device=h.device)
-            grad_h = torch.empty_like(h) if want_grad else None
-            grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if want_grad else None
+            want_grad = want_h or want_w
+            grad_h = torch.empty_like(h) if want_h else None
+            grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if want_w else None
             for start in range(0, h.size(0), chunk_rows):
                 rows = slice(start, start + chunk_rows)
                 loss, g = _chunk(hc[rows], wc, targets[rows], vocab_size, softcap, inv_n, want_grad)
                 total = total + loss
                 if g is not None:
                     gc = g.to(dtype)
-                    grad_h[rows] = gc @ wc  # (C, d)
-                    _accumulate(grad_w, gc.t(), hc[rows])
+                    if grad_h is not None:
+                        grad_h[rows] = gc @ wc  # (C, d)
+                    if grad_w is not None:
+                        _accumulate(grad_w, gc.t(), hc[rows])
         if want_grad:
             ctx.save_for_backward(grad_h, grad_w)
         ctx.weight_dtype = weight.dtype
@@ -117,8 +121,9 @@ class ChunkedHeadLoss(torch.autograd.Function):
         grad_h, grad_w = ctx.saved_tensors  # scaled in place: no second (V_pad, d) buffer
         # (a second backward through the same graph would fail autograd's version check, not go wrong)
         return (
-            grad_h.mul_(grad_out.to(grad_h.dtype)),
-            grad_w.mul_(grad_out).to(ctx.weight_dtype),
+            None if grad_h is None else grad_h.mul_(grad_out.to(grad_h.dtype)),
+            None if grad_w is None else grad_w.mul_(grad_out).to(ctx.weight_dtype),
+            None,
             None,
             None,
             None,
@@ -140,7 +145,8 @@ def chunked_cross_entropy(
     (``gptlab.model.loss.next_token_loss``) without forming the logits of all rows at once."""
     h2 = h.reshape(-1, h.size(-1))
     y = targets.reshape(-1)
-    want_grad = torch.is_grad_enabled() and (h.requires_grad or weight.requires_grad)
+    grad = torch.is_grad_enabled()
+    want_h, want_w = grad and h.requires_grad, grad and weight.requires_grad
     return ChunkedHeadLoss.apply(
-        h2, weight, y, vocab_size, softcap, chunk_rows, compute_dtype(h), want_grad
+        h2, weight, y, vocab_size, softcap, chunk_rows, compute_dtype(h), want_h, want_w
     )
