@@ -19,10 +19,9 @@ import json
 import os
 import subprocess
 import sys
-import threading
 import time
 
-from activation_memory import _rss  # bench/: resident bytes from /proc/self/statm
+from activation_memory import PeakRSS  # bench/: resident-memory growth, sampled
 
 D_MODEL, VOCAB, PADDED = 768, 50257, 50304
 
@@ -70,24 +69,12 @@ def _measure(impl: str, rows: int, reps: int) -> dict:
     wall, cpu, peaks = [], [], []
     for _ in range(reps):
         saved = 0
-        base = _rss()
-        peak = [base]
-        stop = threading.Event()
-
-        def watch(peak: list[int] = peak, stop: threading.Event = stop) -> None:
-            while not stop.is_set():
-                peak[0] = max(peak[0], _rss())
-                time.sleep(0.002)
-
-        thread = threading.Thread(target=watch)
-        thread.start()
-        t0, c0 = time.perf_counter(), time.process_time()
-        step()
-        wall.append(time.perf_counter() - t0)
-        cpu.append(time.process_time() - c0)
-        stop.set()
-        thread.join()
-        peaks.append(peak[0] - base)
+        with PeakRSS() as rss:
+            t0, c0 = time.perf_counter(), time.process_time()
+            step()
+            wall.append(time.perf_counter() - t0)
+            cpu.append(time.process_time() - c0)
+        peaks.append(rss.peak)
     return {
         "ms": round(1000 * min(wall), 1),
         "cpu_ms": round(1000 * min(cpu), 1),

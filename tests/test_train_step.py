@@ -9,29 +9,21 @@ import shutil
 import traceback
 
 import pytest
+import test_train
 import torch
 from _tiny import TINY_TRAIN
 
 from gptlab import checkpoint as ckpt
-from gptlab.data import prepare
 from gptlab.train import loop as gtrain
 from gptlab.train import runtime
 from gptlab.train.config import build_config
 from gptlab.train.metrics import read_metrics
 
+dataset = test_train.dataset  # the module-scoped tiny dataset fixture
+
 TINY = [*TINY_TRAIN, "batch_size=4", "device=cpu", "dtype=float32"]
 # what reads a tensor's value on the host: on a GPU each waits for the queued kernels
 SYNCS = ("item", "tolist", "cpu", "numpy", "__bool__", "__float__", "__int__", "__index__")
-
-
-@pytest.fixture(scope="module")
-def dataset(tmp_path_factory):
-    root = tmp_path_factory.mktemp("data")
-    words = "the quick brown fox jumps over a lazy dog while seven wizards quietly hex".split()
-    text = "\n".join(" ".join(words[(i * 5 + j * 3) % len(words)] for j in range(9)) for i in range(600))
-    (root / "c.txt").write_text(text)
-    prepare([root / "c.txt"], root / "ds", block_size=16)
-    return root / "ds"
 
 
 def _train(dataset, run, *extra, resume=False):
