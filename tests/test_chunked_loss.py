@@ -200,3 +200,13 @@ def test_a_frozen_head_gets_no_gradient_and_none_is_derived():
     saved = _saved_bytes(lambda: chunked_cross_entropy(h, w, y, 60, None, 16).backward())
     assert torch.allclose(h.grad, ref, rtol=1e-5, atol=1e-6) and w.grad is None
     assert saved == h.numel() * 4  # ∂L/∂h only, no (V_pad, d) buffer
+
+
+def test_a_resumed_run_keeps_the_loss_path_its_first_run_resolved():
+    from gptlab.train.precision import keep_resolved
+
+    saved = {"resolved": {"loss_impl": "chunked", "dtype": "float32"}}
+    assert keep_resolved(TrainConfig(loss_impl="auto"), saved).loss_impl == "chunked"
+    assert (
+        keep_resolved(TrainConfig(loss_impl="plain"), saved).loss_impl == "plain"
+    )  # an explicit choice wins

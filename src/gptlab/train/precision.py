@@ -21,7 +21,7 @@ from gptlab import hardware
 from gptlab.model.loss import HEAD_LOSSES
 from gptlab.train.config import TrainConfig
 
-AUTO_FIELDS = ("dtype", "attention")
+AUTO_FIELDS = ("dtype", "attention", "loss_impl")  # kept as first resolved when a run resumes
 LOSS_IMPLS = ("auto", *HEAD_LOSSES)
 CHUNKED_FROM = 256 * 2**20  # bytes of one micro-batch's float32 logits
 
