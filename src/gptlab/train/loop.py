@@ -290,6 +290,7 @@ class _Trainer:
             self.info.world_size,
         )
         pending: Pending = []
+        window, step_s = (0.0, 0), 0.0  # (seconds, steps) since the losses were last read; mean step time
         train_loss = val_loss = None
         checkpoint, interrupted = None, False
         self.model.train()
@@ -307,7 +308,10 @@ class _Trainer:
                         train_loss = self._log_steps(pending)  # reads the losses; raises on nan/inf
                     dt = time.perf_counter() - t0
                     self.train_wall_s += dt
-                    progress.step(train_loss, dt, force=at_eval)
+                    window = (window[0] + dt, window[1] + 1)
+                    if at_log or interrupted:  # a GPU's queue is drained only here: rate over the window
+                        step_s, window = window[0] / window[1], (0.0, 0)
+                    progress.step(train_loss, step_s or dt, force=at_eval)
                     if at_eval:
                         val_loss = self._evaluate_step(progress)
                     if at_ckpt or interrupted:
