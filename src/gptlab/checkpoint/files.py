@@ -6,11 +6,13 @@ from __future__ import annotations
 import json
 import os
 import re
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
 from safetensors import SafetensorError
+from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from gptlab.errors import GptlabError
@@ -48,6 +50,39 @@ def read_tensors(path: str | os.PathLike[str]) -> dict[str, torch.Tensor]:
         return load_file(str(path))
     except (SafetensorError, OSError, ValueError, RuntimeError) as exc:
         raise GptlabError(f"{path}: not a valid safetensors file (truncated or corrupt?): {exc}") from None
+
+
+class LazyTensors(Mapping[str, torch.Tensor]):
+    """Named tensors made only when asked for (``lazy[name]`` runs its maker each time).
+
+    What quantizing while loading reads: one tensor at a time, so that a whole float32 model never
+    has to exist in memory (``gptlab.generate.load_quantized``).
+    """
+
+    def __init__(self, makers: dict[str, Callable[[], torch.Tensor]]) -> None:
+        self._makers = makers
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        return self._makers[name]()
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._makers)
+
+    def __len__(self) -> int:
+        return len(self._makers)
+
+
+def read_tensors_lazily(path: str | os.PathLike[str]) -> LazyTensors:
+    """A safetensors file as ``LazyTensors``: each tensor is read from the (memory-mapped) file when asked for."""
+    path = Path(path)
+    if not path.is_file():
+        raise GptlabError(f"{path}: file not found")
+    try:
+        handle = safe_open(str(path), framework="pt")
+        names = list(handle.keys())
+    except (SafetensorError, OSError, ValueError, RuntimeError) as exc:
+        raise GptlabError(f"{path}: not a valid safetensors file (truncated or corrupt?): {exc}") from None
+    return LazyTensors({name: (lambda name=name: handle.get_tensor(name)) for name in names})
 
 
 def read_json(path: str | os.PathLike[str]) -> Any:
