@@ -11,7 +11,7 @@ import argparse
 import sys
 from typing import Any
 
-from gptlab.cli.options import add_device_argument, resolve_device, resolve_dtype
+from gptlab.cli.options import add_device_argument, resolve_device, weights_format
 from gptlab.errors import GptlabError
 
 COMMANDS = {"/reset": "forget the conversation", "/exit": "quit"}
@@ -78,11 +78,11 @@ def run(args: argparse.Namespace) -> int:
     if args.threads is not None:
         torch.set_num_threads(max(1, args.threads))
     device = resolve_device(args)
-    model, tokenizer = gptlab.load(args.checkpoint, device=device)
+    weights = weights_format(args.dtype, device, args.checkpoint)
+    model, tokenizer = gptlab.load(args.checkpoint, device=device, quantize=weights)  # converted while read
     if tokenizer is None:
         raise GptlabError(f"{args.checkpoint} has no tokenizer.json; chat needs the model's tokenizer")
     template = _template(tokenizer, args.template)
-    gptlab.quantize(model, resolve_dtype(args.dtype, device))
     config = SampleConfig(
         max_new_tokens=args.max_new_tokens,
         temperature=args.temperature,

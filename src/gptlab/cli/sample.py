@@ -13,7 +13,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from gptlab.cli.options import add_device_argument, resolve_device, resolve_dtype
+from gptlab.cli.options import add_device_argument, resolve_device, weights_format
 from gptlab.errors import GptlabError
 
 
@@ -140,7 +140,8 @@ def run(args: argparse.Namespace) -> int:
     )
     prompt = _prompt(args)
     device = resolve_device(args)
-    model, tokenizer = gptlab.load(args.checkpoint, device=device)
+    weights = weights_format(args.dtype, device, args.checkpoint)
+    model, tokenizer = gptlab.load(args.checkpoint, device=device, quantize=weights)  # converted while read
     if args.tokenizer:
         from gptlab.checkpoint import check_tokenizer_fits
         from gptlab.tokenizers import load as load_tokenizer
@@ -152,7 +153,6 @@ def run(args: argparse.Namespace) -> int:
     seq2seq.check_generative(model, str(args.checkpoint))  # a masked-language model cannot generate
     s2s = seq2seq.is_seq2seq(model)  # an encoder-decoder: the prompt is the source, the output its target
     (seq2seq.source_ids if s2s else encode_prompt)(tokenizer, prompt)  # fail before printing anything
-    weights = resolve_dtype(args.dtype, device)
     quantize(model, weights)
     if args.compile:
         from gptlab.generate import compile_decode

@@ -22,7 +22,13 @@ import torch
 from torch import nn
 
 from gptlab.errors import GptlabError
-from gptlab.generate.quantization import QUANTIZERS, activation_dtype, quantize, release_memory
+from gptlab.generate.quantization import (
+    QUANTIZERS,
+    activation_dtype,
+    map_large_blocks,
+    quantize,
+    release_memory,
+)
 from gptlab.model import GPT, GPTConfig, build_model
 
 #: Formats built while loading (fp32 needs no conversion: it loads as it is stored).
@@ -50,6 +56,7 @@ def build_quantized(
 
     if mode not in STREAMED:
         raise GptlabError(f"weights are converted while loading to {' or '.join(STREAMED)}, not {mode!r}")
+    map_large_blocks()  # each float weight is freed back to the system, not kept in the heap
     model = _meta_model(config)
     expected = model_state(model)
     check_state(expected, {name: None for name in tensors}, source, shapes=False)
@@ -66,9 +73,11 @@ def build_quantized(
     tied = config.tie_embeddings
     done: set[str] = set()
     with torch.no_grad():
-        for path, linear in list(model.named_modules()):
-            if not isinstance(linear, nn.Linear) or (tied and path == "lm_head"):
+        paths = [p for p, m in model.named_modules() if isinstance(m, nn.Linear)]  # names only: a list
+        for path in paths:  # of the modules would keep every float weight alive until the end
+            if tied and path == "lm_head":
                 continue  # a tied head is made from the token table by quantize() below
+            linear = model.get_submodule(path)
             for leaf in ("weight", "bias"):
                 if getattr(linear, leaf) is not None:
                     setattr(linear, leaf, nn.Parameter(take(f"{path}.{leaf}"), requires_grad=False))
@@ -77,6 +86,7 @@ def build_quantized(
             QUANTIZERS[mode](holder)  # the float weight is freed once the converted layer holds its copy
             parent, _, child = path.rpartition(".")
             setattr(model.get_submodule(parent), child, holder["layer"])
+            del linear, holder
         for name in expected:
             if name not in done:
                 parent, _, leaf = name.rpartition(".")
@@ -95,6 +105,7 @@ def load_int8(config: GPTConfig, state: Mapping[str, torch.Tensor], source: str 
     """A model saved in int8 (``gptlab.save`` of an int8 model): its int8 weights and scales as stored."""
     from gptlab.checkpoint.model import load_model_state
 
+    map_large_blocks()
     model = _meta_model(config)
     quantize(model, "int8")  # the int8 modules, on the meta device
     act = activation_dtype("cpu")

@@ -171,7 +171,7 @@ class Int8Linear(InferenceLinear):
 
     def __init__(self, linear: nn.Linear, dtype: torch.dtype = torch.bfloat16) -> None:
         super().__init__(linear)
-        q, scale = quantize_int8(linear.weight.detach())  # q (out, in), one s_o per output channel
+        q, scale = quantize_rows(linear.weight.detach())  # q (out, in), one s_o per output channel
         self.register_buffer("weight", q)
         self.scales = scale.squeeze(1).to(dtype)
         bias = linear.bias.detach().to(dtype) if linear.bias is not None else None
@@ -216,7 +216,7 @@ def _int8_embedding(model: nn.Module, act: torch.dtype) -> None:
         assert head.scales is not None
         model.wte = Int8Embedding(head.weight, head.scales)
     else:
-        q, scale = quantize_int8(wte.weight.detach())
+        q, scale = quantize_rows(wte.weight.detach())
         model.wte = Int8Embedding(q, scale.squeeze(1).to(act))
 
 
@@ -229,21 +229,53 @@ def activation_dtype(device: torch.device | str) -> torch.dtype:
     return torch.bfloat16 if hardware.native_bf16("cpu" if kind == "meta" else kind) else torch.float32
 
 
+def _libc() -> ctypes.CDLL | None:
+    """The C library when it is glibc (``malloc_trim`` and ``mallopt`` are glibc's), else None."""
+    name = ctypes.util.find_library("c")
+    try:
+        libc = ctypes.CDLL(name) if name else None
+        return libc if libc is not None and hasattr(libc, "malloc_trim") else None
+    except OSError:
+        return None
+
+
 def release_memory() -> bool:
     """Hand the heap pages freed by converting weights back to the system (glibc's ``malloc_trim(0)``).
 
     glibc keeps freed small and medium blocks in its heap, so after float32 weights are replaced by
     int8 ones the process still holds the float32 memory. False where the C library is not glibc.
     """
-    name = ctypes.util.find_library("c")
-    try:
-        trim = ctypes.CDLL(name).malloc_trim if name else None
-    except (OSError, AttributeError):
-        trim = None
-    if trim is None:
-        return False
-    trim(0)
-    return True
+    libc = _libc()
+    if libc is not None:
+        libc.malloc_trim(0)
+    return libc is not None
+
+
+M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
+
+
+def map_large_blocks(threshold: int = 2**20) -> bool:
+    """Blocks of ``threshold`` bytes or more get their own mapping, returned to the system when freed.
+
+    By default glibc raises this threshold to the largest block freed so far (up to 32 MB), so the
+    float weights converted one after another while loading land in the heap between the int8 ones
+    that stay, and the heap grows to several times the model (SmolLM2 int8: 1.0 GB instead of 0.5 GB
+    while loading). A fixed threshold also stops that adjustment for the rest of the process.
+    """
+    libc = _libc()
+    return libc is not None and bool(libc.mallopt(M_MMAP_THRESHOLD, threshold))
+
+
+def quantize_rows(w: torch.Tensor, rows: int = 4096) -> tuple[torch.Tensor, torch.Tensor]:
+    """``quantize_int8`` of a matrix (N, K), ``rows`` rows at a time: the same q (N, K) int8 and s (N, 1)
+    float32, without float temporaries of the whole matrix (four of them for a 49,152-row table)."""
+    if w.size(0) <= rows:
+        return quantize_int8(w)
+    q = torch.empty(w.shape, dtype=torch.int8, device=w.device)
+    scale = torch.empty(w.size(0), 1, dtype=torch.float32, device=w.device)
+    for i in range(0, w.size(0), rows):
+        q[i : i + rows], scale[i : i + rows] = quantize_int8(w[i : i + rows])
+    return q, scale
 
 
 def _cast_params(model: nn.Module, dtype: torch.dtype) -> None:
