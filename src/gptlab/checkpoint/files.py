@@ -73,16 +73,39 @@ class LazyTensors(Mapping[str, torch.Tensor]):
 
 
 def read_tensors_lazily(path: str | os.PathLike[str]) -> LazyTensors:
-    """A safetensors file as ``LazyTensors``: each tensor is read from the (memory-mapped) file when asked for."""
+    """A safetensors file as ``LazyTensors``: each tensor is read from the file into its own memory when
+    asked for (with ordinary reads: a memory map would keep every page read so far in the process)."""
     path = Path(path)
     if not path.is_file():
         raise GptlabError(f"{path}: file not found")
     try:
-        handle = safe_open(str(path), framework="pt")
-        names = list(handle.keys())
+        with safe_open(str(path), framework="pt") as handle:  # checks the header
+            names = list(handle.keys())
+        with path.open("rb") as f:
+            size = int.from_bytes(f.read(8), "little")
+            header = json.loads(f.read(size))
     except (SafetensorError, OSError, ValueError, RuntimeError) as exc:
         raise GptlabError(f"{path}: not a valid safetensors file (truncated or corrupt?): {exc}") from None
-    return LazyTensors({name: (lambda name=name: handle.get_tensor(name)) for name in names})
+
+    def read(name: str) -> torch.Tensor:
+        entry = header[name]
+        start, end = entry["data_offsets"]
+        out = torch.empty(entry["shape"], dtype=SAFETENSORS_DTYPES[entry["dtype"]])
+        with path.open("rb") as f:
+            f.seek(8 + size + start)
+            if f.readinto(out.view(-1).view(torch.uint8).numpy()) != end - start:
+                raise GptlabError(f"{path}: tensor {name} is cut short (truncated file?)")
+        return out
+
+    return LazyTensors({name: (lambda name=name: read(name)) for name in names})
+
+
+#: safetensors dtype names → torch dtypes.
+SAFETENSORS_DTYPES = {
+    "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+    "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
+    "BOOL": torch.bool,
+}  # fmt: skip
 
 
 def read_json(path: str | os.PathLike[str]) -> Any:

@@ -45,7 +45,7 @@ from gptlab.generate.step import TokenEvent, TokenStep
 log = logging.getLogger("gptlab.serve")
 
 #: Cache positions per row allocated before any request: the cache grows (doubling) to what requests need.
-KV_START_TOKENS = 256
+KV_START_TOKENS = 64
 
 
 # ------------------------------------------------------------------ events
