@@ -71,7 +71,9 @@ def test_convert_int8_checkpoint_round_trips(gguf_file, tmp_path, capsys):
         names = set(f.keys())
         assert f.get_tensor("blocks.0.attn.qkv.weight").dtype == torch.int8
         assert f.get_tensor("wte.weight").dtype == torch.int8
-        assert f.get_tensor("blocks.0.attn.qkv.scales").shape == (f.get_tensor("blocks.0.attn.qkv.weight").shape[0],)
+        assert f.get_tensor("blocks.0.attn.qkv.scales").shape == (
+            f.get_tensor("blocks.0.attn.qkv.weight").shape[0],
+        )
     tied = config["model"]["tie_embeddings"]
     assert ("lm_head.weight" in names) != tied  # a tied head is stored once, as the table
     model, tok = gptlab.load(out)

@@ -15,7 +15,9 @@ from gptlab.tokenizers.char import CharTokenizer
 
 def tiny(block_size: int = 64, pos: str = "rope") -> GPT:
     torch.manual_seed(0)
-    config = GPTConfig(vocab_size=40, block_size=block_size, n_layer=2, n_head=4, n_kv_head=2, n_embd=32, pos=pos)
+    config = GPTConfig(
+        vocab_size=40, block_size=block_size, n_layer=2, n_head=4, n_kv_head=2, n_embd=32, pos=pos
+    )
     return GPT(config).eval()
 
 

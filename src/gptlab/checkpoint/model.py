@@ -24,8 +24,8 @@ from gptlab.checkpoint.files import (
     WEIGHTS_FILE,
     read_json,
     read_tensors,
-    resolve_checkpoint,
     read_tensors_lazily,
+    resolve_checkpoint,
     write_tensors,
 )
 from gptlab.errors import GptlabError

@@ -128,7 +128,9 @@ def build_model(
     if quantize is not None:
         from gptlab.generate.load_quantized import build_quantized
 
-        return build_quantized(config, import_lazy(family, config, hf_state, shapes, source), quantize, source)
+        return build_quantized(
+            config, import_lazy(family, config, hf_state, shapes, source), quantize, source
+        )
     state = import_state(family, config, hf_state, shapes, source)
     with _skip_init():  # every parameter is overwritten next (load_model_state checks that)
         model = GPT(config)
@@ -185,7 +187,9 @@ def to_hf(model: GPT, directory: str | os.PathLike[str]) -> Path:
     if not isinstance(model, GPT):
         raise GptlabError(f"to_hf needs a gptlab GPT model, got {type(model).__name__}")
     if getattr(model, "quantization", None) not in (None, "fp32"):
-        raise GptlabError(f"a {model.quantization} inference model cannot be exported; export the float checkpoint")
+        raise GptlabError(
+            f"a {model.quantization} inference model cannot be exported; export the float checkpoint"
+        )
     config = model.config
     family = export_family(config)
     directory = Path(directory)

@@ -173,7 +173,11 @@ def encode_chat(tokenizer: Any, messages: Sequence[Any], template: ChatTemplate 
     ids = list(tokenizer.encode(template.render(messages), allowed_special="all"))
     # encode() put the source's BOS first (add_bos); a chat template writes its own, and transformers'
     # apply_chat_template adds none
-    return ids[1:] if getattr(tokenizer, "add_bos", False) and getattr(tokenizer, "bos_id", None) is not None else ids
+    return (
+        ids[1:]
+        if getattr(tokenizer, "add_bos", False) and getattr(tokenizer, "bos_id", None) is not None
+        else ids
+    )
 
 
 __all__ = ["FALLBACKS", "ChatTemplate", "compile_template", "encode_chat", "stop_ids", "template_for"]
