@@ -132,3 +132,27 @@ def test_bos_is_added_exactly_where_the_file_says_as_transformers_does(tmp_path,
     messages = [{"role": "user", "content": "ab"}]  # a chat template writes its own BOS: none is added
     rendered = theirs.apply_chat_template(messages, tokenize=False)  # what apply_chat_template encodes:
     assert encode_chat(ours, messages) == theirs.encode(rendered, add_special_tokens=False)  # no BOS added
+
+
+def test_a_hugging_face_folder_says_whether_to_add_bos(tmp_path):
+    from gptlab.tokenizers.hf_files import read_hf_tokenizer, write_hf_tokenizer
+
+    path = tmp_path / "tiny.gguf"
+    write_llama(path, tiny_llama())
+    tok = tokenizer_from_gguf(path)
+    write_hf_tokenizer(tok, tmp_path, model_max_length=64)
+    config_file, tokenizer_file = tmp_path / "tokenizer_config.json", tmp_path / "tokenizer.json"
+    config, data = json.loads(config_file.read_text()), json.loads(tokenizer_file.read_text())
+    assert read_hf_tokenizer(tmp_path).encode("ab")[0] != tok.bos_id  # add_bos_token: false
+    config["add_bos_token"] = True
+    config_file.write_text(json.dumps(config))
+    assert read_hf_tokenizer(tmp_path).encode("ab")[0] == tok.bos_id
+    del config["add_bos_token"]  # no flag: Llama 3's post-processor template puts BOS first
+    config_file.write_text(json.dumps(config))
+    first = {"SpecialToken": {"id": tok.bos_token, "type_id": 0}}
+    data["post_processor"] = {"type": "TemplateProcessing", "single": [first, {"Sequence": {"id": "A"}}]}
+    tokenizer_file.write_text(json.dumps(data))
+    assert read_hf_tokenizer(tmp_path).add_bos
+    data["post_processor"] = None
+    tokenizer_file.write_text(json.dumps(data))
+    assert not read_hf_tokenizer(tmp_path).add_bos

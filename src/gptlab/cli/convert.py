@@ -135,6 +135,11 @@ def _consolidate(source: Path, out: Path, args: argparse.Namespace) -> int:
 
 def _describe(model: Any) -> str:
     c = model.config
+    if getattr(model, "quantization", None) == "int8":  # the int8 weights are buffers, not parameters
+        from gptlab.checkpoint import model_state
+
+        n = sum(t.numel() for k, t in model_state(model).items() if not k.endswith(".scales"))
+        return f"{c.n_layer} layers, d_model {c.n_embd}, {n:,} weights in int8 + scales"
     return f"{c.n_layer} layers, d_model {c.n_embd}, {model.num_params()['total']:,} parameters"
 
 
