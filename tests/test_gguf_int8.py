@@ -156,3 +156,17 @@ def test_a_hugging_face_folder_says_whether_to_add_bos(tmp_path):
     data["post_processor"] = None
     tokenizer_file.write_text(json.dumps(data))
     assert not read_hf_tokenizer(tmp_path).add_bos
+
+
+def test_converting_while_loading_names_a_mismatched_checkpoint(gguf_file, tmp_path):
+    out = tmp_path / "fp32"
+    main(["convert", "--from-gguf", str(gguf_file), "--out", str(out)])
+    config = json.loads((out / "config.json").read_text())
+    config["model"]["d_ff"] += 8  # every feed-forward matrix now has the wrong shape
+    (out / "config.json").write_text(json.dumps(config))
+    with pytest.raises(GptlabError, match=r"model.safetensors: tensor blocks\.0\.mlp\.\w+\.weight has shape"):
+        gptlab.load(out, quantize="int8")
+    config["model"]["n_layer"] += 1
+    (out / "config.json").write_text(json.dumps(config))
+    with pytest.raises(GptlabError, match=r"missing: blocks\.2\."):
+        gptlab.load(out, quantize="int8")

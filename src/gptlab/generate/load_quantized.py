@@ -62,13 +62,9 @@ def build_quantized(
     check_state(expected, {name: None for name in tensors}, source, shapes=False)
 
     def take(name: str) -> torch.Tensor:
-        t = tensors[name]
-        if tuple(t.shape) != tuple(expected[name].shape):
-            raise GptlabError(
-                f"{source}: tensor {name} has shape {tuple(t.shape)} but config.json "
-                f"implies {tuple(expected[name].shape)}"
-            )
-        return _pad_vocab(model, {name: t.float()})[name]
+        one = {name: tensors[name]}
+        check_state({name: expected[name]}, one, source)  # its shape
+        return _pad_vocab(model, {name: one[name].float()})[name]
 
     tied = config.tie_embeddings
     done: set[str] = set()
