@@ -4,11 +4,15 @@ decoding against transformers' ``generate``, and memory while serving in float32
     python bench/real_model.py                       # all three; prints one JSON line
     python bench/real_model.py --parts decode --new-tokens 64
 
-import_s: ``gptlab convert --from-gguf`` in a fresh process (interpreter start included), wall and CPU.
+import_s: ``gptlab convert --from-gguf`` in a fresh process (interpreter start included), wall and CPU,
+in float32 and (``int8_import``) with ``--dtype int8``.
 decode: greedy, batch 1, a chat prompt, exactly ``--new-tokens`` tokens; gptlab's step (eager and
 ``compile_decode``) and transformers' ``generate`` (its GGUF loading, float32) in the same process.
-serve_rss_mb: a fresh ``gptlab``-serving process per weight format answers one chat request; RSS is
-sampled during the request (``peak``) and measured before loading anything (``base``: Python, torch).
+serve_rss_mb: a fresh ``gptlab``-serving process per weight format answers one chat request, loaded as
+``gptlab serve --dtype`` loads it (``fp32``; ``int8``: the float checkpoint converted while loading;
+``int8_ckpt``: the ``convert --dtype int8`` checkpoint). RSS is sampled during the request (``peak``),
+measured before loading anything (``base``: Python, torch, the server's modules) and after loading;
+``process_peak`` is the process's maximum RSS (loading included, ``ru_maxrss``).
 """
 
 from __future__ import annotations
@@ -36,8 +40,9 @@ def gguf_path() -> Path:
     return Path(os.path.dirname(spec.origin)) / FILE
 
 
-def run_import(out: Path) -> dict:
+def run_import(out: Path, dtype: str = "fp32") -> dict:
     cmd = [sys.executable, "-m", "gptlab", "convert", "--from-gguf", str(gguf_path()), "--out", str(out)]
+    cmd += ["--dtype", dtype]
     before = os.times()
     started = time.perf_counter()
     subprocess.run(
@@ -110,15 +115,15 @@ def run_decode(ckpt: Path, new_tokens: int, dtype: str = "fp32", hf: bool = True
 
 
 SERVE = r"""
-import json, sys, threading, time
+import json, resource, sys, threading, time
 def rss():
     return int(open("/proc/self/statm").read().split()[1]) * 4096 / 2**20
 import torch, gptlab
 from fastapi.testclient import TestClient
 from gptlab.serve import create_app
+from gptlab.serve.launch import load_for_serving
 base = rss()
-model, tok = gptlab.load(sys.argv[1])
-gptlab.quantize(model, sys.argv[2])
+model, tok = load_for_serving(sys.argv[1], sys.argv[2])  # what `gptlab serve CKPT --dtype D` loads
 import gc; gc.collect()
 loaded = rss()
 peak = [loaded]
@@ -131,24 +136,34 @@ with TestClient(create_app(model, tok)) as c:
     r = c.post("/v1/chat/completions", json={"messages": %s, "max_tokens": 24, "temperature": 0})
 done = True; t.join()
 print(json.dumps({"base": round(base), "after_load": round(loaded), "peak": round(peak[0]),
+                  "process_peak": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
                   "reply": r.json()["choices"][0]["message"]["content"]}))
 """
 
 
-def run_serve(ckpt: Path) -> dict:
+def run_serve(ckpt: Path, int8_ckpt: Path | None) -> dict:
     out = {}
-    for dtype in ("fp32", "int8"):
+    runs = {"fp32": (ckpt, "fp32"), "int8": (ckpt, "int8")}
+    if int8_ckpt is not None:
+        runs["int8_ckpt"] = (int8_ckpt, "int8")
+    for label, (path, dtype) in runs.items():
         code = SERVE % json.dumps(MESSAGES)
         res = subprocess.run(
-            [sys.executable, "-c", code, str(ckpt), dtype], check=True, capture_output=True, text=True,
+            [sys.executable, "-c", code, str(path), dtype], check=True, capture_output=True, text=True,
             env={**os.environ, "PYTHONPATH": str(ROOT / "src")},
         )  # fmt: skip
-        out[dtype] = json.loads(res.stdout.strip().splitlines()[-1])
+        out[label] = json.loads(res.stdout.strip().splitlines()[-1])
     above = {k: out[k]["peak"] - out[k]["base"] for k in out}
+    ratios = {
+        f"{k}_over_fp32_{m}": round(out[k][m] / out["fp32"][m], 2)
+        for k in out
+        if k != "fp32"
+        for m in ("peak", "process_peak")
+    }
     return {
         "serve_rss_mb": out,
         "serve_peak_above_base_mb": above,
-        "int8_over_fp32_peak": round(out["int8"]["peak"] / out["fp32"]["peak"], 2),
+        **ratios,
         "int8_over_fp32_above_base": round(above["int8"] / above["fp32"], 2),
     }
 
@@ -171,10 +186,14 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         ckpt = Path(tmp) / "smollm2"
         result.update(run_import(ckpt))
+        int8_ckpt = None
+        if "import-int8" in parts or "serve" in parts:
+            int8_ckpt = Path(tmp) / "smollm2-int8"
+            result["int8_import"] = run_import(int8_ckpt, "int8")
         if "decode" in parts:
             result.update(run_decode(ckpt, args.new_tokens, args.dtype, not args.no_hf))
         if "serve" in parts:
-            result.update(run_serve(ckpt))
+            result.update(run_serve(ckpt, int8_ckpt))
     print(json.dumps(result))
 
 

@@ -107,6 +107,8 @@ def write_llama(path, model: GPT, qtype: Q = Q.F32, extra_tensor: str | None = N
     w.add_layer_norm_rms_eps(cfg.norm_eps)
     w.add_rope_dimension_count(meta.pop("rope_dims", cfg.head_dim))
     _tokenizer_fields(w, cfg.vocab_size)
+    if "add_bos" in meta:
+        w.add_add_bos_token(meta.pop("add_bos"))
     state = export_state(llama.FAMILY, cfg, model_state(model))
     for hf_name, t in state.items():
         a = t.detach().float().numpy()

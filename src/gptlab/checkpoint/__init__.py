@@ -40,6 +40,7 @@ from gptlab.checkpoint.model import (
     read_config,
     restore_weights,
     save,
+    stored_format,
     write_config,
 )
 from gptlab.checkpoint.run import (
@@ -100,6 +101,7 @@ __all__ = [
     "restore_weights",
     "save",
     "save_training_checkpoint",
+    "stored_format",
     "unflatten_state",
     "write_config",
     "write_tensors",

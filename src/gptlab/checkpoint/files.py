@@ -6,11 +6,12 @@ from __future__ import annotations
 import json
 import os
 import re
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import SafetensorError
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
 from gptlab.errors import GptlabError
@@ -48,6 +49,62 @@ def read_tensors(path: str | os.PathLike[str]) -> dict[str, torch.Tensor]:
         return load_file(str(path))
     except (SafetensorError, OSError, ValueError, RuntimeError) as exc:
         raise GptlabError(f"{path}: not a valid safetensors file (truncated or corrupt?): {exc}") from None
+
+
+class LazyTensors(Mapping[str, torch.Tensor]):
+    """Named tensors made only when asked for (``lazy[name]`` runs its maker each time).
+
+    What quantizing while loading reads: one tensor at a time, so that a whole float32 model never
+    has to exist in memory (``gptlab.generate.load_quantized``).
+    """
+
+    def __init__(self, makers: dict[str, Callable[[], torch.Tensor]]) -> None:
+        self._makers = makers
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        return self._makers[name]()
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._makers)
+
+    def __len__(self) -> int:
+        return len(self._makers)
+
+
+def read_tensors_lazily(path: str | os.PathLike[str]) -> LazyTensors:
+    """A safetensors file as ``LazyTensors``: each tensor is read from the file into its own memory when
+    asked for (with ordinary reads: a memory map would keep every page read so far in the process)."""
+    path = Path(path)
+    if not path.is_file():
+        raise GptlabError(f"{path}: file not found")
+    try:
+        with safe_open(str(path), framework="pt") as handle:  # checks the header
+            names = list(handle.keys())
+        with path.open("rb") as f:
+            size = int.from_bytes(f.read(8), "little")
+            header = json.loads(f.read(size))
+    except (SafetensorError, OSError, ValueError, RuntimeError) as exc:
+        raise GptlabError(f"{path}: not a valid safetensors file (truncated or corrupt?): {exc}") from None
+
+    def read(name: str) -> torch.Tensor:
+        entry = header[name]
+        start, end = entry["data_offsets"]
+        out = torch.empty(entry["shape"], dtype=SAFETENSORS_DTYPES[entry["dtype"]])
+        with path.open("rb") as f:
+            f.seek(8 + size + start)
+            if f.readinto(out.view(-1).view(torch.uint8).numpy()) != end - start:
+                raise GptlabError(f"{path}: tensor {name} is cut short (truncated file?)")
+        return out
+
+    return LazyTensors({name: (lambda name=name: read(name)) for name in names})
+
+
+#: safetensors dtype names → torch dtypes.
+SAFETENSORS_DTYPES = {
+    "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+    "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
+    "BOOL": torch.bool,
+}  # fmt: skip
 
 
 def read_json(path: str | os.PathLike[str]) -> Any:

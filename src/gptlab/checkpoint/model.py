@@ -1,4 +1,12 @@
-"""One checkpoint directory: ``config.json`` + ``model.safetensors`` (+ ``tokenizer.json``)."""
+"""One checkpoint directory: ``config.json`` + ``model.safetensors`` (+ ``tokenizer.json``).
+
+An int8 model (``gptlab.quantize(model, "int8")``) is saved as it is held: each matrix as int8
+``q`` (out, in) plus ``scales`` (out,), the token table as int8 rows plus one scale per row (a tied
+head is stored once, as the table), the rest as floats; ``config.json`` says
+``"quantization": {"format": "int8", ...}`` and ``load`` rebuilds the int8 modules from it without
+ever making float32 weights. ``load(..., quantize="int8" | "bf16")`` of a float checkpoint converts
+each tensor as it is read (``gptlab.generate.load_quantized``).
+"""
 
 from __future__ import annotations
 
@@ -16,6 +24,7 @@ from gptlab.checkpoint.files import (
     WEIGHTS_FILE,
     read_json,
     read_tensors,
+    read_tensors_lazily,
     resolve_checkpoint,
     write_tensors,
 )
@@ -23,7 +32,12 @@ from gptlab.errors import GptlabError
 from gptlab.fileio import atomic_write_json
 from gptlab.model import GPT, GPTConfig, build_model
 
-VOCAB_ROWS = ("wte.weight", "lm_head.weight")  # tensors with one row per token
+VOCAB_ROWS = ("wte.weight", "lm_head.weight", "wte.scales", "lm_head.scales")  # one row per token
+#: What config.json says about an int8 checkpoint.
+INT8_FORMAT = {
+    "format": "int8",
+    "scheme": "symmetric; one scale per output channel of each matrix and per row of the token table",
+}
 
 
 def model_state(model: GPT) -> dict[str, torch.Tensor]:
@@ -32,6 +46,7 @@ def model_state(model: GPT) -> dict[str, torch.Tensor]:
     state = model.state_dict()
     if model.config.tie_embeddings:
         state.pop("lm_head.weight", None)
+        state.pop("lm_head.scales", None)
     for name in VOCAB_ROWS:
         if name in state:
             state[name] = state[name][: model.config.vocab_size]
@@ -51,9 +66,10 @@ def _pad_vocab(model: GPT, state: dict[str, torch.Tensor]) -> dict[str, torch.Te
     return out
 
 
-def load_model_state(model: GPT, state: dict[str, torch.Tensor], source: str | os.PathLike[str]) -> None:
-    """Copy ``state`` into ``model``; a missing, extra or mis-shaped tensor names ``source``."""
-    expected = model_state(model)
+def check_state(
+    expected: dict[str, Any], state: dict[str, Any], source: str | os.PathLike[str], shapes: bool = True
+) -> None:
+    """A missing, extra or (``shapes``) mis-shaped tensor of ``state`` is a ``GptlabError`` naming ``source``."""
     missing = sorted(set(expected) - set(state))
     extra = sorted(set(state) - set(expected))
     if missing or extra:
@@ -61,13 +77,20 @@ def load_model_state(model: GPT, state: dict[str, torch.Tensor], source: str | o
             f"{source}: weights do not match config.json "
             f"(missing: {', '.join(missing[:5]) or 'none'}; unexpected: {', '.join(extra[:5]) or 'none'})"
         )
-    for name, tensor in state.items():
+    for name, tensor in state.items() if shapes else ():
         if tuple(tensor.shape) != tuple(expected[name].shape):
             raise GptlabError(
                 f"{source}: tensor {name} has shape {tuple(tensor.shape)} but config.json "
                 f"implies {tuple(expected[name].shape)}"
             )
-    model.load_state_dict(_pad_vocab(model, state), strict=not model.config.tie_embeddings)
+
+
+def load_model_state(
+    model: GPT, state: dict[str, torch.Tensor], source: str | os.PathLike[str], assign: bool = False
+) -> None:
+    """Copy ``state`` into ``model`` (``assign``: take the tensors themselves); mismatches name ``source``."""
+    check_state(model_state(model), state, source)
+    model.load_state_dict(_pad_vocab(model, state), strict=not model.config.tie_embeddings, assign=assign)
 
 
 def write_config(path: str | os.PathLike[str], config: GPTConfig, **extra: Any) -> None:
@@ -98,33 +121,80 @@ def save(model: GPT, tokenizer: Any | None, directory: str | os.PathLike[str]) -
         raise GptlabError(f"{directory}: exists and is not a directory")
     if lora.is_lora_model(model):  # a LoRA run's checkpoints hold only the adapters
         return lora.save_adapters(model, tokenizer, directory)
+    fmt = getattr(model, "quantization", None)
+    if fmt == "bf16":
+        raise GptlabError(
+            "a model quantized to bf16 for inference cannot be saved; save it before quantize(), "
+            "or store bf16 weights with model.to(torch.bfloat16) / gptlab convert --dtype bf16"
+        )
+    extra = {"quantization": INT8_FORMAT} if fmt == "int8" else {}
     directory.mkdir(parents=True, exist_ok=True)
     write_tensors(
-        directory / WEIGHTS_FILE, model_state(model), metadata={"format": "pt", "gptlab_format": "1"}
+        directory / WEIGHTS_FILE,
+        model_state(model),
+        metadata={"format": "pt", "gptlab_format": "1", **({"quantization": "int8"} if extra else {})},
     )
     if tokenizer is not None:
         tokenizer.save(directory / TOKENIZER_FILE)
-    write_config(directory / CONFIG_FILE, model.config)
+    write_config(directory / CONFIG_FILE, model.config, **extra)
     return directory
 
 
+def stored_format(path: str | os.PathLike[str]) -> str | None:
+    """``"int8"`` for a checkpoint saved in int8, else None (float weights)."""
+    directory = resolve_checkpoint(path)
+    config = directory / CONFIG_FILE
+    data = read_json(config) if config.is_file() else {}
+    quant = data.get("quantization") if isinstance(data, dict) else None
+    if quant is None:
+        return None
+    if not isinstance(quant, dict) or quant.get("format") != "int8":
+        raise GptlabError(f"{config}: unknown quantization {quant!r}; this gptlab reads int8 checkpoints")
+    return "int8"
+
+
 def load(
-    path: str | os.PathLike[str], device: str | torch.device = "cpu", dtype: torch.dtype | None = None
+    path: str | os.PathLike[str],
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype | None = None,
+    quantize: str | None = None,
 ) -> tuple[GPT, Any | None]:
-    """Read a checkpoint directory (or a run directory: its latest checkpoint) → ``(model, tokenizer_or_None)``."""
+    """Read a checkpoint directory (or a run directory: its latest checkpoint) → ``(model, tokenizer_or_None)``.
+
+    ``quantize`` (``"fp32"``, ``"bf16"``, ``"int8"``): the model for inference in that format, as
+    ``gptlab.quantize`` makes it; on a CPU, bf16 and int8 are converted tensor by tensor while reading.
+    An int8 checkpoint loads as int8 (``quantize`` None or ``"int8"``).
+    """
     directory = resolve_checkpoint(path)
     from gptlab.checkpoint.sharded import require_consolidated
+    from gptlab.generate import load_quantized, quantization
 
     require_consolidated(directory)  # FSDP shards: a one-line hint to consolidate first
+    stored = stored_format(directory)
     if lora.is_lora_checkpoint(directory):  # the one place LoRA adapters are merged on load
-        return lora.load_merged(directory, device, dtype)
+        model, tokenizer = lora.load_merged(directory, device, dtype)
+        return (quantization.quantize(model, quantize) if quantize else model), tokenizer
     config = read_config(directory / CONFIG_FILE)
-    state = read_tensors(directory / WEIGHTS_FILE)
-    model = build_model(config)
-    load_model_state(model, state, directory / WEIGHTS_FILE)
-    if dtype is not None:
-        model.to(dtype=dtype)
-    model.to(device).eval()
+    weights = directory / WEIGHTS_FILE
+    cpu = torch.device(device).type == "cpu"
+    if stored is not None:
+        if quantize not in (None, stored) or dtype is not None or not cpu:
+            asked = quantize or (str(dtype).removeprefix("torch.") if dtype is not None else f"on {device}")
+            raise GptlabError(
+                f"{directory}: holds {stored} weights for the CPU, which cannot be loaded as {asked}; "
+                f"use --dtype {stored} (or auto), or convert the float model again"
+            )
+        model = load_quantized.load_int8(config, read_tensors(weights), weights)
+    elif quantize in load_quantized.STREAMED and cpu and dtype is None:
+        model = load_quantized.build_quantized(config, read_tensors_lazily(weights), quantize, weights)
+    else:
+        model = build_model(config)
+        load_model_state(model, read_tensors(weights), weights)
+        if dtype is not None:
+            model.to(dtype=dtype)
+        model.to(device).eval()
+        if quantize:
+            quantization.quantize(model, quantize)
     tokenizer = load_tokenizer(directory)
     check_tokenizer_fits(tokenizer, config.vocab_size, directory / TOKENIZER_FILE)
     return model, tokenizer

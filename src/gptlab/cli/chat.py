@@ -16,7 +16,7 @@ from gptlab.cli.options import (
     add_device_argument,
     apply_compile,
     resolve_device,
-    resolve_dtype,
+    weights_format,
 )
 from gptlab.errors import GptlabError
 
@@ -85,11 +85,11 @@ def run(args: argparse.Namespace) -> int:
     if args.threads is not None:
         torch.set_num_threads(max(1, args.threads))
     device = resolve_device(args)
-    model, tokenizer = gptlab.load(args.checkpoint, device=device)
+    weights = weights_format(args.dtype, device, args.checkpoint)
+    model, tokenizer = gptlab.load(args.checkpoint, device=device, quantize=weights)  # converted while read
     if tokenizer is None:
         raise GptlabError(f"{args.checkpoint} has no tokenizer.json; chat needs the model's tokenizer")
     template = _template(tokenizer, args.template)
-    gptlab.quantize(model, resolve_dtype(args.dtype, device))
     apply_compile(args.compile, model, device, planned_tokens=None)  # a session: tokens unbounded
     config = SampleConfig(
         max_new_tokens=args.max_new_tokens,

@@ -15,8 +15,8 @@ from typing import Any
 
 from gptlab.errors import GptlabError
 
-#: --dtype → the dtype the checkpoint's weights are stored in.
-DTYPES = ("fp32", "bf16")
+#: --dtype → how the checkpoint's weights are stored: float32, bfloat16, or int8 (+ scales; for inference).
+DTYPES = ("fp32", "bf16", "int8")
 
 
 def register(subparsers: Any) -> None:
@@ -46,7 +46,8 @@ def register(subparsers: Any) -> None:
         "--dtype",
         choices=DTYPES,
         default="fp32",
-        help="weight storage of an imported checkpoint (default fp32)",
+        help="weight storage of an imported checkpoint (default fp32; int8: int8 matrices and token "
+        "table with per-row scales, converted tensor by tensor, for sample/serve/chat/eval, not training)",
     )
     p.set_defaults(func=run)
 
@@ -64,17 +65,18 @@ def run(args: argparse.Namespace) -> int:
     return directions[name](Path(getattr(args, name)), _fresh(Path(args.out)), args)
 
 
-def _dtype(args: argparse.Namespace) -> Any:
+def _dtype(args: argparse.Namespace) -> dict[str, Any]:
+    """The import's keyword arguments for ``--dtype``: a float dtype, or int8 quantization."""
     import torch
 
-    return {"fp32": None, "bf16": torch.bfloat16}[args.dtype]
+    return {"fp32": {}, "bf16": {"dtype": torch.bfloat16}, "int8": {"quantize": "int8"}}[args.dtype]
 
 
 def _from_hf(source: Path, out: Path, args: argparse.Namespace) -> int:
     from gptlab.checkpoint import save
     from gptlab.interop.hf import from_hf, tokenizer_from_hf
 
-    model = from_hf(source, dtype=_dtype(args))
+    model = from_hf(source, **_dtype(args))
     tokenizer = tokenizer_from_hf(source)
     save(model, tokenizer, out)
     tok = (
@@ -94,7 +96,7 @@ def _from_gguf(source: Path, out: Path, args: argparse.Namespace) -> int:
 
     started = time.perf_counter()
     gguf_file = read_gguf(source)
-    model = from_gguf(gguf_file, dtype=_dtype(args))
+    model = from_gguf(gguf_file, **_dtype(args))
     tokenizer = tokenizer_from_gguf(gguf_file)
     save(model, tokenizer, out)
     seconds = time.perf_counter() - started
@@ -133,6 +135,11 @@ def _consolidate(source: Path, out: Path, args: argparse.Namespace) -> int:
 
 def _describe(model: Any) -> str:
     c = model.config
+    if getattr(model, "quantization", None) == "int8":  # the int8 weights are buffers, not parameters
+        from gptlab.checkpoint import model_state
+
+        n = sum(t.numel() for k, t in model_state(model).items() if not k.endswith(".scales"))
+        return f"{c.n_layer} layers, d_model {c.n_embd}, {n:,} weights in int8 + scales"
     return f"{c.n_layer} layers, d_model {c.n_embd}, {model.num_params()['total']:,} parameters"
 
 

@@ -18,6 +18,23 @@ def resolve_device(args: argparse.Namespace) -> str:
     return resolve(args.device, option="--device ")
 
 
+def weights_format(dtype: str, device: str, checkpoint: str) -> str:
+    """The weight format to run ``checkpoint`` in: an int8 checkpoint runs in int8 (``--dtype auto`` or
+    ``int8``; another format is one ``error:`` line), a float one as ``resolve_dtype`` says."""
+    from gptlab.checkpoint import stored_format
+    from gptlab.errors import GptlabError
+
+    stored = stored_format(checkpoint)
+    if stored is None:
+        return resolve_dtype(dtype, device)
+    if dtype not in ("auto", stored):
+        raise GptlabError(
+            f"{checkpoint} holds {stored} weights; run it with --dtype {stored} (or auto), "
+            f"or convert the float model again for --dtype {dtype}"
+        )
+    return stored
+
+
 def resolve_dtype(dtype: str, device: str, bf16: str = "bf16", otherwise: str = "fp32") -> str:
     """``--dtype auto`` → ``bf16`` where bf16 is native on ``device``, else ``otherwise``.
 

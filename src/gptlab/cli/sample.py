@@ -18,7 +18,7 @@ from gptlab.cli.options import (
     add_device_argument,
     apply_compile,
     resolve_device,
-    resolve_dtype,
+    weights_format,
 )
 from gptlab.errors import GptlabError
 
@@ -141,7 +141,8 @@ def run(args: argparse.Namespace) -> int:
     )
     prompt = _prompt(args)
     device = resolve_device(args)
-    model, tokenizer = gptlab.load(args.checkpoint, device=device)
+    weights = weights_format(args.dtype, device, args.checkpoint)
+    model, tokenizer = gptlab.load(args.checkpoint, device=device, quantize=weights)  # converted while read
     if args.tokenizer:
         from gptlab.checkpoint import check_tokenizer_fits
         from gptlab.tokenizers import load as load_tokenizer
@@ -153,7 +154,6 @@ def run(args: argparse.Namespace) -> int:
     seq2seq.check_generative(model, str(args.checkpoint))  # a masked-language model cannot generate
     s2s = seq2seq.is_seq2seq(model)  # an encoder-decoder: the prompt is the source, the output its target
     (seq2seq.source_ids if s2s else encode_prompt)(tokenizer, prompt)  # fail before printing anything
-    weights = resolve_dtype(args.dtype, device)
     quantize(model, weights)
     not_for = "beam search" if args.beam_width > 1 else "an encoder-decoder" if s2s else None
     apply_compile(args.compile, model, device, args.num_samples * args.max_new_tokens, not_for)

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from gptlab.cli.options import add_device_argument, resolve_device, resolve_dtype
+from gptlab.cli.options import add_device_argument, resolve_device, weights_format
 
 DTYPES = ("auto", "fp32", "bf16", "int8")
 
@@ -85,7 +85,9 @@ def run(args: argparse.Namespace) -> int:
         raise GptlabError(f"--max-tokens-cap must be at least 1, got {args.max_tokens_cap}")
     check_bind(args.host, args.port)
     device = resolve_device(args)
-    model, tokenizer = load_for_serving(args.checkpoint, resolve_dtype(args.dtype, device), device)
+    model, tokenizer = load_for_serving(
+        args.checkpoint, weights_format(args.dtype, device, args.checkpoint), device
+    )
     name = args.model_name or Path(args.checkpoint).resolve().name
     app = create_app(
         model,

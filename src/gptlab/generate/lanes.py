@@ -30,8 +30,11 @@ from gptlab.generate.static_decode import _ASKED, CHOSEN, _Choice, static_wanted
 class Lanes:
     """A ``BatchSession`` and, on CUDA, a ``StaticSession`` behind one slot numbering."""
 
-    def __init__(self, model: Any, max_batch: int, max_len: int | None = None) -> None:
-        self.dynamic = BatchSession(model, max_batch, max_len=max_len)
+    def __init__(
+        self, model: Any, max_batch: int, max_len: int | None = None, capacity: int | None = None
+    ) -> None:
+        # capacity: the dynamic lane's starting cache length, grown as rows need (the static lane's is fixed)
+        self.dynamic = BatchSession(model, max_batch, max_len=max_len, capacity=capacity)
         self.max_batch, self.max_len = max_batch, self.dynamic.max_len
         self.static: StaticSession | None = None
         if static_wanted(model) and os.environ.get("GPTLAB_STATIC", "1") != "0":

@@ -5,8 +5,10 @@ Every ``nn.Linear`` becomes an inference linear ``y = x·Wᵀ + b`` whose weight
 * fp32: the model's own parameters (tied weights stay tied);
 * bf16: every parameter cast to bfloat16 (positional tables stay float32 buffers);
 * int8 (weight-only, per output channel): ``q_o = round(W_o / s_o) ∈ [−127, 127]``,
-  ``s_o = max_k |W_o,k| / 127``, so ``y ≈ (x·qᵀ) ⊙ s``; activations, embeddings and norms are bf16
-  where bf16 is native, float32 elsewhere.
+  ``s_o = max_k |W_o,k| / 127``, so ``y ≈ (x·qᵀ) ⊙ s``; the token embedding is int8 too, one
+  scale per row, ``e_x = q_x·s_x`` (a tied table is the head's own int8 matrix: a row of W_e is an
+  output channel of the head, so it is stored once); activations and norms are bf16 where bf16 is
+  native, float32 elsewhere.
 
 A decode step multiplies one row by every matrix, so it is bound by how fast the weights stream
 from memory. On a CPU that one-row product is ``gemv``, ``y_o = s_o·Σ_k x_k·w_ok``, written as one
@@ -23,6 +25,8 @@ Without a C++ compiler the one-row product uses those too.
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 from collections.abc import Callable
 
 import torch
@@ -167,7 +171,7 @@ class Int8Linear(InferenceLinear):
 
     def __init__(self, linear: nn.Linear, dtype: torch.dtype = torch.bfloat16) -> None:
         super().__init__(linear)
-        q, scale = quantize_int8(linear.weight.detach())  # q (out, in), one s_o per output channel
+        q, scale = quantize_rows(linear.weight.detach())  # q (out, in), one s_o per output channel
         self.register_buffer("weight", q)
         self.scales = scale.squeeze(1).to(dtype)
         bias = linear.bias.detach().to(dtype) if linear.bias is not None else None
@@ -181,6 +185,99 @@ class Int8Linear(InferenceLinear):
         return F.linear(x2, self.weight.to(x2.dtype)) * scales
 
 
+class Int8Embedding(nn.Module):
+    """``e_x = q_x · s_x``: int8 rows ``q`` (V, d_model) and one scale per row ``s`` (V,), in ``s``'s dtype."""
+
+    def __init__(self, weight: torch.Tensor, scales: torch.Tensor) -> None:
+        super().__init__()
+        self.num_embeddings, self.embedding_dim = weight.shape
+        self.register_buffer("weight", weight)
+        self.register_buffer("scales", scales)
+
+    @property
+    def compute_dtype(self) -> torch.dtype:
+        """The dtype the rows come out in (what ``GPT.dtype`` reports for a model with this table)."""
+        return self.scales.dtype
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:  # (B, T) → (B, T, d_model)
+        return self.weight[idx].to(self.scales.dtype) * self.scales[idx].unsqueeze(-1)
+
+    def extra_repr(self) -> str:
+        return f"{self.num_embeddings}, {self.embedding_dim}, int8 per-row"
+
+
+def _int8_embedding(model: nn.Module, act: torch.dtype) -> None:
+    """The token table as ``Int8Embedding``: the tied head's int8 matrix and scales, else its own."""
+    wte, head = getattr(model, "wte", None), getattr(model, "lm_head", None)
+    if not isinstance(wte, nn.Embedding):
+        return
+    config = getattr(model, "config", None)
+    if getattr(config, "tie_embeddings", False) and isinstance(head, Int8Linear):
+        assert head.scales is not None
+        model.wte = Int8Embedding(head.weight, head.scales)
+    else:
+        q, scale = quantize_rows(wte.weight.detach())
+        model.wte = Int8Embedding(q, scale.squeeze(1).to(act))
+
+
+def activation_dtype(device: torch.device | str) -> torch.dtype:
+    """What an int8 model computes in: bf16 where bf16 is native on ``device``, else float32.
+
+    A model being built on the meta device (``gptlab.generate.load_quantized``) is for the CPU.
+    """
+    kind = torch.device(device).type
+    return torch.bfloat16 if hardware.native_bf16("cpu" if kind == "meta" else kind) else torch.float32
+
+
+def _libc() -> ctypes.CDLL | None:
+    """The C library when it is glibc (``malloc_trim`` and ``mallopt`` are glibc's), else None."""
+    name = ctypes.util.find_library("c")
+    try:
+        libc = ctypes.CDLL(name) if name else None
+        return libc if libc is not None and hasattr(libc, "malloc_trim") else None
+    except OSError:
+        return None
+
+
+def release_memory() -> bool:
+    """Hand the heap pages freed by converting weights back to the system (glibc's ``malloc_trim(0)``).
+
+    glibc keeps freed small and medium blocks in its heap, so after float32 weights are replaced by
+    int8 ones the process still holds the float32 memory. False where the C library is not glibc.
+    """
+    libc = _libc()
+    if libc is not None:
+        libc.malloc_trim(0)
+    return libc is not None
+
+
+M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
+
+
+def map_large_blocks(threshold: int = 2**20) -> bool:
+    """Blocks of ``threshold`` bytes or more get their own mapping, returned to the system when freed.
+
+    By default glibc raises this threshold to the largest block freed so far (up to 32 MB), so the
+    float weights converted one after another while loading land in the heap between the int8 ones
+    that stay, and the heap grows to several times the model (SmolLM2 int8: 1.0 GB instead of 0.5 GB
+    while loading). A fixed threshold also stops that adjustment for the rest of the process.
+    """
+    libc = _libc()
+    return libc is not None and bool(libc.mallopt(M_MMAP_THRESHOLD, threshold))
+
+
+def quantize_rows(w: torch.Tensor, rows: int = 4096) -> tuple[torch.Tensor, torch.Tensor]:
+    """``quantize_int8`` of a matrix (N, K), ``rows`` rows at a time: the same q (N, K) int8 and s (N, 1)
+    float32, without float temporaries of the whole matrix (four of them for a 49,152-row table)."""
+    if w.size(0) <= rows:
+        return quantize_int8(w)
+    q = torch.empty(w.shape, dtype=torch.int8, device=w.device)
+    scale = torch.empty(w.size(0), 1, dtype=torch.float32, device=w.device)
+    for i in range(0, w.size(0), rows):
+        q[i : i + rows], scale[i : i + rows] = quantize_int8(w[i : i + rows])
+    return q, scale
+
+
 def _cast_params(model: nn.Module, dtype: torch.dtype) -> None:
     """Cast parameters (not buffers: positional tables stay float32) to ``dtype``."""
     for p in model.parameters():
@@ -189,10 +286,10 @@ def _cast_params(model: nn.Module, dtype: torch.dtype) -> None:
 
 def _to_int8(model: nn.Module) -> None:
     """int8 matrices; activations, embeddings and norms in bf16 where bf16 is native, else float32."""
-    device = next(model.parameters()).device.type
-    act = torch.bfloat16 if hardware.native_bf16(device) else torch.float32
+    act = activation_dtype(next(model.parameters()).device)
     _replace_linears(model, lambda linear: Int8Linear(linear, act))
     _cast_params(model, act)
+    _int8_embedding(model, act)
 
 
 def _to_bf16(model: nn.Module) -> None:
@@ -223,7 +320,8 @@ QUANTIZERS = {
 def quantize(model: nn.Module, mode: str) -> nn.Module:
     """Convert ``model`` in place for inference (``"fp32"``, ``"bf16"`` or ``"int8"``) and return it.
 
-    An int8 model cannot be trained or saved as a checkpoint; keep the float weights for that.
+    An int8 model can be saved (``gptlab.save``: int8 weights and scales) but not trained; keep the
+    float weights for that. The freed float memory is handed back to the system (``release_memory``).
     """
     if mode not in QUANTIZERS:
         raise GptlabError(f"unknown weight format {mode!r}; choose one of {', '.join(QUANTIZERS)}")
@@ -240,4 +338,5 @@ def quantize(model: nn.Module, mode: str) -> nn.Module:
     for m in linears:
         m.streams = streams  # a decode step reads every weight from memory: the one-row kernel pays
     model.quantization = mode  # type: ignore[assignment]
+    release_memory()
     return model.eval()

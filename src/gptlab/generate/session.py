@@ -22,6 +22,12 @@ When a slot fills the cache (``full``), the next step slides a window over the t
         appends the new one (nanoGPT's ``idx[:, -block_size:]``).
 
 Either way the logits equal the uncached model's on the window the row holds.
+
+Memory: ``max_len`` is how long a row may get, ``capacity`` how many positions are allocated now.
+By default both are ``max_len``. A session made with a smaller ``capacity`` (the server's: a model
+with an 8,192-token context would otherwise hold ``2·L·B·H_kv·8192·d_k`` numbers, 2.9 GB for
+SmolLM2 at 8 rows, before its first request) doubles it whenever a row needs more, up to
+``max_len``, and drops back to the starting capacity when every slot is free again.
 """
 
 from __future__ import annotations
@@ -86,6 +92,7 @@ class BatchSession:
         max_batch: int,
         max_len: int | None = None,
         cache_dtype: torch.dtype | None = None,
+        capacity: int | None = None,
     ) -> None:
         config = model.config
         block = config.block_size
@@ -98,6 +105,7 @@ class BatchSession:
             )
         self.model = model
         self.max_batch, self.max_len = max_batch, max_len
+        self.start_capacity = max_len if capacity is None else max(1, min(int(capacity), max_len))
         self.can_slide = not model.positional.absolute_table  # RoPE, ALiBi, none: slide with the cache
         # tokens kept when a full row slides: ¾ of it with relative positions, all but one with absolute ones
         self.keep = max(1, (max_len * 3) // 4) if self.can_slide else max_len - 1
@@ -105,7 +113,7 @@ class BatchSession:
         dtype = cache_dtype or default_cache_dtype(model.dtype, device)
         with torch.inference_mode():
             self.stores = [
-                make_store(max_batch, config.n_kv_head, max_len, config.head_dim, dtype, device)
+                make_store(max_batch, config.n_kv_head, self.start_capacity, config.head_dim, dtype, device)
                 for _ in range(config.n_layer)
             ]
         # one row, and compile_decode(model) asked: each decode step is one compiled graph
@@ -145,6 +153,27 @@ class BatchSession:
     def remove(self, slot: int) -> None:
         self._check(slot)
         del self.tokens[slot]
+        if not self.tokens:  # nothing cached: give back what a long request made the cache grow to
+            self._resize(self.start_capacity)
+
+    @property
+    def capacity(self) -> int:
+        """Positions allocated per row now (``max_len`` at most)."""
+        return self.stores[0].max_len
+
+    def reserve(self, positions: int) -> None:
+        """Make room for cache indices ``[0, positions)``: double the capacity until it fits (≤ ``max_len``)."""
+        capacity = self.capacity
+        if positions <= capacity:
+            return
+        while capacity < positions:
+            capacity *= 2
+        self._resize(min(capacity, self.max_len))
+
+    def _resize(self, capacity: int) -> None:
+        with torch.inference_mode():
+            for store in self.stores:
+                store.resize(capacity)
 
     def _check(self, slot: int) -> None:
         if slot not in self.tokens:
@@ -210,6 +239,7 @@ class BatchSession:
             mask = mask[:, None]  # (n, 1, T, T)
         else:
             pos, mask = torch.arange(T, device=device), None
+        self.reserve(T)
         logits = self._run(idx, pos, mask, _rows(slots), slice(0, T), T)
         for b, s in enumerate(slots):
             self.start[s], self.end[s], self.tokens[s] = pads[b], T, list(ids[b])
@@ -227,6 +257,7 @@ class BatchSession:
                 self._slide(s)
         device = self.model.device
         ends = [self.end[s] for s in slots]
+        self.reserve(max(ends) + 1)
         starts = [self.start[s] for s in slots]
         idx = torch.tensor([[tokens[s]] for s in slots], dtype=torch.long, device=device)  # (n, 1)
         same_end = min(ends) == max(ends)
@@ -282,6 +313,7 @@ class BatchSession:
             self.start[slot], self.end[slot], self.tokens[slot] = 0, 0, []
             return
         idx = torch.tensor([kept], dtype=torch.long, device=self.model.device)
+        self.reserve(T)
         self._run(idx, torch.arange(T, device=self.model.device), None, slice(slot, slot + 1), slice(0, T), T)
         self.start[slot], self.end[slot], self.tokens[slot] = 0, T, kept
 

@@ -12,7 +12,7 @@ and writing needs only ``torch`` and ``safetensors``.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from pickle import UnpicklingError  # raised by torch.load(weights_only=True) on a refused or corrupt file
@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from gptlab.checkpoint import read_json, read_tensors
+from gptlab.checkpoint.files import LazyTensors
 from gptlab.errors import GptlabError
 from gptlab.model import GPTConfig
 
@@ -229,10 +230,17 @@ def normalise_names(state: Tensors, family: Family) -> Tensors:
 
 
 def import_state(
-    family: Family, cfg: GPTConfig, hf_state: Tensors, expected: Tensors, source: Path
+    family: Family, cfg: GPTConfig, hf_state: Mapping[str, torch.Tensor], expected: Tensors, source: Path
 ) -> Tensors:
     """Map Hugging Face tensors to the gptlab names of ``expected`` (the new model's state dict)."""
-    state: Tensors = {}
+    return dict(import_lazy(family, cfg, hf_state, expected, source).items())
+
+
+def import_lazy(
+    family: Family, cfg: GPTConfig, hf_state: Mapping[str, torch.Tensor], expected: Tensors, source: Path
+) -> LazyTensors:
+    """``import_state`` one tensor at a time: names are checked now, each tensor is made when asked for."""
+    makers: dict[str, Callable[[], torch.Tensor]] = {}
     used: set[str] = set()
     for r in family.all_rules(cfg):
         if r.ours not in expected:
@@ -240,34 +248,41 @@ def import_state(
         present = [t in hf_state for t in r.theirs]
         if not all(present):
             if r.zero_if_absent and not any(present):
-                state[r.ours] = torch.zeros(expected[r.ours].shape, dtype=expected[r.ours].dtype)
+                shape, dtype = expected[r.ours].shape, expected[r.ours].dtype
+                makers[r.ours] = lambda shape=shape, dtype=dtype: torch.zeros(shape, dtype=dtype)
                 continue
             missing = [t for t, p in zip(r.theirs, present) if not p]
             raise GptlabError(
                 f"{source}: missing tensor {', '.join(missing)} (config.json describes "
                 f"{cfg.n_layer} layers of a {family.name} model)"
             )
-        tensors = [hf_state[t] for t in r.theirs]
         used.update(r.theirs)
-        try:
-            tensor = r.transform.to_ours(tensors, cfg)
-        except RuntimeError as exc:
-            shapes = ", ".join(f"{t} {tuple(hf_state[t].shape)}" for t in r.theirs)
-            raise GptlabError(f"{source}: tensor shapes do not match config.json ({shapes}): {exc}") from None
-        if tuple(tensor.shape) != tuple(expected[r.ours].shape):
-            shapes = ", ".join(f"{t} {tuple(hf_state[t].shape)}" for t in r.theirs)
-            raise GptlabError(
-                f"{source}: {shapes} does not match config.json, which implies "
-                f"{tuple(expected[r.ours].shape)} for {r.ours}"
-            )
-        state[r.ours] = tensor.contiguous()
+        makers[r.ours] = lambda r=r: _apply_rule(r, cfg, hf_state, tuple(expected[r.ours].shape), source)
     unexpected = sorted(set(hf_state) - used - ({"lm_head.weight"} if cfg.tie_embeddings else set()))
     if unexpected:
         raise GptlabError(
             f"{source}: unexpected tensor(s) {', '.join(unexpected[:5])}"
             f"{' …' if len(unexpected) > 5 else ''}; this is not a plain {family.architecture}"
         )
-    return state
+    return LazyTensors(makers)
+
+
+def _apply_rule(
+    r: Rule, cfg: GPTConfig, hf_state: Mapping[str, torch.Tensor], shape: tuple[int, ...], source: Path
+) -> torch.Tensor:
+    """The gptlab tensor of rule ``r``, made from its Hugging Face tensors and checked against ``shape``."""
+    tensors = [hf_state[t] for t in r.theirs]
+    try:
+        tensor = r.transform.to_ours(tensors, cfg)
+    except RuntimeError as exc:
+        shapes = ", ".join(f"{t} {tuple(x.shape)}" for t, x in zip(r.theirs, tensors, strict=True))
+        raise GptlabError(f"{source}: tensor shapes do not match config.json ({shapes}): {exc}") from None
+    if tuple(tensor.shape) != shape:
+        shapes = ", ".join(f"{t} {tuple(x.shape)}" for t, x in zip(r.theirs, tensors, strict=True))
+        raise GptlabError(
+            f"{source}: {shapes} does not match config.json, which implies {shape} for {r.ours}"
+        )
+    return tensor.contiguous()
 
 
 def export_state(family: Family, cfg: GPTConfig, state: Tensors) -> Tensors:

@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from gptlab.checkpoint.files import LazyTensors
 from gptlab.errors import GptlabError
 from gptlab.interop import gpt2, llama
 from gptlab.interop.common import Family
@@ -120,14 +121,26 @@ def dequantize(record: Any, source: Path) -> np.ndarray:
     from gguf.quants import dequantize as gguf_dequantize
 
     kind = record.tensor_type
+    shape = tuple(int(n) for n in reversed(record.shape.tolist()))
+    data = record.data
     try:
-        values = gguf_dequantize(record.data, kind)
+        if data.ndim < 2 or data.shape[0] <= DEQUANTIZE_ROWS:
+            return np.asarray(gguf_dequantize(data, kind), dtype=np.float32).reshape(shape)
+        # block by block of rows: the package's temporaries stay a few MB instead of several copies of a
+        # large matrix (the token table: 200 MB at once for SmolLM2's Q8_0 table)
+        out = np.empty((data.shape[0], int(np.prod(shape)) // data.shape[0]), dtype=np.float32)
+        for i in range(0, data.shape[0], DEQUANTIZE_ROWS):
+            block = gguf_dequantize(data[i : i + DEQUANTIZE_ROWS], kind)
+            out[i : i + DEQUANTIZE_ROWS] = block.reshape(block.shape[0], -1)
+        return out.reshape(shape)
     except NotImplementedError:
         raise GptlabError(
             f"{source}: tensor {record.name} has type {kind.name}, which the gguf package cannot dequantize"
         ) from None
-    shape = tuple(int(n) for n in reversed(record.shape.tolist()))
-    return np.asarray(values, dtype=np.float32).reshape(shape)
+
+
+#: Rows of a tensor dequantized at once.
+DEQUANTIZE_ROWS = 4096
 
 
 # ------------------------------------------------------------------ architectures
@@ -289,9 +302,9 @@ def architecture_of(f: GgufFile) -> GgufArchitecture:
     return arch
 
 
-def hf_state(f: GgufFile, arch: GgufArchitecture, hf: dict[str, Any]) -> dict[str, torch.Tensor]:
-    """Every tensor, dequantized, under its Hugging Face name, with llama.cpp's layout changes undone."""
-    state: dict[str, torch.Tensor] = {}
+def hf_state(f: GgufFile, arch: GgufArchitecture, hf: dict[str, Any]) -> LazyTensors:
+    """Every tensor under its Hugging Face name, dequantized (llama.cpp's layout changes undone) when asked for."""
+    makers = {}
     for record in f.tensors:
         name = arch.hf_name(record.name)
         if name is None:
@@ -299,21 +312,29 @@ def hf_state(f: GgufFile, arch: GgufArchitecture, hf: dict[str, Any]) -> dict[st
                 f"{f.path}: tensor {record.name!r} has no place in a plain {arch.family.architecture}; "
                 f"this {f.architecture} variant is not supported"
             )
-        values = dequantize(record, f.path)
-        for pattern, fix in arch.fixes:
-            if re.fullmatch(pattern, name):
-                values = fix(values, hf)
-        values = np.ascontiguousarray(values)
-        state[name] = torch.from_numpy(values if values.flags.writeable else values.copy())
-    return state
+        makers[name] = lambda record=record, name=name: _read(f, arch, hf, record, name)
+    return LazyTensors(makers)
 
 
-def from_gguf(path: str | os.PathLike[str] | GgufFile, dtype: torch.dtype | None = None) -> GPT:
+def _read(f: GgufFile, arch: GgufArchitecture, hf: dict[str, Any], record: Any, name: str) -> torch.Tensor:
+    values = dequantize(record, f.path)
+    for pattern, fix in arch.fixes:
+        if re.fullmatch(pattern, name):
+            values = fix(values, hf)
+    values = np.ascontiguousarray(values)
+    return torch.from_numpy(values if values.flags.writeable else values.copy())
+
+
+def from_gguf(
+    path: str | os.PathLike[str] | GgufFile, dtype: torch.dtype | None = None, quantize: str | None = None
+) -> GPT:
     """Read a GGUF file's model into a ``GPT`` (eval mode, CPU; float32 unless ``dtype``).
 
     Llama (RoPE, RMSNorm, SwiGLU, GQA, tied or untied head) and GPT-2 files are read; the config
     comes from the metadata. An unsupported architecture, tensor or tensor type is a ``GptlabError``
-    naming it.
+    naming it. ``quantize="int8" | "bf16"``: the model for inference in that format (as
+    ``gptlab.quantize`` makes it), each tensor dequantized and converted in turn, so the float32
+    model is never whole in memory.
     """
     from gptlab.interop.hf import _config, build_model
 
@@ -322,7 +343,7 @@ def from_gguf(path: str | os.PathLike[str] | GgufFile, dtype: torch.dtype | None
     hf = arch.hf_config(f, {t.name for t in f.tensors})
     config = _config(hf, f.path)
     config.extra.update({"source": f"gguf:{f.path.name}", "gguf_name": f.fields.get("general.name")})
-    return build_model(arch.family, config, hf_state(f, arch, hf), f.path, dtype)
+    return build_model(arch.family, config, hf_state(f, arch, hf), f.path, dtype, quantize)
 
 
 def tokenizer_from_gguf(path: str | os.PathLike[str] | GgufFile) -> Any:

@@ -32,6 +32,7 @@ from gptlab.interop.common import (
     SAFETENSORS_INDEX,
     Family,
     export_state,
+    import_lazy,
     import_state,
     normalise_names,
     read_hf_config,
@@ -77,20 +78,23 @@ def _config(hf: dict[str, Any], path: Path) -> GPTConfig:
         raise GptlabError(msg if msg.startswith(str(path)) else f"{path}: {msg}") from None
 
 
-def from_hf(directory: str | os.PathLike[str], dtype: torch.dtype | None = None) -> GPT:
+def from_hf(
+    directory: str | os.PathLike[str], dtype: torch.dtype | None = None, quantize: str | None = None
+) -> GPT:
     """Read a ``GPT2LMHeadModel`` or ``LlamaForCausalLM`` directory into a ``GPT`` (eval mode, CPU).
 
     Reads ``config.json`` and ``model.safetensors`` (or its sharded index, or
     ``pytorch_model.bin`` with ``weights_only=True``). The weights keep full
     precision (float32) unless ``dtype`` is given. Anything gptlab cannot
     represent exactly is a ``GptlabError`` naming the file and the setting.
+    ``quantize="int8" | "bf16"``: the model for inference in that format, converted tensor by tensor.
     """
     directory = Path(directory)
     hf = read_hf_config(directory)
     config = _config(hf, directory / CONFIG_FILE)
     family = family_for_hf(hf, directory / CONFIG_FILE)
     hf_state, source = read_hf_weights(directory)
-    return build_model(family, config, normalise_names(hf_state, family), source, dtype)
+    return build_model(family, config, normalise_names(hf_state, family), source, dtype, quantize)
 
 
 @contextlib.contextmanager
@@ -113,10 +117,20 @@ def build_model(
     hf_state: dict[str, torch.Tensor],
     source: Path,
     dtype: torch.dtype | None,
+    quantize: str | None = None,
 ) -> GPT:
-    """A ``GPT`` (eval mode, CPU) from tensors under Hugging Face names, through ``family``'s name table."""
+    """A ``GPT`` (eval mode, CPU) from tensors under Hugging Face names, through ``family``'s name table.
+
+    ``quantize="int8" | "bf16"``: converted tensor by tensor (``gptlab.generate.load_quantized``).
+    """
     with torch.device("meta"):
         shapes = model_state(GPT(config))  # names and shapes only, no memory
+    if quantize is not None:
+        from gptlab.generate.load_quantized import build_quantized
+
+        return build_quantized(
+            config, import_lazy(family, config, hf_state, shapes, source), quantize, source
+        )
     state = import_state(family, config, hf_state, shapes, source)
     with _skip_init():  # every parameter is overwritten next (load_model_state checks that)
         model = GPT(config)
@@ -172,6 +186,10 @@ def to_hf(model: GPT, directory: str | os.PathLike[str]) -> Path:
     """
     if not isinstance(model, GPT):
         raise GptlabError(f"to_hf needs a gptlab GPT model, got {type(model).__name__}")
+    if getattr(model, "quantization", None) not in (None, "fp32"):
+        raise GptlabError(
+            f"a {model.quantization} inference model cannot be exported; export the float checkpoint"
+        )
     config = model.config
     family = export_family(config)
     directory = Path(directory)

@@ -113,7 +113,8 @@ class GPT(nn.Module):
 
     @property
     def dtype(self) -> torch.dtype:
-        return self.wte.weight.dtype
+        """The activations' dtype: the token table's (an int8 table's ``compute_dtype``)."""
+        return getattr(self.wte, "compute_dtype", self.wte.weight.dtype)
 
     # --------------------------------------------------------------- forward
     def run(

@@ -65,13 +65,27 @@ class KVStore:
         """Keys and values of ``rows`` at positions ``[0, end)``: (n, H_kv, end, d_k), as stored."""
         return self.k[rows, :, :end], self.v[rows, :, :end]
 
+    def resize(self, capacity: int) -> None:
+        """Re-allocate the time dim to ``capacity`` positions, keeping positions ``[0, capacity)`` stored."""
+        if capacity == self.max_len:
+            return
+        keep = min(capacity, self.max_len)
+        for name in self._names():
+            old = getattr(self, name)
+            new = old.new_zeros(*old.shape[:2], capacity, *old.shape[3:])
+            new[:, :, :keep] = old[:, :, :keep]
+            setattr(self, name, new)
+
+    def _names(self) -> tuple[str, ...]:
+        return ("k", "v")
+
     def copy_rows(self, dst: torch.Tensor, src: torch.Tensor) -> None:
         """Row ``dst[i]`` becomes a copy of row ``src[i]`` (beam search reorders its beams)."""
         for t in self._tensors():
             t[dst] = t[src]
 
     def _tensors(self) -> list[torch.Tensor]:
-        return [self.k, self.v]
+        return [getattr(self, name) for name in self._names()]
 
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self._tensors())
@@ -101,8 +115,8 @@ class Int8KVStore(KVStore):
         v = self.v[rows, :, :end].to(dt) * self.v_scale[rows, :, :end].to(dt)
         return k, v
 
-    def _tensors(self) -> list[torch.Tensor]:
-        return [self.k, self.v, self.k_scale, self.v_scale]
+    def _names(self) -> tuple[str, ...]:
+        return ("k", "v", "k_scale", "v_scale")
 
 
 def quantize_int8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

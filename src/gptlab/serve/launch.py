@@ -42,7 +42,7 @@ def load_for_serving(checkpoint: str, dtype: str, device: str = "cpu") -> tuple[
     """The checkpoint's model (weights in ``dtype``, on ``device``) and its tokenizer, which serving needs."""
     import gptlab
 
-    model, tokenizer = gptlab.load(checkpoint, device=device)
+    model, tokenizer = gptlab.load(checkpoint, device=device, quantize=dtype)  # converted while read
     if tokenizer is None:
         raise GptlabError(
             f"{checkpoint}: the checkpoint has no tokenizer.json; serving needs one "

@@ -14,7 +14,9 @@ The scheduler manages slots, batching and channels only: each job's per-token st
 ``gptlab.generate.TokenStep``, the same step the library's decoding loop uses. Output goes to a bounded per-request ``Channel`` read by an asyncio
 coroutine; a job whose channel is full is skipped by the decode step until its client
 catches up, so one slow client never blocks the others. A cancelled job (the client
-went away) leaves its slot at the next iteration. Past the context a row's window slides
+went away) leaves its slot at the next iteration. The KV cache is sized to the requests, not to
+the model's context: it starts at ``KV_START_TOKENS`` positions per row, doubles when a row needs
+more (up to the context) and shrinks back when the server is idle. Past the context a row's window slides
 (a notice goes to the job's warnings once). Beam search (``beam_width > 1``) does not fit
 the one-token-per-step batch and runs ``gptlab.generate.beam.beam_events`` on the job's
 prompt ids on a worker thread instead.
@@ -41,6 +43,9 @@ from gptlab.generate.lanes import Lanes
 from gptlab.generate.step import TokenEvent, TokenStep
 
 log = logging.getLogger("gptlab.serve")
+
+#: Cache positions per row allocated before any request: the cache grows (doubling) to what requests need.
+KV_START_TOKENS = 64
 
 
 # ------------------------------------------------------------------ events
@@ -145,7 +150,8 @@ class Scheduler:
 
         self.seq2seq = seq2seq.is_seq2seq(model)  # each source has its own encoding: one job at a time
         # a BatchSession, plus on CUDA a static lane (CUDA graphs) for the requests it can sample
-        self._new_session = lambda: Lanes(model, max_batch, max_len=self.max_len)
+        # the cache starts at KV_START_TOKENS positions per row and doubles as requests need, up to max_len
+        self._new_session = lambda: Lanes(model, max_batch, max_len=self.max_len, capacity=KV_START_TOKENS)
         self.session = self._new_session()
         self._cond = threading.Condition()
         self._waiting: deque[Job] = deque()

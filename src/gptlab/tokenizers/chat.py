@@ -170,7 +170,14 @@ def stop_ids(tokenizer: Any) -> list[int]:
 def encode_chat(tokenizer: Any, messages: Sequence[Any], template: ChatTemplate | None = None) -> list[int]:
     """Render ``messages`` with the template and encode the prompt (the template's special tokens are matched)."""
     template = template or template_for(tokenizer)
-    return list(tokenizer.encode(template.render(messages), allowed_special="all"))
+    ids = list(tokenizer.encode(template.render(messages), allowed_special="all"))
+    # encode() put the source's BOS first (add_bos); a chat template writes its own, and transformers'
+    # apply_chat_template adds none
+    return (
+        ids[1:]
+        if getattr(tokenizer, "add_bos", False) and getattr(tokenizer, "bos_id", None) is not None
+        else ids
+    )
 
 
 __all__ = ["FALLBACKS", "ChatTemplate", "compile_template", "encode_chat", "stop_ids", "template_for"]

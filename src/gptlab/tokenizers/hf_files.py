@@ -72,6 +72,21 @@ def _token_text(value: Any) -> str | None:
     return value.get("content") if isinstance(value, dict) else value
 
 
+def _adds_bos(config: dict[str, Any], data: dict[str, Any], bos: str | None) -> bool:
+    """Whether encoding puts BOS first: ``tokenizer_config.json``'s ``add_bos_token``, else a ``tokenizer.json``
+    post-processor whose single-text template starts with the bos token (Llama 3's)."""
+    if "add_bos_token" in config:
+        return bool(config["add_bos_token"])
+    post = data.get("post_processor") or {}
+    steps = post.get("processors", [post]) if isinstance(post, dict) else []
+    for step in steps:
+        single = step.get("single") if isinstance(step, dict) else None
+        if step.get("type") == "TemplateProcessing" and isinstance(single, list) and single:
+            first = single[0].get("SpecialToken", {}).get("id") if isinstance(single[0], dict) else None
+            return first is not None and first == bos
+    return False
+
+
 def read_hf_tokenizer(directory: str | os.PathLike[str]) -> PretrainedTokenizer | None:
     """The byte-level BPE of a folder's ``tokenizer.json`` (+ ``tokenizer_config.json``), or ``None`` without one."""
     directory = Path(directory)
@@ -105,7 +120,7 @@ def read_hf_tokenizer(directory: str | os.PathLike[str]) -> PretrainedTokenizer 
             pattern=pattern,
             bos_id=ids.get(bos) if bos else None,
             eos_id=ids.get(eos) if eos else None,
-            add_bos=bool(config.get("add_bos_token", False)),
+            add_bos=_adds_bos(config, data, bos),
             chat_template=template,
         )
     except GptlabError as exc:

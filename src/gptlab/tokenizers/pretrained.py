@@ -188,11 +188,17 @@ class PretrainedTokenizer(RankedTokenizer):
         return super()._encode_ordinary(text)
 
     def encode(self, text: str, allowed_special: AllowedSpecial = frozenset()) -> list[int]:
-        if isinstance(text, str) and self._has_dropped(text):
-            return Tokenizer.encode(self, text, allowed_special)
-        return super().encode(text, allowed_special)
+        """Encode ``text``, BOS first where the source says so (``add_bos``), as its own tokenizer does.
 
-    encode.__doc__ = Tokenizer.encode.__doc__
+        Special tokens are matched only if in ``allowed_special`` (``"all"`` or a set of them); a
+        special token's text that is not allowed is encoded as ordinary text, never as its id.
+        ``encode_ordinary`` never adds BOS.
+        """
+        if isinstance(text, str) and self._has_dropped(text):
+            ids = Tokenizer.encode(self, text, allowed_special)
+        else:
+            ids = super().encode(text, allowed_special)
+        return [self.bos_id, *ids] if self.add_bos and self.bos_id is not None else ids
 
     def decode_bytes(self, ids: Iterable[int]) -> bytes:
         return Tokenizer.decode_bytes(self, as_id_list(ids))

@@ -77,8 +77,13 @@ def _gguf_module() -> Any:
 
 
 def _load_gptlab(path: Path) -> tuple[GPT, Any | None]:
-    from gptlab.checkpoint import load
+    from gptlab.checkpoint import load, stored_format
 
+    if stored_format(path) is not None:  # int8 inference weights: nothing to train, nothing to adapt in float
+        raise GptlabError(
+            f"{path}: holds int8 inference weights, which cannot be trained; start from the float "
+            "checkpoint (for QLoRA-like fine-tuning: lora with base_format int8 on the float checkpoint)"
+        )
     return load(path)
 
 
