@@ -42,7 +42,7 @@ from gptlab.data.dataset import DATASET_FORMAT, EOT, META_FILE, TOKENIZER_FILE, 
 from gptlab.data.pieces import iter_chunks, plan_pieces
 from gptlab.data.shards import COPY_TOKENS, ShardWriter, read_tokens
 from gptlab.data.sources import PathLike, describe_sources, find_sources, source_bytes
-from gptlab.data.workers import FORK, TokenizerPool
+from gptlab.data.workers import TokenizerPool
 from gptlab.errors import GptlabError
 from gptlab.fileio import atomic_write_json
 
@@ -125,11 +125,9 @@ def prepare(
     dtype = token_dtype(tok.vocab_size)
     with staged_directory(out) as stage:
         tok_file = stage / TOKENIZER_FILE
-        if workers > 1 and not FORK:
-            tok.save(tok_file)  # spawned workers load it
         stop = threading.Event()
         # the workers start first (forked before this process runs a thread of its own); the tokenizer file
-        # and the sources' checksums are then written and taken beside them, in a thread
+        # (unless spawned workers needed it first) and the sources' checksums are then done beside them
         with TokenizerPool(tok, dtype, workers, tok_file) as pool, ThreadPoolExecutor(1) as side:
             saved = side.submit(tok.save, tok_file) if not tok_file.exists() else None
             hashed = side.submit(describe_sources, sources, stop) if described is None else None

@@ -107,11 +107,11 @@ def _work(piece: Piece) -> tuple[bytes, int, int, int]:
 class TokenizerPool:
     """``workers`` processes that encode pieces, results in order (``workers = 1``: this process).
 
-    Use as a context manager; ``tokenizer_file`` must exist before entering where workers are
-    spawned (not on Linux, where they are forked).
+    Use as a context manager. Where workers are spawned (not on Linux, where they are forked) the
+    tokenizer is saved to ``tokenizer_file`` first, for them to load.
     """
 
-    def __init__(self, tok: Any, dtype: np.dtype, workers: int, tokenizer_file: Path | None = None) -> None:
+    def __init__(self, tok: Any, dtype: np.dtype, workers: int, tokenizer_file: Path) -> None:
         self.tok, self.dtype, self.workers, self.file = tok, dtype, workers, tokenizer_file
         self.pool: Any = None
 
@@ -122,6 +122,8 @@ class TokenizerPool:
         import multiprocessing
 
         ctx = multiprocessing.get_context("fork" if FORK else "spawn")
+        if not FORK and not self.file.exists():
+            self.tok.save(self.file)  # spawned workers load it
         initargs = (None if FORK else str(self.file), self.dtype.name)
         _PARENT = (self.tok, self.dtype)  # kept while the pool lives, should it fork a worker again
         with warnings.catch_warnings():  # Python ≥ 3.12 warns on fork with threads (numpy's idle BLAS pool)
