@@ -76,6 +76,7 @@ def main() -> None:
             for _ in range(-(-args.mb * 1_000_000 // len(source))):
                 f.write(source)
     size = corpus.stat().st_size
+    load_before = os.getloadavg()[0]
     results = {}
     for n in args.workers:
         out = root / f"ds-w{n}"
@@ -108,7 +109,7 @@ def main() -> None:
                 "corpus_mb": round(size / 1e6, 1),
                 "tokenizer": "gpt2",
                 "cores": len(os.sched_getaffinity(0)),
-                "load_avg_1m": round(os.getloadavg()[0], 1),
+                "load_avg_1m": {"before": round(load_before, 1), "after": round(os.getloadavg()[0], 1)},
                 "runs": results,
                 "identical": len({r["digest"] for r in results.values()}) == 1,
                 "speedup": {n: round(results[first]["wall_s"] / r["wall_s"], 2) for n, r in results.items()},

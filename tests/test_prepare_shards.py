@@ -40,16 +40,17 @@ def _files(directory):
 
 @pytest.fixture
 def small_chunks(monkeypatch):
-    """1 KB pieces in batches of 4 KB: many batches per file, several in flight in the pool at once."""
-    from gptlab.data import sources, workers
+    """1 KB pieces: many pieces per file, several in flight in the pool at once."""
+    from gptlab.data import sources
 
     monkeypatch.setattr(sources, "CHUNK_BYTES", 1024)
-    monkeypatch.setattr(workers, "BATCH_CHARS", 4096)
 
 
 def test_workers_give_byte_identical_shards(tmp_path, small_chunks):
     folder = _corpus(tmp_path)
     docs = [f"short document {i} " * (i % 9 + 1) for i in range(300)]  # many small documents
+    docs[40] = "a record longer than a piece ✓ " * 150  # a JSONL line across several 1 KB blocks
+    (folder / "long-lines.txt").write_text("no newline for a while ✓ " * 400 + "\nthen short lines\n" * 30)
     (folder / "docs.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in docs))
     runs = {}
     for workers in (1, 2, 3):

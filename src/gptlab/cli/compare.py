@@ -7,8 +7,6 @@ import json
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    from gptlab.train.compare import X_AXES
-
     p = subparsers.add_parser(
         "compare",
         help="loss curves of several runs on one plot, and a table of their final figures",
@@ -16,7 +14,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "one PNG (against steps, tokens or seconds of training) and print their final figures.",
     )
     p.add_argument("runs", nargs="+", metavar="RUN", help="run directories made by `gptlab train`")
-    p.add_argument("--x", default="steps", choices=list(X_AXES), help="the x axis (default steps)")
+    # no choices=X_AXES here: importing gptlab.train would load torch for every command; plot_runs checks --x
+    p.add_argument("--x", default="steps", help="the x axis: steps, tokens or seconds (default steps)")
     p.add_argument("--out", default="compare.png", help="the PNG to write (default compare.png)")
     p.add_argument("--json", action="store_true", help="print the table as JSON")
     p.set_defaults(func=run)

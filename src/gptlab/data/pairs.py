@@ -16,16 +16,21 @@ validation split. ``toy_pairs`` writes the string tasks the ``seq2seq-toy`` reci
 from __future__ import annotations
 
 import json
-import os
 import random
-import shutil
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from gptlab.data.dataset import DATASET_FORMAT, EOT, META_FILE, TOKENIZER_FILE, TokenDataset
+from gptlab.data.dataset import (
+    DATASET_FORMAT,
+    EOT,
+    META_FILE,
+    TOKENIZER_FILE,
+    TokenDataset,
+    staged_directory,
+)
 from gptlab.data.prepare import build_tokenizer, token_dtype
 from gptlab.data.sources import PathLike, describe_sources, find_sources
 from gptlab.errors import GptlabError
@@ -101,9 +106,6 @@ def prepare_pairs(
         raise GptlabError("a pair has an empty source; every source needs at least one token")
     pad = tok.vocab_size
     dtype = token_dtype(pad + 1)
-    stage = out.parent / f".{out.name}.tmp-{os.getpid()}"
-    shutil.rmtree(stage, ignore_errors=True)
-    stage.mkdir(parents=True)
     split_at = len(pairs) - n_val
     meta: dict[str, Any] = {
         "format": DATASET_FORMAT,
@@ -120,7 +122,7 @@ def prepare_pairs(
         "sources": describe_sources(sources),
         "documents": len(pairs),
     }
-    try:
+    with staged_directory(out) as stage:
         for split, rows in (("train", slice(0, split_at)), ("val", slice(split_at, None))):
             _padded(src[rows], S, pad, dtype).tofile(stage / f"{split}.src.bin")
             _padded(tgt[rows], T, pad, dtype).tofile(stage / f"{split}.tgt.bin")
@@ -129,12 +131,6 @@ def prepare_pairs(
             meta[f"{split}_bytes"] = sum(len(t.encode("utf-8")) + 1 for _, t in pairs[rows])
         tok.save(stage / TOKENIZER_FILE)
         atomic_write_json(stage / META_FILE, meta)
-        if out.exists():
-            out.rmdir()
-        os.replace(stage, out)
-    except BaseException:
-        shutil.rmtree(stage, ignore_errors=True)
-        raise
     return meta
 
 

@@ -10,8 +10,16 @@
 
 With ``shard_tokens = M`` the splits are numbered shards ``train-00000.bin``, … of at most
 ``M`` tokens (``gptlab.data.shards``). ``workers = N`` tokenizes with a pool of processes
-that return pieces in order (``gptlab.data.workers``): the files are byte-identical for any
+that each read their own pieces of the input (``gptlab.data.pieces``: a file and an offset)
+and return their ids in order (``gptlab.data.workers``): the files are byte-identical for any
 ``N``. The input streams through (1 MB pieces, a bounded queue), so memory stays flat.
+
+This process only appends the ids to the shards, hashing each shard as it is written. The
+val split is the last ``n_val = ⌊n·val_fraction⌋`` tokens: once the total ``n`` is known they
+are copied into val shards and the train shards truncated (only the bytes since the last
+kept hash state are hashed again), and ``val_bytes`` is the pieces after the cut plus the
+decoded tail of the piece it falls in. The tokenizer file and the sources' checksums are
+written beside the workers, in a thread.
 
 Documents are separated by ``<|endoftext|>`` when the tokenizer has it. The directory is
 built under a temporary name and renamed into place, so it is complete or absent.
@@ -19,27 +27,22 @@ built under a temporary name and renamed into place, so it is complete or absent
 
 from __future__ import annotations
 
+import bisect
 import json
-import os
-import shutil
+import threading
+from array import array
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from gptlab.data.corpus import sha256_file
-from gptlab.data.dataset import DATASET_FORMAT, EOT, META_FILE, TOKENIZER_FILE
-from gptlab.data.shards import COPY_TOKENS, ShardWriter, open_split
-from gptlab.data.sources import (
-    CHUNK_BYTES,
-    PathLike,
-    describe_sources,
-    find_sources,
-    iter_chunks,
-    source_bytes,
-)
-from gptlab.data.workers import encode_in_order
+from gptlab.data.dataset import DATASET_FORMAT, EOT, META_FILE, TOKENIZER_FILE, staged_directory
+from gptlab.data.pieces import iter_chunks, plan_pieces
+from gptlab.data.shards import COPY_TOKENS, ShardWriter, read_tokens
+from gptlab.data.sources import PathLike, describe_sources, find_sources, source_bytes
+from gptlab.data.workers import TokenizerPool
 from gptlab.errors import GptlabError
 from gptlab.fileio import atomic_write_json
 
@@ -106,16 +109,12 @@ def prepare(
         raise GptlabError(f"--block-size must be positive, got {block_size}")
     out = Path(out_dir)
     sources = find_sources(inputs)
-    described = describe_sources(sources)
-    wanted = {
-        "tokenizer": tokenizer,
-        "val_fraction": val_fraction,
-        "sources": [{k: s[k] for k in ("bytes", "sha256")} for s in described],
-        "shard_tokens": shard_tokens,
-    }
-    if out.exists():
+    settings = {"tokenizer": tokenizer, "val_fraction": val_fraction, "shard_tokens": shard_tokens}
+    described = None
+    if out.exists():  # the sources' checksums are needed now; otherwise they are taken beside the workers
+        described = describe_sources(sources)
         existing = _existing_dataset(out)
-        if existing is not None and _same_dataset(existing, wanted):
+        if existing is not None and _same_dataset(existing, _wanted(settings, described)):
             return existing
         if existing is not None or not out.is_dir() or any(out.iterdir()):
             raise GptlabError(
@@ -124,25 +123,43 @@ def prepare(
             )
     tok = build_tokenizer(tokenizer, sources)
     dtype = token_dtype(tok.vocab_size)
-    stage = out.parent / f".{out.name}.tmp-{os.getpid()}"
-    shutil.rmtree(stage, ignore_errors=True)
-    stage.mkdir(parents=True)
-    try:
-        tok.save(stage / TOKENIZER_FILE)  # first: the workers load it
-        meta = _write_dataset(
-            stage, sources, tok, dtype, val_fraction, block_size, progress, workers, shard_tokens
-        )
+    with staged_directory(out) as stage:
+        tok_file = stage / TOKENIZER_FILE
+        stop = threading.Event()
+        # the workers start first (forked before this process runs a thread of its own); the tokenizer file
+        # (unless spawned workers needed it first) and the sources' checksums are then done beside them
+        with TokenizerPool(tok, dtype, workers, tok_file) as pool, ThreadPoolExecutor(1) as side:
+            saved = side.submit(tok.save, tok_file) if not tok_file.exists() else None
+            hashed = side.submit(describe_sources, sources, stop) if described is None else None
+            try:
+                meta = _write_dataset(
+                    stage, sources, tok, dtype, val_fraction, block_size, progress, pool, shard_tokens
+                )
+            except BaseException:
+                stop.set()
+                raise
+            if saved is not None:
+                saved.result()
+            described = described if hashed is None else hashed.result()
         meta.update(
-            wanted, sources=described, format=DATASET_FORMAT, tokenizer_kind=getattr(tok, "kind", None)
+            _wanted(settings, described),
+            sources=described,
+            format=DATASET_FORMAT,
+            tokenizer_kind=getattr(tok, "kind", None),
         )
         atomic_write_json(stage / META_FILE, meta)
-        if out.exists():
-            out.rmdir()  # checked empty above
-        os.replace(stage, out)
-    except BaseException:
-        shutil.rmtree(stage, ignore_errors=True)
-        raise
     return meta
+
+
+def _wanted(settings: dict[str, Any], described: list[dict[str, Any]]) -> dict[str, Any]:
+    """What makes a dataset the same: the settings and each source's size and checksum."""
+    sources = [{k: s[k] for k in ("bytes", "sha256")} for s in described]
+    return {
+        "tokenizer": settings["tokenizer"],
+        "val_fraction": settings["val_fraction"],
+        "sources": sources,
+        "shard_tokens": settings["shard_tokens"],
+    }
 
 
 def _existing_dataset(out: Path) -> dict[str, Any] | None:
@@ -173,38 +190,39 @@ def _write_dataset(
     val_fraction: float,
     block_size: int,
     progress: bool,
-    workers: int = 1,
-    shard_tokens: int = 0,
+    pool: TokenizerPool,
+    shard_tokens: int,
 ) -> dict[str, Any]:
-    """Stream every piece through the tokenizer (pool) into shards, then cut the last tokens off as val."""
+    """Stream every piece through the tokenizer pool into shards, then cut the last tokens off as val."""
     from tqdm import tqdm
 
     eot = tok.eot_id
     eot_bytes = len(EOT.encode()) if eot is not None else 0
-    n_docs = text_bytes = 0
-    writer = ShardWriter(stage, "train", dtype, shard_tokens)  # the whole corpus; val is cut off its end
+    n_docs = text_bytes = n_tokens = 0
+    ends, sizes = array("q"), array("q")  # per piece: cumulative tokens, text bytes (for val_bytes)
+    writer = ShardWriter(stage, "train", dtype, shard_tokens)
     bar = tqdm(
         total=sum(source_bytes(p) for p in sources),
         unit="B",
         unit_scale=True,
-        desc=f"tokenizing ({workers} worker{'s' if workers > 1 else ''})",
+        desc=f"tokenizing ({pool.workers} worker{'s' if pool.workers > 1 else ''})",
         disable=not progress,
         leave=False,
         delay=1.0,
     )
-    pieces = (((start, len(text.encode("utf-8"))), text) for start, text in iter_chunks(sources))
-    for (start, raw), ids in encode_in_order(pieces, tok, stage / TOKENIZER_FILE, dtype, workers):
-        if start:
-            if n_docs and eot is not None:
-                writer.write(np.asarray([eot], dtype=dtype))
-                text_bytes += eot_bytes
-            n_docs += 1
+    for piece in pool.encode(plan_pieces(sources)):
+        ids, size = piece.ids, piece.text_bytes
+        if piece.documents and not n_docs and eot is not None:  # no separator before the first document
+            ids, size = ids[1:], size - eot_bytes
+        n_docs += piece.documents
         writer.write(ids)
-        text_bytes += raw
-        bar.update(raw)
+        n_tokens += len(ids)
+        text_bytes += size
+        ends.append(n_tokens)
+        sizes.append(size)
+        bar.update(piece.source_bytes)
     bar.close()
     entries = writer.close()
-    n_tokens = sum(e["tokens"] for e in entries)
     if n_tokens == 0:
         raise GptlabError("the corpus is empty; give it some text")
     n_val = int(n_tokens * val_fraction)
@@ -216,15 +234,14 @@ def _write_dataset(
             f"tokens in both splits (train {n_train}, val {n_val}, each needs ≥ {need}); "
             f"give more text, a larger --val-fraction or a smaller --block-size"
         )
-    shards = _cut_val(stage, entries, n_train, dtype, shard_tokens)
-    val = open_split(stage, shards["val"], dtype)
-    val_bytes = sum(
-        len(tok.decode_bytes(val[i : min(i + CHUNK_BYTES, n_val)].tolist()))
-        for i in range(0, n_val, CHUNK_BYTES)
-    )
-    for split_entries in shards.values():
-        for entry in split_entries:
-            entry["sha256"] = sha256_file(stage / entry["file"])
+    val_writer = ShardWriter(stage, "val", dtype, writer.shard_tokens)
+    for i in range(n_train, n_tokens, COPY_TOKENS):  # the last n_val tokens, a chunk at a time
+        val_writer.write(read_tokens(stage, entries, dtype, i, min(i + COPY_TOKENS, n_tokens)))
+    # val bytes: the pieces wholly after the cut, plus the decoded tail of the piece it falls in
+    p = bisect.bisect_right(ends, n_train)
+    tail = read_tokens(stage, entries, dtype, n_train, ends[p])
+    val_bytes = len(tok.decode_bytes(tail.tolist())) + sum(sizes[p + 1 :])
+    shards = {"train": writer.truncate(n_train), "val": val_writer.close()}
     return {
         "dtype": dtype.name,
         "vocab_size": tok.vocab_size,
@@ -236,25 +253,3 @@ def _write_dataset(
         "val_bytes": val_bytes,
         "shards": shards,
     }
-
-
-def _cut_val(
-    stage: Path, entries: list[dict[str, Any]], n_train: int, dtype: np.dtype, shard_tokens: int
-) -> dict[str, list[dict[str, Any]]]:
-    """Copy tokens ``[n_train, N)`` into val shards (a chunk at a time), then truncate the train shards."""
-    tokens = open_split(stage, entries, dtype)
-    writer = ShardWriter(stage, "val", dtype, shard_tokens)
-    for i in range(n_train, len(tokens), COPY_TOKENS):
-        writer.write(tokens[i : min(i + COPY_TOKENS, len(tokens))])
-    val = writer.close()
-    del tokens
-    train, start = [], 0
-    for entry in entries:
-        path, keep = stage / entry["file"], max(0, min(entry["tokens"], n_train - start))
-        start += entry["tokens"]
-        if keep == 0:
-            path.unlink()
-            continue
-        os.truncate(path, keep * dtype.itemsize)
-        train.append({"file": entry["file"], "tokens": keep})
-    return {"train": train, "val": val}

@@ -10,6 +10,8 @@ two shards and the sampler's sample ``g`` → window mapping does not depend on 
 
 from __future__ import annotations
 
+import hashlib
+import os
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +20,7 @@ import numpy as np
 from gptlab.errors import GptlabError
 
 COPY_TOKENS = 1 << 22  # tokens moved at a time when a split is re-cut
+MARK_TOKENS = 1 << 20  # a copy of a shard's hash state is kept every this many tokens
 
 
 def shard_name(split: str, index: int, shard_tokens: int) -> str:
@@ -26,23 +29,33 @@ def shard_name(split: str, index: int, shard_tokens: int) -> str:
 
 
 class ShardWriter:
-    """Append token ids (numpy arrays) to ``split-NNNNN.bin`` files of at most ``shard_tokens`` tokens."""
+    """Append token ids (numpy arrays) to ``split-NNNNN.bin`` files of at most ``shard_tokens`` tokens.
+
+    Each file's sha256 is computed as it is written (no second pass over the files). Every
+    ``MARK_TOKENS`` tokens a copy of the hash state is kept, so ``truncate(n)`` re-hashes only the
+    bytes between the last mark and the cut.
+    """
 
     def __init__(self, directory: Path, split: str, dtype: np.dtype, shard_tokens: int = 0) -> None:
         self.dir, self.split, self.dtype, self.shard_tokens = directory, split, dtype, shard_tokens
         self.files: list[Path] = []
         self.counts: list[int] = []
+        self.hashes: list[Any] = []
+        self.marks: list[list[tuple[int, Any]]] = []  # per file: (tokens written, hash state then)
         self._f: Any = None
 
     def write(self, ids: np.ndarray) -> None:
-        ids = np.asarray(ids, dtype=self.dtype)
+        ids = np.ascontiguousarray(ids, dtype=self.dtype)
         while len(ids):
             if self._f is None or (self.shard_tokens and self.counts[-1] >= self.shard_tokens):
                 self._open()
             room = self.shard_tokens - self.counts[-1] if self.shard_tokens else len(ids)
             part, ids = ids[:room], ids[room:]
-            part.tofile(self._f)
+            self._f.write(part.data)
+            self.hashes[-1].update(part.data)
             self.counts[-1] += len(part)
+            if self.counts[-1] - self.marks[-1][-1][0] >= MARK_TOKENS:
+                self.marks[-1].append((self.counts[-1], self.hashes[-1].copy()))
 
     def _open(self) -> None:
         if self._f is not None:
@@ -50,14 +63,54 @@ class ShardWriter:
         path = self.dir / shard_name(self.split, len(self.files), self.shard_tokens)
         self.files.append(path)
         self.counts.append(0)
+        self.hashes.append(hashlib.sha256())
+        self.marks.append([(0, self.hashes[-1].copy())])
         self._f = open(path, "wb")  # noqa: SIM115 (closed in _open/close)
 
     def close(self) -> list[dict[str, Any]]:
-        """Finish the last file; ``[{file, tokens}]`` (an empty split still gets one empty file)."""
+        """Finish the last file; ``[{file, tokens, sha256}]`` (an empty split still gets one empty file)."""
         if self._f is None:
             self._open()
         self._f.close()
-        return [{"file": p.name, "tokens": n} for p, n in zip(self.files, self.counts)]
+        return [
+            {"file": p.name, "tokens": n, "sha256": h.hexdigest()}
+            for p, n, h in zip(self.files, self.counts, self.hashes)
+        ]
+
+    def truncate(self, keep: int) -> list[dict[str, Any]]:
+        """After ``close``: keep the first ``keep`` tokens of the split (files past them are deleted)."""
+        out, start = [], 0
+        for path, n, h, marks in zip(self.files, self.counts, self.hashes, self.marks):
+            k = max(0, min(n, keep - start))
+            start += n
+            if k == 0:
+                path.unlink()
+                continue
+            if k < n:
+                os.truncate(path, k * self.dtype.itemsize)
+                at, h = max((m for m in marks if m[0] <= k), key=lambda m: m[0])
+                h = h.copy()
+                with open(path, "rb") as f:
+                    f.seek(at * self.dtype.itemsize)
+                    h.update(f.read((k - at) * self.dtype.itemsize))
+            out.append({"file": path.name, "tokens": k, "sha256": h.hexdigest()})
+        return out
+
+
+def read_tokens(
+    directory: Path, entries: list[dict[str, Any]], dtype: np.dtype, start: int, stop: int
+) -> np.ndarray:
+    """Tokens ``[start, stop)`` of a split written as ``entries`` (read from the files, across shards)."""
+    parts, offset = [], 0
+    for entry in entries:
+        n = int(entry["tokens"])
+        lo, hi = max(start - offset, 0), min(stop - offset, n)
+        if lo < hi:
+            with open(directory / entry["file"], "rb") as f:
+                f.seek(lo * dtype.itemsize)
+                parts.append(np.frombuffer(f.read((hi - lo) * dtype.itemsize), dtype=dtype))
+        offset += n
+    return np.concatenate(parts) if parts else np.zeros(0, dtype=dtype)
 
 
 class ShardedTokens:
