@@ -40,13 +40,14 @@ def _shares_storage(t: torch.Tensor, tensors: dict[str, torch.Tensor]) -> bool:
     return sum(1 for v in tensors.values() if v.untyped_storage().data_ptr() == ptr) > 1
 
 
-def read_tensors(path: str | os.PathLike[str]) -> dict[str, torch.Tensor]:
-    """Read a safetensors file; a missing or corrupt file is a ``GptlabError`` naming it."""
+def read_tensors(path: str | os.PathLike[str], device: str | torch.device = "cpu") -> dict[str, torch.Tensor]:
+    """Read a safetensors file onto ``device`` (straight there: no CPU copy on the way to a GPU);
+    a missing or corrupt file is a ``GptlabError`` naming it."""
     path = Path(path)
     if not path.is_file():
         raise GptlabError(f"{path}: file not found")
     try:
-        return load_file(str(path))
+        return load_file(str(path), device=str(device))
     except (SafetensorError, OSError, ValueError, RuntimeError) as exc:
         raise GptlabError(f"{path}: not a valid safetensors file (truncated or corrupt?): {exc}") from None
 

@@ -187,12 +187,13 @@ def load(
         model = load_quantized.load_int8(config, read_tensors(weights), weights)
     elif quantize in load_quantized.STREAMED and cpu and dtype is None:
         model = load_quantized.build_quantized(config, read_tensors_lazily(weights), quantize, weights)
-    else:
-        model = build_model(config)
-        load_model_state(model, read_tensors(weights), weights)
+    else:  # built and filled on the device itself: the weights never pass through the CPU on the way
+        with torch.device(device):
+            model = build_model(config)
+        load_model_state(model, read_tensors(weights, device), weights)
         if dtype is not None:
             model.to(dtype=dtype)
-        model.to(device).eval()
+        model.eval()
         if quantize:
             quantization.quantize(model, quantize)
     tokenizer = load_tokenizer(directory)

@@ -31,10 +31,15 @@ def run(args: argparse.Namespace) -> int:
     from gptlab.checkpoint import read_run_config
     from gptlab.train import resolve_run, train
     from gptlab.train.config import config_changes
+    from gptlab.train.precision import AUTO_FIELDS
 
     cfg, data = resolve_run(args.out, args.data, args.resume, args.config, args.overrides)
     if args.resume:
-        saved = (read_run_config(args.out) or {}).get("train")
+        record = read_run_config(args.out) or {}
+        saved = record.get("train")
+        if saved:  # a setting left at auto compares as what the first run resolved it to
+            resolved = record.get("resolved") or {}
+            saved = {k: resolved.get(k, v) if v == "auto" and k in AUTO_FIELDS else v for k, v in saved.items()}
         changes = config_changes(saved, cfg.to_dict()) if saved else []
         print(
             f"resuming {args.out}" + (f"; changed: {', '.join(changes)}" if changes else " with its settings")
