@@ -39,7 +39,9 @@ def run(args: argparse.Namespace) -> int:
         saved = record.get("train")
         if saved:  # a setting left at auto compares as what the first run resolved it to
             resolved = record.get("resolved") or {}
-            saved = {k: resolved.get(k, v) if v == "auto" and k in AUTO_FIELDS else v for k, v in saved.items()}
+            saved = {
+                k: resolved.get(k, v) if v == "auto" and k in AUTO_FIELDS else v for k, v in saved.items()
+            }
         changes = config_changes(saved, cfg.to_dict()) if saved else []
         print(
             f"resuming {args.out}" + (f"; changed: {', '.join(changes)}" if changes else " with its settings")
