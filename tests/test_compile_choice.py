@@ -32,6 +32,13 @@ def test_decode_compile_choice(requested, device, compiler, weights, planned, ex
     assert why  # every choice says why
 
 
+@pytest.mark.parametrize(("requested", "expected"), [("auto", False), ("on", True)])
+def test_bf16_weights_on_an_emulating_cpu_stay_layer_by_layer_unless_asked(requested, expected):
+    on, why = decode_compile_pays(requested, "cpu", True, BIG, None, emulated_bf16_weights=True)
+    assert on is expected
+    assert why  # every choice says why
+
+
 def test_a_bad_choice_is_one_error():
     with pytest.raises(GptlabError, match="--compile must be one of"):
         decode_compile_pays("yes", "cpu", True, BIG, None)

@@ -81,8 +81,11 @@ def apply_compile(
         if requested == "on":
             sys.stderr.write(f"compile: off (the compiled step decodes one sequence, not {not_for})\n")
         return False
+    from gptlab.hardware import native_bf16
+
+    emulated = getattr(model, "quantization", None) == "bf16" and not native_bf16(device)
     on, why = decode_compile_pays(
-        requested, device_type, can_compile(device_type), matrix_bytes(model), planned_tokens
+        requested, device_type, can_compile(device_type), matrix_bytes(model), planned_tokens, emulated
     )
     if on:
         compile_decode(model)
