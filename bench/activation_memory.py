@@ -25,6 +25,26 @@ def _rss() -> int:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
+class PeakRSS:
+    """Resident-memory growth above the level at entry; ``peak``: its highest point (sampled every 2 ms)."""
+
+    def __enter__(self) -> PeakRSS:
+        self.base, self.peak = _rss(), 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch)
+        self._thread.start()
+        return self
+
+    def _watch(self) -> None:
+        while not self._stop.is_set():
+            self.peak = max(self.peak, _rss() - self.base)
+            time.sleep(0.002)
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
 def _measure(preset: str, context: int, mode: str) -> dict:
     import torch
 
@@ -37,23 +57,11 @@ def _measure(preset: str, context: int, mode: str) -> dict:
     x = torch.randint(0, model.config.vocab_size, (1, context))
     model(x, x)[1].backward()  # warm-up: gradients exist from now on
     t0 = time.perf_counter()
-    base = _rss()
-    peak = [base]
-    stop = threading.Event()
-
-    def watch() -> None:
-        while not stop.is_set():
-            peak[0] = max(peak[0], _rss())
-            time.sleep(0.002)
-
-    thread = threading.Thread(target=watch)
-    thread.start()
-    loss = model(x, x)[1]
-    held = _rss() - base
-    loss.backward()
-    stop.set()
-    thread.join()
-    return {"held_bytes": held, "peak_bytes": peak[0] - base, "step_s": round(time.perf_counter() - t0, 2)}
+    with PeakRSS() as rss:
+        loss = model(x, x)[1]
+        held = _rss() - rss.base
+        loss.backward()
+    return {"held_bytes": held, "peak_bytes": rss.peak, "step_s": round(time.perf_counter() - t0, 2)}
 
 
 def main() -> None:

@@ -10,9 +10,11 @@ Prints ONE JSON line per figure:
 * ``train``: ms/step, tokens/s and MFU of one training step (batch 16 × 1024, bf16 autocast,
   ``torch.compile``, fused AdamW, clipping) of ``bench/baseline_minimal.py``'s nanoGPT-style model
   (vocabulary 50,304 as nanoGPT pads it) and of gptlab's ``GPT`` (``model.preset=gpt2`` with
-  ``vocab_multiple`` 64 and 1), through the same minimal loop on the same tokens (a random Markov
+  ``vocab_multiple`` 64 and 1, each with the plain and the chunked head + loss, ``--loss-impls``),
+  through the same minimal loop on the same tokens (a random Markov
   chain with 4 successors per token: the best loss is ln 4, so ``last_loss`` compares learning);
-  ``vs_baseline`` is the tokens/s ratio. MFU uses ``gptlab size``'s training FLOPs per token.
+  ``vs_baseline`` is the tokens/s ratio. MFU uses ``gptlab size``'s training FLOPs per token;
+  ``peak_mem_mb`` is the CUDA allocator's high-water mark over the timed steps.
 * ``decode``: greedy decoding, 32-token prompt, 128 new tokens, bf16 weights, at batch 1, 8 and 64:
   ``model.generate`` (the static cache + CUDA graphs path; ``compiled`` says the graphs ran) and
   transformers' ``generate`` on the same shapes, with the ratio.
@@ -27,6 +29,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import functools
+import itertools
 import json
 import statistics
 import sys
@@ -122,6 +125,8 @@ def time_training(model, loss_of, args, device: str, tokens: torch.Tensor) -> di
         return loss.detach()
 
     times, losses = [], []
+    if device.startswith("cuda"):
+        torch.cuda.reset_peak_memory_stats()
     for it in range(args.warmup + args.steps):
         sync(device)
         t = time.perf_counter()
@@ -131,7 +136,9 @@ def time_training(model, loss_of, args, device: str, tokens: torch.Tensor) -> di
             times.append(time.perf_counter() - t)
     top = profile(one_step, device, args.profile) if args.profile else None
     ms = 1e3 * statistics.fmean(times)
+    cuda = device.startswith("cuda")
     return {
+        **({"peak_mem_mb": round(torch.cuda.max_memory_allocated() / 2**20)} if cuda else {}),
         **({"top_kernels_ms_per_step": top} if top else {}),
         "ms_per_step": round(ms, 2),
         "tokens_per_s": round(B * T / ms * 1e3, 1),
@@ -157,15 +164,16 @@ def train_figures(args, device: str, base: GPTConfig) -> None:
         mfu_pct=mfu_pct(ref["tokens_per_s"]),
         **ref,
     )
-    for multiple in args.vocab_multiples:
+    for multiple, loss_impl in itertools.product(args.vocab_multiples, args.loss_impls):
         torch.manual_seed(0)
-        model = GPT(base.replace(vocab_multiple=multiple))
+        model = GPT(base.replace(vocab_multiple=multiple)).set_loss_impl(loss_impl)
         got = time_training(model, lambda m, x, y: m(x, y)[1], args, device, tokens)
         ratio = round(got["tokens_per_s"] / ref["tokens_per_s"], 3)
         emit(
             "train",
             impl="gptlab GPT",
             vocab_multiple=multiple,
+            loss_impl=loss_impl,
             mfu_pct=mfu_pct(got["tokens_per_s"]),
             vs_baseline=ratio,
             **got,
@@ -264,6 +272,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warmup", type=int, default=10)
     p.add_argument("--train-batch", type=int, default=16)
     p.add_argument("--vocab-multiples", default="64,1", help="gptlab's vocab_multiple values to train")
+    p.add_argument("--loss-impls", default="plain,chunked", help="gptlab's head + loss paths to train")
     p.add_argument(
         "--profile", type=int, default=0, metavar="N", help="also list each model's N most expensive kernels"
     )
@@ -283,6 +292,7 @@ def main(argv: list[str] | None = None) -> int:
     args.compile = not args.smoke
     args.batches = [int(b) for b in args.batches.split(",")]
     args.vocab_multiples = [int(v) for v in args.vocab_multiples.split(",")]
+    args.loss_impls = args.loss_impls.split(",")
     if args.smoke:
         args.steps, args.warmup, args.train_batch, args.repeats = 2, 1, 2, 1
         args.new_tokens = min(args.new_tokens, 8)

@@ -1,6 +1,9 @@
 """The ``seq2seq-toy`` recipe end to end: prints ONE JSON line.
 
     python bench/seq2seq_toy.py [--task reverse|sort] [--pairs N] [key=value ...]
+    python bench/seq2seq_toy.py --write-data reverse.jsonl [--task reverse|sort] [--pairs N]
+
+``--write-data FILE`` only writes the pairs (for ``gptlab prepare --format pairs FILE``) and exits.
 
 Writes ``N`` distinct random strings and their task output as JSONL, prepares them
 with ``--format pairs`` (5 % held out), trains the recipe, then decodes every held-out
@@ -16,6 +19,13 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+
+def write_pairs(path: Path, rows: list[dict[str, str]]) -> None:
+    """One ``{"source": ..., "target": ...}`` object per line."""
+    from gptlab.fileio import atomic_write_text
+
+    atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in rows))
 
 
 def exact_match(model, tokenizer, data) -> tuple[float, int]:
@@ -40,6 +50,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--task", default="reverse")
     p.add_argument("--pairs", type=int, default=6000)
+    p.add_argument("--write-data", metavar="FILE", help="write the JSONL pairs to FILE and exit")
     p.add_argument("--keep", help="keep the run here instead of a temporary directory")
     p.add_argument("overrides", nargs="*")
     args = p.parse_args()
@@ -48,12 +59,15 @@ def main() -> int:
     from gptlab.data.pairs import PairDataset, prepare_pairs, toy_pairs
     from gptlab.train import build_config, train
 
+    if args.write_data:
+        write_pairs(Path(args.write_data), toy_pairs(args.task, args.pairs, seed=0))
+        print(json.dumps({"wrote": args.write_data, "task": args.task, "pairs": args.pairs}))
+        return 0
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(args.keep) if args.keep else Path(tmp)
         root.mkdir(parents=True, exist_ok=True)
         jsonl = root / f"{args.task}.jsonl"
-        rows = toy_pairs(args.task, args.pairs, seed=0)
-        jsonl.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+        write_pairs(jsonl, toy_pairs(args.task, args.pairs, seed=0))
         prepare_pairs([jsonl], root / "data", val_fraction=0.05)
         cfg = build_config("seq2seq-toy", ["progress=false", *args.overrides])
         result = train(cfg, root / "data", root / "run")

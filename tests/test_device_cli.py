@@ -82,7 +82,13 @@ def test_auto_is_printed_recorded_and_kept_on_resume(dataset, tmp_path, capsys, 
         "sdpa",
         "float32",
     )
-    assert record["requested"] == {"device": "auto", "dtype": "auto", "attention": "auto"}
+    assert record["requested"] == {
+        "device": "auto",
+        "dtype": "auto",
+        "attention": "auto",
+        "loss_impl": "auto",
+    }
+    assert record["loss_impl"] == "plain"  # a tiny vocabulary: its logits are small
 
     # the same run resumed where auto would choose bf16 (and with the recipe's "auto" given again)
     monkeypatch.setattr(hardware, "detect", lambda: AVX512_BF16)

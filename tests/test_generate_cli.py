@@ -40,8 +40,17 @@ def test_sample_compile_gives_the_same_greedy_text(ckpt, capsys):
     args = [str(ckpt), "--prompt", "abc", "--max-new-tokens", "12", "--temperature", "0"]
     assert main(["sample", *args]) == 0
     layered = capsys.readouterr().out
-    assert main(["sample", *args, "--compile"]) == 0  # each decode step one compiled graph
-    assert capsys.readouterr().out == layered
+    assert main(["sample", *args, "--compile", "on"]) == 0  # each decode step one compiled graph
+    captured = capsys.readouterr()
+    assert captured.out == layered
+    assert "compile: on" in captured.err
+
+
+def test_sample_compile_auto_skips_a_small_model_and_says_why(ckpt, capsys):
+    args = [str(ckpt), "--prompt", "abc", "--max-new-tokens", "5", "--temperature", "0"]
+    assert main(["sample", *args]) == 0  # --compile auto is the default
+    err = capsys.readouterr().err
+    assert "compile: off (a small model" in err
 
 
 def test_num_samples_and_seed_reproduce(ckpt, tmp_path, capsys):

@@ -37,13 +37,15 @@ def test_bench_smoke_prints_one_json_line_per_figure(capsys):
     assert _bench().main(["--smoke", "--batches", "1,3", "--vocab-multiples", "64"]) == 0
     lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     figures = [r["figure"] for r in lines]
-    assert figures == ["train", "train", "decode", "decode", "serve"]
-    nano, ours = lines[0], lines[1]
+    assert figures == ["train", "train", "train", "decode", "decode", "serve"]
+    nano, ours, chunked = lines[:3]
     assert nano["vocab"] == 512 and ours["vocab_multiple"] == 64
+    assert (ours["loss_impl"], chunked["loss_impl"]) == ("plain", "chunked")
+    assert chunked["last_loss"] == pytest.approx(ours["last_loss"], abs=1e-3)  # the same training
     assert ours["vs_baseline"] == pytest.approx(ours["tokens_per_s"] / nano["tokens_per_s"], rel=1e-2)
-    assert all(r["static_path"] and r["tokens_per_s"] > 0 and r["hf_tokens_per_s"] > 0 for r in lines[2:4])
-    assert [r["batch"] for r in lines[2:4]] == [1, 3]
-    assert "skipped" in lines[4]
+    assert all(r["static_path"] and r["tokens_per_s"] > 0 and r["hf_tokens_per_s"] > 0 for r in lines[3:5])
+    assert [r["batch"] for r in lines[3:5]] == [1, 3]
+    assert "skipped" in lines[5]
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message shown where there is no GPU")

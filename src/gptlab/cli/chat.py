@@ -11,7 +11,13 @@ import argparse
 import sys
 from typing import Any
 
-from gptlab.cli.options import add_device_argument, resolve_device, resolve_dtype
+from gptlab.cli.options import (
+    add_compile_argument,
+    add_device_argument,
+    apply_compile,
+    resolve_device,
+    resolve_dtype,
+)
 from gptlab.errors import GptlabError
 
 COMMANDS = {"/reset": "forget the conversation", "/exit": "quit"}
@@ -42,6 +48,7 @@ def register(subparsers: Any) -> None:
     )
     add_device_argument(p)
     p.add_argument("--threads", type=int, help="torch threads (default: torch's choice)")
+    add_compile_argument(p)
     p.set_defaults(func=run)
 
 
@@ -83,6 +90,7 @@ def run(args: argparse.Namespace) -> int:
         raise GptlabError(f"{args.checkpoint} has no tokenizer.json; chat needs the model's tokenizer")
     template = _template(tokenizer, args.template)
     gptlab.quantize(model, resolve_dtype(args.dtype, device))
+    apply_compile(args.compile, model, device, planned_tokens=None)  # a session: tokens unbounded
     config = SampleConfig(
         max_new_tokens=args.max_new_tokens,
         temperature=args.temperature,

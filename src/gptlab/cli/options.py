@@ -31,3 +31,44 @@ def resolve_dtype(dtype: str, device: str, bf16: str = "bf16", otherwise: str = 
         return bf16 if native_bf16(device) else otherwise
     warn_if_emulated(device, dtype, f"--dtype {dtype}", "--dtype auto")
     return dtype
+
+
+def add_compile_argument(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--compile",
+        choices=["auto", "on", "off"],
+        default="auto",
+        help="CPU: run each decode step as one compiled graph. auto (default): on with a C++ "
+        "compiler, for a large model and a generation long enough to pay back the compilation "
+        "(seconds to a minute)",
+    )
+
+
+def apply_compile(
+    requested: str, model: object, device: str, planned_tokens: int | None, not_for: str | None = None
+) -> bool:
+    """Decide ``--compile`` for this model and machine (``decode_compile_pays``); compile if it pays.
+
+    What was chosen, and why, goes to stderr as one ``compile:`` line on a CPU, so the choice is
+    never silent. ``not_for`` names a decode that the one-sequence step does not serve (beam
+    search, an encoder–decoder): it then stays layer by layer.
+    """
+    import sys
+
+    from gptlab.compiling import can_compile
+    from gptlab.generate import compile_decode
+    from gptlab.generate.fused_step import decode_compile_pays, matrix_bytes
+
+    device_type = device.split(":")[0]
+    if not_for is not None:
+        if requested == "on":
+            sys.stderr.write(f"compile: off (the compiled step decodes one sequence, not {not_for})\n")
+        return False
+    on, why = decode_compile_pays(
+        requested, device_type, can_compile(device_type), matrix_bytes(model), planned_tokens
+    )
+    if on:
+        compile_decode(model)
+    if requested != "off" and device_type == "cpu":
+        sys.stderr.write(f"compile: {'on' if on else 'off'} ({why})\n")
+    return on

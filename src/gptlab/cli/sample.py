@@ -13,7 +13,13 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from gptlab.cli.options import add_device_argument, resolve_device, resolve_dtype
+from gptlab.cli.options import (
+    add_compile_argument,
+    add_device_argument,
+    apply_compile,
+    resolve_device,
+    resolve_dtype,
+)
 from gptlab.errors import GptlabError
 
 
@@ -65,12 +71,7 @@ def register(subparsers: Any) -> None:
         help="KV cache storage (model: the model's dtype; float32 on a CPU for bf16/int8 weights)",
     )
     p.add_argument("--threads", type=int, help="torch threads (default: torch's choice)")
-    p.add_argument(
-        "--compile",
-        action="store_true",
-        help="CPU: run each decode step as one compiled graph (faster steps after a compilation of "
-        "seconds to a minute; pays off for long or many samples)",
-    )
+    add_compile_argument(p)
     p.set_defaults(func=run)
 
 
@@ -154,10 +155,8 @@ def run(args: argparse.Namespace) -> int:
     (seq2seq.source_ids if s2s else encode_prompt)(tokenizer, prompt)  # fail before printing anything
     weights = resolve_dtype(args.dtype, device)
     quantize(model, weights)
-    if args.compile:
-        from gptlab.generate import compile_decode
-
-        compile_decode(model)
+    not_for = "beam search" if args.beam_width > 1 else "an encoder-decoder" if s2s else None
+    apply_compile(args.compile, model, device, args.num_samples * args.max_new_tokens, not_for)
     cache_dtype = {"model": None, "fp32": torch.float32, "bf16": torch.bfloat16, "int8": torch.int8}[
         args.cache_dtype
     ]

@@ -19,6 +19,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--config", dest="config_file", help="a JSON file with GPTConfig fields (or a config.json)"
     )
     p.add_argument("--context", type=int, help="tokens T the costs are for (default: the model's block_size)")
+    p.add_argument("--source", type=int, help="source tokens S of an encoder–decoder (default: --context)")
     p.add_argument("--batch", type=int, default=1, help="batch size B (default 1)")
     p.add_argument("--dtype", default="fp32", help="number format: fp32, bf16, fp16 (default fp32)")
     p.add_argument("--kv-dtype", help="KV-cache storage: fp32, bf16, fp16 or int8 (default: --dtype)")
@@ -35,7 +36,13 @@ def run(args: argparse.Namespace) -> int:
 
     config, name = load_config(args.preset, args.config_file, args.checkpoint)
     report = size_report(
-        config, context=args.context, batch=args.batch, dtype=args.dtype, name=name, kv_dtype=args.kv_dtype
+        config,
+        context=args.context,
+        batch=args.batch,
+        dtype=args.dtype,
+        name=name,
+        kv_dtype=args.kv_dtype,
+        source=args.source,
     )
     if args.strategy:
         from gptlab.inspect.size import DTYPES, dtype_name

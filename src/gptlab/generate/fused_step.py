@@ -12,7 +12,8 @@ treats as a symbol, so one graph serves every length and nothing recompiles as t
 fills. Inside it each ``InferenceLinear`` inlines its ``gemv`` and inductor fuses the step
 into a dozen kernels per layer.
 
-``compile_decode(model)`` asks for it (``gptlab sample --compile``).
+``compile_decode(model)`` asks for it; ``gptlab sample`` and ``gptlab chat`` decide with
+``decode_compile_pays`` (``--compile auto``, the default: on where it pays, see below).
 From then on ``BatchSession.step`` uses it for a session of one row on a CPU with a C++ compiler
 and a float KV cache; ``GPTLAB_COMPILE=0`` turns it off. Its logits equal the layer-by-layer
 path's (tested). The first step compiles: for gpt2 ≈ 40 s on a cold inductor cache and ≈ 15 s
@@ -28,6 +29,7 @@ import torch
 from torch import nn
 
 from gptlab.compiling import Compiled
+from gptlab.errors import GptlabError
 from gptlab.model.kvcache import KVStore
 
 # Inductor inlines a cheap elementwise producer into each consumer. In front of a one-row
@@ -66,6 +68,57 @@ def decode_step(
     """Next-token logits (1, vocab) float32 after appending ``idx`` at cache index ``end − 1``."""
     out = model.run(idx, pos=pos, cache=_StepCache(keys, values, end), last_only=True)
     return out.logits[:, -1].float()
+
+
+# Below this many generated tokens a compilation (≈ 15–40 s) costs more than it saves: a compiled
+# step saves ~10–25 ms of a large model's 30–60 ms step (docs/benchmarks.md, "Generation").
+PAYBACK_TOKENS = 1024
+COMPILE_CHOICES = ("auto", "on", "off")
+
+
+def decode_compile_pays(
+    requested: str, device_type: str, compiler: bool, weight_bytes: int, planned_tokens: int | None
+) -> tuple[bool, str]:
+    """Whether to compile the one-sequence decode step here, and why (a pure function of its inputs).
+
+    ``on``/``off`` are obeyed (``on`` without a C++ compiler on a CPU runs layer by layer, with the
+    reason). ``auto`` compiles on a CPU that has a C++ compiler, for a model whose matrices stream
+    from memory (``weight_bytes ≥ STREAM_MIN_BYTES``: small models' steps are not bound by
+    overhead the graph removes), and when enough tokens are planned to pay the compilation back
+    (``planned_tokens`` None: a long-lived session such as chat). CUDA has its own static path
+    (CUDA graphs), and other devices run layer by layer.
+    """
+    from gptlab.generate.quantization import STREAM_MIN_BYTES
+
+    if requested not in COMPILE_CHOICES:
+        raise GptlabError(f"--compile must be one of {', '.join(COMPILE_CHOICES)}, got {requested!r}")
+    if requested == "off":
+        return False, "--compile off"
+    if device_type != "cpu":
+        return False, f"the compiled CPU step does not apply on {device_type}"
+    if not compiler:
+        return False, "no C++ compiler for torch.compile (install g++ or set CXX)"
+    if requested == "on":
+        return True, "--compile on"
+    if weight_bytes < STREAM_MIN_BYTES:
+        return False, f"a small model ({weight_bytes / 2**20:.0f} MiB of matrices): nothing to gain"
+    if planned_tokens is not None and planned_tokens < PAYBACK_TOKENS:
+        return False, f"{planned_tokens} tokens do not pay back a compilation (from {PAYBACK_TOKENS})"
+    return True, "a large model and a long generation: the compiled step pays back its compilation"
+
+
+def matrix_bytes(model: nn.Module) -> int:
+    """Bytes of the model's 2-D weights in their stored format (what a decode step streams from memory).
+
+    Parameters and buffers (quantized weights are buffers), tied tensors counted once, oneDNN's
+    prepacked copies left out.
+    """
+    tensors = {**dict(model.named_parameters()), **dict(model.named_buffers())}
+    seen: dict[int, int] = {}
+    for name, t in tensors.items():
+        if t is not None and t.dim() == 2 and not name.endswith("packed"):
+            seen[t.data_ptr()] = t.numel() * t.element_size()
+    return sum(seen.values())
 
 
 _STEPS: weakref.WeakKeyDictionary[nn.Module, Compiled] = weakref.WeakKeyDictionary()

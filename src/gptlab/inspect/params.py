@@ -7,6 +7,9 @@
 
 ``N``, the weights a token multiplies (what FLOPs count), is the blocks (active experts only),
 the norms and the head ``V·d`` even when tied; the embedding lookup and positions cost no FLOPs.
+An encoder–decoder splits it by the tokens that multiply them: ``N_enc`` per source token (the
+encoder blocks and final norm, and every decoder layer's cross-attention ``W_K, W_V``, which read
+the encoder output) and ``N_dec = N − N_enc`` per target token.
 """
 
 from __future__ import annotations
@@ -54,6 +57,13 @@ def _ffn_layer(c: GPTConfig) -> tuple[int, int, str, str]:
         e, k = c.n_experts, c.experts_top_k
         return (e * one + d * e, k * one + d * e, f"E·({formula}) + d·E", f"{e}·({calc}) + {d}·{e}")
     return one, one, formula, calc
+
+
+def _cross_kv_layer(c: GPTConfig) -> int:
+    """One decoder layer's cross-attention ``W_K, W_V`` (+ biases, + the key's QK-norm): ``2·d·H_kv·d_k``."""
+    assert c.n_kv_head is not None
+    kv = 2 * c.n_kv_head * c.head_dim
+    return c.n_embd * kv + (kv if c.bias else 0) + (c.head_dim if c.qk_norm else 0)
 
 
 def _norm_size(c: GPTConfig) -> tuple[int, str]:
@@ -174,9 +184,18 @@ def parameter_figures(c: GPTConfig) -> tuple[list[Figure], dict[str, int]]:
     # weights a token multiplies: blocks (active experts), norms, and the head V·d (even when tied);
     # the embedding lookup and the position table cost no multiply-adds
     matmul = n_att * att + n_ffn * ffn_active + norms + V * d
-    return figs, {"total": total, "matmul": matmul, "positions": pos}
+    # per source token (encoder–decoder): the encoder stack, its final norm and the cross-attention K/V
+    source = E * (att + ffn_active + 2 * one_norm + qk) + (
+        n_final * one_norm + L * _cross_kv_layer(c) if E else 0
+    )
+    return figs, {"total": total, "matmul": matmul, "matmul_source": source, "positions": pos}
 
 
 def matmul_params(config: GPTConfig) -> int:
     """``N``: the weights one token multiplies (blocks with k active experts, norms, the head ``V·d``)."""
     return parameter_figures(config)[1]["matmul"]
+
+
+def source_matmul_params(config: GPTConfig) -> int:
+    """``N_enc``: of ``N``, the weights a *source* token multiplies (0 unless ``arch="encoder-decoder"``)."""
+    return parameter_figures(config)[1]["matmul_source"]

@@ -19,7 +19,7 @@ from gptlab.errors import GptlabError
 from gptlab.model.block import Block
 from gptlab.model.config import GPTConfig
 from gptlab.model.kvcache import KVCache
-from gptlab.model.loss import next_token_loss
+from gptlab.model.loss import HEAD_LOSSES
 from gptlab.model.mlp import MixtureOfExperts
 from gptlab.model.norms import NORMS, make_norm
 from gptlab.model.positional import POSITIONAL
@@ -29,7 +29,7 @@ from gptlab.model.positional import POSITIONAL
 class ModelOutput:
     """Everything one forward pass can report."""
 
-    logits: torch.Tensor  # (B, T, vocab_size), or (B, 1, vocab_size) with last_only
+    logits: torch.Tensor | None  # (B, T, vocab_size), (B, 1, vocab_size) with last_only; None: chunked loss
     loss: torch.Tensor | None = None  # mean cross-entropy (+ MoE balancing loss)
     aux_loss: torch.Tensor | None = None  # MoE load-balancing loss, summed over layers
     hidden_states: list[torch.Tensor] | None = None  # residual stream: input + after each block
@@ -50,6 +50,7 @@ class GPT(nn.Module):
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
         self.config = config
+        self.loss_impl = "plain"  # set_loss_impl
         self.wte = nn.Embedding(config.padded_vocab_size, config.n_embd)  # W_e (+ padding rows)
         self.positional = POSITIONAL[config.pos](config)
         self.drop = nn.Dropout(config.dropout)
@@ -95,6 +96,15 @@ class GPT(nn.Module):
         for module in self.modules():
             if hasattr(module, "impl"):
                 module.impl = impl
+        return self
+
+    def set_loss_impl(self, impl: str) -> GPT:
+        """How a forward with targets computes the head and loss (``gptlab.model.loss.HEAD_LOSSES``):
+        ``"plain"`` (the logits, then their cross-entropy) or ``"chunked"`` (over chunks of rows;
+        the output's ``logits`` are then None)."""
+        if impl not in HEAD_LOSSES:
+            raise GptlabError(f"unknown loss path {impl!r}; choose one of {', '.join(HEAD_LOSSES)}")
+        self.loss_impl = impl
         return self
 
     @property
@@ -179,17 +189,13 @@ class GPT(nn.Module):
         x = self.norm_f(x)
         if last_only:
             x = x[:, -1:, :]
-        logits = self.lm_head(x)  # (B, T, padded_vocab_size)
-        if self.config.logit_softcap is not None:
-            cap = self.config.logit_softcap
-            logits = cap * torch.tanh(logits / cap)
+        head_loss = HEAD_LOSSES[self.loss_impl]
+        # (B, T, padded_vocab_size), or None when the chunked loss never forms them
+        logits, loss = head_loss(self.lm_head, x, targets, self.config.vocab_size, self.config.logit_softcap)
         aux = self._aux_loss()
-        loss = None
-        if targets is not None:
-            loss = next_token_loss(logits, targets, self.config.vocab_size)
-            if aux is not None:
-                loss = loss + self.config.moe_aux_weight * aux
-        if logits.size(-1) != self.config.vocab_size:
+        if loss is not None and aux is not None:
+            loss = loss + self.config.moe_aux_weight * aux
+        if logits is not None and logits.size(-1) != self.config.vocab_size:
             logits = logits[..., : self.config.vocab_size]  # the padding columns are never a token
         return ModelOutput(
             logits=logits, loss=loss, aux_loss=aux, hidden_states=hidden, attentions=attentions

@@ -59,6 +59,7 @@ class TrainConfig:
     seed: int = 1337
     dtype: str = "auto"  # auto (gptlab.hardware) | float32 | bfloat16 (autocast) | float16 (CUDA, GradScaler)
     compile: bool = False  # torch.compile the model
+    loss_impl: str = "auto"  # auto | plain (whole logits) | chunked (head + loss over row chunks, gptlab.model.chunked_loss)
     attention: str = (
         "auto"  # auto | sdpa (fused kernel) | plain (the written-out equation: faster for bf16 on CPU)
     )
@@ -162,6 +163,12 @@ class TrainConfig:
         need(
             self.attention in ("auto", *ATTENTION_PATHS),
             f"attention must be one of auto, {', '.join(ATTENTION_PATHS)}; got {self.attention!r}",
+        )
+        from gptlab.train.precision import LOSS_IMPLS
+
+        need(
+            self.loss_impl in LOSS_IMPLS,
+            f"loss_impl must be one of {', '.join(LOSS_IMPLS)}; got {self.loss_impl!r}",
         )
         need(
             isinstance(self.loggers, list) and all(x in ("tensorboard", "wandb") for x in self.loggers),

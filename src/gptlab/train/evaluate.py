@@ -85,10 +85,10 @@ def target_loss_sum(
     count = 0
     try:
         for batch in batches:
+            n = int((batch[-1] != -1).sum())  # counted on the host, before the copy: no device sync
             batch = tuple(t.to(device, non_blocking=True) for t in batch)
             with autocast if autocast is not None else contextlib.nullcontext():
                 loss = run(model, batch)
-            n = int((batch[-1] != -1).sum())
             if n:  # a batch with no target at all has a NaN mean and adds nothing
                 total += loss.double() * n
                 count += n

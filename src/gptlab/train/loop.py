@@ -8,6 +8,11 @@
 accumulation, evaluation, records, checkpoint cadence and DDP. Resuming loads the
 weights, optimizer and RNG states and the step (which is the data position, see
 ``gptlab.data.WindowSampler``), so on CPU a resumed run is bitwise the uninterrupted one.
+
+A step reads nothing back on the host (no ``.item()``, no branch on a tensor), so a GPU never
+waits for Python between steps: the loss is summed on the device, the gradient norm and the
+clipping factor stay tensors, and the losses, norms and the nan/inf check are read once per
+``log_every`` steps (``_log_steps``), as is the stop request under torchrun.
 """
 
 from __future__ import annotations
@@ -33,7 +38,7 @@ from gptlab.train.evaluate import EvalResult
 from gptlab.train.metrics import MetricsLog, Progress
 from gptlab.train.objectives import make_objective
 from gptlab.train.optim import build_optimizer
-from gptlab.train.precision import announce
+from gptlab.train.precision import announce, loss_impl
 from gptlab.train.precision import resolve as resolve_precision
 from gptlab.train.runtime import (
     StopFlag,
@@ -113,7 +118,9 @@ class _Trainer:
 
         torch.manual_seed(cfg.seed)  # the same initial weights on every rank
         model = init.finetune_model(self.start, cfg) if self.start else build_model(self.model_config)
-        self.model = model.set_attention_impl(cfg.attention).to(self.device)
+        self.resolved["loss_impl"] = loss_impl(cfg, self.model_config)  # plain | chunked head + loss
+        self.model = model.set_attention_impl(cfg.attention).set_loss_impl(self.resolved["loss_impl"])
+        self.model = self.model.to(self.device)
         self.strategy, self.forward = prepare_model(self.model, cfg, info)  # DDP/FSDP, checkpointing
         self.optimizer = build_optimizer(self.model, cfg, self.device_type)
         self.scaler = torch.amp.GradScaler("cuda") if cfg.dtype == "float16" else None
@@ -283,6 +290,7 @@ class _Trainer:
             self.info.world_size,
         )
         pending: Pending = []
+        window, step_s = (0.0, 0), 0.0  # (seconds, steps) since the losses were last read; mean step time
         train_loss = val_loss = None
         checkpoint, interrupted = None, False
         self.model.train()
@@ -294,12 +302,16 @@ class _Trainer:
                     pending.append((self.step, loss, norm, learning_rate(self.step - 1, cfg)))
                     at_eval = self.step % cfg.eval_every == 0 or self.step == cfg.max_steps
                     at_ckpt = self.step % cfg.ckpt_every == 0 or self.step == cfg.max_steps
-                    interrupted = distributed.any_flag(stop.requested, self.info)
-                    if at_eval or at_ckpt or interrupted or self.step % cfg.log_every == 0:
+                    at_log = at_eval or at_ckpt or self.step % cfg.log_every == 0
+                    interrupted = self._stop_requested(stop.requested, at_log)
+                    if at_log or interrupted:
                         train_loss = self._log_steps(pending)  # reads the losses; raises on nan/inf
                     dt = time.perf_counter() - t0
                     self.train_wall_s += dt
-                    progress.step(train_loss, dt, force=at_eval)
+                    window = (window[0] + dt, window[1] + 1)
+                    if at_log or interrupted:  # a GPU's queue is drained only here: rate over the window
+                        step_s, window = window[0] / window[1], (0.0, 0)
+                    progress.step(train_loss, step_s or dt, force=at_eval)
                     if at_eval:
                         val_loss = self._evaluate_step(progress)
                     if at_ckpt or interrupted:
@@ -323,6 +335,13 @@ class _Trainer:
             checkpoint=checkpoint,
             interrupted=interrupted,
         )
+
+    def _stop_requested(self, requested: bool, at_log: bool) -> bool:
+        """Stop now? One process: at once. Under torchrun the ranks agree through a collective,
+        which reads a value on the host (a sync), so only at log steps."""
+        if not self.info.enabled:
+            return requested
+        return at_log and distributed.any_flag(requested, self.info)
 
     def _evaluate_step(self, progress: Progress) -> float:
         """Evaluate; the main process records it, redraws loss.png and prints a line. Returns val loss."""

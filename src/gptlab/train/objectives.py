@@ -51,14 +51,20 @@ def mlm_mask(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """BERT's corruption of ``x`` (B, T) → ``(inputs, targets)``; targets are −1 off the chosen positions."""
     chosen = torch.rand(x.shape, generator=generator) < rate
-    if not chosen.any():
-        chosen.view(-1)[0] = True  # at least one position, so the loss is defined
+    chosen.view(-1)[0] |= ~chosen.any()  # at least one position, so the loss is defined (no host branch)
     r = torch.rand(x.shape, generator=generator)
     rand = torch.randint(0, vocab_size - 1, x.shape, generator=generator)
     rand = rand + (rand >= mask_id).long()  # a random token other than [MASK]
     inputs = torch.where(chosen & (r < 0.8), torch.full_like(x, mask_id), x)
     inputs = torch.where(chosen & (r >= 0.8) & (r < 0.9), rand, inputs)
     return inputs, torch.where(chosen, x, torch.full_like(x, -1))
+
+
+def to_device(tensors: Iterable[torch.Tensor], device: str) -> Batch:
+    """A batch's tensors on ``device``; to a GPU through pinned memory, so the copy is truly
+    asynchronous (from pageable memory the driver may wait for the stream)."""
+    pin = torch.device(device).type == "cuda"
+    return tuple((t.pin_memory() if pin else t).to(device, non_blocking=True) for t in tensors)
 
 
 def _generator(*key: int) -> torch.Generator:
@@ -117,7 +123,7 @@ class CausalLM:
     def batch(self, step: int, micro: int, device: str) -> Batch:
         x, y, kwargs = self.sampler.inputs(step, micro)
         self._keys = list(kwargs)  # packed examples: pos, attn_mask (gptlab.data.sampler.document_inputs)
-        return tuple(t.to(device, non_blocking=True) for t in (x, y, *kwargs.values()))
+        return to_device((x, y, *kwargs.values()), device)
 
     def loss(self, forward: Any, batch: Batch) -> torch.Tensor:
         x, y, *extra = batch
@@ -161,7 +167,7 @@ class MaskedLM(CausalLM):
 
     def batch(self, step: int, micro: int, device: str) -> Batch:
         x, _ = self.sampler.batch(step, micro)
-        return tuple(t.to(device, non_blocking=True) for t in self._corrupt(x, step, micro, self.rank))
+        return to_device(self._corrupt(x, step, micro, self.rank), device)
 
     def eval_sum(
         self, model: Any, split: str, n: int, device: str, autocast: Any
@@ -206,7 +212,7 @@ class Seq2Seq(CausalLM):
         first = ((step * self.cfg.grad_accum + micro) * self.world + self.rank) * B
         epochs, ks = np.divmod(np.arange(first, first + B), self.n_train)
         index = np.array([self._order(int(e))[k] for e, k in zip(epochs, ks, strict=True)])
-        return tuple(t.to(device, non_blocking=True) for t in self.data.batch("train", index))
+        return to_device(self.data.batch("train", index), device)
 
     def loss(self, forward: Any, batch: Batch) -> torch.Tensor:
         src, src_mask, tgt_in, tgt_out = batch

@@ -4,6 +4,11 @@
 machine runs fast, and returns the record written to the run's ``train_config.json`` under
 ``"resolved"``. ``keep_resolved(cfg, saved)`` makes a resumed run keep that choice, even on a
 machine where ``auto`` would now choose otherwise.
+
+``loss_impl(cfg, model_config)`` resolves ``loss_impl = "auto"`` from the shapes: the chunked
+head + loss (``gptlab.model.chunked_loss``) once a micro-batch's float32 logits,
+``4·B·T·V_pad`` bytes, would reach ``CHUNKED_FROM`` (GPT-2's vocabulary at B·T = 1,334 tokens);
+the plain path below that, where the logits are small and one fused kernel is simplest.
 """
 
 from __future__ import annotations
@@ -13,9 +18,12 @@ import sys
 from typing import Any
 
 from gptlab import hardware
+from gptlab.model.loss import HEAD_LOSSES
 from gptlab.train.config import TrainConfig
 
-AUTO_FIELDS = ("dtype", "attention")
+AUTO_FIELDS = ("dtype", "attention", "loss_impl")  # kept as first resolved when a run resumes
+LOSS_IMPLS = ("auto", *HEAD_LOSSES)
+CHUNKED_FROM = 256 * 2**20  # bytes of one micro-batch's float32 logits
 
 
 def resolve(cfg: TrainConfig, device: str) -> tuple[TrainConfig, dict[str, Any]]:
@@ -30,7 +38,8 @@ def announce(record: dict[str, Any]) -> None:
     that only emulates it, one warning line."""
     if record["requested"]["dtype"] == "bfloat16":
         hardware.warn_if_emulated(record["device"], "bfloat16", "dtype=bfloat16")
-    plan = hardware.Plan(**{k: v for k, v in record.items() if k != "requested"})
+    fields = {f.name for f in dataclasses.fields(hardware.Plan)}
+    plan = hardware.Plan(**{k: v for k, v in record.items() if k in fields})
     sys.stderr.write(f"hardware: {plan.summary()}\n")
 
 
@@ -39,3 +48,11 @@ def keep_resolved(cfg: TrainConfig, saved: dict[str, Any] | None) -> TrainConfig
     resolved = (saved or {}).get("resolved") or {}
     kept = {k: resolved[k] for k in AUTO_FIELDS if getattr(cfg, k) == "auto" and k in resolved}
     return dataclasses.replace(cfg, **kept) if kept else cfg
+
+
+def loss_impl(cfg: TrainConfig, model_config: Any) -> str:
+    """The head + loss path of this run: ``cfg.loss_impl``, or for ``auto`` the one its shapes call for."""
+    if cfg.loss_impl != "auto":
+        return cfg.loss_impl
+    logits = 4 * cfg.batch_size * model_config.block_size * model_config.padded_vocab_size
+    return "chunked" if logits >= CHUNKED_FROM else "plain"

@@ -34,6 +34,10 @@ def compile_forward(forward: Any, device_type: str) -> Any:
     The whole model is one graph: the forward and backward each run as a handful of fused
     kernels around the matrix products (a step of the reference recipe: 27 ms compiled, 33 ms
     eager; compiling block by block costs half the cold compile but runs ~10 % slower).
+    The graph runs from the token ids to the scalar loss: the head and the cross-entropy
+    (plain, or ``loss_impl = "chunked"``, whose autograd.Function dynamo traces in, unbroken)
+    are inside it, and AOTAutograd compiles the matching backward. Outside it: the gradient
+    norm and clipping (foreach kernels) and the optimizer step (one fused AdamW kernel on CUDA).
     Checkpoints save the uncompiled model, so parameter names do not change. On a CPU,
     inductor needs a C++ compiler; without one the run warns and trains uncompiled.
     """

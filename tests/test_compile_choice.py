@@ -1,0 +1,49 @@
+"""``--compile auto`` for decoding: one pure function of what the machine and the model report."""
+
+from __future__ import annotations
+
+import pytest
+
+from gptlab.errors import GptlabError
+from gptlab.generate.fused_step import PAYBACK_TOKENS, decode_compile_pays, matrix_bytes
+from gptlab.generate.quantization import STREAM_MIN_BYTES
+
+BIG = 538 * 2**20  # SmolLM2-135M in float32
+
+
+@pytest.mark.parametrize(
+    ("requested", "device", "compiler", "weights", "planned", "expected"),
+    [
+        ("auto", "cpu", True, BIG, None, True),  # chat: a long-lived session
+        ("auto", "cpu", True, BIG, PAYBACK_TOKENS, True),
+        ("auto", "cpu", True, BIG, PAYBACK_TOKENS - 1, False),  # too short to pay back
+        ("auto", "cpu", True, STREAM_MIN_BYTES - 1, None, False),  # a small model gains nothing
+        ("auto", "cpu", False, BIG, None, False),  # no C++ compiler
+        ("auto", "cuda", True, BIG, None, False),  # CUDA has its own static path
+        ("auto", "mps", True, BIG, None, False),
+        ("on", "cpu", True, 1024, 1, True),  # obeyed whatever the size
+        ("on", "cpu", False, BIG, None, False),  # ... but it cannot compile without a compiler
+        ("off", "cpu", True, BIG, None, False),
+    ],
+)
+def test_decode_compile_choice(requested, device, compiler, weights, planned, expected):
+    on, why = decode_compile_pays(requested, device, compiler, weights, planned)
+    assert on is expected
+    assert why  # every choice says why
+
+
+def test_a_bad_choice_is_one_error():
+    with pytest.raises(GptlabError, match="--compile must be one of"):
+        decode_compile_pays("yes", "cpu", True, BIG, None)
+
+
+def test_matrix_bytes_counts_tied_weights_once_and_follows_the_stored_format():
+    import gptlab
+
+    model = gptlab.GPT(gptlab.GPTConfig(vocab_size=64, block_size=16, n_layer=1, n_head=2, n_embd=32))
+    assert model.config.tie_embeddings
+    fp32 = matrix_bytes(model)
+    expected = sum(p.numel() * 4 for p in {id(p): p for p in model.parameters() if p.dim() == 2}.values())
+    assert fp32 == expected
+    gptlab.quantize(model, "int8")
+    assert matrix_bytes(model) < fp32  # int8 block matrices: a quarter of their float32 bytes
