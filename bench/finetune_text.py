@@ -3,16 +3,20 @@
     python bench/finetune_text.py --init SRC [--data FILE] [--steps 60] [--context 256] [key=value ...]
 
 The text is prepared with the model's own tokenizer (``prepare --tokenizer SRC``), the pretrained
-model's validation loss is measured on fixed windows of ``--context`` tokens, the model is fine-tuned
-with the ``finetune`` recipe (LoRA) plus the given overrides, and the same windows are measured
-again. ``train_wall_s`` counts the training steps only (the loop's own clock: no evaluation, no
-checkpoints). Prints ONE JSON line.
+model's validation loss is measured on fixed held-out windows (``--eval-batches`` × ``--eval-batch-size``
+windows of ``--eval-context`` tokens, whatever the training context), the model is fine-tuned with
+the ``finetune`` recipe (LoRA) plus the given overrides on windows of ``--context`` tokens, and the
+same held-out windows are measured again. ``train_wall_s`` counts the training steps only (the
+loop's own clock: no evaluation, no checkpoints); ``train_cpu_s`` is the CPU time of every thread
+over the whole ``train`` call (loading the base included), the steadier figure on a shared machine.
+Prints ONE JSON line.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import tempfile
 import time
@@ -39,6 +43,9 @@ def main() -> int:
     ap.add_argument("--context", type=int, default=256)
     ap.add_argument("--batch-size", type=int, default=4)
     ap.add_argument("--eval-batches", type=int, default=8)
+    ap.add_argument("--eval-batch-size", type=int, default=4)
+    ap.add_argument("--eval-context", type=int, default=256)
+    ap.add_argument("--work", help="keep the prepared text here and reuse it (default: a temporary folder)")
     ap.add_argument("overrides", nargs="*", metavar="key=value")
     args = ap.parse_args()
 
@@ -52,11 +59,14 @@ def main() -> int:
 
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
-        prepare([args.data], Path(tmp) / "ds", tokenizer=args.init, block_size=args.context)
-        data = TokenDataset(Path(tmp) / "ds")
+        ds = Path(args.work or tmp) / "ds"
+        if not (ds / "meta.json").exists():
+            prepare([args.data], ds, tokenizer=args.init, block_size=max(args.context, args.eval_context))
+        data = TokenDataset(ds)
+        held_out = (args.eval_context, args.eval_batches, args.eval_batch_size)
         base, _ = load_source(args.init)
         with torch.no_grad():
-            before = val_loss(base.eval(), data, args.context, args.eval_batches, args.batch_size)
+            before = val_loss(base.eval(), data, *held_out)
         del base
         settings = [
             f"init={args.init}",
@@ -70,10 +80,12 @@ def main() -> int:
             *args.overrides,
         ]
         cfg = build_config("finetune", settings)
+        cpu0 = time.process_time()
         result = train(cfg, data.dir, Path(tmp) / "run")
+        train_cpu = time.process_time() - cpu0  # every thread's CPU time, loading the base included
         tuned, _ = gptlab.load(Path(tmp) / "run")
         with torch.no_grad():
-            after = val_loss(tuned, data, args.context, args.eval_batches, args.batch_size)
+            after = val_loss(tuned, data, *held_out)
     print(
         json.dumps(
             {
@@ -82,16 +94,21 @@ def main() -> int:
                 "data": Path(args.data).name,
                 "finetune": cfg.finetune,
                 "lora_rank": cfg.lora_rank,
+                "lora_alpha": cfg.lora_alpha,
                 "lora_targets": cfg.lora_targets,
                 "lr": cfg.lr,
+                "warmup_steps": cfg.warmup_steps,
                 "steps": result.step,
                 "batch_size": args.batch_size,
                 "context": args.context,
+                "eval_windows": f"{args.eval_batches * args.eval_batch_size} x {args.eval_context}",
                 "base_val_loss": round(before, 4),
                 "val_loss": round(after, 4),
                 "drop_nats": round(before - after, 4),
                 "train_wall_s": round(result.train_wall_s, 1),
+                "train_cpu_s": round(train_cpu, 1),
                 "wall_s": round(time.perf_counter() - t0, 1),
+                "load_avg": [round(x, 2) for x in os.getloadavg()],
             }
         )
     )
