@@ -90,7 +90,9 @@ def run(args: argparse.Namespace) -> int:
     if tokenizer is None:
         raise GptlabError(f"{args.checkpoint} has no tokenizer.json; chat needs the model's tokenizer")
     template = _template(tokenizer, args.template)
-    apply_compile(args.compile, model, device, planned_tokens=None)  # a session: tokens unbounded
+    # a session's length is unknown: auto judges by one reply, so a short chat is not kept waiting
+    # for a compilation (~40 s for SmolLM2) that pays back only after ~1,000 tokens
+    apply_compile(args.compile, model, device, planned_tokens=args.max_new_tokens)
     config = SampleConfig(
         max_new_tokens=args.max_new_tokens,
         temperature=args.temperature,
