@@ -32,13 +32,10 @@ def _peak_rss_mb() -> float:
 
 
 def _reset_peak() -> None:
-    import ctypes
+    from gptlab.generate.quantization import release_memory
 
     gc.collect()
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)  # hand the loader's transient buffers back first
-    except OSError:
-        pass
+    release_memory()  # hand the loader's transient buffers back first
     Path("/proc/self/clear_refs").write_text("5")
 
 

@@ -14,6 +14,7 @@ from typing import Any
 from gptlab.cli.options import (
     add_compile_argument,
     add_device_argument,
+    add_weights_argument,
     apply_compile,
     resolve_device,
     weights_format,
@@ -40,12 +41,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     p.add_argument("--top-p", type=float)
     p.add_argument("--seed", type=int)
-    p.add_argument(
-        "--dtype",
-        choices=["auto", "fp32", "bf16", "int8"],
-        default="auto",
-        help="weight format (default auto: bf16 where bf16 is native, else fp32)",
-    )
+    add_weights_argument(p)
     add_device_argument(p)
     p.add_argument("--threads", type=int, help="torch threads (default: torch's choice)")
     add_compile_argument(p)

@@ -7,6 +7,19 @@ import argparse
 DEVICE_HELP = "auto (CUDA, else Apple's MPS, else the CPU), cpu, cuda, cuda:N or mps (default auto)"
 
 
+WEIGHT_FORMATS = ("auto", "fp32", "bf16", "int8")
+
+
+def add_weights_argument(p: argparse.ArgumentParser) -> None:
+    """``--dtype``: the weight format of a command that generates (sample, chat, serve)."""
+    p.add_argument(
+        "--dtype",
+        choices=WEIGHT_FORMATS,
+        default="auto",
+        help="weight format (default auto: bf16 where bf16 is native, else fp32; an int8 checkpoint stays int8)",
+    )
+
+
 def add_device_argument(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="auto", help=DEVICE_HELP)
 

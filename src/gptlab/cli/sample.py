@@ -16,6 +16,7 @@ from typing import Any
 from gptlab.cli.options import (
     add_compile_argument,
     add_device_argument,
+    add_weights_argument,
     apply_compile,
     resolve_device,
     weights_format,
@@ -57,12 +58,7 @@ def register(subparsers: Any) -> None:
         "--stop-token", action="append", type=int, default=[], metavar="ID", help="a stop token id"
     )
     p.add_argument("--seed", type=int)
-    p.add_argument(
-        "--dtype",
-        choices=["auto", "fp32", "bf16", "int8"],
-        default="auto",
-        help="weight format (default auto: bf16 where bf16 is native, else fp32)",
-    )
+    add_weights_argument(p)
     add_device_argument(p)
     p.add_argument(
         "--cache-dtype",

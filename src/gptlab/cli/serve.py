@@ -8,9 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from gptlab.cli.options import add_device_argument, resolve_device, weights_format
-
-DTYPES = ("auto", "fp32", "bf16", "int8")
+from gptlab.cli.options import add_device_argument, add_weights_argument, resolve_device, weights_format
 
 
 def register(subparsers: Any) -> None:
@@ -53,9 +51,7 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "--model-name", default=None, help="the model id clients use (default: the checkpoint's folder name)"
     )
-    p.add_argument(
-        "--dtype", choices=DTYPES, default="auto", help="weights (default auto: bf16 where native, else fp32)"
-    )
+    add_weights_argument(p)
     add_device_argument(p)
     p.add_argument(
         "--max-body-bytes",

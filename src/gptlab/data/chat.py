@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from gptlab.data.dataset import DATASET_FORMAT, META_FILE, TOKENIZER_FILE, staged_directory
+from gptlab.data.dataset import DATASET_FORMAT, META_FILE, TOKENIZER_FILE, new_dataset_dir, staged_directory
 from gptlab.data.sources import PathLike, describe_sources, find_sources
 from gptlab.errors import GptlabError
 from gptlab.fileio import atomic_write_json
@@ -264,11 +264,7 @@ def prepare_examples(
         raise GptlabError(
             f"packing must be one of {', '.join(PACKING)} and too_long one of {', '.join(TOO_LONG)}"
         )
-    if not 0.0 < val_fraction < 1.0:
-        raise GptlabError(f"--val-fraction must be between 0 and 1 (exclusive), got {val_fraction}")
-    out = Path(out_dir)
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise GptlabError(f"{out}: already exists and is not empty; choose another --out or delete it first")
+    out = new_dataset_dir(out_dir, val_fraction)
     sources = find_sources(inputs)
     if tokenizer in ("char",) or tokenizer.startswith("bpe:"):
         raise GptlabError(

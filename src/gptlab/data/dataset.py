@@ -29,6 +29,21 @@ SPLITS = ("train", "val")
 EOT = "<|endoftext|>"
 
 
+def check_val_fraction(val_fraction: float) -> None:
+    """The validation share of a split: strictly between 0 and 1, else one ``GptlabError`` line."""
+    if not 0.0 < val_fraction < 1.0:
+        raise GptlabError(f"--val-fraction must be between 0 and 1 (exclusive), got {val_fraction}")
+
+
+def new_dataset_dir(out_dir: PathLike, val_fraction: float) -> Path:
+    """``out_dir`` for a new dataset (absent or empty) after checking ``val_fraction``; else one error line."""
+    check_val_fraction(val_fraction)
+    out = Path(out_dir)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise GptlabError(f"{out}: already exists and is not empty; choose another --out or delete it first")
+    return out
+
+
 @contextmanager
 def staged_directory(out: Path) -> Iterator[Path]:
     """A fresh folder beside ``out`` to build a dataset in, renamed onto ``out`` (absent or empty) when the

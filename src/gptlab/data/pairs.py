@@ -29,6 +29,7 @@ from gptlab.data.dataset import (
     META_FILE,
     TOKENIZER_FILE,
     TokenDataset,
+    new_dataset_dir,
     staged_directory,
 )
 from gptlab.data.prepare import build_tokenizer, token_dtype
@@ -82,11 +83,7 @@ def prepare_pairs(
     progress: bool = False,
 ) -> dict[str, Any]:
     """Tokenize JSONL pairs into ``out_dir`` (``{train,val}.{src,tgt}.bin``, tokenizer.json, meta.json)."""
-    if not 0.0 < val_fraction < 1.0:
-        raise GptlabError(f"--val-fraction must be between 0 and 1 (exclusive), got {val_fraction}")
-    out = Path(out_dir)
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise GptlabError(f"{out}: already exists and is not empty; choose another --out or delete it first")
+    out = new_dataset_dir(out_dir, val_fraction)
     sources = find_sources(inputs)
     pairs = [p for path in sources for p in read_pairs(path)]
     n_val = int(len(pairs) * val_fraction)

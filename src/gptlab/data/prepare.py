@@ -38,7 +38,14 @@ from typing import Any
 
 import numpy as np
 
-from gptlab.data.dataset import DATASET_FORMAT, EOT, META_FILE, TOKENIZER_FILE, staged_directory
+from gptlab.data.dataset import (
+    DATASET_FORMAT,
+    EOT,
+    META_FILE,
+    TOKENIZER_FILE,
+    check_val_fraction,
+    staged_directory,
+)
 from gptlab.data.pieces import iter_chunks, plan_pieces
 from gptlab.data.shards import COPY_TOKENS, ShardWriter, read_tokens
 from gptlab.data.sources import PathLike, describe_sources, find_sources, source_bytes
@@ -103,8 +110,7 @@ def prepare(
     """
     if workers < 1 or shard_tokens < 0:
         raise GptlabError(f"--workers must be ≥ 1 and --shard-tokens ≥ 0, got {workers} and {shard_tokens}")
-    if not 0.0 < val_fraction < 1.0:
-        raise GptlabError(f"--val-fraction must be between 0 and 1 (exclusive), got {val_fraction}")
+    check_val_fraction(val_fraction)
     if block_size < 1:
         raise GptlabError(f"--block-size must be positive, got {block_size}")
     out = Path(out_dir)
