@@ -56,6 +56,7 @@ def main() -> int:
     from gptlab.train import train
     from gptlab.train.config import build_config
     from gptlab.train.init import load_source
+    from gptlab.train.metrics import METRICS_FILE, read_metrics
 
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
@@ -83,6 +84,7 @@ def main() -> int:
         cpu0 = time.process_time()
         result = train(cfg, data.dir, Path(tmp) / "run")
         train_cpu = time.process_time() - cpu0  # every thread's CPU time, loading the base included
+        losses = [r["loss"] for r in read_metrics(Path(tmp) / "run" / METRICS_FILE) if "loss" in r]
         tuned, _ = gptlab.load(Path(tmp) / "run")
         with torch.no_grad():
             after = val_loss(tuned, data, *held_out)
@@ -97,6 +99,8 @@ def main() -> int:
                 "lora_alpha": cfg.lora_alpha,
                 "lora_targets": cfg.lora_targets,
                 "lr": cfg.lr,
+                "lora_lr_ratio": cfg.lora_lr_ratio,
+                "schedule": cfg.schedule,
                 "warmup_steps": cfg.warmup_steps,
                 "steps": result.step,
                 "batch_size": args.batch_size,
@@ -105,6 +109,10 @@ def main() -> int:
                 "base_val_loss": round(before, 4),
                 "val_loss": round(after, 4),
                 "drop_nats": round(before - after, 4),
+                "train_loss_per_10_steps": [
+                    round(sum(chunk) / len(chunk), 3)
+                    for chunk in (losses[i : i + 10] for i in range(0, len(losses), 10))
+                ],
                 "train_wall_s": round(result.train_wall_s, 1),
                 "train_cpu_s": round(train_cpu, 1),
                 "wall_s": round(time.perf_counter() - t0, 1),

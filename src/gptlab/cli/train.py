@@ -22,6 +22,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--out", required=True, help="run directory for checkpoints, metrics.jsonl and loss.png")
     p.add_argument("--config", help="TOML file or built-in recipe name (default: char-best)")
     p.add_argument(
+        "--init", metavar="SRC", help="start from pretrained weights, as init=SRC (a checkpoint, run, "
+        "Hugging Face folder, GGUF file, or smollm2: the packaged GGUF file)"
+    )
+    p.add_argument(
         "--resume", action="store_true", help="continue the run in --out from its latest checkpoint"
     )
     p.set_defaults(func=run)
@@ -33,7 +37,8 @@ def run(args: argparse.Namespace) -> int:
     from gptlab.train.config import config_changes
     from gptlab.train.precision import AUTO_FIELDS
 
-    cfg, data = resolve_run(args.out, args.data, args.resume, args.config, args.overrides)
+    overrides = [*args.overrides, *([f"init={args.init}"] if args.init else [])]
+    cfg, data = resolve_run(args.out, args.data, args.resume, args.config, overrides)
     if args.resume:
         record = read_run_config(args.out) or {}
         saved = record.get("train")

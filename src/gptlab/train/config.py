@@ -83,6 +83,7 @@ class TrainConfig:
     lora_dropout: float = 0.0
     lora_targets: list[str] = field(default_factory=lambda: ["qkv", "attn.proj"])  # layer names
     lora_base: str = "float32"  # float32 | bfloat16 | int8: how the frozen base is held
+    lora_lr_ratio: float = 1.0  # LoRA+: the adapters' B learn at lora_lr_ratio·lr, A at lr
 
     def __post_init__(self) -> None:
         self.validate()

@@ -40,9 +40,22 @@ def _is_gptlab(path: Path) -> bool:
     return bool(list_checkpoints(path))
 
 
+def source_path(src: PathLike) -> Path:
+    """``src`` as a path; a short name of a GGUF file that a package carries (``smollm2``) that names
+    nothing here becomes that file (``gptlab.interop.gguf.resolve``). An existing path always wins."""
+    path = Path(src)
+    if path.exists():
+        return path
+    try:
+        gguf = _gguf_module()
+    except GptlabError:  # no GGUF support here, so no short names either
+        return path
+    return Path(gguf.resolve(path))
+
+
 def source_kind(src: PathLike) -> str:
     """``gguf`` (a ``.gguf`` file), ``gptlab`` (checkpoint or run directory) or ``hf`` (a folder with config.json)."""
-    path = Path(src)
+    path = source_path(src)
     if not path.exists():
         raise GptlabError(f"init={src}: no such checkpoint, run directory, Hugging Face folder or GGUF file")
     if path.is_file() and path.suffix.lower() == ".gguf":
@@ -110,20 +123,20 @@ def resolve_source(src: PathLike) -> Path:
     """The exact weights ``src`` names: a run directory resolves to its latest checkpoint."""
     from gptlab.checkpoint import resolve_checkpoint
 
-    path = Path(src).resolve()
+    path = source_path(src).resolve()
     return resolve_checkpoint(path) if source_kind(path) == "gptlab" else path
 
 
 def load_source(src: PathLike) -> tuple[GPT, Any | None]:
     """``(model, tokenizer)`` from a gptlab checkpoint/run, a Hugging Face folder or a GGUF file."""
-    path = Path(src)
+    path = source_path(src)
     model, tokenizer = SOURCES[source_kind(path)](path)
     return model.float(), tokenizer
 
 
 def source_tokenizer(src: PathLike) -> Any:
     """The tokenizer that comes with a model (``prepare --tokenizer SRC``)."""
-    path = Path(src)
+    path = source_path(src)
     kind = source_kind(path)
     if kind == "gptlab":
         from gptlab.checkpoint import load_tokenizer, resolve_checkpoint
@@ -237,7 +250,7 @@ def _full(model: GPT, cfg: Any, base: dict[str, Any]) -> GPT:
 
 
 def _lora(model: GPT, cfg: Any, base: dict[str, Any]) -> GPT:
-    from gptlab.train.lora import LoRASpec, apply_lora
+    from gptlab.train.lora import LoRASpec, apply_lora, set_lr_ratio
 
     spec = LoRASpec(
         rank=cfg.lora_rank,
@@ -247,7 +260,7 @@ def _lora(model: GPT, cfg: Any, base: dict[str, Any]) -> GPT:
         base_format=cfg.lora_base,
         base=base,
     )
-    return apply_lora(model, spec)
+    return set_lr_ratio(apply_lora(model, spec), cfg.lora_lr_ratio)
 
 
 #: ``finetune`` → what trains.
@@ -284,6 +297,7 @@ def check_settings(cfg: Any, need: Callable[[bool, str], None]) -> None:
     need(cfg.lora_rank >= 1, f"lora_rank must be at least 1, got {cfg.lora_rank}")
     need(cfg.lora_alpha > 0, f"lora_alpha must be positive, got {cfg.lora_alpha}")
     need(0.0 <= cfg.lora_dropout < 1.0, f"lora_dropout must be in [0, 1), got {cfg.lora_dropout}")
+    need(cfg.lora_lr_ratio > 0, f"lora_lr_ratio must be positive, got {cfg.lora_lr_ratio}")
     need(
         isinstance(cfg.lora_targets, list)
         and bool(cfg.lora_targets)

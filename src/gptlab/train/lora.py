@@ -186,6 +186,16 @@ def apply_lora(model: nn.Module, spec: LoRASpec) -> nn.Module:
     return model
 
 
+def set_lr_ratio(model: nn.Module, ratio: float) -> nn.Module:
+    """LoRA+ (Hayou et al., 2024): ``B`` learns at ``ratio·η``, ``A`` at ``η``.
+
+    Marks each ``B`` with ``lr_scale``, which ``gptlab.train.optim`` turns into its own group;
+    B starts at zero and carries the update, A only a random projection to start from."""
+    for layer in lora_layers(model).values():
+        layer.lora_B.lr_scale = ratio  # type: ignore[attr-defined]
+    return model
+
+
 def lora_layers(model: nn.Module) -> dict[str, LoRALinear]:
     return {n: m for n, m in model.named_modules() if isinstance(m, LoRALinear)}
 
@@ -252,5 +262,6 @@ __all__ = [
     "load_adapter_state",
     "lora_layers",
     "merge_lora",
+    "set_lr_ratio",
     "trainable_fraction",
 ]

@@ -108,8 +108,21 @@ def _split(model: nn.Module) -> tuple[list[nn.Parameter], list[nn.Parameter], li
     return hidden, matrices, rest
 
 
+def _by_lr_scale(groups: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each group split by its parameters' ``lr_scale`` attribute (default 1): ``base_lr·lr_scale``.
+
+    LoRA+ marks the adapters' ``B`` this way (``gptlab.train.lora.set_lr_ratio``)."""
+    out = []
+    for g in groups:
+        by_scale: dict[float, list[nn.Parameter]] = {}
+        for p in g["params"]:
+            by_scale.setdefault(float(getattr(p, "lr_scale", 1.0)), []).append(p)
+        out += [{**g, "params": ps, "base_lr": g["base_lr"] * s} for s, ps in by_scale.items()]
+    return out
+
+
 def _adamw(groups: list[dict[str, Any]], cfg: OptimizerSettings, device_type: str) -> torch.optim.AdamW:
-    groups = [g for g in groups if g["params"]]
+    groups = [{**g, "lr": g["base_lr"]} for g in _by_lr_scale(groups) if g["params"]]
     fused = device_type in ("cuda", "cpu") and all(
         p.dtype.is_floating_point for g in groups for p in g["params"]
     )
