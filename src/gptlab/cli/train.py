@@ -22,8 +22,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--out", required=True, help="run directory for checkpoints, metrics.jsonl and loss.png")
     p.add_argument("--config", help="TOML file or built-in recipe name (default: char-best)")
     p.add_argument(
-        "--init", metavar="SRC", help="start from pretrained weights, as init=SRC (a checkpoint, run, "
-        "Hugging Face folder, GGUF file, or smollm2: the packaged GGUF file)"
+        "--init",
+        metavar="SRC",
+        help="start from pretrained weights, as init=SRC (a checkpoint, run, "
+        "Hugging Face folder, GGUF file, or smollm2: the packaged GGUF file)",
     )
     p.add_argument(
         "--resume", action="store_true", help="continue the run in --out from its latest checkpoint"

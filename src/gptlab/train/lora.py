@@ -123,10 +123,15 @@ class LoRALinear(nn.Module):
         return self.base.weight
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: (..., d_in)
-        y = self.base(x)
-        h = self.dropout(x).to(self.lora_A.dtype)
-        delta = F.linear(F.linear(h, self.lora_A), self.lora_B) * self.scaling  # (α/r)·B·A·x
-        return y + delta.to(y.dtype)
+        y = self.base(x)  # (..., d_out)
+        z = F.linear(self.dropout(x).to(self.lora_A.dtype), self.lora_A)  # A·x: (..., r)
+        if y.dtype != z.dtype:  # a bf16/int8 base: the float32 update, then cast
+            return y + (F.linear(z, self.lora_B) * self.scaling).to(y.dtype)
+        # y + (α/r)·B·z in one matrix product (no separate passes to scale and add (..., d_out))
+        out = torch.addmm(
+            y.reshape(-1, y.size(-1)), z.reshape(-1, z.size(-1)), self.lora_B.t(), alpha=self.scaling
+        )
+        return out.view(y.shape)
 
     def delta_weight(self) -> torch.Tensor:
         """``(α/r)·B·A``: the change the adapter makes to W, shape (d_out, d_in)."""
