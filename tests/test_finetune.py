@@ -109,6 +109,15 @@ def test_lora_plus_gives_b_its_own_learning_rate():
         assert {g["lr"] / g["base_lr"] for g in opt.param_groups} == {0.5}
 
 
+def test_muon_trains_adapters_alone():
+    from gptlab.train.optim import build_optimizer
+
+    model = apply_lora(_model(), LoRASpec(targets=["qkv", "proj"]))
+    opt = build_optimizer(model, build_config(None, [*SETTINGS, "optimizer=muon"]), "cpu")
+    assert list(opt.optimizers) == ["muon"]  # nothing is left for AdamW: no empty AdamW
+    assert sum(len(g["params"]) for g in opt.param_groups) == 2 * len(lora_layers(model))
+
+
 def test_head_adapter_refused_on_a_tied_head():
     tied = GPT(GPTConfig(vocab_size=40, block_size=16, n_layer=1, n_head=2, n_embd=16))
     with pytest.raises(GptlabError, match="tie"):

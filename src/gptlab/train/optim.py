@@ -171,6 +171,8 @@ def _muon_and_adamw(model: nn.Module, cfg: OptimizerSettings, device_type: str) 
         {"params": matrices, "weight_decay": cfg.weight_decay, "base_lr": cfg.lr},
         {"params": rest, "weight_decay": 0.0, "base_lr": cfg.lr},
     ]
+    if not matrices and not rest:  # every trainable tensor is a hidden matrix (LoRA adapters)
+        return Optimizers({"muon": muon})
     return Optimizers({"muon": muon, "adamw": _adamw(groups, cfg, device_type)})
 
 
