@@ -60,6 +60,9 @@ class TrainConfig:
     dtype: str = "auto"  # auto (gptlab.hardware) | float32 | bfloat16 (autocast) | float16 (CUDA, GradScaler)
     compile: bool = False  # torch.compile the model
     loss_impl: str = "auto"  # auto | plain (whole logits) | chunked (head + loss over row chunks, gptlab.model.chunked_loss)
+    fp8: list[str] = field(
+        default_factory=list
+    )  # mlp, attn, head, all: their training products in FP8 (gptlab.model.fp8)
     attention: str = (
         "auto"  # auto | sdpa (fused kernel) | plain (the written-out equation: faster for bf16 on CPU)
     )
@@ -169,6 +172,12 @@ class TrainConfig:
         need(
             self.loss_impl in LOSS_IMPLS,
             f"loss_impl must be one of {', '.join(LOSS_IMPLS)}; got {self.loss_impl!r}",
+        )
+        from gptlab.model.fp8 import FP8_CHOICES
+
+        need(
+            isinstance(self.fp8, list) and all(g in FP8_CHOICES for g in self.fp8),
+            f'fp8 must be a list of layer groups from {", ".join(FP8_CHOICES)} (e.g. ["mlp", "head"]), got {self.fp8!r}',
         )
         need(
             isinstance(self.loggers, list) and all(x in ("tensorboard", "wandb") for x in self.loggers),

@@ -8,7 +8,8 @@ machine where ``auto`` would now choose otherwise.
 ``loss_impl(cfg, model_config)`` resolves ``loss_impl = "auto"`` from the shapes: the chunked
 head + loss (``gptlab.model.chunked_loss``) once a micro-batch's float32 logits,
 ``4·B·T·V_pad`` bytes, would reach ``CHUNKED_FROM`` (GPT-2's vocabulary at B·T = 1,334 tokens);
-the plain path below that, where the logits are small and one fused kernel is simplest.
+the plain path below that, where the logits are small and one fused kernel is simplest, and
+with an FP8 head (``fp8`` naming ``head``), whose product forms the logits whole.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import sys
 from typing import Any
 
 from gptlab import hardware
+from gptlab.model.fp8 import check_choice
 from gptlab.model.loss import HEAD_LOSSES
 from gptlab.train.config import TrainConfig
 
@@ -54,5 +56,7 @@ def loss_impl(cfg: TrainConfig, model_config: Any) -> str:
     """The head + loss path of this run: ``cfg.loss_impl``, or for ``auto`` the one its shapes call for."""
     if cfg.loss_impl != "auto":
         return cfg.loss_impl
+    if "head" in check_choice(cfg.fp8):  # an FP8 head forms the logits whole (chunks are bf16 products)
+        return "plain"
     logits = 4 * cfg.batch_size * model_config.block_size * model_config.padded_vocab_size
     return "chunked" if logits >= CHUNKED_FROM else "plain"

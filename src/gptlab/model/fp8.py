@@ -1,0 +1,205 @@
+"""FP8 matrix products for training on NVIDIA GPUs of compute capability ≥ 8.9 (H100, L4, RTX 40xx).
+
+A linear layer ``y = x·Wᵀ + b`` whose three products run on the FP8 tensor cores (twice bf16's
+rate on an H100) through ``torch._scaled_mm``, with dynamic tensorwise scaling:
+
+    s_t  = f_max / max(amax(|t|), ε)          one scale per tensor, from this step's values
+    t₈   = cast(clamp(s_t·t, −f_max, f_max))  f_max = 448 (float8_e4m3fn) or 57,344 (float8_e5m2)
+    a₈·b₈ / (s_a·s_b) ≈ a·b                   _scaled_mm multiplies by the inverse scales 1/s
+
+    forward      y  = (x₈ · W₈ᵀ) / (s_x·s_W)        x, W in e4m3 (3 mantissa bits: precision)
+    backward  ∂L/∂x = (g₈ · W₈) / (s_g·s_W)         g = ∂L/∂y in e5m2 (5 exponent bits: range)
+              ∂L/∂W = (x₈ᵀ · g₈)ᵀ / (s_x·s_g)       e5m2 × e5m2 is not a product the kernels offer
+
+``_scaled_mm(a, b)`` wants ``a`` (M, K) row-major and ``b`` (K, N) column-major, with K and N
+multiples of 16: the forward's ``W₈ᵀ`` is already column-major; the backward makes the transposed
+copies (of one-byte tensors). Rows of ``x`` are padded with zeros to a multiple of 16, which adds
+nothing to ``∂L/∂W``. The bias is added in the output's precision (bf16 under autocast). The
+weights stay what they were (float32 masters, bf16 gradients' partners): FP8 is how the products
+are computed, not how anything is stored, so a checkpoint is the same safetensors file either way.
+Without gradients (evaluation, sampling) the layer is an ordinary ``nn.Linear``.
+
+``enable_fp8(model, ["mlp", "head"], device)`` swaps the named groups' ``nn.Linear`` layers for
+``FP8Linear`` (the same parameters, the same names); ``FP8_LAYERS`` maps each group name to its
+layers. On any other device it is an error: ``_scaled_mm`` also runs on the CPU, which the tests
+use, but there it is a slow reference, not a speed-up.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from gptlab.errors import GptlabError
+
+E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
+FP8_MAX = {E4M3: torch.finfo(E4M3).max, E5M2: torch.finfo(E5M2).max}  # 448, 57,344
+AMAX_EPS = 1e-12  # an all-zero tensor gets a finite scale (and stays zero)
+ALIGN = 16  # _scaled_mm: K and N (and so the rows of x, the K of ∂L/∂W) in multiples of 16
+MIN_CAPABILITY = (8, 9)
+NEEDS = "fp8 needs an NVIDIA GPU of compute capability ≥ 8.9 (H100, L4, RTX 40xx)"
+
+
+def quantize(t: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(t₈, 1/s)``: ``t`` scaled so its largest magnitude is ``dtype``'s largest value, cast to
+    ``dtype``; ``1/s`` (a float32 scalar tensor) undoes the scale."""
+    amax = t.detach().abs().amax().float()
+    scale = FP8_MAX[dtype] / amax.clamp(min=AMAX_EPS)
+    t8 = (t.float() * scale).clamp(-FP8_MAX[dtype], FP8_MAX[dtype]).to(dtype)
+    return t8, scale.reciprocal()
+
+
+def dequantize(t8: torch.Tensor, inv_scale: torch.Tensor) -> torch.Tensor:
+    """``t₈ / s`` in float32: what ``quantize`` kept of ``t``."""
+    return t8.float() * inv_scale
+
+
+def column_major(t: torch.Tensor) -> torch.Tensor:
+    """``t`` (K, N) with the same values laid out column by column (stride (1, K))."""
+    return t.t().contiguous().t()
+
+
+def scaled_mm(
+    a: torch.Tensor,  # (M, K) row-major, float8
+    b: torch.Tensor,  # (K, N) column-major, float8
+    a_inv: torch.Tensor,  # 1/s_a
+    b_inv: torch.Tensor,  # 1/s_b
+    out_dtype: torch.dtype,
+    fast_accum: bool = False,
+) -> torch.Tensor:
+    """``(a·b) / (s_a·s_b)`` (M, N) in ``out_dtype``, with the layouts checked here, on every device,
+    so that a CPU test notices an operand the GPU kernel would refuse."""
+    assert a.stride(1) == 1, f"scaled_mm: mat1 must be row-major, strides {a.stride()}"
+    assert b.stride(0) == 1, f"scaled_mm: mat2 must be column-major, strides {b.stride()}"
+    assert a.size(1) % ALIGN == 0 and b.size(1) % ALIGN == 0, f"scaled_mm: {a.shape} · {b.shape}"
+    assert not (a.dtype == E5M2 and b.dtype == E5M2), "scaled_mm: e5m2 × e5m2 is not supported"
+    return torch._scaled_mm(
+        a, b, scale_a=a_inv, scale_b=b_inv, out_dtype=out_dtype, use_fast_accum=fast_accum
+    )
+
+
+class FP8Matmul(torch.autograd.Function):
+    """``x·Wᵀ`` with every product in FP8 (module docstring): x (M, K), M a multiple of 16; W (N, K)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, w: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:  # type: ignore[override]
+        x8, x_inv = quantize(x, E4M3)  # (M, K)
+        w8, w_inv = quantize(w, E4M3)  # (N, K)
+        ctx.save_for_backward(x8, x_inv, w8, w_inv)
+        ctx.dtypes = (x.dtype, w.dtype)
+        return scaled_mm(x8, w8.t(), x_inv, w_inv, out_dtype, fast_accum=True)  # (M, N)
+
+    @staticmethod
+    def backward(ctx, g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, None]:  # type: ignore[override]
+        x8, x_inv, w8, w_inv = ctx.saved_tensors
+        x_dtype, w_dtype = ctx.dtypes
+        g8, g_inv = quantize(g.contiguous(), E5M2)  # (M, N)
+        grad_x = scaled_mm(g8, column_major(w8), g_inv, w_inv, x_dtype)  # (M, N)·(N, K) → (M, K)
+        # (K, M)·(M, N) → (K, N), then its transpose: faster than g₈ᵀ·x₈ for the head's shapes
+        grad_w = scaled_mm(x8.t().contiguous(), column_major(g8), x_inv, g_inv, w_dtype).t()
+        return grad_x, grad_w, None
+
+
+def output_dtype(x: torch.Tensor) -> torch.dtype:
+    """The dtype ``nn.Linear`` would return here: autocast's, where it is on, else ``x``'s."""
+    kind = x.device.type
+    return torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else x.dtype
+
+
+def fp8_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``x·Wᵀ + b`` for x (…, K) through ``FP8Matmul`` (rows padded to a multiple of 16)."""
+    shape = x.shape
+    x2 = x.reshape(-1, shape[-1])  # (M, K)
+    rows = x2.size(0)
+    pad = -rows % ALIGN
+    if pad:
+        x2 = F.pad(x2, (0, 0, 0, pad))
+    y = FP8Matmul.apply(x2, weight, output_dtype(x))
+    y = y[:rows] if pad else y
+    if bias is not None:
+        y = y + bias.to(y.dtype)
+    return y.reshape(*shape[:-1], weight.size(0))
+
+
+class FP8Linear(nn.Linear):
+    """An ``nn.Linear`` whose training products run in FP8; without gradients it is the plain layer."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not torch.is_grad_enabled():  # evaluation and sampling: the weights as they are
+            return super().forward(x)
+        return fp8_linear(x, self.weight, self.bias)
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear) -> FP8Linear:
+        """An ``FP8Linear`` holding ``linear``'s own parameters (tied weights stay tied)."""
+        new = cls(linear.in_features, linear.out_features, bias=False, device="meta")
+        new.weight = linear.weight
+        new.bias = linear.bias
+        new.__dict__.update({k: v for k, v in linear.__dict__.items() if not k.startswith("_")})
+        return new
+
+
+def _block_part(part: str) -> Callable[[str], bool]:
+    return lambda name: f".{part}." in f".{name}" and not name.endswith(".router")
+
+
+#: group name → which linear layers (by module name) it covers; ``all`` is every group
+FP8_LAYERS: dict[str, Callable[[str], bool]] = {
+    "mlp": _block_part("mlp"),  # fc/proj, gate/up/proj (a MoE router is left out)
+    "attn": _block_part("attn"),  # qkv and the output projection (cross-attention too)
+    "head": lambda name: name == "lm_head",
+}
+FP8_CHOICES = (*FP8_LAYERS, "all")
+
+
+def check_choice(layers: Iterable[str]) -> list[str]:
+    """``layers`` as a list of group names, or a ``GptlabError`` naming the valid ones."""
+    layers = list(layers)
+    unknown = [g for g in layers if g not in FP8_CHOICES]
+    if unknown:
+        raise GptlabError(f"fp8: unknown layer group(s) {unknown}; choose from {', '.join(FP8_CHOICES)}")
+    return list(FP8_LAYERS) if "all" in layers else layers
+
+
+def check_device(device: str | torch.device) -> None:
+    """``GptlabError`` unless ``device`` is a CUDA GPU with FP8 tensor cores (capability ≥ 8.9)."""
+    dev = torch.device(device)
+    if dev.type != "cuda":
+        raise GptlabError(f"{NEEDS}; this device is {dev.type} (leave fp8 empty: fp8=[])")
+    cap = torch.cuda.get_device_capability(dev)
+    if cap < MIN_CAPABILITY:
+        name = torch.cuda.get_device_name(dev)
+        raise GptlabError(f"{NEEDS}; this device is {name}, capability {cap[0]}.{cap[1]}")
+
+
+def enable_fp8(
+    model: nn.Module, layers: Iterable[str], device: str | torch.device | None = None, *, check: bool = True
+) -> list[str]:
+    """Swap the ``nn.Linear`` layers of the named groups for ``FP8Linear`` (in place); returns their
+    names. ``check=False`` skips the device check (the CPU tests: a slow reference, not a speed-up)."""
+    groups = check_choice(layers)
+    if not groups:
+        return []
+    if check:
+        check_device(device if device is not None else next(model.parameters()).device)
+    chosen = [
+        name
+        for name, module in model.named_modules()
+        if type(module) is nn.Linear and any(FP8_LAYERS[g](name) for g in groups)
+    ]
+    if not chosen:
+        raise GptlabError(f"fp8={groups} matches no linear layer of this model")
+    for name in chosen:
+        linear = model.get_submodule(name)
+        odd = [d for d in (linear.in_features, linear.out_features) if d % ALIGN]
+        if odd:
+            raise GptlabError(
+                f"fp8: layer {name} is {linear.in_features} → {linear.out_features}; FP8 products need "
+                f"multiples of {ALIGN} (for the head: model.vocab_multiple=64), or leave it out of fp8"
+            )
+        parent_name, _, child = name.rpartition(".")
+        setattr(model.get_submodule(parent_name), child, FP8Linear.from_linear(linear))
+    return chosen
