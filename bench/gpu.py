@@ -195,9 +195,15 @@ def fp8_figure(args, device: str, base: GPTConfig, tokens: torch.Tensor, ref: di
         return
     torch.manual_seed(0)
     model = GPT(base.replace(vocab_multiple=64)).set_loss_impl("plain")
-    label = dict(impl="gptlab GPT + fp8", vocab_multiple=64, loss_impl="plain", fp8=args.fp8_layers)
+    label = dict(
+        impl="gptlab GPT + fp8",
+        vocab_multiple=64,
+        loss_impl="plain",
+        fp8=args.fp8_layers,
+        wgrad=args.fp8_wgrad,
+    )
     try:  # --smoke: _scaled_mm's CPU kernel, a check of the script, not a speed
-        enable_fp8(model, args.fp8_layers, device, check=not args.smoke)
+        enable_fp8(model, args.fp8_layers, device, wgrad=args.fp8_wgrad, check=not args.smoke)
     except GptlabError as exc:
         emit("train", **label, skipped=str(exc))
         return
@@ -304,6 +310,7 @@ def main(argv: list[str] | None = None) -> int:
         default="mlp,head",
         help="layer groups (mlp, attn, head, all) of the extra FP8 train line; '' leaves it out",
     )
+    p.add_argument("--fp8-wgrad", default="bf16", help="the FP8 line's weight-gradient product: bf16 or fp8")
     p.add_argument(
         "--profile", type=int, default=0, metavar="N", help="also list each model's N most expensive kernels"
     )

@@ -1,7 +1,7 @@
 """FP8 matrix products for training on NVIDIA GPUs of compute capability ≥ 8.9 (H100, L4, RTX 40xx).
 
-A linear layer ``y = x·Wᵀ + b`` whose three products run on the FP8 tensor cores (twice bf16's
-rate on an H100) through ``torch._scaled_mm``, with dynamic tensorwise scaling:
+A linear layer ``y = x·Wᵀ + b`` whose products run on the FP8 tensor cores (twice bf16's rate on
+an H100) through ``torch._scaled_mm``, with dynamic tensorwise scaling:
 
     s_t  = f_max / max(amax(|t|), ε)          one scale per tensor, from this step's values
     t₈   = cast(clamp(s_t·t, −f_max, f_max))  f_max = 448 (float8_e4m3fn) or 57,344 (float8_e5m2)
@@ -9,14 +9,16 @@ rate on an H100) through ``torch._scaled_mm``, with dynamic tensorwise scaling:
 
     forward      y  = (x₈ · W₈ᵀ) / (s_x·s_W)        x, W in e4m3 (3 mantissa bits: precision)
     backward  ∂L/∂x = (g₈ · W₈) / (s_g·s_W)         g = ∂L/∂y in e5m2 (5 exponent bits: range)
-              ∂L/∂W = (x₈ᵀ · g₈)ᵀ / (s_x·s_g)       e5m2 × e5m2 is not a product the kernels offer
+              ∂L/∂W = (x₈ᵀ · g₈)ᵀ / (s_x·s_g)       wgrad="fp8" (e5m2 × e5m2 is not offered)
+                    = gᵀ · x                       wgrad="bf16" (the default: no transposed g₈)
 
 ``_scaled_mm(a, b)`` wants ``a`` (M, K) row-major and ``b`` (K, N) column-major, with K and N
 multiples of 16: the forward's ``W₈ᵀ`` is already column-major; the backward makes the transposed
-copies (of one-byte tensors). Rows of ``x`` are padded with zeros to a multiple of 16, which adds
-nothing to ``∂L/∂W``. The bias is added in the output's precision (bf16 under autocast). The
-weights stay what they were (float32 masters, bf16 gradients' partners): FP8 is how the products
-are computed, not how anything is stored, so a checkpoint is the same safetensors file either way.
+copies (of one-byte tensors). ``wgrad`` chooses ∂L/∂W's product (``WGRAD``): in FP8 it needs g₈
+transposed in memory, one more pass over g, which costs more than it saves at GPT-2's widths.
+Rows of ``x`` are padded with zeros to a multiple of 16, which adds nothing to ``∂L/∂W``. The bias
+is added in the output's precision (bf16 under autocast). The weights stay what they were (float32
+masters): FP8 is how the products are computed, not how anything is stored, so a checkpoint is the same safetensors file either way.
 Without gradients (evaluation, sampling) the layer is an ordinary ``nn.Linear``.
 
 ``enable_fp8(model, ["mlp", "head"], device)`` swaps the named groups' ``nn.Linear`` layers for
@@ -28,6 +30,7 @@ use, but there it is a slow reference, not a speed-up.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -81,26 +84,67 @@ def scaled_mm(
     )
 
 
+Tensors = tuple[torch.Tensor, ...]
+
+
+def _keep_fp8(x: torch.Tensor, x8: torch.Tensor, x_inv: torch.Tensor, dtype: torch.dtype) -> Tensors:
+    return x8.t().contiguous(), x_inv  # x₈ᵀ (K, M) row-major: mat1 of x₈ᵀ·g₈
+
+
+def _wgrad_fp8(
+    g: torch.Tensor,
+    g8: torch.Tensor,
+    g_inv: torch.Tensor,
+    x8t: torch.Tensor,
+    x_inv: torch.Tensor,
+    w_dtype: torch.dtype,
+) -> torch.Tensor:
+    # (K, M)·(M, N) → (K, N), then its transpose: faster than g₈ᵀ·x₈ for the head's shapes
+    return scaled_mm(x8t, column_major(g8), x_inv, g_inv, w_dtype).t()
+
+
+def _keep_bf16(x: torch.Tensor, x8: torch.Tensor, x_inv: torch.Tensor, dtype: torch.dtype) -> Tensors:
+    return (x.to(dtype),)  # x in the output's dtype (bf16 under autocast), as nn.Linear keeps it
+
+
+def _wgrad_bf16(
+    g: torch.Tensor, g8: torch.Tensor, g_inv: torch.Tensor, x: torch.Tensor, w_dtype: torch.dtype
+) -> torch.Tensor:
+    return (g.t() @ x).to(w_dtype)  # gᵀ·x (N, K): cuBLAS reads the transposes in place
+
+
+#: ``wgrad``: how ∂L/∂W = gᵀ·x is computed: ``(what the forward keeps, the product)``. ``fp8`` needs
+#: g₈ transposed in memory (one more pass over g, which for the head is B·T × V); ``bf16`` keeps x
+#: as nn.Linear does and skips that copy (measured faster on GPT-2 124M, docs/benchmarks.md)
+WGRAD = {"fp8": (_keep_fp8, _wgrad_fp8), "bf16": (_keep_bf16, _wgrad_bf16)}
+
+
 class FP8Matmul(torch.autograd.Function):
-    """``x·Wᵀ`` with every product in FP8 (module docstring): x (M, K), M a multiple of 16; W (N, K)."""
+    """``x·Wᵀ`` with its products in FP8 (module docstring): x (M, K), M a multiple of 16; W (N, K).
+    ∂L/∂W in FP8 too with ``wgrad="fp8"``, in ``out_dtype`` with ``wgrad="bf16"``."""
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, w: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:  # type: ignore[override]
+    def forward(  # type: ignore[override]
+        ctx: Any, x: torch.Tensor, w: torch.Tensor, out_dtype: torch.dtype, wgrad: str
+    ) -> torch.Tensor:
         x8, x_inv = quantize(x, E4M3)  # (M, K)
         w8, w_inv = quantize(w, E4M3)  # (N, K)
-        ctx.save_for_backward(x8, x_inv, w8, w_inv)
-        ctx.dtypes = (x.dtype, w.dtype)
+        keep, _ = WGRAD[wgrad]
+        ctx.save_for_backward(w8, w_inv, *keep(x, x8, x_inv, out_dtype))
+        ctx.dtypes, ctx.wgrad = (x.dtype, w.dtype), wgrad
         return scaled_mm(x8, w8.t(), x_inv, w_inv, out_dtype, fast_accum=True)  # (M, N)
 
     @staticmethod
-    def backward(ctx, g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, None]:  # type: ignore[override]
-        x8, x_inv, w8, w_inv = ctx.saved_tensors
+    def backward(  # type: ignore[override]
+        ctx: Any, g: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, None, None]:
+        w8, w_inv, *kept = ctx.saved_tensors
         x_dtype, w_dtype = ctx.dtypes
-        g8, g_inv = quantize(g.contiguous(), E5M2)  # (M, N)
+        g = g.contiguous()  # (M, N)
+        g8, g_inv = quantize(g, E5M2)
         grad_x = scaled_mm(g8, column_major(w8), g_inv, w_inv, x_dtype)  # (M, N)·(N, K) → (M, K)
-        # (K, M)·(M, N) → (K, N), then its transpose: faster than g₈ᵀ·x₈ for the head's shapes
-        grad_w = scaled_mm(x8.t().contiguous(), column_major(g8), x_inv, g_inv, w_dtype).t()
-        return grad_x, grad_w, None
+        grad_w = WGRAD[ctx.wgrad][1](g, g8, g_inv, *kept, w_dtype)  # (N, K)
+        return grad_x, grad_w, None, None
 
 
 def output_dtype(x: torch.Tensor) -> torch.dtype:
@@ -109,7 +153,9 @@ def output_dtype(x: torch.Tensor) -> torch.dtype:
     return torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else x.dtype
 
 
-def fp8_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+def fp8_linear(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, wgrad: str = "bf16"
+) -> torch.Tensor:
     """``x·Wᵀ + b`` for x (…, K) through ``FP8Matmul`` (rows padded to a multiple of 16)."""
     shape = x.shape
     x2 = x.reshape(-1, shape[-1])  # (M, K)
@@ -117,7 +163,7 @@ def fp8_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
     pad = -rows % ALIGN
     if pad:
         x2 = F.pad(x2, (0, 0, 0, pad))
-    y = FP8Matmul.apply(x2, weight, output_dtype(x))
+    y = FP8Matmul.apply(x2, weight, output_dtype(x), wgrad)
     y = y[:rows] if pad else y
     if bias is not None:
         y = y + bias.to(y.dtype)
@@ -127,15 +173,18 @@ def fp8_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
 class FP8Linear(nn.Linear):
     """An ``nn.Linear`` whose training products run in FP8; without gradients it is the plain layer."""
 
+    wgrad = "bf16"  # how ∂L/∂W is computed: a key of WGRAD
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not torch.is_grad_enabled():  # evaluation and sampling: the weights as they are
             return super().forward(x)
-        return fp8_linear(x, self.weight, self.bias)
+        return fp8_linear(x, self.weight, self.bias, self.wgrad)
 
     @classmethod
-    def from_linear(cls, linear: nn.Linear) -> FP8Linear:
+    def from_linear(cls, linear: nn.Linear, wgrad: str = "bf16") -> FP8Linear:
         """An ``FP8Linear`` holding ``linear``'s own parameters (tied weights stay tied)."""
         new = cls(linear.in_features, linear.out_features, bias=False, device="meta")
+        new.wgrad = wgrad
         new.weight = linear.weight
         new.bias = linear.bias
         new.__dict__.update({k: v for k, v in linear.__dict__.items() if not k.startswith("_")})
@@ -176,11 +225,19 @@ def check_device(device: str | torch.device) -> None:
 
 
 def enable_fp8(
-    model: nn.Module, layers: Iterable[str], device: str | torch.device | None = None, *, check: bool = True
+    model: nn.Module,
+    layers: Iterable[str],
+    device: str | torch.device | None = None,
+    *,
+    wgrad: str = "bf16",
+    check: bool = True,
 ) -> list[str]:
     """Swap the ``nn.Linear`` layers of the named groups for ``FP8Linear`` (in place); returns their
-    names. ``check=False`` skips the device check (the CPU tests: a slow reference, not a speed-up)."""
+    names. ``wgrad`` names how ∂L/∂W is computed (``WGRAD``). ``check=False`` skips the device check
+    (the CPU tests: a slow reference, not a speed-up)."""
     groups = check_choice(layers)
+    if wgrad not in WGRAD:
+        raise GptlabError(f"fp8_wgrad must be one of {', '.join(WGRAD)}; got {wgrad!r}")
     if not groups:
         return []
     if check:
@@ -201,5 +258,5 @@ def enable_fp8(
                 f"multiples of {ALIGN} (for the head: model.vocab_multiple=64), or leave it out of fp8"
             )
         parent_name, _, child = name.rpartition(".")
-        setattr(model.get_submodule(parent_name), child, FP8Linear.from_linear(linear))
+        setattr(model.get_submodule(parent_name), child, FP8Linear.from_linear(linear, wgrad))
     return chosen

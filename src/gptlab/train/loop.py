@@ -122,7 +122,7 @@ class _Trainer:
         self.resolved["loss_impl"] = loss_impl(cfg, self.model_config)  # plain | chunked head + loss
         self.model = model.set_attention_impl(cfg.attention).set_loss_impl(self.resolved["loss_impl"])
         self.model = self.model.to(self.device)
-        enable_fp8(self.model, cfg.fp8, self.device)  # the named layers' products in FP8 (CUDA ≥ 8.9)
+        enable_fp8(self.model, cfg.fp8, self.device, wgrad=cfg.fp8_wgrad)  # FP8 products (CUDA ≥ 8.9)
         self.strategy, self.forward = prepare_model(self.model, cfg, info)  # DDP/FSDP, checkpointing
         self.optimizer = build_optimizer(self.model, cfg, self.device_type)
         self.scaler = torch.amp.GradScaler("cuda") if cfg.dtype == "float16" else None
