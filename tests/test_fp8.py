@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from gptlab.errors import GptlabError
-from gptlab.model import GPT, GPTConfig
+from gptlab.model import GPT, GPTConfig, build_model
 from gptlab.model.fp8 import (
     E4M3,
     E5M2,
@@ -146,6 +146,27 @@ def test_enable_fp8_swaps_the_named_groups_and_keeps_the_weights():
     assert model.blocks[0].mlp.proj.residual_out
     all_names = enable_fp8(GPT(GPTConfig(**TINY)), ["all"], check=False)
     assert len(all_names) == 2 * 4 + 1
+
+
+def test_groups_cover_cross_attention_and_experts_but_not_the_router():
+    encdec = build_model(GPTConfig(**{**TINY, "n_layer": 1, "arch": "encoder-decoder"}))
+    names = enable_fp8(encdec, ["attn"], check=False)
+    assert "blocks.0.cross_attn.kv" in names and "enc_blocks.0.attn.qkv" in names
+    assert not any("mlp" in n for n in names)
+    moe = GPT(GPTConfig(**{**TINY, "n_layer": 1, "n_experts": 2}))
+    names = enable_fp8(moe, ["mlp"], check=False)
+    assert "blocks.0.mlp.experts.1.fc" in names and "blocks.0.mlp.router" not in names
+
+
+def test_a_frozen_weight_gets_no_gradient_product(monkeypatch):
+    keep, product = WGRAD["bf16"]
+    calls = []
+    monkeypatch.setitem(WGRAD, "bf16", (keep, lambda *a: calls.append(1) or product(*a)))
+    x, w = torch.randn(16, 32, requires_grad=True), torch.randn(16, 32)  # w frozen (a LoRA base)
+    fp8_linear(x, w).sum().backward()
+    assert x.grad is not None and w.grad is None and not calls  # ∂L/∂W never computed
+    fp8_linear(x, w.requires_grad_()).sum().backward()
+    assert w.grad is not None and calls == [1]
 
 
 def test_fp8_layers_are_plain_without_gradients_and_fp8_with():

@@ -137,13 +137,13 @@ class FP8Matmul(torch.autograd.Function):
     @staticmethod
     def backward(  # type: ignore[override]
         ctx: Any, g: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor, None, None]:
+    ) -> tuple[torch.Tensor, torch.Tensor | None, None, None]:
         w8, w_inv, *kept = ctx.saved_tensors
         x_dtype, w_dtype = ctx.dtypes
         g = g.contiguous()  # (M, N)
         g8, g_inv = quantize(g, E5M2)
         grad_x = scaled_mm(g8, column_major(w8), g_inv, w_inv, x_dtype)  # (M, N)·(N, K) → (M, K)
-        grad_w = WGRAD[ctx.wgrad][1](g, g8, g_inv, *kept, w_dtype)  # (N, K)
+        grad_w = WGRAD[ctx.wgrad][1](g, g8, g_inv, *kept, w_dtype) if ctx.needs_input_grad[1] else None
         return grad_x, grad_w, None, None
 
 
@@ -191,14 +191,15 @@ class FP8Linear(nn.Linear):
         return new
 
 
-def _block_part(part: str) -> Callable[[str], bool]:
-    return lambda name: f".{part}." in f".{name}" and not name.endswith(".router")
+def _inside(*parts: str) -> Callable[[str], bool]:
+    """Layers inside a sub-module named one of ``parts`` (a MoE router, a few columns, left out)."""
+    return lambda name: bool(set(name.split(".")[:-1]) & set(parts)) and not name.endswith(".router")
 
 
 #: group name → which linear layers (by module name) it covers; ``all`` is every group
 FP8_LAYERS: dict[str, Callable[[str], bool]] = {
-    "mlp": _block_part("mlp"),  # fc/proj, gate/up/proj (a MoE router is left out)
-    "attn": _block_part("attn"),  # qkv and the output projection (cross-attention too)
+    "mlp": _inside("mlp"),  # fc/proj, gate/up/proj, a mixture's experts
+    "attn": _inside("attn", "cross_attn"),  # qkv and the output projection; cross-attention's q, kv, proj
     "head": lambda name: name == "lm_head",
 }
 FP8_CHOICES = (*FP8_LAYERS, "all")
