@@ -265,3 +265,20 @@ def test_gptlab_train_with_fp8_on_the_cpu_is_one_error_line(capsys, tmp_path):
     assert code == 2 and "Traceback" not in err
     assert "error: fp8 needs an NVIDIA GPU of compute capability ≥ 8.9" in err
     assert not (tmp_path / "r").exists()  # a failed start leaves no run behind
+
+
+def test_a_whole_fp8_model_traces_as_one_graph():
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(**TINY))
+    enable_fp8(model, ["all"], check=False)
+    idx = torch.randint(0, 60, (2, 16))
+    _, eager = model(idx, idx)
+    compiled = torch.compile(model, fullgraph=True, backend="aot_eager")  # a graph break fails here
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        _, loss = compiled(idx, idx)
+    loss.backward()
+    assert abs(loss.item() - eager.item()) < 0.05 * eager.item()
+    assert all(
+        p.grad is not None and torch.isfinite(p.grad).all() for p in model.parameters() if p.requires_grad
+    )
