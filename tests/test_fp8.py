@@ -8,6 +8,8 @@ real function; the one test of the GPU kernel needs a CUDA GPU of capability ≥
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -282,3 +284,19 @@ def test_a_whole_fp8_model_traces_as_one_graph():
     assert all(
         p.grad is not None and torch.isfinite(p.grad).all() for p in model.parameters() if p.requires_grad
     )
+
+
+def test_bench_gpu_smoke_prints_the_fp8_line_beside_bf16(capsys):
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
+    import gpu
+
+    argv = ["--smoke", "--only", "train", "--vocab-multiples", "64", "--loss-impls", "plain"]
+    assert gpu.main([*argv, "--fp8-layers", "mlp,head"]) == 0
+    nano, bf16, fp8 = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert (fp8["impl"], fp8["fp8"], fp8["wgrad"]) == ("gptlab GPT + fp8", ["mlp", "head"], "bf16")
+    assert "not a speed" in fp8["note"]  # the CPU kernel is labelled a check
+    assert fp8["last_loss"] == pytest.approx(bf16["last_loss"], abs=0.05)  # the same training, in FP8
+    assert fp8["vs_baseline"] == pytest.approx(fp8["tokens_per_s"] / nano["tokens_per_s"], rel=1e-2)
