@@ -108,6 +108,8 @@ def test_forward_and_backward_match_float32_within_fp8_precision(rows, wgrad):
 
 def test_batched_input_and_autocast_dtype():
     x, w = torch.randn(2, 8, 32), torch.randn(16, 32)
+    xt = torch.randn(32, 16).t()  # a transposed view: its casts would keep column-major strides
+    assert torch.allclose(fp8_linear(xt, w), fp8_linear(xt.contiguous(), w))
     assert fp8_linear(x, w).shape == (2, 8, 16) and fp8_linear(x, w).dtype == torch.float32
     with torch.autocast("cpu", dtype=torch.bfloat16):
         assert fp8_linear(x, w).dtype == torch.bfloat16  # what nn.Linear returns under autocast

@@ -158,7 +158,7 @@ def fp8_linear(
 ) -> torch.Tensor:
     """``x·Wᵀ + b`` for x (…, K) through ``FP8Matmul`` (rows padded to a multiple of 16)."""
     shape = x.shape
-    x2 = x.reshape(-1, shape[-1])  # (M, K)
+    x2 = x.reshape(-1, shape[-1]).contiguous()  # (M, K) row-major (the casts keep a view's strides)
     rows = x2.size(0)
     pad = -rows % ALIGN
     if pad:
