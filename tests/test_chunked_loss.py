@@ -144,6 +144,9 @@ def test_loss_impl_is_chosen_by_name_and_auto_by_size():
     gpt2 = GPTConfig.preset("gpt2", vocab_multiple=64)
     assert loss_impl(TrainConfig(batch_size=12), small) == "plain"
     assert loss_impl(TrainConfig(batch_size=16), gpt2) == "chunked"  # 16·1024·50,304 float32 logits
+    h100 = 80 * 2**30  # on a GPU only ⅛ of its memory in logits chunks them (3.3 GB < 10 GB: plain)
+    assert loss_impl(TrainConfig(batch_size=16), gpt2, device_memory=h100) == "plain"
+    assert loss_impl(TrainConfig(batch_size=64), gpt2, device_memory=h100) == "chunked"  # 13 GB
     assert loss_impl(TrainConfig(batch_size=1, loss_impl="plain"), gpt2) == "plain"
     assert loss_impl(TrainConfig(batch_size=1, loss_impl="chunked"), small) == "chunked"
     with pytest.raises(GptlabError, match="loss_impl must be one of auto, plain, chunked"):
