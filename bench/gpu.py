@@ -166,7 +166,9 @@ def train_figures(args, device: str, base: GPTConfig) -> None:
     )
     for multiple, loss_impl in itertools.product(args.vocab_multiples, args.loss_impls):
         torch.manual_seed(0)
-        model = GPT(base.replace(vocab_multiple=multiple)).set_loss_impl(loss_impl)
+        model = GPT(base.replace(vocab_multiple=multiple)).set_loss_impl(
+            loss_impl, keep_logits=False
+        )  # as gptlab train
         got = time_training(model, lambda m, x, y: m(x, y)[1], args, device, tokens)
         ratio = round(got["tokens_per_s"] / ref["tokens_per_s"], 3)
         emit(

@@ -167,6 +167,17 @@ def test_a_lora_head_falls_back_to_the_plain_path():
     assert logits is not None and torch.equal(loss, ref)
 
 
+def test_training_forward_can_leave_out_the_logits():
+    """``keep_logits=False`` (what the training loop sets): the same loss, no logits to output."""
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=100, vocab_multiple=64, block_size=16, n_layer=1, n_head=2, n_embd=32))
+    idx = torch.randint(0, 100, (2, 16))
+    logits, loss = model(idx, idx)
+    none, same = model.set_loss_impl("plain", keep_logits=False)(idx, idx)
+    assert logits is not None and none is None and torch.equal(loss, same)
+    assert torch.equal(model(idx), logits)  # without targets the logits are still returned
+
+
 def test_compiled_in_one_graph_with_the_model():
     """dynamo traces the chunked loss into the model's graph (fullgraph: no break, no fallback)."""
     torch.manual_seed(0)

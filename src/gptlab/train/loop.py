@@ -120,7 +120,9 @@ class _Trainer:
         model = init.finetune_model(self.start, cfg) if self.start else build_model(self.model_config)
         memory = device_memory(self.device)  # plain | chunked head + loss
         self.resolved["loss_impl"] = loss_impl(cfg, self.model_config, memory)
-        self.model = model.set_attention_impl(cfg.attention).set_loss_impl(self.resolved["loss_impl"])
+        self.model = model.set_attention_impl(cfg.attention).set_loss_impl(
+            self.resolved["loss_impl"], keep_logits=False
+        )
         self.model = self.model.to(self.device)
         self.strategy, self.forward = prepare_model(self.model, cfg, info)  # DDP/FSDP, checkpointing
         self.optimizer = build_optimizer(self.model, cfg, self.device_type)
