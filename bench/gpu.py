@@ -169,7 +169,9 @@ def train_figures(args, device: str, base: GPTConfig) -> None:
     )
     for multiple, loss_impl in itertools.product(args.vocab_multiples, args.loss_impls):
         torch.manual_seed(0)
-        model = GPT(base.replace(vocab_multiple=multiple)).set_loss_impl(loss_impl)
+        model = GPT(base.replace(vocab_multiple=multiple)).set_loss_impl(
+            loss_impl, keep_logits=False
+        )  # as gptlab train
         got = time_training(model, lambda m, x, y: m(x, y)[1], args, device, tokens)
         ratio = round(got["tokens_per_s"] / ref["tokens_per_s"], 3)
         emit(
@@ -194,7 +196,7 @@ def fp8_figure(args, device: str, base: GPTConfig, tokens: torch.Tensor, ref: di
     if not args.fp8_layers:
         return
     torch.manual_seed(0)
-    model = GPT(base.replace(vocab_multiple=64)).set_loss_impl("plain")
+    model = GPT(base.replace(vocab_multiple=64)).set_loss_impl("plain", keep_logits=False)  # as gptlab train
     label = dict(
         impl="gptlab GPT + fp8",
         vocab_multiple=64,

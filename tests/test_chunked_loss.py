@@ -144,6 +144,9 @@ def test_loss_impl_is_chosen_by_name_and_auto_by_size():
     gpt2 = GPTConfig.preset("gpt2", vocab_multiple=64)
     assert loss_impl(TrainConfig(batch_size=12), small) == "plain"
     assert loss_impl(TrainConfig(batch_size=16), gpt2) == "chunked"  # 16·1024·50,304 float32 logits
+    h100 = 80 * 2**30  # on a GPU only ⅛ of its memory in logits chunks them (3.3 GB < 10 GB: plain)
+    assert loss_impl(TrainConfig(batch_size=16), gpt2, device_memory=h100) == "plain"
+    assert loss_impl(TrainConfig(batch_size=64), gpt2, device_memory=h100) == "chunked"  # 13 GB
     assert loss_impl(TrainConfig(batch_size=1, loss_impl="plain"), gpt2) == "plain"
     assert loss_impl(TrainConfig(batch_size=1, loss_impl="chunked"), small) == "chunked"
     with pytest.raises(GptlabError, match="loss_impl must be one of auto, plain, chunked"):
@@ -162,6 +165,17 @@ def test_a_lora_head_falls_back_to_the_plain_path():
     ref = model(idx, idx)[1]
     logits, loss = model.set_loss_impl("chunked")(idx, idx)
     assert logits is not None and torch.equal(loss, ref)
+
+
+def test_training_forward_can_leave_out_the_logits():
+    """``keep_logits=False`` (what the training loop sets): the same loss, no logits to output."""
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=100, vocab_multiple=64, block_size=16, n_layer=1, n_head=2, n_embd=32))
+    idx = torch.randint(0, 100, (2, 16))
+    logits, loss = model(idx, idx)
+    none, same = model.set_loss_impl("plain", keep_logits=False)(idx, idx)
+    assert logits is not None and none is None and torch.equal(loss, same)
+    assert torch.equal(model(idx), logits)  # without targets the logits are still returned
 
 
 def test_compiled_in_one_graph_with_the_model():

@@ -123,8 +123,10 @@ def test_bos_is_added_exactly_where_the_file_says_as_transformers_does(tmp_path,
     path = tmp_path / "tiny.gguf"
     write_llama(path, tiny_llama(), add_bos=add_bos)
     ours = tokenizer_from_gguf(path)
+    assert (ours.encode("ab")[:1] == [ours.bos_id]) is add_bos  # what the file says, on our own
     theirs = transformers.AutoTokenizer.from_pretrained(str(tmp_path), gguf_file=path.name)
-    assert theirs.add_bos_token is add_bos
+    if theirs.add_bos_token is not add_bos:  # seen with transformers 5.17 (5.23 reads the flag)
+        pytest.skip(f"transformers {transformers.__version__} ignores the file's add_bos_token")
     for text in ("ab ab", " abab a", "", "b<|im_end|>a"):
         expected = theirs.encode(text)
         assert ours.encode(text, allowed_special="all") == expected, text
