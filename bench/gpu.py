@@ -12,7 +12,8 @@ Prints ONE JSON line per figure:
   (vocabulary 50,304 as nanoGPT pads it) and of gptlab's ``GPT`` (``model.preset=gpt2`` with
   ``vocab_multiple`` 64 and 1, each with the plain and the chunked head + loss, ``--loss-impls``),
   through the same minimal loop on the same tokens (a random Markov
-  chain with 4 successors per token: the best loss is ln 4, so ``last_loss`` compares learning);
+  chain with 4 successors per token: the best loss is ln 4, so ``last_loss`` and
+  ``mean_loss_last10`` compare learning);
   ``vs_baseline`` is the tokens/s ratio. One more gptlab line (``vocab_multiple`` 64, plain loss) runs
   the ``--fp8-layers`` groups' products in FP8 (``gptlab.model.fp8``; GPUs of capability ≥ 8.9, else
   the line says why it is skipped; under ``--smoke`` it runs ``_scaled_mm``'s CPU kernel, a check of
@@ -146,6 +147,9 @@ def time_training(model, loss_of, args, device: str, tokens: torch.Tensor) -> di
         "ms_per_step": round(ms, 2),
         "tokens_per_s": round(B * T / ms * 1e3, 1),
         "last_loss": round(float(losses[-1]), 4),
+        # one batch's loss is noisy (0.52-0.83 between runs of one seed on an H100): the mean of the last
+        # 10 steps covers every one of the 8 batches the loop cycles through
+        "mean_loss_last10": round(float(torch.stack(losses[-10:]).mean()), 4),
     }
 
 
