@@ -21,6 +21,7 @@ import sys
 from typing import Any
 
 from gptlab import hardware
+from gptlab.errors import GptlabError
 from gptlab.model.fp8 import check_choice
 from gptlab.model.loss import HEAD_LOSSES
 from gptlab.train.config import TrainConfig
@@ -57,13 +58,34 @@ def keep_resolved(cfg: TrainConfig, saved: dict[str, Any] | None) -> TrainConfig
 def loss_impl(cfg: TrainConfig, model_config: Any, device_memory: int | None = None) -> str:
     """The head + loss path of this run: ``cfg.loss_impl``, or for ``auto`` the one its shapes call for
     (``device_memory``: a GPU's bytes, which raise the threshold to ⅛ of them)."""
+    compiled_ok = not cfg.compile or chunked_compiles_correctly()
+    if cfg.loss_impl == "chunked" and not compiled_ok:
+        raise GptlabError(
+            f"loss_impl=chunked with compile=true needs torch >= 2.13: torch {torch_version()} computed "
+            "wrong gradients for it under torch.compile; use loss_impl=plain or compile=false"
+        )
     if cfg.loss_impl != "auto":
         return cfg.loss_impl
-    if "head" in check_choice(cfg.fp8):  # an FP8 head forms the logits whole (chunks are bf16 products)
+    if (
+        "head" in check_choice(cfg.fp8) or not compiled_ok
+    ):  # an FP8 head forms the logits whole (chunks are bf16 products)
         return "plain"
     logits = 4 * cfg.batch_size * model_config.block_size * model_config.padded_vocab_size
     threshold = max(CHUNKED_FROM, (device_memory or 0) // 8)
     return "chunked" if logits >= threshold else "plain"
+
+
+def torch_version() -> str:
+    import torch
+
+    return torch.__version__
+
+
+def chunked_compiles_correctly(version: str | None = None) -> bool:
+    """torch ≥ 2.13: under ``torch.compile`` torch 2.11 gave the chunked loss's model zero gradients
+    for some weights (the MLP's first layer; ``tests/test_chunked_loss.py``), 2.13 the eager ones."""
+    major, minor = (int(part) for part in (version or torch_version()).split(".")[:2])
+    return (major, minor) >= (2, 13)
 
 
 def device_memory(device: str) -> int | None:
