@@ -12,8 +12,12 @@ Prints ONE JSON line per figure:
   (vocabulary 50,304 as nanoGPT pads it) and of gptlab's ``GPT`` (``model.preset=gpt2`` with
   ``vocab_multiple`` 64 and 1, each with the plain and the chunked head + loss, ``--loss-impls``),
   through the same minimal loop on the same tokens (a random Markov
-  chain with 4 successors per token: the best loss is ln 4, so ``last_loss`` compares learning);
-  ``vs_baseline`` is the tokens/s ratio. MFU uses ``gptlab size``'s training FLOPs per token;
+  chain with 4 successors per token: the best loss is ln 4, so ``last_loss`` and
+  ``mean_loss_last10`` compare learning);
+  ``vs_baseline`` is the tokens/s ratio. One more gptlab line (``vocab_multiple`` 64, plain loss) runs
+  the ``--fp8-layers`` groups' products in FP8 (``gptlab.model.fp8``; GPUs of capability ≥ 8.9, else
+  the line says why it is skipped; under ``--smoke`` it runs ``_scaled_mm``'s CPU kernel, a check of
+  the script and not a speed). MFU uses ``gptlab size``'s training FLOPs per token;
   ``peak_mem_mb`` is the CUDA allocator's high-water mark over the timed steps.
 * ``decode``: greedy decoding, 32-token prompt, 128 new tokens, bf16 weights, at batch 1, 8 and 64:
   ``model.generate`` (the static cache + CUDA graphs path; ``compiled`` says the graphs ran) and
@@ -143,6 +147,9 @@ def time_training(model, loss_of, args, device: str, tokens: torch.Tensor) -> di
         "ms_per_step": round(ms, 2),
         "tokens_per_s": round(B * T / ms * 1e3, 1),
         "last_loss": round(float(losses[-1]), 4),
+        # one batch's loss is noisy (0.52-0.83 between runs of one seed on an H100): the mean of the last
+        # 10 steps covers every one of the 8 batches the loop cycles through
+        "mean_loss_last10": round(float(torch.stack(losses[-10:]).mean()), 4),
     }
 
 
@@ -166,7 +173,9 @@ def train_figures(args, device: str, base: GPTConfig) -> None:
     )
     for multiple, loss_impl in itertools.product(args.vocab_multiples, args.loss_impls):
         torch.manual_seed(0)
-        model = GPT(base.replace(vocab_multiple=multiple)).set_loss_impl(loss_impl)
+        model = GPT(base.replace(vocab_multiple=multiple)).set_loss_impl(
+            loss_impl, keep_logits=False
+        )  # as gptlab train
         got = time_training(model, lambda m, x, y: m(x, y)[1], args, device, tokens)
         ratio = round(got["tokens_per_s"] / ref["tokens_per_s"], 3)
         emit(
@@ -179,7 +188,36 @@ def train_figures(args, device: str, base: GPTConfig) -> None:
             **got,
         )
         del model
+    fp8_figure(args, device, base, tokens, ref, mfu_pct)
     _free(device)
+
+
+def fp8_figure(args, device: str, base: GPTConfig, tokens: torch.Tensor, ref: dict, mfu_pct) -> None:
+    """gptlab's GPT (vocab_multiple 64, plain loss) with ``args.fp8_layers``' products in FP8."""
+    from gptlab.errors import GptlabError
+    from gptlab.model.fp8 import enable_fp8
+
+    if not args.fp8_layers:
+        return
+    torch.manual_seed(0)
+    model = GPT(base.replace(vocab_multiple=64)).set_loss_impl("plain", keep_logits=False)  # as gptlab train
+    label = dict(
+        impl="gptlab GPT + fp8",
+        vocab_multiple=64,
+        loss_impl="plain",
+        fp8=args.fp8_layers,
+        wgrad=args.fp8_wgrad,
+    )
+    try:  # --smoke: _scaled_mm's CPU kernel, a check of the script, not a speed
+        enable_fp8(model, args.fp8_layers, device, wgrad=args.fp8_wgrad, check=not args.smoke)
+    except GptlabError as exc:
+        emit("train", **label, skipped=str(exc))
+        return
+    got = time_training(model, lambda m, x, y: m(x, y)[1], args, device, tokens)
+    ratio = round(got["tokens_per_s"] / ref["tokens_per_s"], 3)
+    note = {"note": "CPU reference kernel: checks the script, not a speed"} if args.smoke else {}
+    emit("train", **label, **note, mfu_pct=mfu_pct(got["tokens_per_s"]), vs_baseline=ratio, **got)
+    del model
 
 
 # ------------------------------------------------------------------ decoding
@@ -268,11 +306,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--smoke", action="store_true", help="tiny shapes on the CPU, compile off (a check, not a figure)"
     )
-    p.add_argument("--steps", type=int, default=30, help="timed training steps (after --warmup)")
+    p.add_argument("--steps", type=int, default=100, help="timed training steps (after --warmup)")
     p.add_argument("--warmup", type=int, default=10)
     p.add_argument("--train-batch", type=int, default=16)
     p.add_argument("--vocab-multiples", default="64,1", help="gptlab's vocab_multiple values to train")
     p.add_argument("--loss-impls", default="plain,chunked", help="gptlab's head + loss paths to train")
+    p.add_argument(
+        "--fp8-layers",
+        default="mlp,head",
+        help="layer groups (mlp, attn, head, all) of the extra FP8 train line; '' leaves it out",
+    )
+    p.add_argument("--fp8-wgrad", default="bf16", help="the FP8 line's weight-gradient product: bf16 or fp8")
     p.add_argument(
         "--profile", type=int, default=0, metavar="N", help="also list each model's N most expensive kernels"
     )
@@ -293,6 +337,7 @@ def main(argv: list[str] | None = None) -> int:
     args.batches = [int(b) for b in args.batches.split(",")]
     args.vocab_multiples = [int(v) for v in args.vocab_multiples.split(",")]
     args.loss_impls = args.loss_impls.split(",")
+    args.fp8_layers = [g for g in args.fp8_layers.split(",") if g]
     if args.smoke:
         args.steps, args.warmup, args.train_batch, args.repeats = 2, 1, 2, 1
         args.new_tokens = min(args.new_tokens, 8)

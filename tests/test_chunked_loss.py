@@ -12,7 +12,7 @@ from gptlab.model.chunked_loss import chunked_cross_entropy
 from gptlab.model.loss import next_token_loss
 from gptlab.train.config import TrainConfig
 from gptlab.train.objectives import mlm_mask
-from gptlab.train.precision import loss_impl
+from gptlab.train.precision import chunked_compiles_correctly, loss_impl
 
 
 def _plain(h, w, y, vocab, cap):
@@ -144,6 +144,9 @@ def test_loss_impl_is_chosen_by_name_and_auto_by_size():
     gpt2 = GPTConfig.preset("gpt2", vocab_multiple=64)
     assert loss_impl(TrainConfig(batch_size=12), small) == "plain"
     assert loss_impl(TrainConfig(batch_size=16), gpt2) == "chunked"  # 16·1024·50,304 float32 logits
+    h100 = 80 * 2**30  # on a GPU only ⅛ of its memory in logits chunks them (3.3 GB < 10 GB: plain)
+    assert loss_impl(TrainConfig(batch_size=16), gpt2, device_memory=h100) == "plain"
+    assert loss_impl(TrainConfig(batch_size=64), gpt2, device_memory=h100) == "chunked"  # 13 GB
     assert loss_impl(TrainConfig(batch_size=1, loss_impl="plain"), gpt2) == "plain"
     assert loss_impl(TrainConfig(batch_size=1, loss_impl="chunked"), small) == "chunked"
     with pytest.raises(GptlabError, match="loss_impl must be one of auto, plain, chunked"):
@@ -164,6 +167,35 @@ def test_a_lora_head_falls_back_to_the_plain_path():
     assert logits is not None and torch.equal(loss, ref)
 
 
+def test_chunked_under_compile_needs_a_torch_that_compiles_it_right(monkeypatch):
+    """torch 2.11 gave zero gradients under compile (the test below, run there): refused, or plain."""
+    from gptlab.train import precision
+
+    gpt2 = GPTConfig.preset("gpt2")
+    assert precision.chunked_compiles_correctly("2.13.0+cpu") and not precision.chunked_compiles_correctly(
+        "2.11.0"
+    )
+    monkeypatch.setattr(precision, "torch_version", lambda: "2.11.0+cu130")
+    assert loss_impl(TrainConfig(batch_size=16, compile=True), gpt2) == "plain"  # auto avoids it
+    assert loss_impl(TrainConfig(batch_size=16, compile=False), gpt2) == "chunked"  # eager is right
+    with pytest.raises(GptlabError, match="needs torch >= 2.13"):
+        loss_impl(TrainConfig(loss_impl="chunked", compile=True), gpt2)
+
+
+def test_training_forward_can_leave_out_the_logits():
+    """``keep_logits=False`` (what the training loop sets): the same loss, no logits to output."""
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=100, vocab_multiple=64, block_size=16, n_layer=1, n_head=2, n_embd=32))
+    idx = torch.randint(0, 100, (2, 16))
+    logits, loss = model(idx, idx)
+    none, same = model.set_loss_impl("plain", keep_logits=False)(idx, idx)
+    assert logits is not None and none is None and torch.equal(loss, same)
+    assert torch.equal(model(idx), logits)  # without targets the logits are still returned
+
+
+@pytest.mark.xfail(
+    not chunked_compiles_correctly(), strict=True, reason="torch < 2.13 gives zero gradients here (refused)"
+)
 def test_compiled_in_one_graph_with_the_model():
     """dynamo traces the chunked loss into the model's graph (fullgraph: no break, no fallback)."""
     torch.manual_seed(0)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from gptlab.errors import GptlabError
-from gptlab.generate.fused_step import PAYBACK_TOKENS, decode_compile_pays, matrix_bytes
+from gptlab.generate.fused_step import CUDA_PAYBACK_TOKENS, PAYBACK_TOKENS, decode_compile_pays, matrix_bytes
 from gptlab.generate.quantization import STREAM_MIN_BYTES
 
 BIG = 538 * 2**20  # SmolLM2-135M in float32
@@ -19,7 +19,11 @@ BIG = 538 * 2**20  # SmolLM2-135M in float32
         ("auto", "cpu", True, BIG, PAYBACK_TOKENS - 1, False),  # too short to pay back
         ("auto", "cpu", True, STREAM_MIN_BYTES - 1, None, False),  # a small model gains nothing
         ("auto", "cpu", False, BIG, None, False),  # no C++ compiler
-        ("auto", "cuda", True, BIG, None, False),  # CUDA has its own static path
+        ("auto", "cuda", True, BIG, None, True),  # CUDA graphs for a long-lived session
+        ("auto", "cuda", True, BIG, CUDA_PAYBACK_TOKENS, True),
+        ("auto", "cuda", True, BIG, 500, False),  # 500 tokens do not pay back ≈ 50 s of compiling
+        ("on", "cuda", False, 1024, 1, True),  # obeyed (inductor makes GPU kernels without g++)
+        ("off", "cuda", True, BIG, None, False),
         ("auto", "mps", True, BIG, None, False),
         ("on", "cpu", True, 1024, 1, True),  # obeyed whatever the size
         ("on", "cpu", False, BIG, None, False),  # ... but it cannot compile without a compiler
@@ -54,3 +58,17 @@ def test_matrix_bytes_counts_tied_weights_once_and_follows_the_stored_format():
     assert fp32 == expected
     gptlab.quantize(model, "int8")
     assert matrix_bytes(model) < fp32  # int8 block matrices: a quarter of their float32 bytes
+
+
+@pytest.mark.parametrize(("requested", "planned", "static"), [("auto", 500, False), ("auto", None, True)])
+def test_on_cuda_the_choice_is_the_static_paths_graphs_and_is_said(requested, planned, static, capsys):
+    """``gptlab sample`` on a GPU: a short generation does not wait ≈ 50 s for CUDA graphs."""
+    import gptlab
+    from gptlab.cli.options import apply_compile
+    from gptlab.generate.static_decode import static_wanted
+
+    model = gptlab.GPT(gptlab.GPTConfig(vocab_size=64, block_size=16, n_layer=1, n_head=2, n_embd=32))
+    assert apply_compile(requested, model, "cuda", planned) is static
+    assert static_wanted(model) is static  # the choice is recorded for the model (no GPU needed)
+    err = capsys.readouterr().err
+    assert err.startswith(f"compile: {'on' if static else 'off'} (") and err.count("\n") == 1

@@ -37,7 +37,7 @@ def test_sample_streams_the_prompt_and_continuation(ckpt, capsys, dtype):
 
 
 def test_sample_compile_gives_the_same_greedy_text(ckpt, capsys):
-    args = [str(ckpt), "--prompt", "abc", "--max-new-tokens", "12", "--temperature", "0"]
+    args = [str(ckpt), "--prompt", "abc", "--max-new-tokens", "12", "--temperature", "0", "--device", "cpu"]
     assert main(["sample", *args]) == 0
     layered = capsys.readouterr().out
     assert main(["sample", *args, "--compile", "on"]) == 0  # each decode step one compiled graph
@@ -47,7 +47,7 @@ def test_sample_compile_gives_the_same_greedy_text(ckpt, capsys):
 
 
 def test_sample_compile_auto_skips_a_small_model_and_says_why(ckpt, capsys):
-    args = [str(ckpt), "--prompt", "abc", "--max-new-tokens", "5", "--temperature", "0"]
+    args = [str(ckpt), "--prompt", "abc", "--max-new-tokens", "5", "--temperature", "0", "--device", "cpu"]
     assert main(["sample", *args]) == 0  # --compile auto is the default
     err = capsys.readouterr().err
     assert "compile: off (a small model" in err

@@ -135,7 +135,20 @@ def default_ckpt(tmp_path_factory, tok):
 
 def test_cli_sample_writes_500_tokens_past_a_context_of_64(default_ckpt, capsys):
     assert (
-        main(["sample", str(default_ckpt), "--prompt", "ROMEO:", "--max-new-tokens", "500", "--seed", "1"])
+        main(
+            [
+                "sample",
+                str(default_ckpt),
+                "--prompt",
+                "ROMEO:",
+                "--max-new-tokens",
+                "500",
+                "--seed",
+                "1",
+                "--device",
+                "cpu",
+            ]
+        )
         == 0
     )
     out, err = capsys.readouterr()

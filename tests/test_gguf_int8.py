@@ -79,10 +79,15 @@ def test_convert_int8_checkpoint_round_trips(gguf_file, tmp_path, capsys):
     model, tok = gptlab.load(out)
     assert model.quantization == "int8" and tok is not None
     in_memory = from_gguf(gguf_file, quantize="int8")
-    torch.testing.assert_close(logits(model), logits(in_memory), rtol=0, atol=0)
+    held = in_memory.state_dict()
+    for name, t in model.state_dict().items():  # the same int8 weights and scales, bit for bit
+        assert torch.equal(t, held[name]), name
+    # the same logits (to float32 rounding: on the H100 machine's 16-core CPU the two models'
+    # products were not bitwise equal, as they are here)
+    torch.testing.assert_close(logits(model), logits(in_memory), rtol=1e-5, atol=1e-6)
     again = tmp_path / "again"
     gptlab.save(model, tok, again)  # an int8 model saves as it is held
-    torch.testing.assert_close(logits(gptlab.load(again)[0]), logits(in_memory), rtol=0, atol=0)
+    torch.testing.assert_close(logits(gptlab.load(again)[0]), logits(in_memory), rtol=1e-5, atol=1e-6)
     assert gptlab.load(out, quantize="int8")[0].quantization == "int8"
 
 
@@ -123,8 +128,10 @@ def test_bos_is_added_exactly_where_the_file_says_as_transformers_does(tmp_path,
     path = tmp_path / "tiny.gguf"
     write_llama(path, tiny_llama(), add_bos=add_bos)
     ours = tokenizer_from_gguf(path)
+    assert (ours.encode("ab")[:1] == [ours.bos_id]) is add_bos  # what the file says, on our own
     theirs = transformers.AutoTokenizer.from_pretrained(str(tmp_path), gguf_file=path.name)
-    assert theirs.add_bos_token is add_bos
+    if theirs.add_bos_token is not add_bos:  # seen with transformers 5.17 (5.23 reads the flag)
+        pytest.skip(f"transformers {transformers.__version__} ignores the file's add_bos_token")
     for text in ("ab ab", " abab a", "", "b<|im_end|>a"):
         expected = theirs.encode(text)
         assert ours.encode(text, allowed_special="all") == expected, text

@@ -34,7 +34,7 @@ def _bench():
 
 
 def test_bench_smoke_prints_one_json_line_per_figure(capsys):
-    assert _bench().main(["--smoke", "--batches", "1,3", "--vocab-multiples", "64"]) == 0
+    assert _bench().main(["--smoke", "--batches", "1,3", "--vocab-multiples", "64", "--fp8-layers", ""]) == 0
     lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     figures = [r["figure"] for r in lines]
     assert figures == ["train", "train", "train", "decode", "decode", "serve"]

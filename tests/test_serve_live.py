@@ -67,7 +67,14 @@ def server(checkpoint: Path):
         with serve_load.serve(
             str(checkpoint),
             max_batch=16,
-            extra=["--model-name", "tiny", "--max-tokens-cap", str(CAP)],
+            extra=[
+                "--model-name",
+                "tiny",
+                "--max-tokens-cap",
+                str(CAP),
+                "--device",
+                "cpu",
+            ],  # CPU numerics and timing
             timeout=60,
         ) as url:
             yield url

@@ -11,6 +11,7 @@ import warnings
 import pytest
 import torch
 
+from gptlab.errors import GptlabError
 from gptlab.generate import ContextWarning, SampleConfig, generate_ids
 from gptlab.generate.static import StaticSession, buckets_for
 from gptlab.generate.static_decode import _SESSIONS, static_decode, use_static
@@ -94,10 +95,11 @@ def test_buckets_and_a_batch_of_three_in_the_bucket_of_four():
     assert {s: t[:6] for s, t in got.items()} == clean
 
 
-def test_slots_join_and_leave_mid_stream_without_recapture():
+@pytest.mark.parametrize("lookahead", [1, 4])
+def test_slots_join_and_leave_mid_stream_without_recapture(lookahead):
     model = tiny(pos="rope", n_kv_head=2)
     ref = [alone(model, p, 16) for p in PROMPTS]
-    session = StaticSession(model, 4, 40, compile=False)
+    session = StaticSession(model, 4, 40, compile=False, lookahead=lookahead)
     got = {slot: [tok] for slot, tok in session.add_many(PROMPTS[:3], [GREEDY] * 3, [0] * 3)}
     owner = dict(zip(sorted(got), range(3), strict=True))
     finished = {}
@@ -125,9 +127,10 @@ def test_slots_join_and_leave_mid_stream_without_recapture():
     assert session.graphs == [(2, "greedy"), (4, "greedy")] and session.captures == 2
 
 
-def test_a_paused_slot_keeps_its_state():
+@pytest.mark.parametrize("lookahead", [1, 3])
+def test_a_paused_slot_keeps_its_state(lookahead):
     model = tiny(pos="learned")
-    session = StaticSession(model, 2, 40, compile=False)
+    session = StaticSession(model, 2, 40, compile=False, lookahead=lookahead)
     (a, ta), (b, tb) = session.add_many(PROMPTS[:2], [GREEDY] * 2, [0, 0])
     seq_a, seq_b = [ta], [tb]
     for i in range(10):
@@ -151,16 +154,48 @@ def test_sampled_tokens_do_not_depend_on_the_batch():
     assert other[0] != together[min(together)]  # a different seed draws differently
 
 
-@pytest.mark.parametrize("pos", ["rope", "learned", "alibi"])
-def test_the_window_slides_past_the_context_like_the_dynamic_path(pos):
+@pytest.mark.parametrize("pos, lookahead", [("rope", 1), ("learned", 1), ("alibi", 1), ("rope", 5)])
+def test_the_window_slides_past_the_context_like_the_dynamic_path(pos, lookahead):
     model = tiny(block_size=16, pos=pos)  # a 16-token context, 30 new tokens: the window slides
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ContextWarning)
         ref = alone(model, PROMPTS[0], 30)
-        static_decode(model, compile=False)
+        static_decode(model, compile=False, lookahead=lookahead)
         got = alone(model, PROMPTS[0], 30)
     assert isinstance(_SESSIONS[model], StaticSession) and got == ref
     static_decode(model, enabled=False)
+
+
+def test_lookahead_runs_k_steps_per_sync_and_hands_out_the_same_tokens(monkeypatch):
+    """k steps back to back, one host read, the same tokens (greedy and seeded sampling)."""
+    model = tiny(pos="rope", n_kv_head=2)
+    cfg = SampleConfig(temperature=0.9, top_k=20, max_new_tokens=12)
+    configs, seeds = [GREEDY, cfg, cfg], [0, 5, 6]
+    one = run(StaticSession(model, 4, 40, compile=False), PROMPTS[:3], 12, configs, seeds)
+    runs = []
+    real = StaticSession._run_ahead
+    monkeypatch.setattr(StaticSession, "_run_ahead", lambda self, *a: runs.append(1) or real(self, *a))
+    ahead = StaticSession(model, 4, 40, compile=False, lookahead=4)
+    assert run(ahead, PROMPTS[:3], 12, configs, seeds) == one
+    assert len(runs) == 3  # 11 steps after the prefill: 4 + 4 + 4 (one token left unused per row)
+    with pytest.raises(GptlabError, match="lookahead"):
+        StaticSession(model, 4, 40, compile=False, lookahead=0)
+
+
+def test_a_late_row_catches_up_with_the_others_queues():
+    """A row that joins while the others hold tokens ahead runs only as far as their queues."""
+    model = tiny(pos="rope")
+    session = StaticSession(model, 4, 40, compile=False, lookahead=4)
+    got = {slot: [tok] for slot, tok in session.add_many(PROMPTS[:1], [GREEDY], [0])}
+    got[min(got)].append(session.step(list(got))[min(got)])  # 4 chosen, 1 handed out: 3 queued
+    ((late, tok),) = session.add_many(PROMPTS[1:2], [GREEDY], [0])
+    got[late] = [tok]
+    for _ in range(8):
+        for slot, t in session.step(list(got)).items():
+            got[slot].append(t)
+    assert {len(q) for q in session._ahead.values()} == {len(session._ahead[late])}  # in step again
+    for slot, prompt in zip(sorted(got), PROMPTS[:2], strict=True):
+        assert got[slot] == alone(model, prompt, len(got[slot])), slot
 
 
 def test_options_outside_the_graph_use_the_dynamic_path():

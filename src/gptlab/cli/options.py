@@ -100,8 +100,12 @@ def apply_compile(
     on, why = decode_compile_pays(
         requested, device_type, can_compile(device_type), matrix_bytes(model), planned_tokens, emulated
     )
-    if on:
+    if device_type == "cuda":  # the static path, with or without its CUDA graphs
+        from gptlab.generate.static_decode import static_decode
+
+        static_decode(model, enabled=on)
+    elif on:
         compile_decode(model)
-    if requested != "off" and device_type == "cpu":
+    if requested != "off" and device_type in ("cpu", "cuda"):
         sys.stderr.write(f"compile: {'on' if on else 'off'} ({why})\n")
     return on

@@ -73,6 +73,9 @@ def decode_step(
 # Below this many generated tokens a compilation (≈ 15–40 s) costs more than it saves: a compiled
 # step saves ~10–25 ms of a large model's 30–60 ms step (docs/benchmarks.md, "Generation").
 PAYBACK_TOKENS = 1024
+# On CUDA the static path's CUDA graphs: 40–50 s to compile a step on an H100, then 817 tokens/s at
+# batch 1 against ~151 layer by layer (docs/benchmarks.md, "On a GPU"): even from about 9,000 tokens.
+CUDA_PAYBACK_TOKENS = 8192
 COMPILE_CHOICES = ("auto", "on", "off")
 
 
@@ -93,7 +96,9 @@ def decode_compile_pays(
     (``planned_tokens`` None: a long-lived session such as chat). Not for bf16 weights on a CPU
     that only emulates bf16 (``emulated_bf16_weights``): there the compiled step measured 3× slower
     than layer by layer (gpt2, AVX2: 84.6 against 26.0 ms a step; docs/benchmarks.md). CUDA has its
-    own static path (CUDA graphs), and other devices run layer by layer.
+    own static path: there the question is whether to capture its CUDA graphs, which ``auto`` does
+    for a long-lived session or from ``CUDA_PAYBACK_TOKENS`` planned tokens (else the dynamic path,
+    layer by layer). Other devices run layer by layer.
     """
     from gptlab.generate.quantization import STREAM_MIN_BYTES
 
@@ -101,6 +106,17 @@ def decode_compile_pays(
         raise GptlabError(f"--compile must be one of {', '.join(COMPILE_CHOICES)}, got {requested!r}")
     if requested == "off":
         return False, "--compile off"
+    if device_type == "cuda":
+        if requested == "on" or planned_tokens is None:
+            return True, "CUDA graphs of the static decode step" + (
+                "" if requested == "on" else " (a long session)"
+            )
+        if planned_tokens < CUDA_PAYBACK_TOKENS:
+            return False, (
+                f"{planned_tokens} tokens do not pay back compiling CUDA graphs "
+                f"(≈ 50 s on an H100; from {CUDA_PAYBACK_TOKENS})"
+            )
+        return True, "a long generation: CUDA graphs of the static decode step pay back their compilation"
     if device_type != "cpu":
         return False, f"the compiled CPU step does not apply on {device_type}"
     if not compiler:

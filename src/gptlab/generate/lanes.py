@@ -46,6 +46,7 @@ class Lanes:
                 slot_base=max_batch,
                 compile=choice.compile,
                 compile_options=choice.compile_options,
+                lookahead=choice.lookahead,
             )
 
     @property

@@ -28,6 +28,7 @@ and without penalties (tested on the CPU, where ``compile=False`` runs the same 
 from __future__ import annotations
 
 import os
+from collections import deque
 from collections.abc import Sequence
 
 import torch
@@ -36,9 +37,13 @@ from torch import nn
 from gptlab.compiling import Compiled
 from gptlab.errors import GptlabError
 from gptlab.generate.config import SampleConfig
-from gptlab.generate.graph_sampling import ROW_OPTIONS, ROW_SAMPLERS, penalise, row_options
+from gptlab.generate.graph_sampling import ROW_OPTIONS, row_options
 from gptlab.generate.session import BatchSession
-from gptlab.model.kvcache import StaticKVCache, default_cache_dtype, mark_static
+from gptlab.generate.static_step import _Rows, decode_step, prefill
+from gptlab.model.kvcache import StaticKVCache, default_cache_dtype
+
+#: Steps run back to back per host sync on CUDA (``StaticSession(lookahead=...)``)
+LOOKAHEAD = 8
 
 
 def buckets_for(max_batch: int) -> list[int]:
@@ -51,126 +56,14 @@ def buckets_for(max_batch: int) -> list[int]:
     return sizes + [max_batch]
 
 
-class _Rows(nn.Module):
-    """Per-row decoding state as buffers at fixed addresses: what a captured step reads and writes."""
-
-    def __init__(self, n: int, vocab: int, device: torch.device) -> None:
-        super().__init__()
-        spec = {
-            "length": torch.long,  # positions cached = the next token's position
-            "next_token": torch.long,  # sampled, not yet cached
-            "live": torch.bool,  # False: the row keeps its state this step (idle or paused)
-            **dict.fromkeys(ROW_OPTIONS, torch.float32),  # temperature, top_p, penalties, ...
-            "top_k": torch.long,
-            "seed": torch.long,
-        }
-        for name, dtype in spec.items():
-            self.register_buffer(
-                name, mark_static(torch.zeros(n, dtype=dtype, device=device)), persistent=False
-            )
-        for name in ("repetition", "top_p"):  # idle rows hold neutral options (l/1, keep all)
-            getattr(self, name).fill_(1.0)
-        self.top_k.fill_(vocab)
-        for name in ("counts", "bias"):  # (n, V): token counts of each row's history, its logit bias
-            self.register_buffer(name, mark_static(torch.zeros(n, vocab, device=device)), persistent=False)
-
-    # (rows as start, stop: a slice object holding a symbolic size would make dynamo specialise it)
-    def options(self, start: int, stop: int) -> list[torch.Tensor]:
-        """What the row sampler takes after the logits, for rows ``[start, stop)``."""
-        return [getattr(self, n)[start:stop] for n in ("temperature", "top_k", "top_p", "min_p", "seed")]
-
-    def penalised(self, logits: torch.Tensor, start: int, stop: int) -> torch.Tensor:
-        return penalise(
-            logits,
-            self.counts[start:stop],
-            self.repetition[start:stop],
-            self.frequency[start:stop],
-            self.presence[start:stop],
-            self.bias[start:stop],
-        )
-
-    def move(self, dst: int, src: int) -> None:
-        for t in self.buffers():
-            t[dst] = t[src]
-
-
-class _DecodeLayer:
-    """One layer's cache inside a step of ``b`` rows: write ``k_t`` at each row's position, read all."""
-
-    def __init__(self, k: torch.Tensor, v: torch.Tensor, at: torch.Tensor) -> None:
-        self.k, self.v, self.at = k, v, at  # at: (b, H_kv, 1, d_k) index of each row's position
-
-    def update(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        self.k.scatter_(2, self.at, k.to(self.k.dtype))  # K[r, :, pos_r] = k_r
-        self.v.scatter_(2, self.at, v.to(self.v.dtype))
-        return self.k, self.v  # (b, H_kv, T_max, d_k), masked to j ≤ pos_r
-
-
-class _PrefillLayer:
-    """One layer's cache during a prefill of rows ``[r0, r0 + n)``, positions ``[0, T)``."""
-
-    def __init__(self, k: torch.Tensor, v: torch.Tensor) -> None:
-        self.k, self.v = k, v  # views (n, H_kv, T, d_k)
-
-    def update(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        self.k.copy_(k)
-        self.v.copy_(v)
-        return k, v
-
-
-class _Layers:
-    """What ``GPT.run`` calls ``cache``: a list of layer views."""
-
-    def __init__(self, layers: list) -> None:
-        self.layers = layers
-
-
-def decode_step(session: StaticSession, bucket: torch.Tensor, flavour: str) -> None:
-    """One token for rows ``[0, b)``, ``b = len(bucket)``: every shape fixed by ``b``, every other
-    tensor a static buffer. (``b`` comes as a tensor's size so that one compilation, with ``b`` a
-    symbol, serves every bucket.)"""
-    b = bucket.size(0)
-    s, model = session.state, session.model
-    pos = s.length[:b].clamp(max=session.max_len - 1)  # (b,) an idle row never writes out of bounds
-    cfg = model.config
-    at = pos.view(b, 1, 1, 1).expand(b, cfg.n_kv_head, 1, cfg.head_dim)
-    layers = [_DecodeLayer(k[:b], v[:b], at) for k, v in map(session.cache.layer, range(cfg.n_layer))]
-    keys = torch.arange(session.max_len, device=pos.device)
-    mask = (keys[None, :] <= pos[:, None])[:, None, None, :]  # (b, 1, 1, T_max)
-    out = model.run(
-        s.next_token[:b, None], pos=pos[:, None], cache=_Layers(layers), attn_mask=mask, last_only=True
-    )
-    logits = s.penalised(out.logits[:, -1, : session.vocab].float(), 0, b)  # (b, V)
-    token = ROW_SAMPLERS[flavour](logits, *s.options(0, b), pos)
-    live = s.live[:b]
-    s.next_token[:b] = torch.where(live, token, s.next_token[:b])
-    s.length[:b] += live.long()
-    s.counts[:b].scatter_add_(1, token[:, None], live.to(s.counts.dtype)[:, None])  # the history grows
-
-
-def prefill(
-    session: StaticSession, idx: torch.Tensor, r0: int, last: torch.Tensor, flavour: str
-) -> torch.Tensor:
-    """Fill rows ``[r0, r0 + n)`` with right-padded prompts ``idx`` (n, T) → each row's first token (n,).
-
-    Causal attention means a real token never sees the padding after it; ``last`` (n,) holds the
-    index of each prompt's last token, whose logits are sampled.
-    """
-    s, model = session.state, session.model
-    n, T = idx.shape
-    layers = [
-        _PrefillLayer(k[r0 : r0 + n, :, :T], v[r0 : r0 + n, :, :T])
-        for k, v in map(session.cache.layer, range(model.config.n_layer))
-    ]
-    pos = torch.arange(T, device=idx.device)
-    logits = model.run(idx, pos=pos, cache=_Layers(layers)).logits  # (n, T, V)
-    rows = torch.arange(n, device=idx.device)
-    chosen = s.penalised(logits[rows, last, : session.vocab].float(), r0, r0 + n)  # (n, V)
-    return ROW_SAMPLERS[flavour](chosen, *s.options(r0, r0 + n), last)
-
-
 class StaticSession:
     """Slots of a static cache, decoded by captured steps (see the module docstring).
+
+    ``lookahead`` (k): a step that must run the device runs k steps back to back and reads their
+    tokens with one host sync; later calls hand those tokens out without the device. The tokens
+    are the same for every k (each row's sampler draws from its seed and position); a row that
+    stops mid-way leaves at most k − 1 unused tokens. Default: ``LOOKAHEAD`` with CUDA graphs (the
+    host's per-step work then overlaps the GPU's), 1 elsewhere.
 
     ``compile``: None follows the device (CUDA graphs on CUDA, eager elsewhere); True asks for
     ``torch.compile`` anywhere (``compile_options`` replaces its settings, e.g. a test's backend).
@@ -186,6 +79,7 @@ class StaticSession:
         compile: bool | None = None,
         compile_options: dict | None = None,
         slot_base: int = 0,
+        lookahead: int | None = None,
     ) -> None:
         config = model.config
         max_len = config.block_size if max_len is None else max_len
@@ -226,6 +120,13 @@ class StaticSession:
         self._greedy: dict[int, bool] = {}
         self._pending: dict[int, int] = {}  # slot -> its sampled token, not yet cached
         self._live_rows: tuple[int, ...] = ()
+        if lookahead is None:
+            lookahead = LOOKAHEAD if compile and device.type == "cuda" else 1
+        if not isinstance(lookahead, int) or lookahead < 1:
+            raise GptlabError(f"lookahead must be a positive integer, got {lookahead!r}")
+        self.lookahead = lookahead
+        self._ahead: dict[int, deque[int]] = {}  # slot -> tokens chosen ahead, not yet handed out
+        self._chosen = torch.zeros(lookahead, max_batch, dtype=torch.long, device=device)
 
     # ------------------------------------------------------------ slots
     @property
@@ -280,7 +181,7 @@ class StaticSession:
         self.rows.pop()
         if r != last:
             self._row_of[self.rows[r]] = r
-        del self.tokens[slot], self._greedy[slot], self._pending[slot]
+        del self.tokens[slot], self._greedy[slot], self._pending[slot], self._ahead[slot]
         self._live_rows = ()
 
     # ------------------------------------------------------------ passes
@@ -331,6 +232,7 @@ class StaticSession:
             self.tokens[slot] = list(ids[b])
             self._greedy[slot] = options[b][0] <= 0
             self._pending[slot] = tokens[b]
+            self._ahead[slot] = deque()
         self._live_rows = ()
         return list(zip(slots, tokens, strict=True))
 
@@ -339,33 +241,50 @@ class StaticSession:
         """Cache each fed slot's pending token and sample its next one → ``{slot: token}``.
 
         ``feed`` names the slots to advance (a ``{slot: token}`` dict's tokens must be the ones
-        this session chose); the other slots wait with their state unchanged.
+        this session chose); the other slots wait with their state unchanged. A slot whose
+        tokens were chosen ahead (``lookahead``) gets the next one without touching the device.
         """
         slots = sorted(feed)
-        if not slots:
-            return {}
         for slot in slots:
             self._check(slot)
+        need = [s for s in slots if not self._ahead[s]]
+        if need:
+            self._run_ahead(need, [len(self._ahead[s]) for s in slots if self._ahead[s]])
+        out = {}
+        for slot in slots:
+            self.tokens[slot].append(self._pending[slot])
+            out[slot] = self._pending[slot] = self._ahead[slot].popleft()
+        return out
+
+    def _run_ahead(self, slots: list[int], queued: list[int]) -> None:
+        """Run ``k`` steps of the rows of ``slots`` back to back, then read their tokens at once.
+
+        k = min(lookahead, room left in each row's window, the shortest queue of the other fed
+        rows): rows that joined late catch up with the others' queues, so that fed rows run
+        together again. Each row's state on the device is its handed-out tokens plus its queue.
+        """
+        for slot in slots:
             if len(self.tokens[slot]) >= self.max_len:
                 self._slide(slot)
+        k = min([self.lookahead, *queued, *(self.max_len - len(self.tokens[s]) for s in slots)])
         rows = tuple(sorted(self._row_of[s] for s in slots))
         if rows != self._live_rows:  # a host→device copy only when the set of live rows changes
             live = torch.zeros(self.max_batch, dtype=torch.bool)
             live[list(rows)] = True
             self.state.live.copy_(live)
             self._live_rows = rows
-        b = self.bucket(len(self.rows))
+        n = len(self.rows)
+        b = self.bucket(n)
         flavour = "greedy" if all(self._greedy[s] for s in slots) else "sample"
-        if self._compile and self.model.device.type == "cuda":
-            torch.compiler.cudagraph_mark_step_begin()  # a new step: earlier replays are finished with
-        self._graph(b, flavour)(self, self._marks[b], flavour)
-        chosen = self.state.next_token[: len(self.rows)].tolist()  # the one host sync of a step
-        out = {}
-        for r in rows:
-            slot = self.rows[r]
-            self.tokens[slot].append(self._pending[slot])
-            out[slot] = self._pending[slot] = chosen[r]
-        return out
+        graph = self._graph(b, flavour)
+        for i in range(k):
+            if self._compile and self.model.device.type == "cuda":
+                torch.compiler.cudagraph_mark_step_begin()  # a new step: earlier replays are finished with
+            graph(self, self._marks[b], flavour)
+            self._chosen[i, :n].copy_(self.state.next_token[:n])
+        chosen = self._chosen[:k, :n].T.tolist()  # the one host sync of k steps: (n, k)
+        for slot in slots:
+            self._ahead[slot].extend(chosen[self._row_of[slot]])
 
     def _graph(self, b: int, flavour: str) -> Compiled:
         """The step of ``flavour``: compiled once with the bucket ``b`` a symbol (1 apart), and

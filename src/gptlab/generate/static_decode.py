@@ -34,6 +34,7 @@ class _Choice:
     enabled: bool = True
     compile: bool | None = None
     compile_options: dict | None = None
+    lookahead: int | None = None
 
 
 _ASKED: weakref.WeakKeyDictionary[nn.Module, _Choice] = weakref.WeakKeyDictionary()
@@ -41,14 +42,19 @@ _SESSIONS: weakref.WeakKeyDictionary[nn.Module, StaticSession] = weakref.WeakKey
 
 
 def static_decode(
-    model: nn.Module, enabled: bool = True, compile: bool | None = None, compile_options: dict | None = None
+    model: nn.Module,
+    enabled: bool = True,
+    compile: bool | None = None,
+    compile_options: dict | None = None,
+    lookahead: int | None = None,
 ) -> nn.Module:
     """Decode ``model`` through the static path on any device (``enabled=False``: never); returns it.
 
-    ``compile=None`` captures CUDA graphs on CUDA and runs the same step eagerly elsewhere.
+    ``compile=None`` captures CUDA graphs on CUDA and runs the same step eagerly elsewhere;
+    ``lookahead`` is ``StaticSession``'s (steps per host sync; None: its default).
     """
     _SESSIONS.pop(model, None)
-    _ASKED[model] = _Choice(enabled, compile, compile_options)
+    _ASKED[model] = _Choice(enabled, compile, compile_options, lookahead)
     return model
 
 
@@ -106,6 +112,7 @@ def session_for(
         vocab,
         compile=choice.compile,
         compile_options=choice.compile_options,
+        lookahead=choice.lookahead,
     )
     _SESSIONS[model] = session  # a busy old session lives on with the stream that holds it
     return session

@@ -50,7 +50,7 @@ class GPT(nn.Module):
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
         self.config = config
-        self.loss_impl = "plain"  # set_loss_impl
+        self.loss_impl, self.keep_logits = "plain", True  # set_loss_impl
         self.wte = nn.Embedding(config.padded_vocab_size, config.n_embd)  # W_e (+ padding rows)
         self.positional = POSITIONAL[config.pos](config)
         self.drop = nn.Dropout(config.dropout)
@@ -98,13 +98,14 @@ class GPT(nn.Module):
                 module.impl = impl
         return self
 
-    def set_loss_impl(self, impl: str) -> GPT:
+    def set_loss_impl(self, impl: str, keep_logits: bool = True) -> GPT:
         """How a forward with targets computes the head and loss (``gptlab.model.loss.HEAD_LOSSES``):
         ``"plain"`` (the logits, then their cross-entropy) or ``"chunked"`` (over chunks of rows;
-        the output's ``logits`` are then None)."""
+        the output's ``logits`` are then None). ``keep_logits=False`` (training): a forward with
+        targets returns no logits either, so a compiled graph need not output them."""
         if impl not in HEAD_LOSSES:
             raise GptlabError(f"unknown loss path {impl!r}; choose one of {', '.join(HEAD_LOSSES)}")
-        self.loss_impl = impl
+        self.loss_impl, self.keep_logits = impl, keep_logits
         return self
 
     @property
@@ -193,6 +194,8 @@ class GPT(nn.Module):
         head_loss = HEAD_LOSSES[self.loss_impl]
         # (B, T, padded_vocab_size), or None when the chunked loss never forms them
         logits, loss = head_loss(self.lm_head, x, targets, self.config.vocab_size, self.config.logit_softcap)
+        if targets is not None and not self.keep_logits:
+            logits = None  # the loss alone: the graph's output need not hold (B, T, V) logits
         aux = self._aux_loss()
         if loss is not None and aux is not None:
             loss = loss + self.config.moe_aux_weight * aux

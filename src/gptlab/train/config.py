@@ -60,6 +60,9 @@ class TrainConfig:
     dtype: str = "auto"  # auto (gptlab.hardware) | float32 | bfloat16 (autocast) | float16 (CUDA, GradScaler)
     compile: bool = False  # torch.compile the model
     loss_impl: str = "auto"  # auto | plain (whole logits) | chunked (head + loss over row chunks, gptlab.model.chunked_loss)
+    # layer groups (mlp, attn, head, all) whose training products run in FP8 (gptlab.model.fp8, CUDA ≥ 8.9)
+    fp8: list[str] = field(default_factory=list)
+    fp8_wgrad: str = "bf16"  # bf16 | fp8: the fp8 layers' weight-gradient product
     attention: str = (
         "auto"  # auto | sdpa (fused kernel) | plain (the written-out equation: faster for bf16 on CPU)
     )
@@ -171,6 +174,14 @@ class TrainConfig:
             self.loss_impl in LOSS_IMPLS,
             f"loss_impl must be one of {', '.join(LOSS_IMPLS)}; got {self.loss_impl!r}",
         )
+        from gptlab.model.fp8 import FP8_CHOICES, WGRAD
+
+        need(
+            isinstance(self.fp8, list) and all(g in FP8_CHOICES for g in self.fp8),
+            f"fp8 must be a list of layer groups from {', '.join(FP8_CHOICES)} "
+            f'(e.g. ["mlp", "head"]), got {self.fp8!r}',
+        )
+        need(self.fp8_wgrad in WGRAD, f"fp8_wgrad must be one of {', '.join(WGRAD)}; got {self.fp8_wgrad!r}")
         need(
             isinstance(self.loggers, list) and all(x in ("tensorboard", "wandb") for x in self.loggers),
             f'loggers must be a list of "tensorboard" and/or "wandb", got {self.loggers!r}',

@@ -32,13 +32,14 @@ from gptlab.errors import GptlabError
 from gptlab.fileio import atomic_write_json
 from gptlab.inspect.flops import peak_flops, training_flops_per_token
 from gptlab.model import build_model
+from gptlab.model.fp8 import enable_fp8
 from gptlab.train import distributed, init
 from gptlab.train.config import TrainConfig, resolve_run
 from gptlab.train.evaluate import EvalResult
 from gptlab.train.metrics import MetricsLog, Progress
 from gptlab.train.objectives import make_objective
 from gptlab.train.optim import build_optimizer
-from gptlab.train.precision import announce, loss_impl
+from gptlab.train.precision import announce, device_memory, loss_impl
 from gptlab.train.precision import resolve as resolve_precision
 from gptlab.train.runtime import (
     StopFlag,
@@ -118,9 +119,13 @@ class _Trainer:
 
         torch.manual_seed(cfg.seed)  # the same initial weights on every rank
         model = init.finetune_model(self.start, cfg) if self.start else build_model(self.model_config)
-        self.resolved["loss_impl"] = loss_impl(cfg, self.model_config)  # plain | chunked head + loss
-        self.model = model.set_attention_impl(cfg.attention).set_loss_impl(self.resolved["loss_impl"])
+        memory = device_memory(self.device)  # plain | chunked head + loss
+        self.resolved["loss_impl"] = loss_impl(cfg, self.model_config, memory)
+        self.model = model.set_attention_impl(cfg.attention).set_loss_impl(
+            self.resolved["loss_impl"], keep_logits=False
+        )
         self.model = self.model.to(self.device)
+        enable_fp8(self.model, cfg.fp8, self.device, wgrad=cfg.fp8_wgrad)  # FP8 products (CUDA ≥ 8.9)
         self.strategy, self.forward = prepare_model(self.model, cfg, info)  # DDP/FSDP, checkpointing
         self.optimizer = build_optimizer(self.model, cfg, self.device_type)
         self.scaler = torch.amp.GradScaler("cuda") if cfg.dtype == "float16" else None

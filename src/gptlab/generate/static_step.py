@@ -1,0 +1,140 @@
+"""What a captured static-path step computes: per-row state buffers, the decode step and the prefill.
+
+``decode_step`` is the function ``StaticSession`` compiles and captures as a CUDA graph (one per
+batch-size bucket); ``prefill`` fills rows of the static cache from prompts. Both read and write
+only fixed-address buffers (``_Rows`` and the ``StaticKVCache``), so that a graph may replay them:
+
+    step(b):    x_r = next_r;  pos_r = length_r;  write k, v at pos_r;  attend over j ≤ pos_r
+                next_r = sample(penalise(logits_r));  length_r += live_r;  counts_r[next_r] += live_r
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+from torch import nn
+
+from gptlab.generate.graph_sampling import ROW_OPTIONS, ROW_SAMPLERS, penalise
+from gptlab.model.kvcache import mark_static
+
+if TYPE_CHECKING:
+    from gptlab.generate.static import StaticSession
+
+
+class _Rows(nn.Module):
+    """Per-row decoding state as buffers at fixed addresses: what a captured step reads and writes."""
+
+    def __init__(self, n: int, vocab: int, device: torch.device) -> None:
+        super().__init__()
+        spec = {
+            "length": torch.long,  # positions cached = the next token's position
+            "next_token": torch.long,  # sampled, not yet cached
+            "live": torch.bool,  # False: the row keeps its state this step (idle or paused)
+            **dict.fromkeys(ROW_OPTIONS, torch.float32),  # temperature, top_p, penalties, ...
+            "top_k": torch.long,
+            "seed": torch.long,
+        }
+        for name, dtype in spec.items():
+            self.register_buffer(
+                name, mark_static(torch.zeros(n, dtype=dtype, device=device)), persistent=False
+            )
+        for name in ("repetition", "top_p"):  # idle rows hold neutral options (l/1, keep all)
+            getattr(self, name).fill_(1.0)
+        self.top_k.fill_(vocab)
+        for name in ("counts", "bias"):  # (n, V): token counts of each row's history, its logit bias
+            self.register_buffer(name, mark_static(torch.zeros(n, vocab, device=device)), persistent=False)
+
+    # (rows as start, stop: a slice object holding a symbolic size would make dynamo specialise it)
+    def options(self, start: int, stop: int) -> list[torch.Tensor]:
+        """What the row sampler takes after the logits, for rows ``[start, stop)``."""
+        return [getattr(self, n)[start:stop] for n in ("temperature", "top_k", "top_p", "min_p", "seed")]
+
+    def penalised(self, logits: torch.Tensor, start: int, stop: int) -> torch.Tensor:
+        return penalise(
+            logits,
+            self.counts[start:stop],
+            self.repetition[start:stop],
+            self.frequency[start:stop],
+            self.presence[start:stop],
+            self.bias[start:stop],
+        )
+
+    def move(self, dst: int, src: int) -> None:
+        for t in self.buffers():
+            t[dst] = t[src]
+
+
+class _DecodeLayer:
+    """One layer's cache inside a step of ``b`` rows: write ``k_t`` at each row's position, read all."""
+
+    def __init__(self, k: torch.Tensor, v: torch.Tensor, at: torch.Tensor) -> None:
+        self.k, self.v, self.at = k, v, at  # at: (b, H_kv, 1, d_k) index of each row's position
+
+    def update(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        self.k.scatter_(2, self.at, k.to(self.k.dtype))  # K[r, :, pos_r] = k_r
+        self.v.scatter_(2, self.at, v.to(self.v.dtype))
+        return self.k, self.v  # (b, H_kv, T_max, d_k), masked to j ≤ pos_r
+
+
+class _PrefillLayer:
+    """One layer's cache during a prefill of rows ``[r0, r0 + n)``, positions ``[0, T)``."""
+
+    def __init__(self, k: torch.Tensor, v: torch.Tensor) -> None:
+        self.k, self.v = k, v  # views (n, H_kv, T, d_k)
+
+    def update(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        self.k.copy_(k)
+        self.v.copy_(v)
+        return k, v
+
+
+class _Layers:
+    """What ``GPT.run`` calls ``cache``: a list of layer views."""
+
+    def __init__(self, layers: list) -> None:
+        self.layers = layers
+
+
+def decode_step(session: StaticSession, bucket: torch.Tensor, flavour: str) -> None:
+    """One token for rows ``[0, b)``, ``b = len(bucket)``: every shape fixed by ``b``, every other
+    tensor a static buffer. (``b`` comes as a tensor's size so that one compilation, with ``b`` a
+    symbol, serves every bucket.)"""
+    b = bucket.size(0)
+    s, model = session.state, session.model
+    pos = s.length[:b].clamp(max=session.max_len - 1)  # (b,) an idle row never writes out of bounds
+    cfg = model.config
+    at = pos.view(b, 1, 1, 1).expand(b, cfg.n_kv_head, 1, cfg.head_dim)
+    layers = [_DecodeLayer(k[:b], v[:b], at) for k, v in map(session.cache.layer, range(cfg.n_layer))]
+    keys = torch.arange(session.max_len, device=pos.device)
+    mask = (keys[None, :] <= pos[:, None])[:, None, None, :]  # (b, 1, 1, T_max)
+    out = model.run(
+        s.next_token[:b, None], pos=pos[:, None], cache=_Layers(layers), attn_mask=mask, last_only=True
+    )
+    logits = s.penalised(out.logits[:, -1, : session.vocab].float(), 0, b)  # (b, V)
+    token = ROW_SAMPLERS[flavour](logits, *s.options(0, b), pos)
+    live = s.live[:b]
+    s.next_token[:b] = torch.where(live, token, s.next_token[:b])
+    s.length[:b] += live.long()
+    s.counts[:b].scatter_add_(1, token[:, None], live.to(s.counts.dtype)[:, None])  # the history grows
+
+
+def prefill(
+    session: StaticSession, idx: torch.Tensor, r0: int, last: torch.Tensor, flavour: str
+) -> torch.Tensor:
+    """Fill rows ``[r0, r0 + n)`` with right-padded prompts ``idx`` (n, T) → each row's first token (n,).
+
+    Causal attention means a real token never sees the padding after it; ``last`` (n,) holds the
+    index of each prompt's last token, whose logits are sampled.
+    """
+    s, model = session.state, session.model
+    n, T = idx.shape
+    layers = [
+        _PrefillLayer(k[r0 : r0 + n, :, :T], v[r0 : r0 + n, :, :T])
+        for k, v in map(session.cache.layer, range(model.config.n_layer))
+    ]
+    pos = torch.arange(T, device=idx.device)
+    logits = model.run(idx, pos=pos, cache=_Layers(layers)).logits  # (n, T, V)
+    rows = torch.arange(n, device=idx.device)
+    chosen = s.penalised(logits[rows, last, : session.vocab].float(), r0, r0 + n)  # (n, V)
+    return ROW_SAMPLERS[flavour](chosen, *s.options(r0, r0 + n), last)
