@@ -223,6 +223,7 @@ async function chat() {
   turnDiv("user", message);
   const reply = turnDiv("assistant", "");
   let text = "";
+  let pending = [];  // logprobs of tokens whose text has not arrived yet
   const body = { messages: [...history, user], ...samplingBody(), stream: true, logprobs: true, top_logprobs: 5 };
   state.text = [...history, user].map((m) => `${m.role}: ${m.content}`).join("\n") + "\nassistant:";
   await running((counter) => readSSE("/v1/chat/completions", body, (chunk) => {
@@ -232,9 +233,11 @@ async function chat() {
     if (!choice) return;
     const items = (choice.logprobs && choice.logprobs.content) || [];
     counter.n += items.length;
+    pending.push(...items);  // a token whose text the server held back (a stop-string prefix) comes first
     const content = (choice.delta && choice.delta.content) || "";
-    if (content) {
-      const best = items[items.length - 1];
+    if (content) {  // ... and its text later, in this chunk or in the closing one (which has no logprobs)
+      const best = pending[pending.length - 1];
+      pending = [];
       const alts = best ? best.top_logprobs.map((a) => ({ text: a.token, prob: Math.exp(a.logprob) })) : [];
       reply.appendChild(tokenSpan(content, best ? Math.exp(best.logprob) : null, alts));
       text += content;
