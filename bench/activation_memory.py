@@ -45,6 +45,20 @@ class PeakRSS:
         self._thread.join()
 
 
+def in_fresh_processes(script: str, flag: str, values: tuple[str, ...], *args: str) -> dict[str, dict]:
+    """``python SCRIPT ARGS FLAG VALUE`` for each value, each in a fresh process with a fixed malloc
+    mmap threshold (freed tensors leave the resident set at once) → ``{value: its JSON line}``."""
+    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"}
+    return {
+        v: json.loads(
+            subprocess.run(
+                [sys.executable, script, *args, flag, v], capture_output=True, text=True, env=env, check=True
+            ).stdout
+        )
+        for v in values
+    }
+
+
 def _measure(preset: str, context: int, mode: str) -> dict:
     import torch
 
@@ -73,22 +87,8 @@ def main() -> None:
     if args.mode:
         print(json.dumps(_measure(args.preset, args.context, args.mode)))
         return
-    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"}
-    out = {}
-    for mode in ("none", "blocks"):
-        cmd = [
-            sys.executable,
-            __file__,
-            "--preset",
-            args.preset,
-            "--context",
-            str(args.context),
-            "--mode",
-            mode,
-        ]
-        out[mode] = json.loads(
-            subprocess.run(cmd, capture_output=True, text=True, env=env, check=True).stdout
-        )
+    args_ = ("--preset", args.preset, "--context", str(args.context))
+    out = in_fresh_processes(__file__, "--mode", ("none", "blocks"), *args_)
     print(
         json.dumps(
             {

@@ -17,11 +17,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
-import sys
 import time
 
-from activation_memory import PeakRSS  # bench/: resident-memory growth, sampled
+from activation_memory import PeakRSS, in_fresh_processes  # bench/: resident memory, fresh processes
 
 D_MODEL, VOCAB, PADDED = 768, 50257, 50304
 
@@ -93,13 +91,8 @@ def main() -> None:
     if args.impl:
         print(json.dumps(_measure(args.impl, args.rows, args.reps)))
         return
-    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"}
-    out = {}
-    for impl in ("plain", "chunked"):
-        cmd = [sys.executable, __file__, "--rows", str(args.rows), "--reps", str(args.reps), "--impl", impl]
-        out[impl] = json.loads(
-            subprocess.run(cmd, capture_output=True, text=True, env=env, check=True).stdout
-        )
+    args_ = ("--rows", str(args.rows), "--reps", str(args.reps))
+    out = in_fresh_processes(__file__, "--impl", ("plain", "chunked"), *args_)
     print(
         json.dumps(
             {

@@ -171,53 +171,34 @@ def train_figures(args, device: str, base: GPTConfig) -> None:
         mfu_pct=mfu_pct(ref["tokens_per_s"]),
         **ref,
     )
-    for multiple, loss_impl in itertools.product(args.vocab_multiples, args.loss_impls):
+
+    def gptlab_line(multiple: int, loss_impl: str, fp8: list[str] | None = None, **note) -> None:
+        """One ``train`` line of gptlab's GPT, trained as ``gptlab train`` does (the loss alone)."""
+        from gptlab.errors import GptlabError
+        from gptlab.model.fp8 import enable_fp8
+
         torch.manual_seed(0)
-        model = GPT(base.replace(vocab_multiple=multiple)).set_loss_impl(
-            loss_impl, keep_logits=False
-        )  # as gptlab train
+        model = GPT(base.replace(vocab_multiple=multiple)).set_loss_impl(loss_impl, keep_logits=False)
+        label = dict(
+            impl="gptlab GPT + fp8" if fp8 else "gptlab GPT", vocab_multiple=multiple, loss_impl=loss_impl
+        )
+        label |= {"fp8": fp8, "wgrad": args.fp8_wgrad, **note} if fp8 else note
+        if fp8:
+            try:  # --smoke: _scaled_mm's CPU kernel, a check of the script, not a speed
+                enable_fp8(model, fp8, device, wgrad=args.fp8_wgrad, check=not args.smoke)
+            except GptlabError as exc:
+                emit("train", **label, skipped=str(exc))
+                return
         got = time_training(model, lambda m, x, y: m(x, y)[1], args, device, tokens)
         ratio = round(got["tokens_per_s"] / ref["tokens_per_s"], 3)
-        emit(
-            "train",
-            impl="gptlab GPT",
-            vocab_multiple=multiple,
-            loss_impl=loss_impl,
-            mfu_pct=mfu_pct(got["tokens_per_s"]),
-            vs_baseline=ratio,
-            **got,
-        )
-        del model
-    fp8_figure(args, device, base, tokens, ref, mfu_pct)
+        emit("train", **label, mfu_pct=mfu_pct(got["tokens_per_s"]), vs_baseline=ratio, **got)
+
+    for multiple, loss_impl in itertools.product(args.vocab_multiples, args.loss_impls):
+        gptlab_line(multiple, loss_impl)
+    if args.fp8_layers:  # the products of these layer groups in FP8 (vocab_multiple 64, plain loss)
+        smoke = {"note": "CPU reference kernel: checks the script, not a speed"} if args.smoke else {}
+        gptlab_line(64, "plain", args.fp8_layers, **smoke)
     _free(device)
-
-
-def fp8_figure(args, device: str, base: GPTConfig, tokens: torch.Tensor, ref: dict, mfu_pct) -> None:
-    """gptlab's GPT (vocab_multiple 64, plain loss) with ``args.fp8_layers``' products in FP8."""
-    from gptlab.errors import GptlabError
-    from gptlab.model.fp8 import enable_fp8
-
-    if not args.fp8_layers:
-        return
-    torch.manual_seed(0)
-    model = GPT(base.replace(vocab_multiple=64)).set_loss_impl("plain", keep_logits=False)  # as gptlab train
-    label = dict(
-        impl="gptlab GPT + fp8",
-        vocab_multiple=64,
-        loss_impl="plain",
-        fp8=args.fp8_layers,
-        wgrad=args.fp8_wgrad,
-    )
-    try:  # --smoke: _scaled_mm's CPU kernel, a check of the script, not a speed
-        enable_fp8(model, args.fp8_layers, device, wgrad=args.fp8_wgrad, check=not args.smoke)
-    except GptlabError as exc:
-        emit("train", **label, skipped=str(exc))
-        return
-    got = time_training(model, lambda m, x, y: m(x, y)[1], args, device, tokens)
-    ratio = round(got["tokens_per_s"] / ref["tokens_per_s"], 3)
-    note = {"note": "CPU reference kernel: checks the script, not a speed"} if args.smoke else {}
-    emit("train", **label, **note, mfu_pct=mfu_pct(got["tokens_per_s"]), vs_baseline=ratio, **got)
-    del model
 
 
 # ------------------------------------------------------------------ decoding

@@ -8,7 +8,7 @@ import shutil
 
 import pytest
 import torch
-from _tiny import TINY_TRAIN
+from _tiny import TINY_TRAIN, interrupted_copy
 
 from gptlab import checkpoint as ckpt
 from gptlab.checkpoint.lora import ADAPTERS_FILE
@@ -338,10 +338,7 @@ def test_lora_resume_is_bitwise_identical(base, tmp_path):
     ]
     _train(base, tmp_path / "full", *common)
     part = tmp_path / "part"
-    part.mkdir()
-    shutil.copytree(tmp_path / "full" / "ckpt-4", part / "ckpt-4")
-    shutil.copy(tmp_path / "full" / gtrain.RUN_CONFIG_FILE, part)
-    cfg, data = gtrain.resolve_run(part, None, True, None, [])
+    cfg, data = interrupted_copy(tmp_path / "full", part, 4)
     assert gtrain.train(cfg, data, part, resume=True).step == 8
     a = ckpt.read_tensors(tmp_path / "full" / "ckpt-8" / ADAPTERS_FILE)
     b = ckpt.read_tensors(part / "ckpt-8" / ADAPTERS_FILE)

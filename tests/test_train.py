@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import json
 import math
-import shutil
 
 import pytest
 import torch
-from _tiny import TINY_TRAIN
+from _tiny import TINY_TRAIN, interrupted_copy
 
 from gptlab import checkpoint as ckpt
 from gptlab.data import prepare
@@ -48,10 +47,7 @@ def test_resume_is_bitwise_identical(dataset, tmp_path):
     _train(dataset, tmp_path / "full", *common)
     # a run interrupted right after ckpt-4: its directory holds only that checkpoint
     part = tmp_path / "part"
-    part.mkdir()
-    shutil.copytree(tmp_path / "full" / "ckpt-4", part / "ckpt-4")
-    shutil.copy(tmp_path / "full" / gtrain.RUN_CONFIG_FILE, part)
-    cfg, data = gtrain.resolve_run(part, None, True, None, [])
+    cfg, data = interrupted_copy(tmp_path / "full", part, 4)
     result = gtrain.train(cfg, data, part, resume=True)
     assert result.step == 8
     full, resumed = _weights(tmp_path / "full" / "ckpt-8"), _weights(part / "ckpt-8")

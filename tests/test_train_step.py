@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import collections
 import json
-import shutil
 import traceback
 
 import pytest
 import test_train
 import torch
-from _tiny import TINY_TRAIN
+from _tiny import TINY_TRAIN, interrupted_copy
 
 from gptlab import checkpoint as ckpt
 from gptlab.train import loop as gtrain
@@ -94,10 +93,7 @@ def test_a_chunked_run_resumes_bitwise(dataset, tmp_path):
     common = ["max_steps=6", "ckpt_every=3", "eval_every=3", "keep_last=5", "loss_impl=chunked"]
     _train(dataset, tmp_path / "full", *common)
     part = tmp_path / "part"
-    part.mkdir()
-    shutil.copytree(tmp_path / "full" / "ckpt-3", part / "ckpt-3")
-    shutil.copy(tmp_path / "full" / gtrain.RUN_CONFIG_FILE, part)
-    cfg, data = gtrain.resolve_run(part, None, True, None, [])
+    cfg, data = interrupted_copy(tmp_path / "full", part, 3)
     gtrain.train(cfg, data, part, resume=True)
     full = ckpt.read_tensors(tmp_path / "full" / "ckpt-6" / ckpt.WEIGHTS_FILE)
     resumed = ckpt.read_tensors(part / "ckpt-6" / ckpt.WEIGHTS_FILE)

@@ -119,11 +119,10 @@ class _Trainer:
 
         torch.manual_seed(cfg.seed)  # the same initial weights on every rank
         model = init.finetune_model(self.start, cfg) if self.start else build_model(self.model_config)
-        memory = device_memory(self.device)  # plain | chunked head + loss
-        self.resolved["loss_impl"] = loss_impl(cfg, self.model_config, memory)
-        self.model = model.set_attention_impl(cfg.attention).set_loss_impl(
-            self.resolved["loss_impl"], keep_logits=False
-        )
+        impl = loss_impl(cfg, self.model_config, device_memory(self.device))  # plain | chunked head + loss
+        self.resolved["loss_impl"] = impl
+        # the step needs the loss alone: a compiled graph then need not output (B, T, V) logits
+        self.model = model.set_attention_impl(cfg.attention).set_loss_impl(impl, keep_logits=False)
         self.model = self.model.to(self.device)
         enable_fp8(self.model, cfg.fp8, self.device, wgrad=cfg.fp8_wgrad)  # FP8 products (CUDA ≥ 8.9)
         self.strategy, self.forward = prepare_model(self.model, cfg, info)  # DDP/FSDP, checkpointing

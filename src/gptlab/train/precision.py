@@ -10,8 +10,9 @@ head + loss (``gptlab.model.chunked_loss``) once a micro-batch's float32 logits,
 ``4·B·T·V_pad`` bytes, would reach ``CHUNKED_FROM`` (GPT-2's vocabulary at B·T = 1,334 tokens);
 the plain path below that, where the logits are small and one fused kernel is simplest. On a GPU
 the threshold is also at least ⅛ of the device's memory: on an H100 the plain path was 3 % faster
-at GPT-2's 16 × 1,024 tokens (it costs 1.5 GB more there), so memory alone decides for chunking. An FP8 head (``fp8`` naming ``head``) takes the plain path:
-its product forms the logits whole.
+at GPT-2's 16 × 1,024 tokens (it costs 1.5 GB more there), so memory alone decides for chunking.
+An FP8 head (``fp8`` naming ``head``) takes the plain path: its product forms the logits whole.
+So does a compiled run on torch < 2.13 (``chunked_compiles_correctly``).
 """
 
 from __future__ import annotations
@@ -66,9 +67,7 @@ def loss_impl(cfg: TrainConfig, model_config: Any, device_memory: int | None = N
         )
     if cfg.loss_impl != "auto":
         return cfg.loss_impl
-    if (
-        "head" in check_choice(cfg.fp8) or not compiled_ok
-    ):  # an FP8 head forms the logits whole (chunks are bf16 products)
+    if "head" in check_choice(cfg.fp8) or not compiled_ok:
         return "plain"
     logits = 4 * cfg.batch_size * model_config.block_size * model_config.padded_vocab_size
     threshold = max(CHUNKED_FROM, (device_memory or 0) // 8)
