@@ -238,6 +238,7 @@ def decode_figures(args, device: str, base: GPTConfig) -> None:
             vs_hf=round(tps / hf["hf_tokens_per_s"], 2),
             static_path=session is not None,
             compiled=bool(session and session.compiled),
+            lookahead=session.lookahead if session else None,
             first_run_s=round(first, 2),
         )
     _free(device)
