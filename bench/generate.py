@@ -31,6 +31,7 @@ from gptlab.generate import BatchSession, SampleConfig  # noqa: E402
 from gptlab.generate.decode import _decode, _start  # noqa: E402
 from gptlab.generate.fused_step import compile_decode, fused_step  # noqa: E402
 from gptlab.generate.quantization import quantize  # noqa: E402
+from gptlab.generate.static_decode import _SESSIONS, static_decode  # noqa: E402
 from gptlab.model import GPT, GPTConfig  # noqa: E402
 
 ISSUE_BANDWIDTH_GBS = 10.5  # the figure the generation issue gives for this machine
@@ -215,6 +216,11 @@ def main() -> None:
         action="store_false",
         help="run batch-1 decode steps layer by layer (gptlab sample without --compile)",
     )
+    p.add_argument(
+        "--static",
+        action="store_true",
+        help="decode through the static path, its step compiled with frozen weights (any batch)",
+    )
     p.add_argument("--hf", action="store_true", help="also time transformers' generate (gpt2 shapes)")
     p.add_argument("--plot", help="time a decode step against context length and save a PNG here")
     p.add_argument(
@@ -231,7 +237,9 @@ def main() -> None:
     load_start = os.getloadavg()[0]
     setting, args.dtype = args.dtype, resolve_dtype(args.dtype, "cpu")  # what --dtype auto means here
     model = build(args.preset, args.dtype)
-    if args.compile:
+    if args.static:
+        static_decode(model, compile=args.compile)  # every batch: a static cache, a frozen step
+    elif args.compile:
         compile_decode(model)  # batch 1: each decode step one compiled graph
     torch.manual_seed(1)
     prompts = torch.randint(0, model.config.vocab_size, (args.batch, args.prompt_tokens)).tolist()
@@ -267,7 +275,12 @@ def main() -> None:
         "fraction_of_bound": round(decode_tps * wbytes / (args.batch * read_bw * 1e9), 3),
         "issue_bound_tokens_per_s": round(args.batch * ISSUE_BANDWIDTH_GBS * 1e9 / wbytes, 2),
         "fraction_of_issue_bound": round(decode_tps * wbytes / (args.batch * ISSUE_BANDWIDTH_GBS * 1e9), 3),
-        "compiled_step": fused_step(model, BatchSession(model, 1, 8).stores) is not None and args.batch == 1,
+        "path": "static" if args.static else "dynamic",
+        "compiled_step": (
+            bool(_SESSIONS.get(model) and _SESSIONS[model].compiled)
+            if args.static
+            else fused_step(model, BatchSession(model, 1, 8).stores) is not None and args.batch == 1
+        ),
         "first_run_s": round(first_run, 2),
         "repeats": args.repeats,
         "threads": args.threads,

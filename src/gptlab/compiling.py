@@ -10,6 +10,7 @@ cache; inductor keeps its results on disk).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import types
@@ -34,8 +35,12 @@ class Compiled:
     """``fn`` through ``torch.compile``, or ``fn`` itself.
 
     ``dynamic=True`` compiles one kernel for every shape (sizes are symbols), which also keeps
-    a function called with many shapes under dynamo's recompilation limit. ``options`` are
-    inductor settings for this function only; ``settings`` other ``torch.compile`` arguments
+    a function called with many shapes under dynamo's recompilation limit; ``distinct_sizes``
+    keeps each size its own symbol (dynamo otherwise ties sizes that are equal at the first call,
+    say a batch and a cache's rows, and recompiles when they part). ``options`` are
+    inductor settings for this function only, passed to ``torch.compile``; ``patch`` inductor
+    settings that must hold while it compiles (``freezing`` is read outside ``options``' reach),
+    set around every call; ``settings`` other ``torch.compile`` arguments
     (``mode="reduce-overhead"`` captures CUDA graphs, ``fullgraph=True``, a ``backend``).
     ``enabled=False`` (or ``device_type`` without a compiler) runs ``fn`` itself.
 
@@ -51,15 +56,20 @@ class Compiled:
         dynamic: bool = False,
         options: dict[str, Any] | None = None,
         *,
+        patch: dict[str, Any] | None = None,
+        distinct_sizes: bool = False,
         device_type: str = "cpu",
         enabled: bool = True,
         **settings: Any,
     ) -> None:
-        # dynamo keeps compiled graphs (and its limit of recompilations) per code object: a
-        # private copy of fn's code gives every Compiled its own
-        own = types.FunctionType(fn.__code__.replace(), fn.__globals__, fn.__name__, fn.__defaults__)
-        own.__kwdefaults__, own.__doc__ = fn.__kwdefaults__, fn.__doc__
-        self.fn, self.what, self.dynamic, self.options = own, what, dynamic, options
+        if isinstance(fn, types.FunctionType):
+            # dynamo keeps compiled graphs (and its limit of recompilations) per code object: a
+            # private copy of fn's code gives every Compiled its own (a module is compiled as itself)
+            own = types.FunctionType(fn.__code__.replace(), fn.__globals__, fn.__name__, fn.__defaults__)
+            own.__kwdefaults__, own.__doc__ = fn.__kwdefaults__, fn.__doc__
+            fn = own
+        self.fn, self.what, self.dynamic, self.options = fn, what, dynamic, options
+        self.patch, self.distinct_sizes = patch, distinct_sizes
         self._compiled: Callable[..., Any] | None = None
         self.settings = settings  # more torch.compile arguments: mode, fullgraph, backend
         self.enabled = enabled and os.environ.get("GPTLAB_COMPILE", "1") != "0" and can_compile(device_type)
@@ -75,10 +85,26 @@ class Compiled:
 
                 extra = dict(self.settings, **({"options": self.options} if self.options else {}))
                 self._compiled = torch.compile(self.fn, dynamic=self.dynamic, **extra)
-            out = self._compiled(*args)
+            with self._settings():
+                out = self._compiled(*args)
         except Exception as exc:  # a missing header, a broken toolchain: keep working, uncompiled
             self.enabled, self.failure = False, exc
             warnings.warn(f"{self.what}: {COMPILE_FAILED} ({exc}); using the eager kernel", stacklevel=2)
             return self.fn(*args)
         self.compiled_calls += 1
         return out
+
+    def _settings(self) -> contextlib.AbstractContextManager:
+        """The settings held while the compiled function runs (and compiles, at its first call and
+        whenever dynamo recompiles it). Each costs ~40–60 µs a call: only steps ask for them."""
+        if not (self.patch or self.distinct_sizes):
+            return contextlib.nullcontext()
+        import torch._inductor.config
+        import torch.fx.experimental._config
+
+        stack = contextlib.ExitStack()
+        if self.patch:
+            stack.enter_context(torch._inductor.config.patch(self.patch))
+        if self.distinct_sizes:
+            stack.enter_context(torch.fx.experimental._config.patch(use_duck_shape=False))
+        return stack

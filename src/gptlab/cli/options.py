@@ -68,9 +68,10 @@ def add_compile_argument(p: argparse.ArgumentParser) -> None:
         "--compile",
         choices=["auto", "on", "off"],
         default="auto",
-        help="CPU: run each decode step as one compiled graph. auto (default): on with a C++ "
-        "compiler, for a large model and a generation long enough to pay back the compilation "
-        "(seconds to a minute)",
+        help="run each decode step as one compiled graph. CPU: one sequence through the one-row "
+        "kernels; several (and the server) through a static cache with the weights frozen into the "
+        "graph. CUDA: CUDA graphs. auto (default): on with a compiler, for a large model and a "
+        "generation long enough to pay back the compilation (seconds to two minutes)",
     )
 
 
@@ -94,18 +95,21 @@ def apply_compile(
         if requested == "on":
             sys.stderr.write(f"compile: off (the compiled step decodes one sequence, not {not_for})\n")
         return False
-    from gptlab.hardware import native_bf16
-
-    emulated = getattr(model, "quantization", None) == "bf16" and not native_bf16(device)
     on, why = decode_compile_pays(
-        requested, device_type, can_compile(device_type), matrix_bytes(model), planned_tokens, emulated
+        requested, device_type, can_compile(device_type), matrix_bytes(model), planned_tokens
     )
-    if device_type == "cuda":  # the static path, with or without its CUDA graphs
-        from gptlab.generate.static_decode import static_decode
+    from gptlab.generate.static_decode import static_decode
 
+    if device_type == "cuda":  # the static path, with or without its CUDA graphs
         static_decode(model, enabled=on)
     elif on:
-        compile_decode(model)
+        from gptlab.generate.frozen_step import frozen_batches_pay
+
+        compile_decode(model)  # one sequence: the one-row kernels in one graph
+        batches, more = frozen_batches_pay(requested, planned_tokens, getattr(model, "quantization", "fp32"))
+        if batches:  # two sequences or more (and the server): the static step, weights frozen
+            static_decode(model, compile=True, min_batch=2)
+        why = f"{why}; {more}"
     if requested != "off" and device_type in ("cpu", "cuda"):
         sys.stderr.write(f"compile: {'on' if on else 'off'} ({why})\n")
     return on

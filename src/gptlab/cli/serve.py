@@ -8,7 +8,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from gptlab.cli.options import add_device_argument, add_weights_argument, resolve_device, weights_format
+from gptlab.cli.options import (
+    add_compile_argument,
+    add_device_argument,
+    add_weights_argument,
+    apply_compile,
+    resolve_device,
+    weights_format,
+)
 
 
 def register(subparsers: Any) -> None:
@@ -53,6 +60,7 @@ def register(subparsers: Any) -> None:
     )
     add_weights_argument(p)
     add_device_argument(p)
+    add_compile_argument(p)
     p.add_argument(
         "--max-body-bytes",
         type=int,
@@ -84,6 +92,7 @@ def run(args: argparse.Namespace) -> int:
     model, tokenizer = load_for_serving(
         args.checkpoint, weights_format(args.dtype, device, args.checkpoint), device
     )
+    apply_compile(args.compile, model, device, planned_tokens=None)  # a server is a long session
     name = args.model_name or Path(args.checkpoint).resolve().name
     app = create_app(
         model,

@@ -104,7 +104,9 @@ def _start(
     ``window_notice`` and ``tokens`` fits (e.g. a static cache with CUDA graphs).
     """
     prompts = fit_prompts(model, prompts, config)
-    if make_session is BatchSession and use_static(model, config, cache_dtype, top_n is not None):
+    if make_session is BatchSession and use_static(
+        model, config, cache_dtype, top_n is not None, len(prompts)
+    ):
         return start_static(model, tokenizer, prompts, config, cache_dtype, seeds)  # type: ignore[return-value]
     session = make_session(model, len(prompts), session_len(model, prompts, config), cache_dtype)
     rows = []

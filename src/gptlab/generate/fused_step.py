@@ -85,7 +85,6 @@ def decode_compile_pays(
     compiler: bool,
     weight_bytes: int,
     planned_tokens: int | None,
-    emulated_bf16_weights: bool = False,
 ) -> tuple[bool, str]:
     """Whether to compile the one-sequence decode step here, and why (a pure function of its inputs).
 
@@ -93,9 +92,9 @@ def decode_compile_pays(
     reason). ``auto`` compiles on a CPU that has a C++ compiler, for a model whose matrices stream
     from memory (``weight_bytes ≥ STREAM_MIN_BYTES``: small models' steps are not bound by
     overhead the graph removes), and when enough tokens are planned to pay the compilation back
-    (``planned_tokens`` None: a long-lived session such as chat). Not for bf16 weights on a CPU
-    that only emulates bf16 (``emulated_bf16_weights``): there the compiled step measured 3× slower
-    than layer by layer (gpt2, AVX2: 84.6 against 26.0 ms a step; docs/benchmarks.md). CUDA has its
+    (``planned_tokens`` None: a long-lived session such as chat). (bf16 weights on a CPU that only
+    emulates bf16 compute in float32, which compiles well: gpt2 on AVX2, 17.7 ms a step against
+    23.9 layer by layer; docs/benchmarks.md.) CUDA has its
     own static path: there the question is whether to capture its CUDA graphs, which ``auto`` does
     for a long-lived session or from ``CUDA_PAYBACK_TOKENS`` planned tokens (else the dynamic path,
     layer by layer). Other devices run layer by layer.
@@ -123,8 +122,6 @@ def decode_compile_pays(
         return False, "no C++ compiler for torch.compile (install g++ or set CXX)"
     if requested == "on":
         return True, "--compile on"
-    if emulated_bf16_weights:
-        return False, "bf16 weights on a CPU that emulates bf16: the compiled step is slower here"
     if weight_bytes < STREAM_MIN_BYTES:
         return False, f"a small model ({weight_bytes / 2**20:.0f} MiB of matrices): nothing to gain"
     if planned_tokens is not None and planned_tokens < PAYBACK_TOKENS:

@@ -3,7 +3,9 @@
 Every ``nn.Linear`` becomes an inference linear ``y = x·Wᵀ + b`` whose weight is stored as
 
 * fp32: the model's own parameters (tied weights stay tied);
-* bf16: every parameter cast to bfloat16 (positional tables stay float32 buffers);
+* bf16: the matrices cast to bfloat16; the rest (embeddings, norms) too where bf16 is native,
+  float32 elsewhere, so that activations are computed in float32 on a CPU that emulates bf16
+  (positional tables stay float32 buffers);
 * int8 (weight-only, per output channel): ``q_o = round(W_o / s_o) ∈ [−127, 127]``,
   ``s_o = max_k |W_o,k| / 127``, so ``y ≈ (x·qᵀ) ⊙ s``; the token embedding is int8 too, one
   scale per row, ``e_x = q_x·s_x`` (a tied table is the head's own int8 matrix: a row of W_e is an
@@ -27,6 +29,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import itertools
 from collections.abc import Callable
 
 import torch
@@ -293,8 +296,17 @@ def _to_int8(model: nn.Module) -> None:
 
 
 def _to_bf16(model: nn.Module) -> None:
-    _cast_params(model, torch.bfloat16)
+    """bf16 matrices; activations, embeddings and norms in bf16 where bf16 is native, else float32.
+
+    (Where bf16 is emulated, bf16 activations made a compiled decode step 3× slower than layer by
+    layer, while bf16 weights alone stream faster than float32 ones: docs/benchmarks.md.)
+    """
+    _cast_params(model, torch.bfloat16)  # the matrices (a tied head shares the token table's copy)
     _replace_linears(model, PackedBF16Linear)
+    first = next(itertools.chain(model.parameters(), model.buffers()), None)
+    act = activation_dtype(first.device if first is not None else "cpu")
+    if act != torch.bfloat16:
+        _cast_params(model, act)
 
 
 def _to_fp32(model: nn.Module) -> None:

@@ -37,6 +37,7 @@ from torch import nn
 from gptlab.compiling import Compiled
 from gptlab.errors import GptlabError
 from gptlab.generate.config import SampleConfig
+from gptlab.generate.frozen_step import frozen_step
 from gptlab.generate.graph_sampling import ROW_OPTIONS, row_options
 from gptlab.generate.session import BatchSession
 from gptlab.generate.static_step import _Rows, decode_step, prefill
@@ -107,12 +108,21 @@ class StaticSession:
             compile = device.type == "cuda" and os.environ.get("GPTLAB_COMPILE", "1") != "0"
         options = compile_options or {"mode": "reduce-overhead", "fullgraph": True}
         self._compile, self._options = compile, options
+        # a CPU compiles its step with the weights frozen in (gptlab.generate.frozen_step); prompts
+        # vary, and an eager prefill there costs less than compiling one for every length
+        self._frozen = compile and device.type == "cpu" and compile_options is None
         self._steps: dict[str, Compiled] = {}  # the compiled step per sampler flavour
         self._graphs: set[tuple[int, str]] = set()  # (bucket, flavour) graphs captured so far
         # prompts vary: one kernel set for every shape, no CUDA graph (it would be one per shape)
         prefill_options = {k: v for k, v in options.items() if k != "mode"}
         self._prefill = Compiled(
-            prefill, "the static prefill", True, device_type=device.type, enabled=compile, **prefill_options
+            prefill,
+            "the static prefill",
+            True,
+            device_type=device.type,
+            enabled=compile and not self._frozen,
+            distinct_sizes=device.type == "cpu",
+            **prefill_options,
         )
         self.rows: list[int] = []  # rows[r] = the slot held in cache row r
         self._row_of: dict[int, int] = {}  # its inverse
@@ -289,13 +299,16 @@ class StaticSession:
     def _graph(self, b: int, flavour: str) -> Compiled:
         """The step of ``flavour``: compiled once with the bucket ``b`` a symbol (1 apart), and
         captured as one CUDA graph per bucket (inductor records a graph per distinct size)."""
-        if flavour not in self._steps:
+        if self._frozen:
+            self._steps[flavour] = frozen_step(self.model, flavour)
+        elif flavour not in self._steps:
             self._steps[flavour] = Compiled(
                 decode_step,
                 f"the static decode step ({flavour})",
                 True,
                 device_type=self.model.device.type,
                 enabled=self._compile,
+                distinct_sizes=self.model.device.type == "cpu",  # (a CUDA cache's sizes are static)
                 **self._options,
             )
         self._graphs.add((b, flavour))

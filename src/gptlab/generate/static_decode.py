@@ -3,7 +3,8 @@
 ``generate_ids`` (``GPT.generate``), ``generate_batch``, ``stream`` and ``gptlab sample`` start
 through ``gptlab.generate.decode._start``; it asks ``use_static`` here. The static path is taken
 
-    on CUDA (unless ``GPTLAB_STATIC=0``), or where ``static_decode(model)`` asked for it,
+    on CUDA (unless ``GPTLAB_STATIC=0``), or where ``static_decode(model)`` asked for it (on a
+    CPU ``--compile`` does, for batches of two or more and the server: a step with frozen weights),
     when every option can be sampled inside the graph (``graph_sampling.supports``),
     the cache is a float cache, and nobody wants per-token probabilities.
 
@@ -35,6 +36,7 @@ class _Choice:
     compile: bool | None = None
     compile_options: dict | None = None
     lookahead: int | None = None
+    min_batch: int = 1
 
 
 _ASKED: weakref.WeakKeyDictionary[nn.Module, _Choice] = weakref.WeakKeyDictionary()
@@ -47,14 +49,17 @@ def static_decode(
     compile: bool | None = None,
     compile_options: dict | None = None,
     lookahead: int | None = None,
+    min_batch: int = 1,
 ) -> nn.Module:
     """Decode ``model`` through the static path on any device (``enabled=False``: never); returns it.
 
-    ``compile=None`` captures CUDA graphs on CUDA and runs the same step eagerly elsewhere;
-    ``lookahead`` is ``StaticSession``'s (steps per host sync; None: its default).
+    ``compile=None`` captures CUDA graphs on CUDA and runs the same step eagerly elsewhere
+    (``compile=True`` on a CPU: the step with frozen weights, ``gptlab.generate.frozen_step``);
+    ``lookahead`` is ``StaticSession``'s (steps per host sync; None: its default); ``min_batch``:
+    ``generate`` calls of fewer sequences keep the dynamic path (the server's lane takes every one).
     """
     _SESSIONS.pop(model, None)
-    _ASKED[model] = _Choice(enabled, compile, compile_options, lookahead)
+    _ASKED[model] = _Choice(enabled, compile, compile_options, lookahead, min_batch)
     return model
 
 
@@ -78,9 +83,14 @@ def static_wanted(model: Any) -> bool:
     return device.type == "cuda" and os.environ.get("GPTLAB_STATIC", "1") != "0"
 
 
-def use_static(model: Any, config: SampleConfig, cache_dtype: torch.dtype | None, want_probs: bool) -> bool:
-    """True when this request should take the static path (see the module docstring)."""
+def use_static(
+    model: Any, config: SampleConfig, cache_dtype: torch.dtype | None, want_probs: bool, batch: int = 1
+) -> bool:
+    """True when this request of ``batch`` sequences should take the static path (module docstring)."""
     float_cache = cache_dtype is None or cache_dtype.is_floating_point
+    choice = _ASKED.get(model)
+    if choice is not None and batch < choice.min_batch:
+        return False
     return static_wanted(model) and supports(config) and float_cache and not want_probs
 
 
@@ -95,7 +105,7 @@ def session_for(
         and old.max_batch >= batch
         and old.max_len >= max_len
         and old.vocab == vocab
-        and (cache_dtype is None or old.cache.k0.dtype == cache_dtype)
+        and (cache_dtype is None or old.cache.dtype == cache_dtype)
     )
     if fits:
         assert old is not None

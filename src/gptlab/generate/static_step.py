@@ -22,11 +22,20 @@ if TYPE_CHECKING:
     from gptlab.generate.static import StaticSession
 
 
-class _Rows(nn.Module):
-    """Per-row decoding state as buffers at fixed addresses: what a captured step reads and writes."""
+class _Rows:
+    """Per-row decoding state as tensors at fixed addresses: what a captured step reads and writes.
+
+    (Plain attributes, not a module's buffers, for the reason ``StaticKVCache`` gives.)
+    """
+
+    length: torch.Tensor
+    next_token: torch.Tensor
+    live: torch.Tensor
+    top_k: torch.Tensor
+    counts: torch.Tensor
+    bias: torch.Tensor
 
     def __init__(self, n: int, vocab: int, device: torch.device) -> None:
-        super().__init__()
         spec = {
             "length": torch.long,  # positions cached = the next token's position
             "next_token": torch.long,  # sampled, not yet cached
@@ -36,14 +45,13 @@ class _Rows(nn.Module):
             "seed": torch.long,
         }
         for name, dtype in spec.items():
-            self.register_buffer(
-                name, mark_static(torch.zeros(n, dtype=dtype, device=device)), persistent=False
-            )
+            setattr(self, name, mark_static(torch.zeros(n, dtype=dtype, device=device)))
         for name in ("repetition", "top_p"):  # idle rows hold neutral options (l/1, keep all)
             getattr(self, name).fill_(1.0)
         self.top_k.fill_(vocab)
         for name in ("counts", "bias"):  # (n, V): token counts of each row's history, its logit bias
-            self.register_buffer(name, mark_static(torch.zeros(n, vocab, device=device)), persistent=False)
+            setattr(self, name, mark_static(torch.zeros(n, vocab, device=device)))
+        self._names = [*spec, "counts", "bias"]
 
     # (rows as start, stop: a slice object holding a symbolic size would make dynamo specialise it)
     def options(self, start: int, stop: int) -> list[torch.Tensor]:
@@ -61,7 +69,8 @@ class _Rows(nn.Module):
         )
 
     def move(self, dst: int, src: int) -> None:
-        for t in self.buffers():
+        for name in self._names:
+            t = getattr(self, name)
             t[dst] = t[src]
 
 
@@ -96,17 +105,23 @@ class _Layers:
         self.layers = layers
 
 
-def decode_step(session: StaticSession, bucket: torch.Tensor, flavour: str) -> None:
+def decode_step(
+    session: StaticSession, bucket: torch.Tensor, flavour: str, model: nn.Module | None = None
+) -> None:
     """One token for rows ``[0, b)``, ``b = len(bucket)``: every shape fixed by ``b``, every other
     tensor a static buffer. (``b`` comes as a tensor's size so that one compilation, with ``b`` a
-    symbol, serves every bucket.)"""
+    symbol, serves every bucket.) ``model`` is the session's, reached through a module that
+    ``torch.compile`` freezes on a CPU (``gptlab.generate.frozen_step``)."""
     b = bucket.size(0)
-    s, model = session.state, session.model
-    pos = s.length[:b].clamp(max=session.max_len - 1)  # (b,) an idle row never writes out of bounds
+    s = session.state
+    model = session.model if model is None else model
     cfg = model.config
+    caches = [session.cache.layer(i) for i in range(cfg.n_layer)]
+    t_max = caches[0][0].size(2)  # the cache's length as a size, which dynamo keeps a symbol across sessions
+    pos = s.length[:b].clamp(max=t_max - 1)  # (b,) an idle row never writes out of bounds
     at = pos.view(b, 1, 1, 1).expand(b, cfg.n_kv_head, 1, cfg.head_dim)
-    layers = [_DecodeLayer(k[:b], v[:b], at) for k, v in map(session.cache.layer, range(cfg.n_layer))]
-    keys = torch.arange(session.max_len, device=pos.device)
+    layers = [_DecodeLayer(k[:b], v[:b], at) for k, v in caches]
+    keys = torch.arange(t_max, device=pos.device)
     mask = (keys[None, :] <= pos[:, None])[:, None, None, :]  # (b, 1, 1, T_max)
     out = model.run(
         s.next_token[:b, None], pos=pos[:, None], cache=_Layers(layers), attn_mask=mask, last_only=True

@@ -233,15 +233,17 @@ class KVCache:
         return sum(layer.nbytes() for layer in self.layers)
 
 
-class StaticKVCache(torch.nn.Module):
+class StaticKVCache:
     """Keys and values at fixed addresses, for decode steps captured as CUDA graphs.
 
-    Per layer ``k_l, v_l ∈ R^{B_max × H_kv × T_max × d_k}`` are registered buffers, also marked
+    Per layer ``k_l, v_l ∈ R^{B_max × H_kv × T_max × d_k}``, allocated once and marked on CUDA
     with ``torch._dynamo.mark_static_address``: a compiled step that writes into them keeps its CUDA
     graph (a cache passed as ordinary tensor arguments makes inductor skip the graph, "mutated
     inputs"). Row ``r`` holds one sequence at positions ``[0, length_r)``; the step writes the new
     ``k_t, v_t`` of row r at ``length_r`` and attends over all ``T_max`` slots under a mask
-    ``j ≤ length_r``, so every shape is fixed.
+    ``j ≤ length_r``, so every shape is fixed. (Plain tensors, not a module's buffers: dynamo
+    guards a module's buffers by identity, so a step compiled for one cache would recompile for
+    the next; on a CPU a step serves every session of its model.)
     """
 
     def __init__(
@@ -252,31 +254,38 @@ class StaticKVCache(torch.nn.Module):
         dtype: torch.dtype,
         device: torch.device | str,
     ) -> None:
-        super().__init__()
         if not dtype.is_floating_point:
             raise GptlabError(f"a static KV cache stores floats; {dtype} is not one (use the dynamic cache)")
         assert config.n_kv_head is not None
         shape = (batch, config.n_kv_head, max_len, config.head_dim)
-        for i in range(config.n_layer):
-            for name in (f"k{i}", f"v{i}"):
-                self.register_buffer(name, torch.zeros(shape, dtype=dtype, device=device), persistent=False)
-                mark_static(getattr(self, name))
-        self.n_layer, self.max_len = config.n_layer, max_len
+        self.keys, self.values = (
+            [mark_static(torch.zeros(shape, dtype=dtype, device=device)) for _ in range(config.n_layer)]
+            for _ in range(2)
+        )
+        self.n_layer, self.max_len, self.dtype = config.n_layer, max_len, dtype
 
     def layer(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Layer ``i``'s ``(K, V)``, each ``(B_max, H_kv, T_max, d_k)``."""
-        return getattr(self, f"k{i}"), getattr(self, f"v{i}")
+        return self.keys[i], self.values[i]
+
+    def tensors(self) -> list[torch.Tensor]:
+        return [*self.keys, *self.values]
 
     def move_row(self, dst: int, src: int, end: int) -> None:
         """Copy positions ``[0, end)`` of row ``src`` into row ``dst`` in every layer."""
-        for t in self.buffers():
+        for t in self.tensors():
             t[dst, :, :end] = t[src, :, :end]
 
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in self.buffers())
+        return sum(t.numel() * t.element_size() for t in self.tensors())
 
 
 def mark_static(t: torch.Tensor) -> torch.Tensor:
-    """Tell ``torch.compile`` that ``t`` never moves (so CUDA graphs may write into it in place)."""
-    torch._dynamo.mark_static_address(t)
+    """Tell ``torch.compile`` that ``t`` never moves (so CUDA graphs may write into it in place).
+
+    Only on CUDA: a static address is guarded by identity, so on a CPU (no graphs to replay) it
+    would make a new session's buffers recompile a step that an earlier session compiled.
+    """
+    if t.device.type == "cuda":
+        torch._dynamo.mark_static_address(t)
     return t

@@ -1,0 +1,137 @@
+"""The CPU's compiled static step: weights frozen into the graph, one compilation for every session.
+
+``StaticSession(compile=True)`` on a CPU compiles ``FrozenStep`` with inductor's freezing and its
+C++ GEMM (``gptlab.generate.frozen_step``). These tests compile a tiny model for real (tens of
+seconds on 2 cores: the GEMM autotuning benchmarks each shape), so they are ``slow``.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+from test_static_cache import PROMPTS, alone, run, tiny
+
+from gptlab.compiling import Compiled, can_compile
+from gptlab.generate.config import SampleConfig
+from gptlab.generate.frozen_step import FROZEN, FrozenStep, frozen_step
+from gptlab.generate.static import StaticSession
+from gptlab.generate.static_decode import _ASKED, static_decode, use_static
+
+PACKED, TEMPLATED = "mkldnn_linear_weight_pack_matcher_count", "cpp_templated_kernel_counter"
+needs_compiler = pytest.mark.skipif(not can_compile("cpu"), reason="no C++ compiler for torch.compile")
+
+
+def _no_fallback():
+    w = warnings.catch_warnings()
+    w.__enter__()
+    warnings.filterwarnings("error", message=".*torch.compile failed")  # a silent eager run fails here
+    return w
+
+
+@pytest.mark.slow
+@needs_compiler
+def test_frozen_step_agrees_holds_its_own_weights_and_recompiles_when_they_change():
+    from torch._dynamo.utils import counters
+
+    model = tiny(pos="rope", n_kv_head=2, n_layer=1, block_size=64)
+    want = {i: alone(model, p, 6) for i, p in enumerate(PROMPTS[:3])}
+    session = StaticSession(model, 4, 40, compile=True)
+    assert session._frozen and not session._prefill.enabled  # a CPU: eager prefill, frozen step
+    packed, templated = (counters["inductor"][k] for k in (PACKED, TEMPLATED))
+    w = _no_fallback()
+    try:
+        got = run(session, PROMPTS[:3], 6)
+        assert session.compiled
+        # frozen for real: inductor packed the 5 matrices (qkv, proj, two MLP, the head) at compile
+        # time and generated its C++ GEMM for them (without freezing it would do neither)
+        assert counters["inductor"][PACKED] - packed == 5
+        assert counters["inductor"][TEMPLATED] - templated == 5
+        assert sorted(got.values()) == sorted(want.values())  # slots are numbered from 0 in order
+        assert [got[s] for s in sorted(got)] == [want[i] for i in range(3)]
+        traced = counters["stats"]["unique_graphs"]
+
+        # another session of the model (other rows, another length) reuses the compiled step
+        other = StaticSession(model, 2, 50, compile=True)
+        again = run(other, PROMPTS[3:5], 4)
+        assert counters["stats"]["unique_graphs"] == traced
+        assert [again[s] for s in sorted(again)] == [alone(model, p, 4) for p in PROMPTS[3:5]]
+
+        # an ordinary in-place write moves the version counter: the next step compiles again
+        step = frozen_step(model, "greedy")
+        with torch.no_grad():
+            next(model.parameters()).mul_(0.5)
+        assert step.fn.stale()
+        changed = run(StaticSession(model, 4, 40, compile=True), PROMPTS[:1], 6)
+        assert frozen_step(model, "greedy") is not step
+        assert list(changed.values())[0] == alone(model, PROMPTS[0], 6)
+    finally:
+        w.__exit__(None, None, None)
+
+
+def test_fewer_sequences_than_min_batch_keep_the_dynamic_path():
+    model = tiny()
+    static_decode(model, compile=False, min_batch=2)
+    greedy = SampleConfig(temperature=0, max_new_tokens=4)
+    assert not use_static(model, greedy, None, False, batch=1)
+    assert use_static(model, greedy, None, False, batch=2)
+    static_decode(model, compile=False)
+    assert use_static(model, greedy, None, False, batch=1)
+
+
+@pytest.mark.parametrize(("weights", "static"), [("fp32", True), ("bf16", False), ("int8", False)])
+def test_compile_on_a_cpu_sends_batches_of_float32_weights_to_the_frozen_step(weights, static, capsys):
+    from gptlab.cli.options import apply_compile
+    from gptlab.generate.quantization import quantize
+
+    model = quantize(tiny(), weights)
+    on = apply_compile("on", model, "cpu", planned_tokens=100)
+    assert on == can_compile("cpu")
+    choice = _ASKED.get(model)
+    if on and static:
+        assert choice is not None and choice.compile is True and choice.min_batch == 2
+    else:
+        assert choice is None
+    assert "compile: " in capsys.readouterr().err
+
+
+def test_compiled_settings_hold_while_it_runs_and_are_restored_after():
+    import torch._inductor.config as inductor
+    import torch.fx.experimental._config as fx
+
+    before = (inductor.freezing, fx.use_duck_shape)
+    c = Compiled(lambda x: x, "a test", True, patch=FROZEN, distinct_sizes=True)
+    with c._settings():
+        assert inductor.freezing and inductor.max_autotune and not fx.use_duck_shape
+    assert (inductor.freezing, fx.use_duck_shape) == before
+    plain = Compiled(lambda x: x, "a test", True)
+    with plain._settings():
+        assert (inductor.freezing, fx.use_duck_shape) == before
+
+
+def test_the_frozen_step_module_notices_an_in_place_write():
+    model = tiny()
+    step = FrozenStep(model)
+    assert not step.stale()
+    with torch.no_grad():
+        next(model.parameters()).add_(1.0)
+    assert step.stale()
+
+
+@pytest.mark.parametrize(
+    ("requested", "planned", "weights", "expected"),
+    [
+        ("on", 10, "fp32", True),  # asked for
+        ("auto", None, "fp32", True),  # a long-lived session: the server, chat
+        ("auto", 8192, "fp32", True),  # enough tokens to pay back ~90 s of compilation
+        ("auto", 8191, "fp32", False),
+        ("on", None, "bf16", False),  # the frozen GEMM is float32's
+        ("on", None, "int8", False),
+    ],
+)
+def test_when_batches_take_the_frozen_step(requested, planned, weights, expected):
+    from gptlab.generate.frozen_step import frozen_batches_pay
+
+    got, why = frozen_batches_pay(requested, planned, weights)
+    assert got is expected and why.startswith("batches")
