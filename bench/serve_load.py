@@ -15,6 +15,7 @@ import argparse
 import asyncio
 import json
 import os
+import shlex
 import socket
 import statistics
 import subprocess
@@ -240,14 +241,28 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--threads", type=int, default=None, help="torch threads of the server started (OMP_NUM_THREADS)"
     )
+    p.add_argument(
+        "--serve-args", default="", help="more flags for the server this script starts, e.g. '--compile on'"
+    )
+    p.add_argument(
+        "--warmup",
+        action="store_true",
+        help="one untimed load at full concurrency first (a compiled server compiles at its first steps)",
+    )
     args = p.parse_args(argv)
     if args.threads:
         os.environ["OMP_NUM_THREADS"] = str(args.threads)
     if args.url:
         result = measure(args.url.rstrip("/"), args)
     else:
-        with serve(args.checkpoint, args.max_batch) as url:
+        with serve(
+            args.checkpoint, args.max_batch, shlex.split(args.serve_args), timeout=args.timeout
+        ) as url:
+            if args.warmup:
+                body = {"prompt": args.prompt, "max_tokens": args.max_tokens, "stream": True}
+                asyncio.run(run_load(url, args.concurrency, {**body, "temperature": args.temperature}, 600.0))
             result = measure(url, args)
+    result["serve_args"] = args.serve_args
     print(json.dumps(result))
     return 0 if result["requests_ok"] == args.concurrency and not result["failures"] else 1
 

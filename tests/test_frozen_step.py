@@ -80,12 +80,15 @@ def test_fewer_sequences_than_min_batch_keep_the_dynamic_path():
     assert use_static(model, greedy, None, False, batch=1)
 
 
-@pytest.mark.parametrize(("weights", "static"), [("fp32", True), ("bf16", False), ("int8", False)])
-def test_compile_on_a_cpu_sends_batches_of_float32_weights_to_the_frozen_step(weights, static, capsys):
+@pytest.mark.parametrize(("weights", "static"), [("fp32", True), ("bf16", True), ("int8", False)])
+def test_compile_on_a_cpu_sends_batches_of_float32_activations_to_the_frozen_step(weights, static, capsys):
+    from unittest import mock
+
     from gptlab.cli.options import apply_compile
     from gptlab.generate.quantization import quantize
 
-    model = quantize(tiny(), weights)
+    with mock.patch("gptlab.hardware.native_bf16", return_value=False):  # bf16 emulated: float32 activations
+        model = quantize(tiny(), weights)
     on = apply_compile("on", model, "cpu", planned_tokens=100)
     assert on == can_compile("cpu")
     choice = _ASKED.get(model)
@@ -126,12 +129,14 @@ def test_the_frozen_step_module_notices_an_in_place_write():
         ("auto", None, "fp32", True),  # a long-lived session: the server, chat
         ("auto", 8192, "fp32", True),  # enough tokens to pay back ~90 s of compilation
         ("auto", 8191, "fp32", False),
-        ("on", None, "bf16", False),  # the frozen GEMM is float32's
+        ("on", None, "bf16", True),  # bf16 matrices, float32 activations (bf16 emulated)
+        ("on", None, "bf16-native", False),  # bf16 activations: not measured with the frozen GEMM
         ("on", None, "int8", False),
     ],
 )
 def test_when_batches_take_the_frozen_step(requested, planned, weights, expected):
     from gptlab.generate.frozen_step import frozen_batches_pay
 
-    got, why = frozen_batches_pay(requested, planned, weights)
+    act = torch.bfloat16 if weights == "bf16-native" else torch.float32
+    got, why = frozen_batches_pay(requested, planned, weights.removesuffix("-native"), act)
     assert got is expected and why.startswith("batches")

@@ -143,6 +143,32 @@ def test_a_paused_slot_keeps_its_state(lookahead):
     assert seq_b == alone(model, PROMPTS[1], len(seq_b))
 
 
+@pytest.mark.parametrize("lookahead", [1, 3])
+def test_a_cpu_step_attends_only_as_far_as_its_rows_reach(lookahead, monkeypatch):
+    """On a CPU the step reads the cache up to a horizon (multiples of ``HORIZON``) past the longest
+    row, not all ``T_max``: rows that cross horizons, join late and pause agree with the dynamic path."""
+    import gptlab.generate.static as static
+
+    monkeypatch.setattr(static, "HORIZON", 16)  # horizons 16, 32, 48, ... in a 120-token cache
+    model = tiny(block_size=128, pos="rope", n_kv_head=2)
+    session = StaticSession(model, 4, 120, compile=False, lookahead=lookahead)
+    seen: list[int] = []
+    step = session._horizon
+    monkeypatch.setattr(session, "_horizon", lambda k: (seen.append(step(k)[0].numel()), step(k))[1])
+    (a, ta), (b, tb) = session.add_many(PROMPTS[:2], [GREEDY] * 2, [0, 0])
+    got = {a: [ta], b: [tb]}
+    for i in range(60):
+        if i == 25:  # a short prompt joins once the others are long
+            ((c, tc),) = session.add_many(PROMPTS[3:4], [GREEDY], [0])
+            got[c] = [tc]
+        feed = [s for s in got if not (s == b and i % 4 == 0)]  # b pauses every fourth step
+        for slot, tok in session.step(feed).items():
+            got[slot].append(tok)
+    for slot, prompt in ((a, PROMPTS[0]), (b, PROMPTS[1]), (c, PROMPTS[3])):
+        assert got[slot] == alone(model, prompt, len(got[slot])), slot
+    assert min(seen) == 16 and max(seen) < 120 and len(set(seen)) >= 4  # it grew with the rows
+
+
 def test_sampled_tokens_do_not_depend_on_the_batch():
     model = tiny(pos="rope")
     cfg = SampleConfig(temperature=0.9, top_k=20, top_p=0.95, min_p=0.01, max_new_tokens=12)

@@ -71,3 +71,16 @@ def test_the_static_lane_serves_the_same_tokens(tok):
     assert len(got[2]) == 12  # sampled in the graph (its own numbers), the full length
     again, _ = completions(static_decode(tiny(tok.vocab_size), compile=False), tok, bodies[2:3])
     assert again[0] == got[2]  # a seed reproduces a sampled request whatever ran beside it
+
+
+def test_the_static_lane_never_samples_past_the_tokenizers_vocabulary(tok):
+    """A model whose table is larger than its tokenizer (a padded or a generic-shape model): the
+    lane samples only the tokenizer's ids, as the dynamic path does (an id beyond it once ended
+    every stream in a server error)."""
+    model = static_decode(tiny(tok.vocab_size + 40, seed=3), compile=False)
+    with torch.no_grad():  # make the ids the tokenizer lacks the likeliest ones
+        model.lm_head.weight[tok.vocab_size :] *= 50.0
+    bodies = [{"prompt": "ab", "max_tokens": 10, "temperature": t, "seed": 1} for t in (0, 1.0)]
+    texts, session = completions(model, tok, bodies)
+    assert session.static is not None and session.static.vocab == tok.vocab_size
+    assert all(len(t) == 10 for t in texts)  # ten characters each: every id decoded

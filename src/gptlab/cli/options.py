@@ -106,7 +106,8 @@ def apply_compile(
         from gptlab.generate.frozen_step import frozen_batches_pay
 
         compile_decode(model)  # one sequence: the one-row kernels in one graph
-        batches, more = frozen_batches_pay(requested, planned_tokens, getattr(model, "quantization", "fp32"))
+        weights, activations = getattr(model, "quantization", "fp32"), getattr(model, "dtype", None)
+        batches, more = frozen_batches_pay(requested, planned_tokens, weights, activations)
         if batches:  # two sequences or more (and the server): the static step, weights frozen
             static_decode(model, compile=True, min_batch=2)
         why = f"{why}; {more}"

@@ -31,7 +31,12 @@ class Lanes:
     """A ``BatchSession`` and, on CUDA, a ``StaticSession`` behind one slot numbering."""
 
     def __init__(
-        self, model: Any, max_batch: int, max_len: int | None = None, capacity: int | None = None
+        self,
+        model: Any,
+        max_batch: int,
+        max_len: int | None = None,
+        capacity: int | None = None,
+        vocab: int | None = None,
     ) -> None:
         # capacity: the dynamic lane's starting cache length, grown as rows need (the static lane's is fixed)
         self.dynamic = BatchSession(model, max_batch, max_len=max_len, capacity=capacity)
@@ -44,6 +49,7 @@ class Lanes:
                 max_batch,
                 self.max_len,
                 slot_base=max_batch,
+                vocab=vocab,  # the tokenizer's, where it is smaller: the sampler never picks beyond it
                 compile=choice.compile,
                 compile_options=choice.compile_options,
                 lookahead=choice.lookahead,

@@ -45,6 +45,8 @@ from gptlab.model.kvcache import StaticKVCache, default_cache_dtype
 
 #: Steps run back to back per host sync on CUDA (``StaticSession(lookahead=...)``)
 LOOKAHEAD = 8
+#: On a CPU a step attends over the cache positions its rows reach, rounded up to this
+HORIZON = 64
 
 
 def buckets_for(max_batch: int) -> list[int]:
@@ -104,6 +106,7 @@ class StaticSession:
             self.state = _Rows(max_batch, self.vocab, device)
         self.buckets = buckets_for(max_batch)
         self._marks = {b: torch.zeros(b, device=device) for b in self.buckets}  # their sizes: the buckets
+        self._horizons: dict[int, torch.Tensor] = {}  # a CPU's attended lengths, as sizes
         if compile is None:
             compile = device.type == "cuda" and os.environ.get("GPTLAB_COMPILE", "1") != "0"
         options = compile_options or {"mode": "reduce-overhead", "fullgraph": True}
@@ -287,14 +290,28 @@ class StaticSession:
         b = self.bucket(n)
         flavour = "greedy" if all(self._greedy[s] for s in slots) else "sample"
         graph = self._graph(b, flavour)
+        horizon = self._horizon(k)
         for i in range(k):
             if self._compile and self.model.device.type == "cuda":
                 torch.compiler.cudagraph_mark_step_begin()  # a new step: earlier replays are finished with
-            graph(self, self._marks[b], flavour)
+            graph(self, self._marks[b], flavour, *horizon)
             self._chosen[i, :n].copy_(self.state.next_token[:n])
         chosen = self._chosen[:k, :n].T.tolist()  # the one host sync of k steps: (n, k)
         for slot in slots:
             self._ahead[slot].extend(chosen[self._row_of[slot]])
+
+    def _horizon(self, k: int) -> tuple[torch.Tensor, ...]:
+        """On a CPU, the cache positions the next ``k`` steps attend over, rounded up to a multiple
+        of ``HORIZON``: ``(tensor of that size,)``. A long context (a server's 1,024) is then read only as
+        far as its rows reach. () on CUDA, where each size would be another CUDA graph."""
+        if self.model.device.type == "cuda":
+            return ()
+        # a row's length on the device is its cached tokens plus those chosen ahead
+        need = max(len(self.tokens[s]) + len(self._ahead[s]) for s in self.rows) + k
+        h = min(self.max_len, -(-need // HORIZON) * HORIZON)
+        if h not in self._horizons:
+            self._horizons[h] = torch.zeros(h, device=self.model.device)
+        return (self._horizons[h],)
 
     def _graph(self, b: int, flavour: str) -> Compiled:
         """The step of ``flavour``: compiled once with the bucket ``b`` a symbol (1 apart), and

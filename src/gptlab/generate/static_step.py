@@ -106,21 +106,28 @@ class _Layers:
 
 
 def decode_step(
-    session: StaticSession, bucket: torch.Tensor, flavour: str, model: nn.Module | None = None
+    session: StaticSession,
+    bucket: torch.Tensor,
+    flavour: str,
+    horizon: torch.Tensor | None = None,
+    model: nn.Module | None = None,
 ) -> None:
     """One token for rows ``[0, b)``, ``b = len(bucket)``: every shape fixed by ``b``, every other
     tensor a static buffer. (``b`` comes as a tensor's size so that one compilation, with ``b`` a
-    symbol, serves every bucket.) ``model`` is the session's, reached through a module that
-    ``torch.compile`` freezes on a CPU (``gptlab.generate.frozen_step``)."""
+    symbol, serves every bucket.) ``horizon`` (a CPU's): attend over cache positions ``[0, h)``,
+    ``h = len(horizon)``, not all ``T_max`` (each row's ``length + steps ≤ h``). ``model`` is the
+    session's, reached through a module that ``torch.compile`` freezes on a CPU
+    (``gptlab.generate.frozen_step``)."""
     b = bucket.size(0)
     s = session.state
     model = session.model if model is None else model
     cfg = model.config
     caches = [session.cache.layer(i) for i in range(cfg.n_layer)]
-    t_max = caches[0][0].size(2)  # the cache's length as a size, which dynamo keeps a symbol across sessions
+    # the cache's length (or the horizon) as a size, which dynamo keeps a symbol across sessions
+    t_max = caches[0][0].size(2) if horizon is None else horizon.size(0)
     pos = s.length[:b].clamp(max=t_max - 1)  # (b,) an idle row never writes out of bounds
     at = pos.view(b, 1, 1, 1).expand(b, cfg.n_kv_head, 1, cfg.head_dim)
-    layers = [_DecodeLayer(k[:b], v[:b], at) for k, v in caches]
+    layers = [_DecodeLayer(k[:b, :, :t_max], v[:b, :, :t_max], at) for k, v in caches]
     keys = torch.arange(t_max, device=pos.device)
     mask = (keys[None, :] <= pos[:, None])[:, None, None, :]  # (b, 1, 1, T_max)
     out = model.run(

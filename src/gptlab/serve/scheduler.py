@@ -151,7 +151,12 @@ class Scheduler:
         self.seq2seq = seq2seq.is_seq2seq(model)  # each source has its own encoding: one job at a time
         # a BatchSession, plus on CUDA a static lane (CUDA graphs) for the requests it can sample
         # the cache starts at KV_START_TOKENS positions per row and doubles as requests need, up to max_len
-        self._new_session = lambda: Lanes(model, max_batch, max_len=self.max_len, capacity=KV_START_TOKENS)
+        from gptlab.generate.step import vocab_size
+
+        vocab = vocab_size(model, tokenizer)
+        self._new_session = lambda: Lanes(
+            model, max_batch, max_len=self.max_len, capacity=KV_START_TOKENS, vocab=vocab
+        )
         self.session = self._new_session()
         self._cond = threading.Condition()
         self._waiting: deque[Job] = deque()
