@@ -32,6 +32,7 @@ from gptlab.generate.decode import _decode, _start  # noqa: E402
 from gptlab.generate.fused_step import compile_decode, fused_step  # noqa: E402
 from gptlab.generate.quantization import quantize  # noqa: E402
 from gptlab.generate.static_decode import _SESSIONS, static_decode  # noqa: E402
+from gptlab.hardware import inference_weights  # noqa: E402
 from gptlab.model import GPT, GPTConfig  # noqa: E402
 
 ISSUE_BANDWIDTH_GBS = 10.5  # the figure the generation issue gives for this machine
@@ -206,7 +207,7 @@ def main() -> None:
         "--dtype",
         choices=["auto", "fp32", "bf16", "int8"],
         default="auto",
-        help="auto: bf16 where native, else fp32",
+        help="auto: gptlab sample's choice for --batch sequences (gptlab.hardware.inference_weights)",
     )
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--threads", type=int, default=2)
@@ -235,7 +236,9 @@ def main() -> None:
         print(json.dumps(quality(args.quality)))
         return
     load_start = os.getloadavg()[0]
-    setting, args.dtype = args.dtype, resolve_dtype(args.dtype, "cpu")  # what --dtype auto means here
+    # what --dtype auto means here, for this many sequences (gptlab sample's choice)
+    setting = args.dtype
+    args.dtype = inference_weights("cpu", args.batch) if setting == "auto" else resolve_dtype(setting, "cpu")
     model = build(args.preset, args.dtype)
     if args.static:
         static_decode(model, compile=args.compile)  # every batch: a static cache, a frozen step

@@ -175,3 +175,22 @@ def test_int8_activations_follow_the_machine(machine, act, monkeypatch):
     assert all(m.scales.dtype == act for m in model.modules() if isinstance(m, qz.Int8Linear))
     with torch.inference_mode():
         assert model(torch.randint(0, 40, (1, 8)))[0].dtype == act
+
+
+@pytest.mark.parametrize(
+    ("machine", "device", "sequences", "expected"),
+    [
+        (AVX512_BF16, "cpu", 1, "bf16"),  # native: bf16 weights and activations, any batch
+        (AVX512_BF16, "cpu", 8, "bf16"),
+        (AVX2, "cpu", 1, "bf16"),  # emulated: bf16 matrices, float32 activations, for one sequence ...
+        (AVX2, "cpu", 8, "fp32"),  # ... fp32 for several (each product would convert W first)
+        (AVX512_BF16_AS_AVX2, "cpu", 2, "fp32"),
+        (CUDA_BF16, "cuda:0", 64, "bf16"),
+        (CUDA_NO_BF16, "cuda:0", 1, "fp32"),
+        (APPLE, "mps", 1, "fp32"),
+    ],
+)
+def test_auto_inference_weights_follow_the_machine_and_the_number_of_sequences(
+    machine, device, sequences, expected
+):
+    assert hardware.inference_weights(device, sequences, machine) == expected

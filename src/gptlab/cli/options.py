@@ -16,7 +16,8 @@ def add_weights_argument(p: argparse.ArgumentParser) -> None:
         "--dtype",
         choices=WEIGHT_FORMATS,
         default="auto",
-        help="weight format (default auto: bf16 where bf16 is native, else fp32; an int8 checkpoint stays int8)",
+        help="weight format (default auto: bf16 where bf16 is native; on a CPU that emulates bf16, bf16 "
+        "matrices with float32 activations for one sequence, fp32 for several; an int8 checkpoint stays int8)",
     )
 
 
@@ -31,15 +32,17 @@ def resolve_device(args: argparse.Namespace) -> str:
     return resolve(args.device, option="--device ")
 
 
-def weights_format(dtype: str, device: str, checkpoint: str) -> str:
+def weights_format(dtype: str, device: str, checkpoint: str, sequences: int = 1) -> str:
     """The weight format to run ``checkpoint`` in: an int8 checkpoint runs in int8 (``--dtype auto`` or
-    ``int8``; another format is one ``error:`` line), a float one as ``resolve_dtype`` says."""
+    ``int8``; another format is one ``error:`` line), a float one as given or, for ``auto``, as
+    ``gptlab.hardware.inference_weights`` says for ``sequences`` decoded together."""
     from gptlab.checkpoint import stored_format
     from gptlab.errors import GptlabError
+    from gptlab.hardware import inference_weights
 
     stored = stored_format(checkpoint)
     if stored is None:
-        return resolve_dtype(dtype, device)
+        return inference_weights(device, sequences) if dtype == "auto" else resolve_dtype(dtype, device)
     if dtype not in ("auto", stored):
         raise GptlabError(
             f"{checkpoint} holds {stored} weights; run it with --dtype {stored} (or auto), "
@@ -51,15 +54,17 @@ def weights_format(dtype: str, device: str, checkpoint: str) -> str:
 def resolve_dtype(dtype: str, device: str, bf16: str = "bf16", otherwise: str = "fp32") -> str:
     """``--dtype auto`` → ``bf16`` where bf16 is native on ``device``, else ``otherwise``.
 
-    An explicit bf16 on a CPU that only emulates it is honoured, with one warning line.
     (``bf16``/``otherwise`` name the formats: ``bf16``/``fp32`` for weights, ``bfloat16``/``float32``
-    for autocast.)
+    for autocast.) An explicit bf16 is honoured; as an autocast dtype on a CPU that only emulates
+    it, with one warning line. bf16 *weights* there compute in float32 (``gptlab.quantize``), so
+    nothing is emulated and nothing is said.
     """
     from gptlab.hardware import native_bf16, warn_if_emulated
 
     if dtype == "auto":
         return bf16 if native_bf16(device) else otherwise
-    warn_if_emulated(device, dtype, f"--dtype {dtype}", "--dtype auto")
+    if bf16 == "bfloat16":
+        warn_if_emulated(device, dtype, f"--dtype {dtype}", "--dtype auto")
     return dtype
 
 

@@ -137,7 +137,7 @@ def run(args: argparse.Namespace) -> int:
     )
     prompt = _prompt(args)
     device = resolve_device(args)
-    weights = weights_format(args.dtype, device, args.checkpoint)
+    weights = weights_format(args.dtype, device, args.checkpoint, args.num_samples * args.beam_width)
     model, tokenizer = gptlab.load(args.checkpoint, device=device, quantize=weights)  # converted while read
     if args.tokenizer:
         from gptlab.checkpoint import check_tokenizer_fits

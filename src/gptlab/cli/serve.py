@@ -90,7 +90,7 @@ def run(args: argparse.Namespace) -> int:
     check_bind(args.host, args.port)
     device = resolve_device(args)
     model, tokenizer = load_for_serving(
-        args.checkpoint, weights_format(args.dtype, device, args.checkpoint), device
+        args.checkpoint, weights_format(args.dtype, device, args.checkpoint, args.max_batch), device
     )
     apply_compile(args.compile, model, device, planned_tokens=None)  # a server is a long session
     name = args.model_name or Path(args.checkpoint).resolve().name
