@@ -7,6 +7,7 @@ import codecs
 import doctest
 import importlib
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -337,3 +338,20 @@ def test_package_imports_without_torch():
     code = "import sys; sys.modules['torch'] = None; import gptlab.tokenizers; print('ok')"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr.strip().splitlines()[-1]
+
+
+@given(st.binary(max_size=40))
+def test_byte_table_round_trips_every_byte_string(data):
+    from gptlab.tokenizers.byte_unicode import bytes_to_token, spelled_in_alphabet, token_to_bytes
+
+    token = bytes_to_token(data)
+    assert token_to_bytes(token) == data == spelled_in_alphabet(token)
+
+
+@pytest.mark.parametrize("char", [" ", "\x00", "\n", "€", "\u0144"])  # raw space/controls; above the table
+def test_byte_table_rejects_characters_outside_it(char):
+    from gptlab.tokenizers.byte_unicode import spelled_in_alphabet, token_to_bytes
+
+    assert spelled_in_alphabet(f"Ġa{char}b") is None
+    with pytest.raises(GptlabError, match=re.escape(f"character {char!r}")):
+        token_to_bytes(f"Ġa{char}b")

@@ -38,15 +38,34 @@ def char_to_byte() -> dict[str, int]:
     return {c: b for b, c in byte_to_char().items()}
 
 
+@lru_cache(maxsize=1)
+def undo_table() -> dict[int, int | None]:
+    """The ``str.translate`` table that undoes the alphabet: ``{ord("Ġ"): 32, ...}``; the Latin-1
+    characters outside it map to None (deleted), so a shorter result means a foreign character."""
+    table: dict[int, int | None] = {c: None for c in range(256)}
+    table.update({ord(c): b for c, b in char_to_byte().items()})
+    return table
+
+
+def spelled_in_alphabet(token: str) -> bytes | None:
+    """``"Ġcat" -> b" cat"``, or None when ``token`` has a character outside the table."""
+    undone = token.translate(undo_table())
+    if len(undone) != len(token):
+        return None
+    try:
+        return undone.encode("latin-1")
+    except UnicodeEncodeError:
+        return None
+
+
 def token_to_bytes(token: str) -> bytes:
     """``"Ġcat" -> b" cat"``; a character outside the table is a ``GptlabError``."""
-    table = char_to_byte()
-    try:
-        return bytes(table[c] for c in token)
-    except KeyError as exc:
-        raise GptlabError(
-            f"token {token!r} has the character {exc.args[0]!r}, which is not in GPT-2's byte table"
-        ) from None
+    data = spelled_in_alphabet(token)
+    if data is None:
+        table = char_to_byte()
+        bad = next(c for c in token if c not in table)
+        raise GptlabError(f"token {token!r} has the character {bad!r}, which is not in GPT-2's byte table")
+    return data
 
 
 def bytes_to_token(data: bytes) -> str:

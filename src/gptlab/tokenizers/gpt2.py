@@ -25,7 +25,7 @@ from typing import Any
 
 from gptlab.errors import GptlabError
 from gptlab.tokenizers.base import EOT
-from gptlab.tokenizers.byte_unicode import byte_to_char, char_to_byte, token_to_bytes
+from gptlab.tokenizers.byte_unicode import byte_to_char, spelled_in_alphabet, token_to_bytes
 from gptlab.tokenizers.ranked import RankedTokenizer
 
 PathLike = str | os.PathLike[str]
@@ -118,10 +118,10 @@ class GPT2Tokenizer(RankedTokenizer):
         results (``"<|endoftext|>"``) become the special tokens.
         """
         ranks = ranks_from_merges(read_merges(vocab_bpe))
-        table = char_to_byte()
         specials, matched = {}, 0
         for name, tid in read_encoder(encoder_json).items():
-            rank = ranks.get(bytes(table[c] for c in name)) if all(c in table for c in name) else None
+            data = spelled_in_alphabet(name)
+            rank = None if data is None else ranks.get(data)
             if rank is None:
                 specials[name] = tid
             elif rank != tid:

@@ -24,12 +24,11 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from functools import lru_cache
 from typing import Any
 
 from gptlab.errors import GptlabError
 from gptlab.tokenizers.base import AllowedSpecial, Tokenizer, as_id_list
-from gptlab.tokenizers.byte_unicode import bytes_to_token, char_to_byte
+from gptlab.tokenizers.byte_unicode import bytes_to_token, spelled_in_alphabet
 from gptlab.tokenizers.ranked import RankedTokenizer
 
 #: Special tokens that end an assistant's turn in the chat formats gptlab knows; generation stops there.
@@ -68,24 +67,14 @@ def pattern_for(pre: str | None) -> str:
     return PRE_TOKENIZERS[name]
 
 
-@lru_cache(maxsize=1)
-def _alphabet() -> tuple[re.Pattern[str], dict[int, int]]:
-    """A regex matching strings of GPT-2's byte alphabet, and the table ``str.translate`` undoes it with."""
-    table = char_to_byte()
-    chars = "".join(re.escape(c) for c in table)
-    return re.compile(f"[{chars}]+"), {ord(c): b for c, b in table.items()}
-
-
 def spelled_bytes(token: str) -> bytes:
     """A token's bytes: GPT-2's byte alphabet undone, or its UTF-8 if it is not spelled in that alphabet.
 
     >>> spelled_bytes("Ġcat"), spelled_bytes("é→")
     (b' cat', b'\\xc3\\xa9\\xe2\\x86\\x92')
     """
-    spelled, table = _alphabet()
-    if spelled.fullmatch(token):
-        return token.translate(table).encode("latin-1")
-    return token.encode("utf-8")
+    data = spelled_in_alphabet(token)
+    return token.encode("utf-8") if data is None else data
 
 
 def _pair(merge: str | Sequence[str], i: int) -> tuple[str, str]:
