@@ -160,3 +160,23 @@ def test_resuming_on_a_different_dataset_is_one_line(tmp_path, capsys):
         ["train", "--out", str(tmp_path / "run"), "--resume", "--data", str(tmp_path / "a2"), "max_steps=3"]
     )
     assert code == 0, capsys.readouterr().err
+
+
+def test_prepare_with_a_saved_tokenizer_file_needs_no_torch(tmp_path):
+    """``--tokenizer FILE`` (and ``char``) load no model, so no torch: start-up stays ~0.3 s, not ~2 s."""
+    import subprocess
+
+    corpus = _corpus(tmp_path, n_files=1)
+    prepare([corpus], tmp_path / "first", tokenizer="char")
+    code = (
+        "import sys; sys.modules['torch'] = None\n"
+        "from gptlab.cli import main\n"
+        f"main(['prepare', {str(corpus)!r}, '--out', {str(tmp_path / 'again')!r}, "
+        f"'--tokenizer', {str(tmp_path / 'first' / 'tokenizer.json')!r}, '--workers', '2'])"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert result.returncode == 0, result.stderr.strip().splitlines()[-1:]
+    again, first = _files(tmp_path / "again"), _files(tmp_path / "first")
+    assert again.pop("meta.json") and first.pop("meta.json")  # it names the tokenizer as given
+    assert again == first

@@ -78,11 +78,14 @@ def build_tokenizer(spec: str, sources: Sequence[Path]) -> Any:
         return tokenizers.BPETokenizer.train((text for _, text in iter_chunks(sources)), size, progress=False)
     if spec.startswith("gpt2:"):
         return tokenizers.GPT2Tokenizer.from_dir(spec[5:])
+    path = Path(spec)
+    if path.is_file() and path.suffix.lower() != ".gguf":  # a saved tokenizer: no model (nor torch) to load
+        return tokenizers.load(spec)
     from gptlab.train.init import is_model_source, source_tokenizer
 
     if is_model_source(spec):  # a checkpoint, Hugging Face folder or GGUF file: the model's own tokenizer
         return source_tokenizer(spec)
-    if Path(spec).exists():
+    if path.exists():
         return tokenizers.load(spec)
     raise GptlabError(
         f"--tokenizer {spec!r}: choose char, bpe:N (e.g. bpe:4096), gpt2:DIR, a saved tokenizer file "
