@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from gptlab import GPT, GPTConfig
 from gptlab.model.attention import CausalSelfAttention, plain_attention, sdpa_attention
 from gptlab.model.gelu import _CompiledGELU, gelu
-from gptlab.model.mlp import FeedForward, ffn_param_count, gelu_tanh
+from gptlab.model.mlp import FeedForward, ffn_param_count, gelu_tanh, relu2
 from gptlab.model.norms import LayerNorm
 from gptlab.model.positional import alibi_slopes, sinusoidal_table
 
@@ -130,6 +130,29 @@ def test_compiled_gelu_equals_exact_gelu_and_its_derivative() -> None:
     xb = torch.randn(64, 128).to(torch.bfloat16)
     assert _CompiledGELU.apply(xb).dtype == torch.bfloat16
     torch.testing.assert_close(_CompiledGELU.apply(xb), F.gelu(xb))  # bf16 tolerance
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_relu2_is_relu_squared_with_autograds_own_gradient_bit_for_bit(dtype) -> None:
+    """The one-pass ReLU² gives the value and gradient of ``F.relu(x).square()``, to the bit."""
+    x = torch.randn(64, 96, generator=torch.Generator().manual_seed(0)).to(dtype)
+    x[0, :8] = 0.0  # the kink: slope 0
+    g = torch.randn(64, 96, generator=torch.Generator().manual_seed(1)).to(dtype)
+    a, b = x.clone().requires_grad_(), x.clone().requires_grad_()
+    ya, yb = relu2(a), F.relu(b).square()
+    ya.backward(g)
+    yb.backward(g)
+    assert ya.dtype == dtype and torch.equal(ya, yb)
+    assert torch.equal(a.grad, b.grad)
+    assert torch.equal(a.grad[0, :8], torch.zeros(8, dtype=dtype))
+    xd = torch.randn(12, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(relu2, (xd,))
+    if dtype == torch.float32:  # traced whole by torch.compile, forward and backward
+        torch._dynamo.reset()
+        c = x.clone().requires_grad_()
+        yc = torch.compile(relu2, backend="aot_eager", fullgraph=True)(c)
+        yc.backward(g)
+        assert torch.equal(yc, yb) and torch.equal(c.grad, b.grad)
 
 
 def test_gelu_uses_the_shared_exponential_only_when_compiled() -> None:

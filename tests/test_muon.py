@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from gptlab import hardware
+from gptlab.train import muon
 from gptlab.train.muon import Float32Muon, muon_class, newton_schulz
 
 COEFFS = (3.4445, -4.7750, 2.0315)
@@ -54,6 +55,50 @@ def test_float32_muon_is_torchs_muon_with_float32_newton_schulz():
     assert f32_opt.state_dict()["state"][0]["momentum_buffer"].equal(
         ref_opt.state_dict()["state"][0]["momentum_buffer"]
     )
+
+
+@pytest.mark.parametrize("shape", [(40, 24), (24, 40)])
+def test_newton_schulz_of_a_stack_is_each_matrixs(shape):
+    g = torch.randn(3, *shape, generator=torch.Generator().manual_seed(2))
+    g[1] *= 50.0  # each matrix is scaled by its own norm
+    stacked = newton_schulz(g, COEFFS, 5, 1e-7)
+    assert stacked.shape == g.shape
+    for k in range(3):
+        torch.testing.assert_close(stacked[k], newton_schulz(g[k], COEFFS, 5, 1e-7), atol=1e-5, rtol=0)
+
+
+def test_float32_muon_batches_same_shaped_matrices_and_keeps_the_update(monkeypatch):
+    """Same-shaped matrices go through one stacked NS; the parameters match matrix-by-matrix NS."""
+    shapes = [(48, 16), (16, 40), (48, 16), (16, 16), (48, 16), (16, 40)]
+
+    def run(batched: bool):
+        torch.manual_seed(0)
+        params = [torch.nn.Parameter(torch.randn(s)) for s in shapes]
+        opt = Float32Muon(params, lr=0.02, momentum=0.95, weight_decay=0.01, adjust_lr_fn="original")
+        seen = []
+        real = muon.newton_schulz
+
+        def spy(u, *args):  # type: ignore[no-untyped-def]
+            seen.append(tuple(u.shape))
+            return real(u, *args)
+
+        monkeypatch.setattr(
+            muon, "same_shapes", muon.same_shapes if batched else lambda ts: [[i] for i in range(len(ts))]
+        )
+        monkeypatch.setattr(muon, "newton_schulz", spy)
+        gen = torch.Generator().manual_seed(1)
+        for _ in range(3):
+            for p in params:
+                p.grad = torch.randn(p.shape, generator=gen)
+            opt.step()
+        return params, seen
+
+    batched, seen = run(True)
+    assert seen[:3] == [(3, 48, 16), (2, 16, 40), (16, 16)]  # 3 stacks for 6 matrices
+    single, seen = run(False)
+    assert len(seen) == 18
+    for a, b in zip(batched, single, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=0)
 
 
 def test_the_muon_is_chosen_per_machine(monkeypatch):
