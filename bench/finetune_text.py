@@ -6,9 +6,11 @@ The text is prepared with the model's own tokenizer (``prepare --tokenizer SRC``
 model's validation loss is measured on fixed held-out windows (``--eval-batches`` × ``--eval-batch-size``
 windows of ``--eval-context`` tokens, whatever the training context), the model is fine-tuned with
 the ``finetune`` recipe (LoRA) plus the given overrides on windows of ``--context`` tokens, and the
-same held-out windows are measured again. ``train_wall_s`` counts the training steps only (the
-loop's own clock: no evaluation, no checkpoints); ``train_cpu_s`` is the CPU time of every thread
-over the whole ``train`` call (loading the base included), the steadier figure on a shared machine.
+same held-out windows are measured again. So are as many held-out tokens cut into windows of the
+training context (``*_train_context``: what the run's own validation loss sees), before and after.
+``train_wall_s`` counts the training steps only (the loop's own clock: no evaluation, no
+checkpoints); ``train_cpu_s`` is the CPU time of every thread over the whole ``train`` call
+(loading the base included), the steadier figure on a shared machine.
 Prints ONE JSON line.
 """
 
@@ -64,10 +66,14 @@ def main() -> int:
         if not (ds / "meta.json").exists():
             prepare([args.data], ds, tokenizer=args.init, block_size=max(args.context, args.eval_context))
         data = TokenDataset(ds)
-        held_out = (args.eval_context, args.eval_batches, args.eval_batch_size)
+        # the same number of held-out tokens at --eval-context and at the training context
+        windows = {
+            ctx: (ctx, args.eval_batches, max(1, args.eval_batch_size * args.eval_context // ctx))
+            for ctx in dict.fromkeys((args.eval_context, args.context))
+        }
         base, _ = load_source(args.init)
         with torch.no_grad():
-            before = val_loss(base.eval(), data, *held_out)
+            before = {ctx: val_loss(base.eval(), data, *held) for ctx, held in windows.items()}
         del base
         settings = [
             f"init={args.init}",
@@ -87,7 +93,7 @@ def main() -> int:
         losses = [r["loss"] for r in read_metrics(Path(tmp) / "run" / METRICS_FILE) if "loss" in r]
         tuned, _ = gptlab.load(Path(tmp) / "run")
         with torch.no_grad():
-            after = val_loss(tuned, data, *held_out)
+            after = {ctx: val_loss(tuned, data, *held) for ctx, held in windows.items()}
     print(
         json.dumps(
             {
@@ -106,9 +112,14 @@ def main() -> int:
                 "batch_size": args.batch_size,
                 "context": args.context,
                 "eval_windows": f"{args.eval_batches * args.eval_batch_size} x {args.eval_context}",
-                "base_val_loss": round(before, 4),
-                "val_loss": round(after, 4),
-                "drop_nats": round(before - after, 4),
+                "base_val_loss": round(before[args.eval_context], 4),
+                "val_loss": round(after[args.eval_context], 4),
+                "drop_nats": round(before[args.eval_context] - after[args.eval_context], 4),
+                # the same text cut into windows of the training context (what the run's own val loss sees)
+                "train_context_windows": f"{args.eval_batches * windows[args.context][2]} x {args.context}",
+                "base_val_loss_train_context": round(before[args.context], 4),
+                "val_loss_train_context": round(after[args.context], 4),
+                "drop_nats_train_context": round(before[args.context] - after[args.context], 4),
                 "train_loss_per_10_steps": [
                     round(sum(chunk) / len(chunk), 3)
                     for chunk in (losses[i : i + 10] for i in range(0, len(losses), 10))
