@@ -18,9 +18,10 @@ from _tiny import TINY_TRAIN
 
 from gptlab import checkpoint as ckpt
 from gptlab.cli import main
-from gptlab.data import prepare
+from gptlab.data import TokenDataset, prepare
 from gptlab.train import train
 from gptlab.train.config import DEFAULT_RECIPE, build_config
+from gptlab.train.evaluate import evaluate_tokens
 
 TINY = [*TINY_TRAIN, "batch_size=4"]
 
@@ -109,6 +110,22 @@ def test_eval_on_a_run_dir(capsys, dataset, trained, tmp_path):
     (tmp_path / "t.txt").write_text("to be or not to be, line 7; that is the question 3.\n" * 10)
     code, out, _ = _cli(capsys, "eval", trained, "--text", tmp_path / "t.txt")
     assert code == 0 and "bits/byte" in out
+
+
+def test_eval_context_sets_the_window_length_and_refuses_what_the_model_cannot_see(capsys, dataset, trained):
+    code, out, _ = _cli(capsys, "eval", trained, "--data", dataset, "--json")
+    full = json.loads(out)
+    code, out, _ = _cli(capsys, "eval", trained, "--data", dataset, "--json", "--context", 4)
+    short = json.loads(out)
+    assert code == 0 and short["loss"] != full["loss"]
+    model, _ = ckpt.load(trained)
+    ds = TokenDataset(dataset)
+    ref = evaluate_tokens(model, ds.split("val"), 16, ds.bytes_per_token("val"), context=4)
+    assert short["loss"] == pytest.approx(ref.loss, rel=1e-6)  # windows of 4 tokens, not the model's
+    for bad in (0, model.config.block_size + 1):
+        code, out, err = _cli(capsys, "eval", trained, "--data", dataset, "--context", bad)
+        assert code == 2 and not out and err.startswith("error: --context must be between 1 and")
+        assert len(err.strip().splitlines()) == 1
 
 
 def _launch(dataset, run, *extra, resume=False):

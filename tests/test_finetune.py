@@ -311,6 +311,20 @@ def test_lora_checkpoints_hold_adapters_and_load_merged(base, tmp_path):
     assert (tmp_path / "hf" / "model.safetensors").is_file()
 
 
+def test_eval_of_a_lora_run_uses_its_training_context(base, tmp_path, capsys):
+    """A LoRA run trained on 16-token windows of a 32-token base is evaluated on 16-token windows."""
+    run = tmp_path / "run"
+    _train(base, run, "max_steps=2", "finetune=lora", "model.block_size=16")
+    assert ckpt.load(run)[0].config.block_size == 32  # merged on load: the base's context
+    capsys.readouterr()
+
+    def loss(*extra):
+        assert main(["eval", str(run), "--data", str(base / "ds"), "--json", *extra]) == 0
+        return json.loads(capsys.readouterr().out)["loss"]
+
+    assert loss() == loss("--context", "16") != loss("--context", "32")
+
+
 def test_a_changed_base_is_refused(base, tmp_path):
     copy = tmp_path / "base"
     shutil.copytree(base / "base", copy)

@@ -25,6 +25,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--max-batches", type=int, default=None, help="evaluate at most this many batches (default all)"
     )
     p.add_argument(
+        "--context",
+        type=int,
+        default=None,
+        metavar="N",
+        help="windows of N tokens (default: the context the checkpoint was trained at; for a LoRA run, "
+        "its training context, not its base model's)",
+    )
+    p.add_argument(
         "--dtype",
         default="auto",
         choices=["auto", "float32", "bfloat16"],
@@ -51,6 +59,7 @@ def run(args: argparse.Namespace) -> int:
         dtype=resolve_dtype(args.dtype, device, "bfloat16", "float32"),
         device=device,
         progress=not args.no_progress,
+        context=args.context,
     )
     if args.json:
         print(json.dumps({"source": source, **result.to_dict()}))

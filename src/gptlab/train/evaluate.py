@@ -12,6 +12,7 @@ import math
 import os
 from collections.abc import Iterable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -107,16 +108,25 @@ def evaluate_tokens(
     autocast: Any = None,
     progress: bool = False,
     rows: dict[str, Any] | None = None,
+    context: int | None = None,
 ) -> EvalResult:
-    """Loss over non-overlapping windows of ``tokens`` (a 1-D id array) at the model's context length;
-    ``progress`` shows a bar (batches, rate, ETA) on stderr. ``rows``: instruction data's ``mask`` and
-    ``pos`` (``TokenDataset.arrays``) and its ``block_size``: the rows, only the masked-in targets."""
+    """Loss over non-overlapping windows of ``tokens`` (a 1-D id array) of ``context`` tokens (default:
+    the model's context length); ``progress`` shows a bar (batches, rate, ETA) on stderr. ``rows``:
+    instruction data's ``mask`` and ``pos`` (``TokenDataset.arrays``) and its ``block_size``: the rows,
+    only the masked-in targets."""
     from tqdm import tqdm
 
     from gptlab.data import eval_batches, n_eval_batches
 
     rows = dict(rows or {})
-    T = rows.pop("block_size", None) or model.config.block_size
+    limit = model.config.block_size
+    if context is not None and not 1 <= context <= limit:
+        raise GptlabError(
+            f"--context must be between 1 and the model's context of {limit} tokens, got {context}"
+        )
+    if context is not None and rows:
+        raise GptlabError("instruction data is evaluated row by row, at its own length; leave out --context")
+    T = rows.pop("block_size", None) or context or limit
     if len(tokens) < 2:
         raise GptlabError("the evaluation text has fewer than 2 tokens; give a longer text")
     T = min(T, len(tokens) - 1)
@@ -144,8 +154,11 @@ def evaluate_path(
     dtype: str = "float32",
     device: str = "cpu",
     progress: bool = False,
+    context: int | None = None,
 ) -> tuple[EvalResult, str]:
-    """Evaluate a checkpoint (or a run directory's latest) on a text file or a dataset split."""
+    """Evaluate a checkpoint (or a run directory's latest) on a text file or a dataset split, in windows
+    of ``context`` tokens: by default the context it was trained at (a LoRA run's training context,
+    which may be shorter than its base model's)."""
     import numpy as np
 
     from gptlab.checkpoint import load, resolve_checkpoint
@@ -201,6 +214,8 @@ def evaluate_path(
         source = f"{data} ({split})"
     if max_batches is None and len(tokens) > 50_000_000:
         max_batches = 1000
+    if context is None and rows is None:
+        context = trained_context(directory, model.config.block_size)
     result = evaluate_tokens(
         model,
         tokens,
@@ -211,5 +226,18 @@ def evaluate_path(
         autocast=autocast,
         progress=progress,
         rows=rows,
+        context=context,
     )
     return result, f"{directory} on {source}"
+
+
+def trained_context(directory: Path, limit: int) -> int:
+    """The context a checkpoint was trained at: a LoRA run's own ``block_size`` (it may have trained on
+    shorter windows than its base model's, ``model.block_size=256`` on SmolLM2's 8,192), else ``limit``."""
+    from gptlab.checkpoint import CONFIG_FILE
+    from gptlab.checkpoint.lora import is_lora_checkpoint
+    from gptlab.checkpoint.model import read_config
+
+    if not is_lora_checkpoint(directory):
+        return limit
+    return min(read_config(directory / CONFIG_FILE).block_size, limit)
