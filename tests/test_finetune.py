@@ -311,11 +311,19 @@ def test_lora_checkpoints_hold_adapters_and_load_merged(base, tmp_path):
     assert (tmp_path / "hf" / "model.safetensors").is_file()
 
 
-def test_eval_of_a_lora_run_uses_its_training_context(base, tmp_path, capsys):
-    """A LoRA run trained on 16-token windows of a 32-token base is evaluated on 16-token windows."""
+@pytest.mark.parametrize("finetune", ["lora", "full"])
+def test_a_run_trained_on_shorter_windows_keeps_the_base_context_and_evals_at_its_own(
+    finetune, base, tmp_path, capsys
+):
+    """Fine-tuned on 16-token windows of a 32-token RoPE base: it loads at 32 tokens (sample, chat,
+    export see the base's context), resumes, and is evaluated on 16-token windows by default."""
     run = tmp_path / "run"
-    _train(base, run, "max_steps=2", "finetune=lora", "model.block_size=16")
-    assert ckpt.load(run)[0].config.block_size == 32  # merged on load: the base's context
+    _train(base, run, "max_steps=2", f"finetune={finetune}", "model.block_size=16", "ckpt_every=2")
+    assert ckpt.load(run)[0].config.block_size == 32
+    assert ckpt.read_config(ckpt.resolve_checkpoint(run) / ckpt.CONFIG_FILE).block_size == 16  # as trained
+    assert (
+        _train(base, run, "max_steps=3", f"finetune={finetune}", "model.block_size=16", resume=True).step == 3
+    )
     capsys.readouterr()
 
     def loss(*extra):

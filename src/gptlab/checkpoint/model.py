@@ -114,6 +114,26 @@ def read_config(path: str | os.PathLike[str]) -> GPTConfig:
         raise GptlabError(f"{path}: {exc}") from None
 
 
+def context_extra(model: Any) -> dict[str, int]:
+    """``{"context": N}`` for a model fine-tuned on windows shorter than its pretrained context ``N``
+    (``model.block_size=256`` on SmolLM2's 8,192; positions computed, not looked up): written beside
+    the config as trained, so the checkpoint still runs at the full context (``usable_config``)."""
+    context = getattr(model, "pretrained_context", None)
+    return {"context": int(context)} if context and context > model.config.block_size else {}
+
+
+def usable_config(path: str | os.PathLike[str]) -> GPTConfig:
+    """The config to run a checkpoint with: as trained (``read_config``), at its pretrained context
+    where it was fine-tuned on shorter windows (``context_extra``)."""
+    config = read_config(path)
+    context = read_json(path).get("context")
+    return (
+        config.replace(block_size=context)
+        if isinstance(context, int) and context > config.block_size
+        else config
+    )
+
+
 def save(model: GPT, tokenizer: Any | None, directory: str | os.PathLike[str]) -> Path:
     """Write ``model`` (and ``tokenizer``, if given) as a checkpoint directory."""
     directory = Path(directory)
@@ -127,7 +147,8 @@ def save(model: GPT, tokenizer: Any | None, directory: str | os.PathLike[str]) -
             "a model quantized to bf16 for inference cannot be saved; save it before quantize(), "
             "or store bf16 weights with model.to(torch.bfloat16) / gptlab convert --dtype bf16"
         )
-    extra = {"quantization": INT8_FORMAT} if fmt == "int8" else {}
+    extra: dict[str, Any] = {"quantization": INT8_FORMAT} if fmt == "int8" else {}
+    extra.update(context_extra(model))
     directory.mkdir(parents=True, exist_ok=True)
     write_tensors(
         directory / WEIGHTS_FILE,
@@ -174,7 +195,7 @@ def load(
     if lora.is_lora_checkpoint(directory):  # the one place LoRA adapters are merged on load
         model, tokenizer = lora.load_merged(directory, device, dtype)
         return (quantization.quantize(model, quantize) if quantize else model), tokenizer
-    config = read_config(directory / CONFIG_FILE)
+    config = usable_config(directory / CONFIG_FILE)
     weights = directory / WEIGHTS_FILE
     cpu = torch.device(device).type == "cpu"
     if stored is not None:

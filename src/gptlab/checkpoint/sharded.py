@@ -38,11 +38,13 @@ from gptlab.checkpoint.files import (
     resolve_checkpoint,
 )
 from gptlab.checkpoint.model import (
+    context_extra,
     load_model_state,
     load_tokenizer,
     model_state,
     read_config,
     save,
+    usable_config,
     write_config,
 )
 from gptlab.checkpoint.run import TRAIN_STATE_FILE, _discard, _remove_tree, unflatten_state
@@ -143,7 +145,7 @@ def save_training_checkpoint(
         dcp.save(tensors, storage_writer=writer, no_dist=_no_dist())  # returns once every rank has written
     if info.is_main:
         config = getattr(model, "config", None)
-        write_config(tmp / CONFIG_FILE, config)
+        write_config(tmp / CONFIG_FILE, config, **context_extra(model))
         if tokenizer is not None:
             tokenizer.save(tmp / TOKENIZER_FILE)
         atomic_write_json(
@@ -263,6 +265,9 @@ def consolidate(source: str | os.PathLike[str], out: str | os.PathLike[str]) -> 
     tensors = {f"model.{k}": v for k, v in model_state(model).items()}  # a tied head is wte.weight
     _load(directory, tensors)
     load_model_state(model, {k[len("model.") :]: v for k, v in tensors.items()}, directory)
+    model.pretrained_context = usable_config(
+        directory / CONFIG_FILE
+    ).block_size  # kept, if fine-tuned shorter
     return save(model, load_tokenizer(directory), out)
 
 

@@ -232,12 +232,10 @@ def evaluate_path(
 
 
 def trained_context(directory: Path, limit: int) -> int:
-    """The context a checkpoint was trained at: a LoRA run's own ``block_size`` (it may have trained on
-    shorter windows than its base model's, ``model.block_size=256`` on SmolLM2's 8,192), else ``limit``."""
+    """The context a checkpoint was trained at: its config as trained (a fine-tuning run may have
+    trained on shorter windows than its base model's, ``model.block_size=256`` on SmolLM2's 8,192;
+    it loads at the base's), at most ``limit``."""
     from gptlab.checkpoint import CONFIG_FILE
-    from gptlab.checkpoint.lora import is_lora_checkpoint
     from gptlab.checkpoint.model import read_config
 
-    if not is_lora_checkpoint(directory):
-        return limit
     return min(read_config(directory / CONFIG_FILE).block_size, limit)

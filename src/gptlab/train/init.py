@@ -237,8 +237,10 @@ def start(cfg: Any, data: Any) -> Start | None:
         from gptlab.checkpoint import load_model_state, model_state
 
         state = model_state(model)
+        pretrained_context = model.config.block_size
         model = GPT(config)
         load_model_state(model, state, src)
+        model.pretrained_context = pretrained_context  # checkpoints keep it (checkpoint.context_extra)
     base = {"path": str(resolve_source(src)), "sha256": source_sha256(src), "kind": source_kind(src)}
     return Start(model=model, tokenizer=tokenizer, base=base)
 
