@@ -233,6 +233,22 @@ def test_consolidate_and_one_line_errors(tmp_path, capsys):
     assert "\n" not in str(exc.value)
 
 
+def test_consolidate_keeps_the_context_of_a_run_fine_tuned_on_shorter_windows(tmp_path):
+    from gptlab.model import GPT, GPTConfig
+    from gptlab.train.distributed import DistInfo
+    from gptlab.train.optim import build_optimizer
+
+    config = GPTConfig(vocab_size=40, block_size=16, n_layer=1, n_head=2, n_embd=16, pos="rope", bias=False)
+    model = GPT(config)
+    model.pretrained_context = 32  # as gptlab.train.init.start sets it for model.block_size=16 on a 32 base
+    opt = build_optimizer(model, TrainConfig(), "cpu")
+    sharded.save_training_checkpoint(tmp_path / "run", 1, model, opt, None, DistInfo(), {})
+    assert ckpt.read_config(tmp_path / "run" / "ckpt-1" / ckpt.CONFIG_FILE).block_size == 16  # as trained
+    out = sharded.consolidate(tmp_path / "run", tmp_path / "c")
+    assert ckpt.load(out)[0].config.block_size == 32
+    assert ckpt.read_config(out / ckpt.CONFIG_FILE).block_size == 16
+
+
 def test_size_shows_fsdp_per_rank_memory_at_most_055_of_ddp(capsys):
     from gptlab.cli import main
     from gptlab.model import GPTConfig
