@@ -102,6 +102,9 @@ def test_mlm_run_fills_masks_and_refuses_to_sample(text_data, tmp_path, capsys) 
     capsys.readouterr()
     assert main(["eval", str(tmp_path / "run"), "--data", str(text_data), "--max-batches", "2"]) == 0
     assert "loss" in capsys.readouterr().out  # the masked-token loss
+    assert main(["eval", str(tmp_path / "run"), "--data", str(text_data), "--context", "8"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--context is for decoder models" in err[0]
     assert result.val_loss is not None
 
 

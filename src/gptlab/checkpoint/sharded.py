@@ -265,9 +265,8 @@ def consolidate(source: str | os.PathLike[str], out: str | os.PathLike[str]) -> 
     tensors = {f"model.{k}": v for k, v in model_state(model).items()}  # a tied head is wte.weight
     _load(directory, tensors)
     load_model_state(model, {k[len("model.") :]: v for k, v in tensors.items()}, directory)
-    model.pretrained_context = usable_config(
-        directory / CONFIG_FILE
-    ).block_size  # kept, if fine-tuned shorter
+    usable = usable_config(directory / CONFIG_FILE)  # a run fine-tuned on shorter windows keeps its context
+    model.pretrained_context = usable.block_size
     return save(model, load_tokenizer(directory), out)
 
 

@@ -29,8 +29,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         type=int,
         default=None,
         metavar="N",
-        help="windows of N tokens (default: the context the checkpoint was trained at; for a LoRA run, "
-        "its training context, not its base model's)",
+        help="windows of N tokens (default: the context the checkpoint was trained at; for a fine-tuning "
+        "run, its training context, not its base model's)",
     )
     p.add_argument(
         "--dtype",

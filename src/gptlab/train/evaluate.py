@@ -157,8 +157,9 @@ def evaluate_path(
     context: int | None = None,
 ) -> tuple[EvalResult, str]:
     """Evaluate a checkpoint (or a run directory's latest) on a text file or a dataset split, in windows
-    of ``context`` tokens: by default the context it was trained at (a LoRA run's training context,
-    which may be shorter than its base model's)."""
+    of ``context`` tokens: by default the context it was trained at (a fine-tuning run's training
+    context, which may be shorter than its base model's). Encoders and encoder–decoders score their
+    own objective and take no ``context``."""
     import numpy as np
 
     from gptlab.checkpoint import load, resolve_checkpoint
@@ -173,6 +174,8 @@ def evaluate_path(
         torch.autocast(torch.device(device).type, dtype=torch.bfloat16) if dtype == "bfloat16" else None
     )
     if model.config.arch != "decoder":  # an encoder (masked tokens) or an encoder–decoder (pairs)
+        if context is not None:
+            raise GptlabError(f"--context is for decoder models; {directory} is an {model.config.arch}")
         from gptlab.train.objectives import evaluate_objective
 
         return evaluate_objective(model, text, data, split, batch_size, max_batches, device, autocast), (

@@ -12,8 +12,9 @@ and NS orthogonalises U by five quintic Newton–Schulz steps on X = U/‖U‖ (
 matrix products are emulated and cost about 1 s a step for the best recipe's 12 matrices;
 ``muon_class(device_type)`` then returns ``Float32Muon``, the same update with NS in float32,
 run once per stack of same-shaped matrices (``bmm``) rather than matrix by matrix (the best
-recipe's NS: 42 → 28 ms a step on a 2-core AVX2 CPU). Where bf16 is native it returns ``torch.optim.Muon`` itself. Both keep the same state
-(``momentum_buffer``), so a checkpoint resumes under either.
+recipe's NS: 42 → 28 ms a step on a 2-core AVX2 CPU). Where bf16 is native it returns
+``torch.optim.Muon`` itself. Both keep the same state (``momentum_buffer``), so a checkpoint
+resumes under either.
 """
 
 from __future__ import annotations
