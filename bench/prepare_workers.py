@@ -26,22 +26,23 @@ SHARED = Path(
 
 
 def _tree_rss(pid: int) -> int:
-    """Resident bytes of ``pid`` and every descendant."""
-    children: dict[int, list[int]] = {}
-    rss: dict[int, int] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        p = int(stat.parent.name)
-        children.setdefault(int(fields[1]), []).append(p)
-        rss[p] = int(fields[21]) * os.sysconf("SC_PAGE_SIZE")
+    """Resident bytes of ``pid`` and every descendant.
+
+    Walks ``/proc/P/task/*/children`` from ``pid`` down, reading a few small files per process: a
+    scan of all of ``/proc`` cost ~3 ms, every 20 ms, on a core the 2-worker run needs.
+    """
+    page = os.sysconf("SC_PAGE_SIZE")
     total, todo = 0, [pid]
     while todo:
         p = todo.pop()
-        total += rss.get(p, 0)
-        todo.extend(children.get(p, []))
+        try:
+            with open(f"/proc/{p}/statm") as f:
+                total += int(f.read().split()[1]) * page
+            for task in os.listdir(f"/proc/{p}/task"):
+                with open(f"/proc/{p}/task/{task}/children") as f:
+                    todo.extend(int(c) for c in f.read().split())
+        except OSError:  # the process (or thread) has just ended
+            continue
     return total
 
 
