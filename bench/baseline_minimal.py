@@ -78,6 +78,50 @@ class MinimalGPT(nn.Module):
         return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
 
 
+class MinimalRun:
+    """The reference run, one iteration at a time: ``step(it)`` is one batch, forward, backward and
+    AdamW step at the cosine schedule's ``lr(it)``; returns the loss (read, as that loop logs it)."""
+
+    def __init__(self, data: str | Path = DEFAULT_DATA, max_steps: int = 2000, seed: int = 1337) -> None:
+        torch.manual_seed(seed)
+        text = Path(data).read_text(encoding="utf-8")
+        chars = sorted(set(text))
+        lookup = {c: i for i, c in enumerate(chars)}
+        ids = np.fromiter((lookup[c] for c in text), dtype=np.uint16, count=len(text))
+        self.train = ids[: int(0.9 * len(ids))]
+        self.max_steps = max_steps
+        self.model = MinimalGPT(len(chars))
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        groups = [
+            {"params": [p for p in params if p.dim() >= 2], "weight_decay": 0.1},
+            {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+        ]
+        self.opt = torch.optim.AdamW(groups, lr=1e-3, betas=(0.9, 0.99))
+
+    def batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        ix = torch.randint(len(self.train) - BLOCK, (BATCH,))
+        x = torch.stack([torch.from_numpy(self.train[i : i + BLOCK].astype(np.int64)) for i in ix])
+        y = torch.stack([torch.from_numpy(self.train[i + 1 : i + 1 + BLOCK].astype(np.int64)) for i in ix])
+        return x, y
+
+    def lr(self, it: int) -> float:
+        if it < 100:
+            return 1e-3 * (it + 1) / 101
+        ratio = (it - 100) / (2000 - 100)
+        return 1e-4 + 0.5 * (1 + math.cos(math.pi * min(ratio, 1.0))) * (1e-3 - 1e-4)
+
+    def step(self, it: int) -> float:
+        for g in self.opt.param_groups:
+            g["lr"] = self.lr(it)
+        x, y = self.batch()
+        loss = self.model(x, y)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+        return loss.item()
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--data", default=str(DEFAULT_DATA))
@@ -85,46 +129,12 @@ def main() -> int:
     p.add_argument("--threads", type=int, default=2)
     args = p.parse_args()
     torch.set_num_threads(args.threads)
-    torch.manual_seed(1337)
-    text = Path(args.data).read_text(encoding="utf-8")
-    chars = sorted(set(text))
-    lookup = {c: i for i, c in enumerate(chars)}
-    ids = np.fromiter((lookup[c] for c in text), dtype=np.uint16, count=len(text))
-    train = ids[: int(0.9 * len(ids))]
-
-    def get_batch() -> tuple[torch.Tensor, torch.Tensor]:
-        ix = torch.randint(len(train) - BLOCK, (BATCH,))
-        x = torch.stack([torch.from_numpy(train[i : i + BLOCK].astype(np.int64)) for i in ix])
-        y = torch.stack([torch.from_numpy(train[i + 1 : i + 1 + BLOCK].astype(np.int64)) for i in ix])
-        return x, y
-
-    model = MinimalGPT(len(chars))
-    params = [p for p in model.parameters() if p.requires_grad]
-    groups = [
-        {"params": [p for p in params if p.dim() >= 2], "weight_decay": 0.1},
-        {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
-    ]
-    opt = torch.optim.AdamW(groups, lr=1e-3, betas=(0.9, 0.99))
-
-    def lr_at(it: int) -> float:
-        if it < 100:
-            return 1e-3 * (it + 1) / 101
-        ratio = (it - 100) / (2000 - 100)
-        return 1e-4 + 0.5 * (1 + math.cos(math.pi * min(ratio, 1.0))) * (1e-3 - 1e-4)
-
+    run = MinimalRun(args.data, args.max_steps)
     times = []
     t_start = time.perf_counter()
     for it in range(args.max_steps):
         t0 = time.perf_counter()
-        for g in opt.param_groups:
-            g["lr"] = lr_at(it)
-        x, y = get_batch()
-        loss = model(x, y)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        last = loss.item()
+        last = run.step(it)
         times.append(time.perf_counter() - t0)
     wall = time.perf_counter() - t_start
     steady = statistics.fmean(times[20:] if len(times) > 20 else times)  # mean, as train_shakespeare_char
