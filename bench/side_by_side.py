@@ -11,7 +11,8 @@ checkpoints, the way ``train_wall_s`` counts them. The recipe's ``val_loss`` is 
 over the whole validation split in float32, as ``bench/train_shakespeare_char.py`` does.
 
 The recipe steps through gptlab's own trainer (``gptlab.train.loop._Trainer.train_step``, the step
-that ``gptlab train`` runs); the yardstick is ``bench/baseline_minimal.py``'s ``MinimalRun``.
+that ``gptlab train`` runs); the yardstick is ``bench/baseline_minimal.py``'s ``MinimalRun``. Both run on
+the CPU, where the yardstick runs; ``bench/gpu.py`` compares the two on a GPU.
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     from gptlab.train.evaluate import evaluate_tokens
     from gptlab.train.loop import _Trainer
 
-    cfg = build_config(RECIPES[args.recipe], ["progress=false", *args.overrides])
+    cfg = build_config(RECIPES[args.recipe], ["progress=false", "device=cpu", *args.overrides])
     load_start = os.getloadavg()[0]
     with tempfile.TemporaryDirectory() as tmp:
         data_dir = Path(tmp) / "data"
