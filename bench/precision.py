@@ -14,16 +14,18 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from roofline import median_s  # noqa: E402
 
 from gptlab import hardware  # noqa: E402
 from gptlab.model import GPT  # noqa: E402
@@ -33,13 +35,8 @@ from gptlab.train.optim import _split  # noqa: E402
 
 
 def median_ms(fn, repeats: int) -> float:
-    fn()
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return round(1e3 * statistics.median(times), 2)
+    """Median of ``repeats`` timings after a warm-up, in ms (every repeat, however slow)."""
+    return round(1e3 * median_s(fn, repeats, budget_s=math.inf), 2)
 
 
 def main() -> None:

@@ -8,7 +8,7 @@ softmax and the optimizer are left out, so ``F`` is a lower bound on the work). 
 less than ``F / P`` seconds, where ``P`` is the best rate this CPU multiplies matrices at:
 
     floor_ms          = F / P                      P: the fastest of square float32 products
-    yardstick_gflops  = F / t_yardstick            t: the nanoGPT-style loop's mean step here
+    yardstick_gflops  = F / t_yardstick            t: the nanoGPT-style loop's median step here
     max_speedup       = t_yardstick / floor_ms     the most any implementation can gain over it
     share_of_peak_2x  = 2·F / (t_yardstick·P)      what a 2× faster step would have to sustain
 
@@ -38,11 +38,12 @@ from train_shakespeare_char import DEFAULT_DATA, RECIPES  # noqa: E402
 
 def median_s(fn: Callable[[], object], repeats: int, budget_s: float = 5.0) -> float:
     """Median wall time of ``fn()`` over ``repeats`` calls after one warm-up call, fewer (at least 3)
-    where the calls would take more than ``budget_s`` in all (emulated bf16 is ~60× slower)."""
+    where the calls would take more than ``budget_s`` in all (emulated bf16 runs ~100× slower)."""
     t = time.perf_counter()
     fn()
     first = time.perf_counter() - t
-    repeats = max(min(3, repeats), min(repeats, int(budget_s / max(first, 1e-9))))
+    if first * repeats > budget_s:
+        repeats = max(min(3, repeats), int(budget_s / first))
     times = []
     for _ in range(repeats):
         t = time.perf_counter()
@@ -76,7 +77,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=30)
     parser.add_argument("--sizes", type=int, nargs="+", default=[512, 1024, 2048])
-    parser.add_argument("--yardstick-steps", type=int, default=220, help="0: skip the yardstick")
+    parser.add_argument(
+        "--yardstick-steps",
+        type=int,
+        default=220,
+        help="yardstick steps; its first 20 are warm-up, so 20 or fewer skip it",
+    )
     parser.add_argument("--data", default=str(DEFAULT_DATA))
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
