@@ -68,6 +68,7 @@ def test_more_processes_than_gpus_fails_before_joining_the_group(monkeypatch):
 
 def test_auto_is_printed_recorded_and_kept_on_resume(dataset, tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(hardware, "detect", lambda: AVX2)
+    monkeypatch.setattr(hardware, "PLAIN_CONTEXT", 8)  # the 16-token model attends through sdpa here
     run = tmp_path / "run"
     train(build_config(None, [*TINY, "max_steps=2", "ckpt_every=2", "optimizer=muon"]), dataset, run)
     err = capsys.readouterr().err
@@ -105,6 +106,14 @@ def test_auto_is_printed_recorded_and_kept_on_resume(dataset, tmp_path, capsys, 
     # an explicit override still wins
     cfg, _ = resolve_run(run, None, True, None, ["max_steps=6", "dtype=bfloat16"])
     assert cfg.dtype == "bfloat16"
+
+
+def test_a_short_context_trains_through_the_plain_path_on_a_cpu(dataset, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(hardware, "detect", lambda: AVX2)
+    train(build_config(None, [*TINY, "max_steps=1"]), dataset, tmp_path / "run")  # a 16-token context
+    assert "dtype float32, attention plain," in capsys.readouterr().err
+    record = json.loads((tmp_path / "run" / RUN_CONFIG_FILE).read_text())["resolved"]
+    assert (record["attention"], record["requested"]["attention"]) == ("plain", "auto")
 
 
 def test_explicit_bf16_on_an_emulating_cpu_warns_once(dataset, tmp_path, capsys, monkeypatch):

@@ -60,6 +60,15 @@ def test_explicit_settings_are_honoured():
     assert plan(AVX512_BF16, dtype="float32").attention == "sdpa"
 
 
+def test_short_contexts_attend_through_the_plain_path_on_a_cpu_only():
+    assert plan(AVX2, context=64).attention == "plain"  # T×T scores small: batched products
+    assert plan(AVX2, context=65).attention == "sdpa"  # longer: the fused kernel, no B·H·T² scores
+    assert plan(AVX2).attention == "sdpa"  # context unknown
+    assert plan(AVX512_BF16, context=1024).attention == "plain"  # bf16 on a CPU, any context
+    assert plan(CUDA_BF16, context=64).attention == plan(APPLE, context=64).attention == "sdpa"
+    assert plan(AVX2, attention="sdpa", context=64).attention == "sdpa"  # asked for: honoured
+
+
 def test_native_bf16_needs_the_flag_and_avx512_dispatch():
     assert AVX512_BF16.native_bf16 and not AVX2.native_bf16 and not AVX512_NO_BF16.native_bf16
     assert not AVX512_BF16_AS_AVX2.native_bf16

@@ -81,13 +81,21 @@ def plain_attention(
     need_weights: bool,
     causal: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """``softmax(Q·Kᵀ/√d_k + M)·V`` written out. q: (B, H, T_q, d_k); k, v: (B, H, T_k, d_k)."""
-    n_q, n_k, d_k = q.size(-2), k.size(-2), q.size(-1)
-    scores = (q @ k.transpose(-2, -1)) / math.sqrt(d_k)  # (B, H, T_q, T_k)
-    scores = scores.float() + _full_mask(n_q, n_k, attn_mask, bias, q.device, torch.float32, causal)
-    weights = torch.softmax(scores, dim=-1).to(q.dtype)  # rows sum to 1, exact zeros where M = −∞
+    """``softmax(Q·Kᵀ/√d_k + M)·V`` written out. q: (B, H, T_q, d_k); k, v: (B, H, T_k, d_k).
+
+    ``Q·Kᵀ/√d_k + M`` is one ``baddbmm`` (the scale and the mask applied as the product is
+    written); the softmax runs in float32, with exact zeros where ``M = −∞``.
+    """
+    B, H, n_q, d_k = q.shape
+    n_k = k.size(-2)
+    m = _full_mask(n_q, n_k, attn_mask, bias, q.device, q.dtype, causal)
+    m = m.expand(B, H, n_q, n_k).reshape(B * H, n_q, n_k)
+    q3, k3, v3 = q.reshape(B * H, n_q, d_k), k.reshape(B * H, n_k, d_k), v.reshape(B * H, n_k, d_k)
+    scores = torch.baddbmm(m, q3, k3.transpose(1, 2), alpha=1 / math.sqrt(d_k))  # (B·H, T_q, T_k)
+    weights = torch.softmax(scores.float(), dim=-1).to(v.dtype)  # rows sum to 1
     dropped = F.dropout(weights, dropout_p) if dropout_p > 0 else weights
-    return dropped @ v, (weights if need_weights else None)
+    y = torch.bmm(dropped, v3).view(B, H, n_q, d_k)
+    return y, (weights.view(B, H, n_q, n_k) if need_weights else None)
 
 
 def sdpa_attention(
