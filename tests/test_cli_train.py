@@ -164,7 +164,7 @@ def test_ctrl_c_saves_and_exits_cleanly(dataset, tmp_path):
 
 
 def test_demo_runs_offline(capsys, tmp_path):
-    code, out, _ = _cli(
+    code, out, err = _cli(
         capsys,
         "demo",
         "--out",
@@ -182,4 +182,7 @@ def test_demo_runs_offline(capsys, tmp_path):
     )
     assert code == 0
     assert "---- sample ----" in out and str(tmp_path / "demo" / "loss.png") in out
+    # 400 characters past a 32-token context: said once in the output, not as a warning
+    assert "each one is predicted from the last 32" in out
+    assert "passed the context" not in err
     assert (tmp_path / "demo" / "loss.png").is_file() and ckpt.list_checkpoints(tmp_path / "demo")[-1][0] == 3

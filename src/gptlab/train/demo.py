@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import shutil
 import time
+import warnings
 from pathlib import Path
 
 from gptlab.errors import GptlabError
@@ -65,7 +66,11 @@ def run_demo(
     result = train(cfg, out / "data", out)
     model, tok = load(out)
     sample = _sample(model, tok)
-    print("\n---- sample ----")
+    context = model.config.block_size
+    print(
+        f"\nsampling at temperature 0.8; past {context} characters each one is predicted from the last {context}"
+    )
+    print("---- sample ----")
     print(sample)
     print("----------------")
     val = f"{result.val_loss:.3f}" if result.val_loss is not None else "n/a"
@@ -79,7 +84,12 @@ def run_demo(
 
 
 def _sample(model, tok, n: int = 400) -> str:  # type: ignore[no-untyped-def]
-    from gptlab.generate import SampleConfig, generate_text
+    """``n`` characters at temperature 0.8; past the context, over a sliding window (said before the
+    sample, so generation's own ``ContextWarning`` is not repeated as a warning)."""
+    from gptlab.generate import ContextWarning, SampleConfig, generate_text
 
     prompt = "\n" if "\n" in getattr(tok, "chars", ["\n"]) else tok.decode([0])
-    return prompt + generate_text(model, tok, prompt, SampleConfig(max_new_tokens=n, temperature=0.8, seed=0))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ContextWarning)
+        text = generate_text(model, tok, prompt, SampleConfig(max_new_tokens=n, temperature=0.8, seed=0))
+    return prompt + text
