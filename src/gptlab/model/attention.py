@@ -89,7 +89,8 @@ def plain_attention(
     B, H, n_q, d_k = q.shape
     n_k = k.size(-2)
     m = _full_mask(n_q, n_k, attn_mask, bias, q.device, q.dtype, causal)
-    m = m.expand(B, H, n_q, n_k).reshape(B * H, n_q, n_k)
+    if m.dim() > 2:  # per batch or per head (padding, ALiBi): one (T_q, T_k) matrix per (b, h)
+        m = m.expand(B, H, n_q, n_k).reshape(B * H, n_q, n_k)
     q3, k3, v3 = q.reshape(B * H, n_q, d_k), k.reshape(B * H, n_k, d_k), v.reshape(B * H, n_k, d_k)
     scores = torch.baddbmm(m, q3, k3.transpose(1, 2), alpha=1 / math.sqrt(d_k))  # (B·H, T_q, T_k)
     weights = torch.softmax(scores.float(), dim=-1).to(v.dtype)  # rows sum to 1

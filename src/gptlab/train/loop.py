@@ -102,6 +102,7 @@ class _Trainer:
     def __init__(
         self, cfg: TrainConfig, data_dir: Path, run_dir: Path, resume: bool, info: distributed.DistInfo
     ) -> None:
+        torch.set_num_threads(threads(cfg, info.world_size))
         self.objective = make_objective(cfg, data_dir, info.rank, info.world_size)  # batches and loss
         self.data, self.model_config = self.objective.data, self.objective.model_config
         # what dtype/attention "auto" mean on this device, for this model's context
@@ -109,7 +110,6 @@ class _Trainer:
         self.cfg, self.run_dir, self.info, self.data_dir = cfg, run_dir, info, data_dir
         self.device = info.device
         self.device_type = torch.device(self.device).type
-        torch.set_num_threads(threads(cfg, info.world_size))
         self.start = self.objective.start  # pretrained weights to fine-tune (init=SRC), or None
         ckpt.check_tokenizer_fits(
             self.objective.tokenizer, self.model_config.vocab_size, data_dir / "tokenizer.json"

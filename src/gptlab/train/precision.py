@@ -32,7 +32,7 @@ LOSS_IMPLS = ("auto", *HEAD_LOSSES)
 CHUNKED_FROM = 256 * 2**20  # bytes of one micro-batch's float32 logits
 
 
-def resolve(cfg: TrainConfig, device: str, context: int | None = None) -> tuple[TrainConfig, dict[str, Any]]:
+def resolve(cfg: TrainConfig, device: str, context: int) -> tuple[TrainConfig, dict[str, Any]]:
     """``cfg`` with its ``auto`` fields made concrete for ``device`` and a model of ``context``
     tokens, and the record of the choice."""
     plan = hardware.plan(device=device, dtype=cfg.dtype, attention=cfg.attention, context=context)
