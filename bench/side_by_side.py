@@ -102,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
                 "blocks": args.blocks,
                 "dtype": trainer.resolved["dtype"],
                 "attention": trainer.resolved["attention"],
-                "compile": cfg.compile,
+                "compile": trainer.resolved["compile"],
                 "cpu": trainer.resolved["machine"],
                 "threads": threads,
                 "torch": torch.__version__,

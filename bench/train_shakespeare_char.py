@@ -92,7 +92,7 @@ def main() -> int:
                 "attention": resolved["attention"],
                 "device": resolved["device"],
                 "cpu": resolved["machine"],
-                "compile": cfg.compile,
+                "compile": resolved["compile"],
                 "optimizer": cfg.optimizer,
                 "block_size": cfg.model_config(65).block_size,
                 "batch_size": cfg.batch_size,

@@ -86,3 +86,39 @@ def test_on_cuda_the_choice_is_the_static_paths_graphs_and_is_said(requested, pl
     assert static_wanted(model) is static  # the choice is recorded for the model (no GPU needed)
     err = capsys.readouterr().err
     assert err.startswith(f"compile: {'on' if static else 'off'} (") and err.count("\n") == 1
+
+
+def test_training_compile_auto_follows_the_device_the_precision_and_the_strategy(monkeypatch):
+    """``compile = "auto"`` (the ``reference`` and ``gpt2-speedrun`` recipes): compiled on a GPU and
+    under bf16 on a CPU, eager in float32 on a CPU, under FSDP and without a C++ compiler."""
+    import dataclasses
+
+    from test_hardware import AVX2, AVX512_BF16, CUDA_BF16
+
+    from gptlab import hardware
+    from gptlab.train import precision
+    from gptlab.train.config import build_config
+
+    cfg = build_config("reference")
+    assert cfg.compile == "auto"
+    for machine, device, expected in [
+        (AVX2, "cpu", False),
+        (AVX512_BF16, "cpu", True),
+        (CUDA_BF16, "cuda:0", True),
+    ]:
+        monkeypatch.setattr(hardware, "detect", lambda m=machine: m)
+        resolved, record = precision.resolve(cfg, device, 64)
+        assert resolved.compile is expected and record["compile"] is expected
+        assert record["requested"]["compile"] == "auto"
+    monkeypatch.setattr(hardware, "detect", lambda: CUDA_BF16)
+    fsdp = dataclasses.replace(cfg, strategy="fsdp")
+    assert precision.resolve(fsdp, "cuda:0", 64)[0].compile is False  # FSDP runs uncompiled here
+    monkeypatch.setattr(hardware, "detect", lambda: AVX512_BF16)
+    monkeypatch.setattr(precision, "can_compile", lambda device_type: False)  # no C++ compiler
+    assert precision.resolve(cfg, "cpu", 64)[0].compile is False
+    assert (
+        precision.resolve(dataclasses.replace(cfg, compile=True), "cpu", 64)[0].compile is True
+    )  # asked for
+    for bad in ("compile=1", "compile=maybe"):
+        with pytest.raises(GptlabError, match="compile must be true, false or auto"):
+            build_config("reference", [bad])

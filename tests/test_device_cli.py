@@ -70,23 +70,26 @@ def test_auto_is_printed_recorded_and_kept_on_resume(dataset, tmp_path, capsys, 
     monkeypatch.setattr(hardware, "detect", lambda: AVX2)
     monkeypatch.setattr(hardware, "PLAIN_CONTEXT", 8)  # the 16-token model attends through sdpa here
     run = tmp_path / "run"
-    train(build_config(None, [*TINY, "max_steps=2", "ckpt_every=2", "optimizer=muon"]), dataset, run)
+    cfg = build_config(None, [*TINY, "max_steps=2", "ckpt_every=2", "optimizer=muon", "compile=auto"])
+    train(cfg, dataset, run)
     err = capsys.readouterr().err
     assert (
-        "hardware: cpu (AVX2, no native bf16): dtype float32, attention sdpa, Muon Newton–Schulz in float32"
-        in err
+        "hardware: cpu (AVX2, no native bf16): dtype float32, attention sdpa, Muon Newton–Schulz in float32, "
+        "eager" in err
     )
     record = json.loads((run / RUN_CONFIG_FILE).read_text())["resolved"]
-    assert (record["device"], record["dtype"], record["attention"], record["newton_schulz"]) == (
-        "cpu",
-        "float32",
-        "sdpa",
-        "float32",
-    )
+    assert (
+        record["device"],
+        record["dtype"],
+        record["attention"],
+        record["newton_schulz"],
+        record["compile"],
+    ) == ("cpu", "float32", "sdpa", "float32", False)
     assert record["requested"] == {
         "device": "auto",
         "dtype": "auto",
         "attention": "auto",
+        "compile": "auto",
         "loss_impl": "auto",
     }
     assert record["loss_impl"] == "plain"  # a tiny vocabulary: its logits are small
@@ -94,15 +97,14 @@ def test_auto_is_printed_recorded_and_kept_on_resume(dataset, tmp_path, capsys, 
     # the same run resumed where auto would choose bf16 (and with the recipe's "auto" given again)
     monkeypatch.setattr(hardware, "detect", lambda: AVX512_BF16)
     fresh = build_config(None, [*TINY, "max_steps=2"])
-    assert (hardware.plan(dtype=fresh.dtype).dtype, hardware.plan(dtype=fresh.dtype).attention) == (
-        "bfloat16",
-        "plain",
-    )
-    cfg, data = resolve_run(run, None, True, None, ["max_steps=4", "dtype=auto", "attention=auto"])
-    assert (cfg.dtype, cfg.attention) == ("float32", "sdpa")
+    fresh_plan = hardware.plan(dtype=fresh.dtype)
+    assert (fresh_plan.dtype, fresh_plan.attention, fresh_plan.compile) == ("bfloat16", "plain", True)
+    again_auto = ["max_steps=4", "dtype=auto", "attention=auto", "compile=auto"]
+    cfg, data = resolve_run(run, None, True, None, again_auto)
+    assert (cfg.dtype, cfg.attention, cfg.compile) == ("float32", "sdpa", False)
     train(cfg, data, run, resume=True)
     again = json.loads((run / RUN_CONFIG_FILE).read_text())["resolved"]
-    assert (again["dtype"], again["attention"]) == ("float32", "sdpa")
+    assert (again["dtype"], again["attention"], again["compile"]) == ("float32", "sdpa", False)
     # an explicit override still wins
     cfg, _ = resolve_run(run, None, True, None, ["max_steps=6", "dtype=bfloat16"])
     assert cfg.dtype == "bfloat16"

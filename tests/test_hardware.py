@@ -24,18 +24,18 @@ CUDA_NO_BF16 = Machine(cpu_capability="AVX2", cpu_flags=AVX2.cpu_flags, cuda_bui
 CUDA_TORCH_NO_GPU = Machine(cpu_capability="AVX2", cpu_flags=AVX2.cpu_flags, cuda_built=True)
 APPLE = Machine(cpu_capability="DEFAULT", mps_built=True, mps_available=True)
 
-# machine -> (device, dtype, attention, Newton–Schulz, inference weights, bf16 matmul of many rows)
+# machine -> (device, dtype, attention, Newton–Schulz, inference weights, bf16 matmul of many rows, compile)
 EXPECTED = {
-    "avx2": (AVX2, ("cpu", "float32", "sdpa", "float32", "fp32", "float32")),
-    "avx512_bf16": (AVX512_BF16, ("cpu", "bfloat16", "plain", "bfloat16", "bf16", "packed")),
-    "avx512_without_bf16": (AVX512_NO_BF16, ("cpu", "float32", "sdpa", "float32", "fp32", "float32")),
+    "avx2": (AVX2, ("cpu", "float32", "sdpa", "float32", "fp32", "float32", False)),
+    "avx512_bf16": (AVX512_BF16, ("cpu", "bfloat16", "plain", "bfloat16", "bf16", "packed", True)),
+    "avx512_without_bf16": (AVX512_NO_BF16, ("cpu", "float32", "sdpa", "float32", "fp32", "float32", False)),
     "avx512_bf16_dispatching_avx2": (
         AVX512_BF16_AS_AVX2,
-        ("cpu", "float32", "sdpa", "float32", "fp32", "float32"),
+        ("cpu", "float32", "sdpa", "float32", "fp32", "float32", False),
     ),
-    "cuda_bf16": (CUDA_BF16, ("cuda:0", "bfloat16", "sdpa", "bfloat16", "bf16", "plain")),
-    "cuda_without_bf16": (CUDA_NO_BF16, ("cuda:0", "float16", "sdpa", "float32", "fp32", "plain")),
-    "apple_mps": (APPLE, ("mps", "float32", "sdpa", "float32", "fp32", "plain")),
+    "cuda_bf16": (CUDA_BF16, ("cuda:0", "bfloat16", "sdpa", "bfloat16", "bf16", "plain", True)),
+    "cuda_without_bf16": (CUDA_NO_BF16, ("cuda:0", "float16", "sdpa", "float32", "fp32", "plain", True)),
+    "apple_mps": (APPLE, ("mps", "float32", "sdpa", "float32", "fp32", "plain", False)),
 }
 
 
@@ -43,8 +43,9 @@ EXPECTED = {
 def test_auto_chooses_the_documented_device_precision_and_kernels(name):
     machine, expected = EXPECTED[name]
     p = plan(machine)
-    assert (p.device, p.dtype, p.attention, p.newton_schulz, p.weights, p.bf16_matmul) == expected
+    assert (p.device, p.dtype, p.attention, p.newton_schulz, p.weights, p.bf16_matmul, p.compile) == expected
     assert p.to_dict()["dtype"] == p.dtype and p.device in p.summary()
+    assert p.summary().endswith(", compiled" if p.compile else ", eager")
 
 
 def test_the_cpu_of_a_gpu_machine_follows_the_cpu_rules():
@@ -58,6 +59,16 @@ def test_explicit_settings_are_honoured():
     assert (p.dtype, p.attention) == ("bfloat16", "sdpa")
     assert plan(AVX2, dtype="bfloat16").attention == "plain"  # bf16 on a CPU: the plain path
     assert plan(AVX512_BF16, dtype="float32").attention == "sdpa"
+
+
+def test_compile_auto_follows_the_device_and_the_precision():
+    # a CPU compiles only under autocast: in float32 the cold compilation cost more than it saved
+    assert plan(AVX2, dtype="bfloat16").compile is True
+    assert plan(AVX512_BF16, dtype="float32").compile is False
+    assert plan(CUDA_BF16, dtype="float32").compile is True  # a GPU at any precision
+    assert plan(CUDA_BF16, device="cpu").compile is False  # that machine's CPU follows the CPU rule
+    # asked for: honoured either way
+    assert plan(AVX2, compile=True).compile is True and plan(CUDA_BF16, compile=False).compile is False
 
 
 def test_short_contexts_attend_through_the_plain_path_on_a_cpu_only():

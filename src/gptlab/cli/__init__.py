@@ -81,12 +81,10 @@ def _setting_hint(argv: list[str], unknown: list[str]) -> str:
         if not sep:
             i = argv.index(flag)
             following = argv[i + 1] if i + 1 < len(argv) else ""
-            if fields[key].type == "bool" and (
-                not following or following.startswith("-") or "=" in following
-            ):
-                value = "true"
+            if not following or following.startswith("-") or "=" in following:  # a bare flag
+                value = "true" if str(fields[key].type).startswith("bool") else "VALUE"
             else:
-                value = following or "VALUE"
+                value = following
         hints.append(f"{key}={value}")
     if not hints:
         return ""

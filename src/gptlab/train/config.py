@@ -58,7 +58,7 @@ class TrainConfig:
     keep_last: int = 2  # checkpoints kept besides the best by val loss
     seed: int = 1337
     dtype: str = "auto"  # auto (gptlab.hardware) | float32 | bfloat16 (autocast) | float16 (CUDA, GradScaler)
-    compile: bool = False  # torch.compile the model
+    compile: bool | str = False  # torch.compile the model; auto: where it pays (gptlab.hardware)
     loss_impl: str = "auto"  # auto | plain (whole logits) | chunked (head + loss over row chunks, gptlab.model.chunked_loss)
     # layer groups (mlp, attn, head, all) whose training products run in FP8 (gptlab.model.fp8, CUDA ≥ 8.9)
     fp8: list[str] = field(default_factory=list)
@@ -163,6 +163,10 @@ class TrainConfig:
                 getattr(self, name) in table,
                 f"{name} must be one of {', '.join(table)}; got {getattr(self, name)!r}",
             )
+        need(
+            isinstance(self.compile, bool) or self.compile == "auto",
+            f"compile must be true, false or auto; got {self.compile!r}",
+        )
         need(self.dtype in DTYPES, f"dtype must be one of {', '.join(DTYPES)}; got {self.dtype!r}")
         need(
             self.attention in ("auto", *ATTENTION_PATHS),

@@ -1,7 +1,7 @@
 """A run's device, precision and attention path, resolved once from the machine (``gptlab.hardware``).
 
-``resolve(cfg, device)`` turns ``dtype = "auto"`` and ``attention = "auto"`` into what this
-machine runs fast, and returns the record written to the run's ``train_config.json`` under
+``resolve(cfg, device, context)`` turns ``dtype``, ``attention`` and ``compile = "auto"`` into
+what this machine runs fast, and returns the record written to the run's ``train_config.json`` under
 ``"resolved"``. ``keep_resolved(cfg, saved)`` makes a resumed run keep that choice, even on a
 machine where ``auto`` would now choose otherwise.
 
@@ -22,12 +22,13 @@ import sys
 from typing import Any
 
 from gptlab import hardware
+from gptlab.compiling import can_compile
 from gptlab.errors import GptlabError
 from gptlab.model.fp8 import check_choice
 from gptlab.model.loss import HEAD_LOSSES
 from gptlab.train.config import TrainConfig
 
-AUTO_FIELDS = ("dtype", "attention", "loss_impl")  # kept as first resolved when a run resumes
+AUTO_FIELDS = ("dtype", "attention", "compile", "loss_impl")  # kept as first resolved when a run resumes
 LOSS_IMPLS = ("auto", *HEAD_LOSSES)
 CHUNKED_FROM = 256 * 2**20  # bytes of one micro-batch's float32 logits
 
@@ -35,9 +36,14 @@ CHUNKED_FROM = 256 * 2**20  # bytes of one micro-batch's float32 logits
 def resolve(cfg: TrainConfig, device: str, context: int) -> tuple[TrainConfig, dict[str, Any]]:
     """``cfg`` with its ``auto`` fields made concrete for ``device`` and a model of ``context``
     tokens, and the record of the choice."""
-    plan = hardware.plan(device=device, dtype=cfg.dtype, attention=cfg.attention, context=context)
+    compile_ = cfg.compile
+    if compile_ == "auto" and (cfg.strategy == "fsdp" or not can_compile(device.split(":")[0])):
+        compile_ = False  # FSDP runs uncompiled here; inductor on a CPU needs a C++ compiler
+    plan = hardware.plan(
+        device=device, dtype=cfg.dtype, attention=cfg.attention, context=context, compile=compile_
+    )
     record = {**plan.to_dict(), "requested": {k: getattr(cfg, k) for k in ("device", *AUTO_FIELDS)}}
-    return dataclasses.replace(cfg, dtype=plan.dtype, attention=plan.attention), record
+    return dataclasses.replace(cfg, dtype=plan.dtype, attention=plan.attention, compile=plan.compile), record
 
 
 def announce(record: dict[str, Any]) -> None:
