@@ -32,9 +32,13 @@ def _no_fallback():
 
 @pytest.mark.slow
 @needs_compiler
-def test_frozen_step_agrees_holds_its_own_weights_and_recompiles_when_they_change():
+def test_frozen_step_agrees_holds_its_own_weights_and_recompiles_when_they_change(monkeypatch):
     from torch._dynamo.utils import counters
 
+    # The step autotunes between inductor's C++ GEMM and ATen's by timing each shape, so which one
+    # wins depends on the machine and its load (on a busy 2-core VM, ATen won 3 of these 5 tiny
+    # shapes once). Offered the C++ GEMM alone, the count below is a property of the code.
+    monkeypatch.setitem(FROZEN, "max_autotune_gemm_backends", "CPP")
     model = tiny(pos="rope", n_kv_head=2, n_layer=1, block_size=64)
     want = {i: alone(model, p, 6) for i, p in enumerate(PROMPTS[:3])}
     session = StaticSession(model, 4, 40, compile=True)
