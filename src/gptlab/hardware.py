@@ -75,8 +75,8 @@ class Plan:
     newton_schulz: str  # Muon's orthogonalisation: bfloat16 (torch.optim.Muon) | float32
     weights: str  # inference weights for --dtype auto: fp32 | bf16
     bf16_matmul: str  # how bf16 weights multiply many rows: packed (oneDNN) | plain | float32
+    compile: bool  # torch.compile the training forward (compile_training)
     machine: str  # what the choice was made from, for people
-    compile: bool = False  # torch.compile the training forward (compile = "auto")
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -265,8 +265,8 @@ def plan(
         newton_schulz="bfloat16" if native else "float32",
         weights="bf16" if native else "fp32",
         bf16_matmul=("packed" if native else "float32") if dev == "cpu" else "plain",
-        machine=what if dev != "mps" else "Apple MPS",
         compile=compile_training(dev, chosen, compile),
+        machine=what if dev != "mps" else "Apple MPS",
     )
 
 

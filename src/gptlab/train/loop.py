@@ -105,7 +105,7 @@ class _Trainer:
         torch.set_num_threads(threads(cfg, info.world_size))
         self.objective = make_objective(cfg, data_dir, info.rank, info.world_size)  # batches and loss
         self.data, self.model_config = self.objective.data, self.objective.model_config
-        # what dtype/attention "auto" mean on this device, for this model's context
+        # what dtype/attention/compile "auto" mean on this device, for this model's context
         cfg, self.resolved = resolve_precision(cfg, info.device, self.model_config.block_size)
         self.cfg, self.run_dir, self.info, self.data_dir = cfg, run_dir, info, data_dir
         self.device = info.device

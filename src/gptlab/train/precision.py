@@ -1,4 +1,5 @@
-"""A run's device, precision and attention path, resolved once from the machine (``gptlab.hardware``).
+"""A run's device, precision, attention path and compile choice, resolved once from the machine
+(``gptlab.hardware``).
 
 ``resolve(cfg, device, context)`` turns ``dtype``, ``attention`` and ``compile = "auto"`` into
 what this machine runs fast, and returns the record written to the run's ``train_config.json`` under
