@@ -19,7 +19,7 @@ from fastapi.responses import FileResponse, Response
 from fastapi.staticfiles import StaticFiles
 
 from gptlab.serve.errors import APIError
-from gptlab.serve.scheduler import EndEvent
+from gptlab.serve.jobs import EndEvent
 from gptlab.serve.schemas import AttentionRequest, GenerateRequest
 from gptlab.serve.service import Service
 from gptlab.serve.transport import DONE, read_request, sse, sse_response, watched

@@ -20,7 +20,7 @@ from gptlab.generate.step import TokenEvent, token_text
 from gptlab.serve.errors import APIError, not_found_model
 from gptlab.serve.generation import Generation
 from gptlab.serve.logprobs import chat_logprobs, completion_logprobs
-from gptlab.serve.scheduler import EndEvent
+from gptlab.serve.jobs import EndEvent
 from gptlab.serve.schemas import ChatCompletionRequest, CompletionRequest
 from gptlab.serve.service import Service
 from gptlab.serve.transport import DONE, read_request, sse, sse_response, watched

@@ -40,8 +40,12 @@ M = TypeVar("M", bound=BaseModel)
 
 # Models without a chat template of their own: role-tagged lines (tokenizers/chat.py's "plain").
 CHAT_STOP = FALLBACK_STOPS["plain"]  # a base model continues the dialogue by itself; these end the turn
-MAX_CHOICES = 64  # prompts × n per request
+MAX_CHOICES = schemas.MAX_PROMPTS * schemas.MAX_N  # prompts × n per request (each bounded in the schema)
 DEFAULT_CAP = 1024  # max_tokens allowed by default (or the context, if larger): the window slides
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
 
 
 def _dicts(messages: Sequence[ChatMessage]) -> list[dict[str, str]]:
@@ -139,25 +143,22 @@ class Service:
 
     # ------------------------------------------------------------ requests
     def parse(self, raw: bytes, cls: type[M]) -> M:
-        """A request body → a validated ``cls``; bad JSON, deep nesting or bad fields are a 400."""
+        """A request body → a validated ``cls`` (what the routes get from FastAPI, without HTTP)."""
         try:
-            data = json.loads(raw)
+            data = json.loads(raw, parse_constant=_no_constant)
         except (ValueError, UnicodeDecodeError) as exc:
             raise APIError(400, f"malformed JSON in the request body: {exc}", code="invalid_json") from None
         except RecursionError:
             raise APIError(
                 400, "the request body is nested too deeply to be a request", code="invalid_json"
             ) from None
-        if not isinstance(data, dict):
-            raise APIError(
-                400, f"the request body must be a JSON object, got {type(data).__name__}", code="invalid_json"
-            )
         try:
-            req = cls.model_validate(data)
+            return self.check_model(cls.model_validate(data))
         except ValidationError as exc:
             raise validation_error(exc.errors()) from None
-        except RecursionError:
-            raise APIError(400, "a field of the request is nested too deeply", code="invalid_json") from None
+
+    def check_model(self, req: M) -> M:
+        """``req`` if its ``model`` is absent or the one served, else a 404."""
         if getattr(req, "model", None) not in (None, self.model_name):
             raise not_found_model(req.model, self.model_name)
         return req
@@ -203,7 +204,7 @@ class Service:
         """OpenAI's ``{"token id": bias}`` → ``{id: bias}``, each id in the vocabulary, each bias in [-100, 100]."""
         out = {}
         for key, bias in (req.logit_bias or {}).items():
-            if not key.isdigit() or int(key) >= self.tokenizer.vocab_size:
+            if not (key.isascii() and key.isdigit()) or int(key) >= self.tokenizer.vocab_size:
                 raise APIError(
                     400,
                     f"logit_bias: {key!r} is not a token id of this model (0..{self.tokenizer.vocab_size - 1})",
@@ -249,7 +250,6 @@ class Service:
         warnings: list[str] | None = None,
     ) -> Generation:
         """One job per prompt × ``n`` on the scheduler (choice ``p·n + i``, seed ``seed + i``)."""
-        self.check_choices(len(prompts), req.n)
         if top_n is not None and req.beam_width > 1:
             raise APIError(
                 400, "logprobs are not available with beam search (beam_width > 1)", param="logprobs"
@@ -274,15 +274,6 @@ class Service:
             self.scheduler.submit(job)
         return gen
 
-    def check_choices(self, n_prompts: int, n: int) -> None:
-        if n_prompts * n > MAX_CHOICES:
-            raise APIError(
-                400,
-                f"{n_prompts} prompt(s) × n={n} is more than {MAX_CHOICES} choices per request; "
-                f"split the request",
-                param="n" if n > 1 else "prompt",
-            )
-
     # ------------------------------------------------------------ the three generating endpoints
     def completion(self, req: CompletionRequest) -> Generation:
         """``/v1/completions``: prompt as text, texts, token ids, or lists of token ids."""
@@ -295,7 +286,6 @@ class Service:
             items = list(raw)  # type: ignore[arg-type]
         if not items:
             raise APIError(400, "prompt is an empty list; give a string or a list of strings", param="prompt")
-        self.check_choices(len(items), req.n)  # before any encoding
         if req.echo and req.logprobs is not None:
             raise APIError(
                 400,

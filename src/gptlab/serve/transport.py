@@ -15,7 +15,7 @@ from pydantic import BaseModel
 from gptlab.generate.step import TokenEvent
 from gptlab.serve.errors import APIError
 from gptlab.serve.generation import Generation
-from gptlab.serve.scheduler import EndEvent
+from gptlab.serve.jobs import EndEvent
 from gptlab.serve.service import Service
 
 M = TypeVar("M", bound=BaseModel)
