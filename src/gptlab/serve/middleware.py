@@ -47,7 +47,9 @@ class APIKey:
                 message = "missing API key: send it as the header 'Authorization: Bearer KEY'"
                 return await error_response(401, message, code="invalid_api_key")(scope, receive, send)
             if not hmac.compare_digest(given.encode(), self.key):
-                return await error_response(401, "incorrect API key", code="invalid_api_key")(scope, receive, send)
+                return await error_response(401, "incorrect API key", code="invalid_api_key")(
+                    scope, receive, send
+                )
         await self.app(scope, receive, send)
 
 
