@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema
 
 # The limits of a request body (also reported by GET /v1/gptlab/limits).
 MAX_N = 16  # choices per prompt
@@ -23,7 +23,8 @@ MAX_TOP_N = 20  # the playground's alternatives per token
 MAX_ATTENTION_TOKENS = 512
 MAX_PROMPTS = 64  # prompts in one completions request
 MAX_STOP = 16  # stop strings
-MAX_TEMPERATURE = 100.0
+TEMPERATURE_RANGE = (1e-4, 100.0)  # or exactly 0 (greedy): below 1e-4 sampling is greedy in all but name
+MIN_TOP_P = 1e-4  # a smaller nucleus is the single most probable token: ask for top_k 1
 PENALTY_RANGE = (0.01, 100.0)  # repetition_penalty (1 = off)
 LENGTH_PENALTY_RANGE = (-10.0, 10.0)  # beam search's α
 INT64 = (-(2**63), 2**63 - 1)  # seed
@@ -42,6 +43,27 @@ def whole(ge: int | None = None, le: int | None = None) -> Any:
     return Annotated[int, Field(ge=ge, le=le), BeforeValidator(_whole)]
 
 
+def _greedy_or_sampled(value: float) -> float:
+    low, high = TEMPERATURE_RANGE
+    if value != 0 and not low <= value <= high:
+        raise ValueError(f"must be 0 (greedy) or between {low:g} and {high:g}")
+    return value
+
+
+#: 0, or a temperature in ``TEMPERATURE_RANGE``
+Temperature = Annotated[
+    float,
+    AfterValidator(_greedy_or_sampled),
+    WithJsonSchema(
+        {
+            "anyOf": [
+                {"type": "number", "const": 0},
+                {"type": "number", "minimum": TEMPERATURE_RANGE[0], "maximum": TEMPERATURE_RANGE[1]},
+            ],
+            "description": "0 = greedy",
+        }
+    ),
+]
 StopString = Annotated[str, Field(min_length=1)]
 TokenIds = Annotated[list[whole(ge=0)], Field(min_length=1)]  # each < the vocabulary (the server's schema)
 
@@ -69,8 +91,8 @@ class SamplingFields(Strict):
 
     model: str | None = None
     max_tokens: whole(ge=0) | None = None  # ≤ the server's cap (its schema says which)
-    temperature: float = Field(default=1.0, ge=0.0, le=MAX_TEMPERATURE)
-    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    temperature: Temperature = 1.0
+    top_p: float = Field(default=1.0, ge=MIN_TOP_P, le=1.0)
     top_k: whole(ge=0, le=MAX_TOP_K) | None = None
     min_p: float = Field(default=0.0, ge=0.0, le=1.0)
     n: whole(ge=1, le=MAX_N) = 1
