@@ -5,7 +5,8 @@ what only the running server knows and what FastAPI does not say by itself:
 
 * the limits of this server: ``max_tokens`` ≤ its cap, token ids and ``logit_bias`` keys below
   its vocabulary, ``layer`` within the model, a non-empty prompt when the tokenizer has no
-  end-of-text token to start from;
+  end-of-text token to start from, and, for a character tokenizer without an unknown-character
+  token, the characters a text may use (``pattern``);
 * every status code a route answers, each error in OpenAI's shape (``ErrorResponse``), and
   FastAPI's unused 422 removed (a bad body is a 400 here);
 * the media types of the streamed routes (``text/event-stream``);
@@ -56,9 +57,17 @@ STREAMED = {
     "/v1/chat/completions": "optional",
     "/v1/gptlab/generate": "always",
 }
+#: one server-sent event (OpenAPI 3.1: the schema of a text/event-stream describes each event)
 SSE = {
     "text/event-stream": {
-        "schema": {"type": "string", "description": "data: {json}\\n\\n lines, then data: [DONE]"}
+        "schema": {
+            "type": "object",
+            "required": ["data"],
+            "properties": {
+                "data": {"type": "string", "description": "a JSON object; the last event is [DONE]"},
+                "event": {"type": "string"},
+            },
+        }
     }
 }
 
@@ -82,14 +91,16 @@ def digits_below(n: int) -> str:
     return "^0*(?:" + "|".join(parts) + ")$"
 
 
-def _set(schema: dict[str, Any], field: str, **bounds: Any) -> None:
-    """Add ``bounds`` to ``field`` of a component schema (inside ``anyOf`` alternatives too)."""
+def _set(schema: dict[str, Any], field: str, kind: str | None = None, **bounds: Any) -> None:
+    """Add ``bounds`` to ``field`` of a component schema (inside ``anyOf`` alternatives too); with
+    ``kind``, to its values of that JSON type only (a string, or the strings of a list)."""
     prop = schema.get("properties", {}).get(field)
     if prop is None:
         return
     for alt in prop.get("anyOf", [prop]):
-        if alt.get("type") not in (None, "null"):
-            alt.update(bounds)
+        target = alt.get("items", alt) if kind is not None and alt.get("type") == "array" else alt
+        if target.get("type") not in (None, "null") and kind in (None, target.get("type")):
+            target.update(bounds)
 
 
 def _token_ids(prop: dict[str, Any], vocab: int) -> None:
@@ -102,9 +113,37 @@ def _token_ids(prop: dict[str, Any], vocab: int) -> None:
             _token_ids(items, vocab)
 
 
+def alphabet(tokenizer: Any) -> str | None:
+    """A ``pattern`` for the texts ``tokenizer`` can encode: None when it encodes any text.
+
+    A character tokenizer (``chars``) without an unknown-character token (``unk``) refuses any
+    other character.
+    """
+    chars = getattr(tokenizer, "chars", None)
+    if chars is None or getattr(tokenizer, "unk", None) is not None:
+        return None
+    return "^[" + "".join("\\" + c if c in "\\]^-[" else c for c in chars) + "]*$"
+
+
+def _texts(components: dict[str, Any], pattern: str) -> None:
+    """``pattern`` on every text that is encoded: prompts, message contents, attention texts."""
+    fields = {
+        "CompletionRequest": ["prompt"],
+        "GenerateRequest": ["prompt"],
+        "ChatMessage": ["content"],
+        "ContentPart": ["text"],
+        "AttentionRequest": ["text"],
+    }
+    for name, names in fields.items():
+        for field in names:
+            _set(components.get(name, {}), field, "string", pattern=pattern)
+
+
 def server_limits(components: dict[str, Any], service: Service) -> None:
     """What this server allows, written into the request models' schemas."""
     vocab = service.tokenizer.vocab_size
+    if (pattern := alphabet(service.tokenizer)) is not None:
+        _texts(components, pattern)
     for name in ("CompletionRequest", "ChatCompletionRequest", "GenerateRequest"):
         schema = components.get(name, {})
         for field in ("max_tokens", "max_completion_tokens"):
@@ -116,7 +155,8 @@ def server_limits(components: dict[str, Any], service: Service) -> None:
         if "prompt" in schema.get("properties", {}):
             _token_ids(schema["properties"]["prompt"], vocab)
             if service.tokenizer.eot_id is None:  # nothing to start an empty prompt from
-                _set(schema, "prompt", minLength=1)
+                _set(schema, "prompt", "string", minLength=1)
+                schema["required"] = sorted({*schema.get("required", []), "prompt"})
     n_layer = service.model.config.n_layer
     _set(components.get("AttentionRequest", {}), "layer", minimum=-n_layer, maximum=n_layer - 1)
 
@@ -137,6 +177,9 @@ def document(app: FastAPI, service: Service, api_key: bool) -> None:
         error = {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorResponse"}}}
         for path, item in spec.get("paths", {}).items():
             for method, op in item.items():
+                for param in op.get("parameters", []):
+                    if param.get("name") == "model_id":  # the one id that is not a 404
+                        param["example"] = service.model_name
                 responses = op.setdefault("responses", {})
                 responses.pop("422", None)
                 kinds = ["post" if method == "post" else "get"] + (["model"] if "{" in path else [])

@@ -27,7 +27,7 @@ TEMPERATURE_RANGE = (1e-4, 100.0)  # or exactly 0 (greedy): below 1e-4 sampling 
 MIN_TOP_P = 1e-4  # a smaller nucleus is the single most probable token: ask for top_k 1
 PENALTY_RANGE = (0.01, 100.0)  # repetition_penalty (1 = off)
 LENGTH_PENALTY_RANGE = (-10.0, 10.0)  # beam search's α
-INT64 = (-(2**63), 2**63 - 1)  # seed
+SEED_RANGE = (-(2**53 - 1), 2**53 - 1)  # JSON's exact integers (I-JSON): every client and validator agrees
 MAX_TOP_K = 2**31 - 1
 
 
@@ -68,6 +68,21 @@ StopString = Annotated[str, Field(min_length=1)]
 TokenIds = Annotated[list[whole(ge=0)], Field(min_length=1)]  # each < the vocabulary (the server's schema)
 
 
+def either(*alternatives: dict[str, Any]) -> dict[str, Any]:
+    """A rule across fields, for the schema: the body matches one of ``alternatives`` (JSON schemas)."""
+    return {"anyOf": list(alternatives)}
+
+
+def fields(required: tuple[str, ...] = (), **properties: dict[str, Any]) -> dict[str, Any]:
+    """A JSON schema constraining some fields of a body (the others are free)."""
+    return {"properties": properties, **({"required": list(required)} if required else {})}
+
+
+#: beam search is deterministic: no truncation (their "off" values are fine) and no logprobs
+NO_BEAM = fields(beam_width={"maximum": 1})
+TRUNCATION_OFF = {"top_k": {"enum": [0, None]}, "top_p": {"const": 1}, "min_p": {"const": 0}}
+
+
 class Strict(BaseModel):
     """The configuration of every request body: strict types, finite numbers, unknown fields ignored."""
 
@@ -97,7 +112,7 @@ class SamplingFields(Strict):
     min_p: float = Field(default=0.0, ge=0.0, le=1.0)
     n: whole(ge=1, le=MAX_N) = 1
     stop: StopString | Annotated[list[StopString], Field(max_length=MAX_STOP)] | None = None
-    seed: whole(ge=INT64[0], le=INT64[1]) | None = None
+    seed: whole(ge=SEED_RANGE[0], le=SEED_RANGE[1]) | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
     frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
@@ -122,6 +137,15 @@ class SamplingFields(Strict):
 class CompletionRequest(SamplingFields):
     """``POST /v1/completions``: ``prompt`` is a string, a list of strings, or token ids."""
 
+    model_config = ConfigDict(
+        json_schema_extra={
+            "allOf": [
+                either(fields(echo={"const": False}), fields(logprobs={"type": "null"})),
+                either(NO_BEAM, fields(**TRUNCATION_OFF, logprobs={"type": "null"})),
+            ]
+        }
+    )
+
     prompt: (
         str
         | Annotated[list[str], Field(min_length=1, max_length=MAX_PROMPTS)]
@@ -132,11 +156,18 @@ class CompletionRequest(SamplingFields):
     logprobs: whole(ge=0, le=MAX_LOGPROBS) | None = None
 
 
+class ContentPart(Strict):
+    """One of OpenAI's content parts: a text-only model takes ``{"type": "text", "text": ...}``."""
+
+    type: Literal["text"]
+    text: str
+
+
 class ChatMessage(Strict):
     """One message of a chat: its role and its text (a string or OpenAI's content parts)."""
 
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[dict[str, Any]] | None = None
+    content: str | list[ContentPart] | None = None
     name: str | None = None
 
     def text(self) -> str:
@@ -145,11 +176,22 @@ class ChatMessage(Strict):
             return ""
         if isinstance(self.content, str):
             return self.content
-        return "".join(str(p.get("text", "")) for p in self.content if p.get("type") == "text")
+        return "".join(p.text for p in self.content)
 
 
 class ChatCompletionRequest(SamplingFields):
     """``POST /v1/chat/completions``."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "allOf": [
+                either(
+                    fields(top_logprobs={"type": "null"}), fields(("logprobs",), logprobs={"const": True})
+                ),
+                either(NO_BEAM, fields(**TRUNCATION_OFF, logprobs={"const": False})),
+            ]
+        }
+    )
 
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: whole(ge=0) | None = None
@@ -162,6 +204,7 @@ class GenerateRequest(SamplingFields):
 
     prompt: str = ""
     top_n: whole(ge=0, le=MAX_TOP_N) = 5
+    beam_width: whole(ge=1, le=1) = 1  # the playground shows each token as it is drawn: no beam search
 
 
 class AttentionRequest(Strict):

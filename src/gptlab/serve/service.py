@@ -187,18 +187,23 @@ class Service:
         return ids
 
     def max_tokens(self, req: SamplingFields, default: int) -> int:
-        value = req.max_tokens
-        if isinstance(req, ChatCompletionRequest) and req.max_completion_tokens is not None:
-            value = req.max_completion_tokens
-        value = default if value is None else value
-        if value > self.cap:
-            raise APIError(
-                400,
-                f"max_tokens={value} is more than this server allows ({self.cap}); "
-                f"ask for at most {self.cap} tokens (GET /v1/gptlab/limits lists every limit)",
-                param="max_tokens",
-            )
-        return value
+        """The tokens to generate: chat's ``max_completion_tokens``, else ``max_tokens``; each ≤ the cap."""
+        given = {
+            "max_tokens": req.max_tokens,
+            "max_completion_tokens": getattr(req, "max_completion_tokens", None),
+        }
+        for name, value in given.items():
+            if value is not None and value > self.cap:
+                raise APIError(
+                    400,
+                    f"{name}={value} is more than this server allows ({self.cap}); "
+                    f"ask for at most {self.cap} tokens (GET /v1/gptlab/limits lists every limit)",
+                    param="max_tokens",
+                )
+        chosen = (
+            given["max_completion_tokens"] if given["max_completion_tokens"] is not None else req.max_tokens
+        )
+        return default if chosen is None else chosen
 
     def logit_bias(self, req: SamplingFields) -> dict[int, float]:
         """OpenAI's ``{"token id": bias}`` → ``{id: bias}``, each id in the vocabulary, each bias in [-100, 100]."""
