@@ -56,7 +56,7 @@ def server(tmp_path_factory):
         yield url
 
 
-def fuzz(url: str, *args: str) -> tuple[int, str]:
+def fuzz(url: str, workdir: Path, *args: str) -> tuple[int, str]:
     """``st run`` with every check → (cases generated, its output); fails the test on any failure."""
     cmd = [
         schemathesis_cli(),
@@ -68,7 +68,7 @@ def fuzz(url: str, *args: str) -> tuple[int, str]:
         f"Authorization: Bearer {KEY}",
     ]
     cmd += ["-w", "1", "--request-timeout", "30", "--generation-database", "none", "--no-color", *args]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=workdir)  # its files go there
     out = done.stdout + done.stderr
     assert done.returncode == 0, out[-6000:]
     generated = re.search(r"(\d+) generated", out)
@@ -108,12 +108,12 @@ def test_the_schema_declares_every_body_status_and_stream(app):
     }
 
 
-def test_fuzz_fast(server):
-    generated, out = fuzz(server, "--phases", "examples,fuzzing", "-n", "8", "--seed", "1")
+def test_fuzz_fast(server, tmp_path):
+    generated, out = fuzz(server, tmp_path, "--phases", "examples,fuzzing", "-n", "8", "--seed", "1")
     assert generated >= 50 and "No issues found" in out
 
 
 @pytest.mark.slow
-def test_fuzz_slow(server):
-    generated, out = fuzz(server, "-n", "25")
+def test_fuzz_slow(server, tmp_path):
+    generated, out = fuzz(server, tmp_path, "-n", "25")
     assert generated >= 500 and "No issues found" in out

@@ -113,6 +113,7 @@ class Service:
             "default_max_tokens": self.default_max_tokens(),
             "sliding_window": True,
             "max_choices": MAX_CHOICES,
+            "max_prompts": schemas.MAX_PROMPTS,
             "max_n": schemas.MAX_N,
             "max_logprobs": schemas.MAX_LOGPROBS,
             "max_top_logprobs": schemas.MAX_TOP_LOGPROBS,
