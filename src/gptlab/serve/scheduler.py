@@ -124,9 +124,11 @@ class Scheduler:
         return fut
 
     def stats(self) -> dict[str, int]:
+        with self._cond:  # the queues change on the scheduler thread, under this lock
+            waiting = len(self._waiting) + len(self._beam_waiting)
         return {
             "active": len(self._active) + len(self._beams),
-            "waiting": len(self._waiting) + len(self._beam_waiting),
+            "waiting": waiting,
             "max_batch": self.max_batch,
             "steps": self.steps,
             "tokens": self.tokens,
@@ -173,14 +175,14 @@ class Scheduler:
             if job.cancelled.is_set():
                 self._end(job, "cancelled")  # the client has gone: nobody reads the event
         self._admit()
-        self._step_beams()
+        stepped = self._step_beams()
         feed = {
             slot: job.pending
             for slot, job in self._active.items()
             if job.pending is not None and not job.channel.full()
         }
         if not feed:
-            if self._active and not self._beams:  # every active client is behind: let them catch up
+            if (self._active or self._beams) and not stepped:  # every client is behind: let them catch up
                 time.sleep(0.005)
             return
         out = self.session.step(feed)
@@ -291,10 +293,12 @@ class Scheduler:
             self.model, self.tokenizer, job.prompt_ids, job.config, self.seq2seq
         )
 
-    def _step_beams(self) -> None:
-        for job, steps in list(self._beams.items()):
-            if not job.channel.full():
-                self._guarded(job, self._step_beam, steps)
+    def _step_beams(self) -> int:
+        """One step of every beam job whose client keeps up → how many stepped."""
+        ready = [(job, steps) for job, steps in self._beams.items() if not job.channel.full()]
+        for job, steps in ready:
+            self._guarded(job, self._step_beam, steps)
+        return len(ready)
 
     def _step_beam(self, job: Job, steps: Iterator[TokenEvent | None]) -> None:
         event = next(steps)
