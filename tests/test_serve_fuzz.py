@@ -115,5 +115,5 @@ def test_fuzz_fast(server, tmp_path):
 
 @pytest.mark.slow
 def test_fuzz_slow(server, tmp_path):
-    generated, out = fuzz(server, tmp_path, "-n", "25")
-    assert generated >= 500 and "No issues found" in out
+    generated, out = fuzz(server, tmp_path, "-n", "60")
+    assert generated >= 1000 and "No issues found" in out
