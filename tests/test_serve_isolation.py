@@ -219,3 +219,11 @@ def test_a_non_streaming_request_whose_client_leaves_is_cancelled(server):
 
     h = asyncio.run(scenario())
     assert h["active"] == 0 and h["waiting"] == 0, h
+
+
+def test_a_body_without_content_type_is_json_and_a_form_is_400(client):
+    raw = b'{"prompt": "ab", "max_tokens": 2}'
+    assert client.post("/v1/completions", content=raw).status_code == 200
+    form = {"content-type": "application/x-www-form-urlencoded"}  # curl -d without -H
+    err = error_of(client.post("/v1/completions", content=raw, headers=form))
+    assert err["code"] == "invalid_json" and "application/json" in err["message"]

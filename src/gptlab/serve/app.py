@@ -67,7 +67,14 @@ def create_app(
         yield
         service.close()
 
-    app = FastAPI(title="gptlab", version=_version(), lifespan=lifespan, docs_url="/docs", redoc_url=None)
+    app = FastAPI(
+        title="gptlab",
+        version=_version(),
+        lifespan=lifespan,
+        docs_url="/docs",
+        redoc_url=None,
+        strict_content_type=False,  # a body without Content-Type is read as JSON (curl -d ... without -H)
+    )
     app.state.service = service
     app.state.scheduler = service.scheduler
     app.state.model_name = model_name

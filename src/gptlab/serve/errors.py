@@ -90,6 +90,12 @@ def body_error(errors: Sequence[Any]) -> APIError | None:
         return APIError(400, f"malformed JSON in the request body: {first.get('msg')}", code="invalid_json")
     if tuple(first.get("loc", ())) == ("body",):
         got = first.get("input")
+        if isinstance(got, bytes):  # FastAPI reads JSON only under a JSON Content-Type
+            return APIError(
+                400,
+                "the request body must be JSON: send 'Content-Type: application/json'",
+                code="invalid_json",
+            )
         kind = "nothing" if got is None else type(got).__name__
         return APIError(400, f"the request body must be a JSON object, got {kind}", code="invalid_json")
     return None
