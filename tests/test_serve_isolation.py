@@ -198,6 +198,17 @@ def test_streaming_chats_that_hang_up_leave_nothing_running(server):
     assert result["next_status"] == 200
 
 
+def test_a_playground_stream_that_hangs_up_is_cancelled(server):
+    async def scenario() -> dict:
+        async with httpx.AsyncClient(timeout=60, headers=AUTH) as c:
+            body = {"prompt": "ab", "max_tokens": 1000}
+            await robustness.hangup(c, server, "/v1/gptlab/generate", body)
+            return await robustness.settled(c, server, timeout=10)
+
+    h = asyncio.run(scenario())
+    assert h["active"] == 0 and h["waiting"] == 0, h
+
+
 @pytest.mark.slow
 def test_thirty_hangups_leave_nothing_running(server):
     result = asyncio.run(robustness.hangups(server, 30))

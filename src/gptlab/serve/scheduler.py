@@ -10,15 +10,15 @@ Continuous batching over ``gptlab.generate.BatchSession`` (on CUDA with a static
         per job: event = TokenStep.advance(logits) -> its channel
 
 Admission is fair (``admission.py``): free slots go round-robin between requests, and one
-request holds at most all but ``max_batch // 8`` of them (at least one kept), so a small request
+request holds at most all but ``max(1, max_batch // 8)`` of them (one request alone: all), so a small request
 starts at the next step beside a large one. Anything a job's own step raises (a bad option that
 slipped past validation, a bug in sampling) ends that job alone with an error event; only a
 failure of the shared batched forward pass fails the jobs in the batch.
 
 The scheduler manages slots, batching and channels only: each job's per-token step
 (sampling with its own seed, penalties, stops, UTF-8-safe text, finish reason) is
-``gptlab.generate.TokenStep``, the same step the library's decoding loop uses. Output goes to a bounded per-request ``Channel`` read by an asyncio
-coroutine; a job whose channel is full is skipped by the decode step until its client
+``gptlab.generate.TokenStep``, the same step the library's decoding loop uses. Output goes to a
+bounded per-request ``Channel`` (``jobs.py``) read by an asyncio coroutine; a job whose channel is full is skipped by the decode step until its client
 catches up, so one slow client never blocks the others. A cancelled job (the client
 went away) leaves its slot at the next iteration. The KV cache is sized to the requests, not to
 the model's context: it starts at ``KV_START_TOKENS`` positions per row, doubles when a row needs
