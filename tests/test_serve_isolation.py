@@ -199,14 +199,17 @@ def test_streaming_chats_that_hang_up_leave_nothing_running(server):
 
 
 def test_a_playground_stream_that_hangs_up_is_cancelled(server):
-    async def scenario() -> dict:
+    async def scenario() -> tuple[dict, int]:
         async with httpx.AsyncClient(timeout=60, headers=AUTH) as c:
+            before = (await robustness.health(c, server))["tokens"]
             body = {"prompt": "ab", "max_tokens": 1000}
             await robustness.hangup(c, server, "/v1/gptlab/generate", body)
-            return await robustness.settled(c, server, timeout=10)
+            h = await robustness.settled(c, server, timeout=30)
+            return h, h["tokens"] - before
 
-    h = asyncio.run(scenario())
+    h, tokens = asyncio.run(scenario())
     assert h["active"] == 0 and h["waiting"] == 0, h
+    assert tokens < 1000  # stopped, not run to max_tokens
 
 
 @pytest.mark.slow
