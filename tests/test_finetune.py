@@ -31,6 +31,7 @@ SETTINGS = [t for t in TINY_TRAIN if not t.startswith("model.")] + [
     "batch_size=4",
     "eval_every=100",
     "device=cpu",
+    "dtype=float32",  # the losses below are compared in float32 (auto is bf16 autocast on a native-bf16 CPU)
 ]
 
 
