@@ -127,3 +127,24 @@ def test_the_docs_exist():
 @pytest.mark.parametrize("path", DOCS, ids=lambda p: p.relative_to(ROOT).as_posix())
 def test_every_relative_link_resolves(path):
     assert broken(path) == []
+
+
+DOC_REFERENCE = re.compile(r"(?<![\w/.])((?:docs/[\w./-]+|README|CONTRIBUTING)\.md)(?:#([\w-]+))?")
+
+
+def test_references_from_the_code_resolve():
+    """`docs/benchmarks.md#decoding` in a docstring or comment names a file and a heading that exist."""
+    problems = []
+    for path in sorted((ROOT / "src").rglob("*")):
+        if path.suffix not in (".py", ".toml") or not path.is_file():
+            continue
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            for name, anchor in DOC_REFERENCE.findall(line):
+                target = ROOT / name
+                where = f"{path.relative_to(ROOT)}:{number}: {name}{'#' + anchor if anchor else ''}"
+                if not target.exists():
+                    if name not in PENDING:
+                        problems.append(f"{where}: no such file")
+                elif anchor and anchor not in anchors(target):
+                    problems.append(f"{where}: no heading with this anchor")
+    assert problems == []
