@@ -44,7 +44,8 @@ PENDING = {
 }
 
 
-_KEPT = re.compile(r"L.|M.|Nd|Nl|Pc")  # github-slugger drops other numbers (²), punctuation but `-` and `_`, symbols
+# github-slugger keeps letters, marks, digits and `_`; it drops other numbers (²), punctuation but `-`, symbols
+_KEPT = re.compile(r"L.|M.|Nd|Nl|Pc")
 
 
 def slug(heading: str) -> str:
