@@ -138,9 +138,9 @@ def _scatter(store: torch.Tensor, rows: Rows, positions: Positions, x: torch.Ten
 def default_cache_dtype(model_dtype: torch.dtype, device: torch.device | str) -> torch.dtype:
     """The model's dtype, except float32 for half-precision weights on a CPU.
 
-    There a decode step's bf16 attention is 5× slower than converting the new query to float32
-    and attending over a float32 cache (125 vs 24 µs per layer at 160 cached tokens, gpt2
-    shapes; docs/benchmarks.md), at twice the cache memory. Pass a cache dtype to choose.
+    There a decode step's bf16 attention is slower than converting the new query to float32 and
+    attending over a float32 cache (docs/benchmarks.md#decoding), so speed is chosen over the
+    cache's memory, which doubles. Pass a cache dtype to choose.
     """
     half = model_dtype in (torch.bfloat16, torch.float16)
     return torch.float32 if half and torch.device(device).type == "cpu" else model_dtype

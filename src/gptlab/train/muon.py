@@ -9,10 +9,10 @@ and NS orthogonalises U by five quintic Newton–Schulz steps on X = U/‖U‖ (
     G = X·Xᵀ,   X ← a·X + (b·G + c·G²)·X,   (a, b, c) = (3.4445, −4.7750, 2.0315)
 
 ``torch.optim.Muon`` runs NS in bfloat16 (``grad.bfloat16()``). On a CPU without native bf16 those
-matrix products are emulated and cost about 1 s a step for the best recipe's 12 matrices;
+matrix products are emulated and cost many times the float32 iteration (docs/benchmarks.md#precision);
 ``muon_class(device_type)`` then returns ``Float32Muon``, the same update with NS in float32,
 run once per stack of same-shaped matrices (``bmm``) rather than matrix by matrix (the best
-recipe's NS: 42 → 28 ms a step on a 2-core AVX2 CPU). Where bf16 is native it returns
+recipe's NS is markedly shorter that way on an AVX2 CPU). Where bf16 is native it returns
 ``torch.optim.Muon`` itself. Both keep the same state (``momentum_buffer``), so a checkpoint
 resumes under either.
 """
