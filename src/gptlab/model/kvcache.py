@@ -79,11 +79,6 @@ class KVStore:
     def _names(self) -> tuple[str, ...]:
         return ("k", "v")
 
-    def copy_rows(self, dst: torch.Tensor, src: torch.Tensor) -> None:
-        """Row ``dst[i]`` becomes a copy of row ``src[i]`` (beam search reorders its beams)."""
-        for t in self._tensors():
-            t[dst] = t[src]
-
     def _tensors(self) -> list[torch.Tensor]:
         return [getattr(self, name) for name in self._names()]
 
@@ -223,10 +218,6 @@ class KVCache:
     @property
     def length(self) -> int:
         return self.layers[0].length
-
-    def reset(self) -> None:
-        for layer in self.layers:
-            layer.length = 0
 
     def nbytes(self) -> int:
         """Bytes held: ``2·L·B·H_kv·T_max·d_k·bytes_per_number`` (+ the int8 scales)."""

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import sys
 import tomllib
 from dataclasses import dataclass, field
 from importlib import resources
@@ -29,7 +28,6 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")
 DEFAULT_PRESET = "char-tiny"
 DEFAULT_RECIPE = "char-best"  # what `gptlab train` trains without --config
 FINETUNE_RECIPE = "finetune"  # ... and what it trains from pretrained weights (init=SRC)
-RECIPE_ALIASES = {"shakespeare-char": "char-best"}  # old name -> new name
 
 
 @dataclass
@@ -238,11 +236,6 @@ def read_config_file(name: str) -> dict[str, Any]:
         data = path.read_bytes()
         source = str(path)
     else:
-        if name in RECIPE_ALIASES:
-            sys.stderr.write(
-                f"note: recipe {name!r} is now called {RECIPE_ALIASES[name]!r}; the old name will go away\n"
-            )
-            name = RECIPE_ALIASES[name]
         recipe = resources.files("gptlab.train") / "recipes" / f"{name}.toml"
         if not recipe.is_file():
             raise GptlabError(
