@@ -164,7 +164,8 @@ def _embedding_stage(model: GPT, inp: ModelInput, rec: Recording) -> dict[str, A
 
 def _position_stage(model: GPT, inp: ModelInput, rec: Recording) -> dict[str, Any]:
     found = POSITION_STAGES[model.config.pos](model, len(inp.ids), inp.labels)
-    found.pop("rows", None)  # the table's numbers: the trace prints them; the view shows norms
+    for key in ("rows", "shape"):  # the table's numbers (the trace prints them); the view shows norms
+        found.pop(key, None)
     return stage(
         "position",
         "Position",
