@@ -106,9 +106,9 @@ def inside(
     if not isinstance(top, int) or not 1 <= top <= MAX_TOP:
         raise GptlabError(f"top must be an integer in 1..{MAX_TOP}, got {top!r}")
     inp = model_input(model, tokenizer, text, target)
-    rec = record(model, inp, sublayers=True)
+    rec = record(model, inp, sublayers=True, last_only=True)  # the view reads the last logits only
     c = model.config
-    T, V = rec.logits.shape
+    V = rec.logits.size(-1)
     last = rec.logits[-1]
     top_i = last.topk(min(top, V)).indices.tolist()
     overview = {
@@ -203,7 +203,8 @@ def _final_stage(model: GPT, inp: ModelInput, rec: Recording) -> dict[str, Any]:
 def _logits_stage(model: GPT, inp: ModelInput, rec: Recording) -> dict[str, Any]:
     cap = model.config.logit_softcap
     equation = "z = h_out·W_eᵀ" + (f",  z ← {cap:g}·tanh(z/{cap:g})" if cap else "")
-    return stage("logits", "Logits", equation, rec.logits.shape, last=logit_stats(rec.logits[-1]))
+    shape = [len(inp.ids), rec.logits.size(-1)]  # z for every position; the view reads the last row
+    return stage("logits", "Logits", equation, shape, last=logit_stats(rec.logits[-1]))
 
 
 def _distribution_stage(model: GPT, inp: ModelInput, rec: Recording) -> dict[str, Any]:

@@ -27,6 +27,10 @@ function el(tag, cls, text) {
   return e;
 }
 
+function label(token) {  // token labels come escaped (tokenizers/render.py); a blank one shows as ␣
+  return token.trim() === "" ? token.replace(/ /g, "␣") : token;
+}
+
 function shapeText(shape) { return "(" + shape.join(", ") + ")"; }
 
 function guideLink(ref) {
@@ -54,7 +58,7 @@ function strip(values, labels, name, hue) {
     const c = el("span", "cell");
     c.style.background = `hsl(${hue}, 65%, ${Math.round(96 - 50 * (v / max))}%)`;
     c.dataset.value = String(v);
-    c.title = `${name} at ${i} "${showable(labels[i])}": ${v.toFixed(4)}`;
+    c.title = `${name} at ${i} "${label(labels[i])}": ${v.toFixed(4)}`;
     row.appendChild(c);
   });
   return row;
@@ -65,7 +69,7 @@ const STAGE_BODY = {  // stage name → what its card shows below the equation
     const box = el("div", "chips");
     for (const t of v.tokens) {
       const chip = el("span", "chip");
-      chip.appendChild(el("span", "chip-text", showable(t.token)));
+      chip.appendChild(el("span", "chip-text", label(t.token)));
       chip.appendChild(el("sub", "", String(t.id)));
       box.appendChild(chip);
     }
@@ -121,6 +125,7 @@ async function openInside() {
     });
     const raw = await r.text();
     const body = JSON.parse(raw);
+    inside.timing.response_ms = performance.now() - t0;
     if (!r.ok) throw new Error(body.error ? body.error.message : r.statusText);
     inside.bytes = raw.length;
     inside.text = text;
@@ -255,13 +260,13 @@ function drawAttention() {
   g.font = `${Math.min(11, cell)}px ui-monospace, monospace`;
   g.fillStyle = "#1d2330";
   g.textAlign = "right";
-  for (let i = 0; i < Tq; i++) g.fillText(showable(rows[i]).slice(0, 9), ATT.left - 4, ATT.top + i * cell + cell - 3);
+  for (let i = 0; i < Tq; i++) g.fillText(label(rows[i]).slice(0, 9), ATT.left - 4, ATT.top + i * cell + cell - 3);
   for (let j = 0; j < Tk; j++) {
     g.save();
     g.translate(ATT.left + j * cell + cell - 3, ATT.top - 4);
     g.rotate(-Math.PI / 2);
     g.textAlign = "left";
-    g.fillText(showable(cols[j]).slice(0, 9), 0, 0);
+    g.fillText(label(cols[j]).slice(0, 9), 0, 0);
     g.restore();
   }
   $("inside-attn-caption").textContent = `${meta.title}, layer ${layer}, head ${head}: rows are queries, columns keys; every row sums to 1` +
@@ -286,7 +291,7 @@ function showAttnCell(ev) {
   if (!c) { hideTip(); return; }
   const meta = inside.view.attention[inside.kind];
   const q = axisTokens(meta.rows)[c.i], k = axisTokens(meta.columns)[c.j];
-  const text = `layer ${c.layer}, head ${c.head}: query ${c.i} "${showable(q)}" → key ${c.j} "${showable(k)}": weight ${c.w.toFixed(4)}`;
+  const text = `layer ${c.layer}, head ${c.head}: query ${c.i} "${label(q)}" → key ${c.j} "${label(k)}": weight ${c.w.toFixed(4)}`;
   out.textContent = text;
   Object.assign(out.dataset, { layer: c.layer, head: c.head, query: c.i, key: c.j, weight: String(c.w) });
   showTip(ev, esc(text));
@@ -302,7 +307,7 @@ function renderLens() {
   const final = lens.layers[lens.layers.length - 1].final;
   const head = el("tr");
   head.appendChild(el("th", "", "stream"));
-  head.appendChild(el("th", "", `p("${showable(final.token)}"), rank`));
+  head.appendChild(el("th", "", `p("${label(final.token)}"), rank`));
   for (let k = 0; k < lens.layers[0].top.length; k++) head.appendChild(el("th", "", `#${k + 1}`));
   table.appendChild(head);
   for (const row of lens.layers) {
@@ -311,7 +316,7 @@ function renderLens() {
     tr.appendChild(el("td", "mono small", row.layer === 0 ? "h⁽⁰⁾ embeddings" : `h⁽${row.layer}⁾ after block ${row.layer - 1}`));
     tr.appendChild(el("td", "mono small", `${row.final.prob.toFixed(4)}  #${row.final.rank + 1}`));
     for (const t of row.top) {
-      const td = el("td", "lens-cell" + (t.id === final.id ? " final" : ""), showable(t.token));
+      const td = el("td", "lens-cell" + (t.id === final.id ? " final" : ""), label(t.token));
       td.style.background = `hsl(140, 60%, ${Math.round(97 - 45 * t.prob)}%)`;
       Object.assign(td.dataset, { id: t.id, prob: String(t.prob) });
       td.title = `p = ${t.prob.toFixed(4)}, logit ${t.logit.toFixed(3)}`;
@@ -336,7 +341,8 @@ function filtered(settings) {
   const tau = settings.temperature;
   if (tau === 0) return { greedy: true, nTopK: 1, nTopP: 1, nMinP: 1, prob: (r) => (r === 0 ? 1 : 0) };
   const zmax = z[order[0]] / tau;
-  const e = new Float64Array(V);
+  if (!inside.e || inside.e.length !== V) inside.e = new Float64Array(V);
+  const e = inside.e;
   for (let r = 0; r < V; r++) e[r] = Math.exp(z[order[r]] / tau - zmax);  // by rank
   const nTopK = settings.top_k > 0 ? Math.min(settings.top_k, V) : V;  // 0 = off, as the server reads it
   let sum = 0;
@@ -374,7 +380,7 @@ function renderDistribution() {
     const reason = f.greedy ? (r ? "greedy" : "") : r >= f.nTopK ? "top-k" : r >= f.nTopP ? "top-p" : r >= f.nMinP ? "min-p" : "";
     const row = el("div", "bar" + (reason ? " dropped" : ""));
     Object.assign(row.dataset, { id: t.id, prob: String(p), kept: reason ? "0" : "1", reason });
-    row.appendChild(el("span", "bar-label mono", showable(t.token)));
+    row.appendChild(el("span", "bar-label mono", label(t.token)));
     const track = el("span", "bar-track");
     const fill = el("span", "bar-fill");
     fill.style.width = (100 * p).toFixed(2) + "%";
