@@ -6,7 +6,9 @@ Serves the checkpoint (float32, OMP_NUM_THREADS=1 unless set), opens the page, a
 the page (``performance.now``, read from ``window.gptlabInside.timing``):
 
     first_paint_ms   click on Inside → every stage, layer 0's attention, lens and bars drawn
-                     (a fresh prompt each time: the server's pass is not cached)
+                     (a fresh prompt each time: the server's pass is not cached; the server's
+                     first pass after it starts is reported apart, as cold_first_paint_ms)
+    response_ms      the part of first_paint_ms until the response is read (the server's pass)
     layer_ms         choosing another layer → its T × T map drawn (fetched once, then kept)
     head_ms          choosing another head → redrawn
     slider_ms        one key press on the temperature slider → the bars recomputed over the
@@ -29,6 +31,7 @@ import tempfile
 import time
 from pathlib import Path
 
+SHOT_PROMPT = "The capital of France is"
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 CHROMIUM = "/usr/bin/chromium"
@@ -65,7 +68,7 @@ def main() -> None:
             ckpt = str(Path(tmp) / "smollm2")
             cmd = [sys.executable, "-m", "gptlab", "convert", "--from-gguf", "smollm2", "--out", ckpt]
             subprocess.run(cmd, check=True, capture_output=True)
-        texts = prompts(ckpt, args.tokens, args.repeats)
+        texts = prompts(ckpt, args.tokens, args.repeats + 1)
         with serve(ckpt, max_batch=2, extra=["--device", "cpu", "--dtype", "fp32"], timeout=180) as url:
             result = measure(url, texts, args.screenshots)
     result.update(
@@ -127,12 +130,17 @@ def measure(url: str, texts: list[str], shots: str | None) -> dict:
                 page.keyboard.press(key)
                 slider_ms.append(timing()["slider_ms"])
             requests_by_slider = sum(map(len, sizes.values())) - before
-            if shots:
-                cell = page.evaluate("attnGeometry(gptlabInside.attn['self:3']).cell")
+            if shots:  # the guide's pictures, on a short prompt
+                page.evaluate("document.getElementById('inside').dataset.ready = ''")
+                page.fill("#prompt", SHOT_PROMPT)
+                page.click("#inside-open")
+                expect(page.locator("#inside")).to_have_attribute("data-ready", "1", timeout=120_000)
                 page.select_option("#inside-layer", "3")
                 page.select_option("#inside-head", "2")
+                expect(page.locator("#inside-attn-caption")).to_contain_text("layer 3, head 2")
+                cell = page.evaluate("attnGeometry(gptlabInside.attn['self:3']).cell")
                 page.locator("#inside-attn").hover(
-                    position={"x": 70 + 5 * cell + cell / 2, "y": 70 + 30 * cell + cell / 2}
+                    position={"x": 70 + 1 * cell + cell / 2, "y": 70 + 4 * cell + cell / 2}
                 )
                 Path(shots).mkdir(parents=True, exist_ok=True)
                 page.locator("#inside-stages").screenshot(path=str(Path(shots) / "inside-pipeline.png"))
@@ -143,8 +151,10 @@ def measure(url: str, texts: list[str], shots: str | None) -> dict:
         finally:
             browser.close()
     med = statistics.median
+    cold, first, response = first[0], first[1:], response[1:]
     return {
         "tokens": tokens,
+        "cold_first_paint_ms": round(cold, 1),
         "first_paint_ms": {"median": round(med(first), 1), "max": round(max(first), 1), "n": len(first)},
         "response_ms": {"median": round(med(response), 1), "max": round(max(response), 1)},
         "layer_ms": {

@@ -106,7 +106,7 @@ def inside(
     if not isinstance(top, int) or not 1 <= top <= MAX_TOP:
         raise GptlabError(f"top must be an integer in 1..{MAX_TOP}, got {top!r}")
     inp = model_input(model, tokenizer, text, target)
-    rec = record(model, inp, sublayers=True, last_only=True)  # the view reads the last logits only
+    rec = record(model, inp, sublayers=True)
     c = model.config
     V = rec.logits.size(-1)
     last = rec.logits[-1]
@@ -203,8 +203,7 @@ def _final_stage(model: GPT, inp: ModelInput, rec: Recording) -> dict[str, Any]:
 def _logits_stage(model: GPT, inp: ModelInput, rec: Recording) -> dict[str, Any]:
     cap = model.config.logit_softcap
     equation = "z = h_out·W_eᵀ" + (f",  z ← {cap:g}·tanh(z/{cap:g})" if cap else "")
-    shape = [len(inp.ids), rec.logits.size(-1)]  # z for every position; the view reads the last row
-    return stage("logits", "Logits", equation, shape, last=logit_stats(rec.logits[-1]))
+    return stage("logits", "Logits", equation, rec.logits.shape, last=logit_stats(rec.logits[-1]))
 
 
 def _distribution_stage(model: GPT, inp: ModelInput, rec: Recording) -> dict[str, Any]:

@@ -60,7 +60,7 @@ def model_input(
 class Recording:
     """Everything one forward pass reports, batch dimension dropped, on the CPU."""
 
-    logits: torch.Tensor  # (T, V) float32; (1, V) with last_only
+    logits: torch.Tensor  # (T, V) float32
     hidden: list[torch.Tensor]  # L + 1 residual streams (T, d_model): h⁽⁰⁾ … h⁽ᴺ⁾, the model's dtype
     attentions: dict[str, torch.Tensor]  # "self" (L, H, T, T); "cross" (L, H, T, S); "encoder" (L_e, H, S, S)
     sublayers: dict[str, list[torch.Tensor]]  # SUBLAYERS name → per layer (T, d_model); empty if not asked
@@ -69,10 +69,11 @@ class Recording:
 
 
 @torch.no_grad()
-def record(model: GPT, inp: ModelInput, sublayers: bool = False, last_only: bool = False) -> Recording:
+def record(model: GPT, inp: ModelInput, sublayers: bool = False) -> Recording:
     """Run ``inp`` through ``model`` once (eval mode, restored after) and keep every stage.
 
-    ``last_only``: the head runs on the last position only (``logits`` is then ``(1, V)``).
+    The head runs on every position: on one row, an inference layer may take the compiled
+    one-row decode path (``gptlab.generate.quantization``), which compiles on its first call.
     """
     captured: dict[str, list[torch.Tensor]] = {}
     handles = []
@@ -87,7 +88,7 @@ def record(model: GPT, inp: ModelInput, sublayers: bool = False, last_only: bool
     model.eval()
     try:
         idx = torch.tensor([inp.ids], dtype=torch.long, device=model.device)
-        out = model.run(idx, output_attentions=True, output_hidden_states=True, last_only=last_only, **extra)
+        out = model.run(idx, output_attentions=True, output_hidden_states=True, **extra)
         embeddings = model.wte(idx)[0]
         hidden = [h[0].cpu() for h in out.hidden_states or []]
         final = model.norm_f(out.hidden_states[-1])[0]  # type: ignore[index]
