@@ -174,3 +174,19 @@ def test_route_refuses_another_model_and_is_in_the_openapi_schema(client) -> Non
     fields = schema["components"]["schemas"][ref["$ref"].split("/")[-1]]["properties"]
     assert fields["max_tokens"]["maximum"] == MAX_INSIDE_TOKENS and fields["top"]["minimum"] == 1
     assert "/v1/gptlab/inside/attention" in schema["paths"]
+
+
+def test_the_pages_scripts_share_no_global_name() -> None:
+    """The playground's classic scripts share one global scope: a second ``function f`` replaces the first."""
+    import re
+    from pathlib import Path
+
+    static = Path(__file__).resolve().parents[1] / "src" / "gptlab" / "serve" / "static"
+    declared = re.compile(r"^(?:async\s+)?(?:function|const|let|var)\s+([A-Za-z_$][\w$]*)", re.M)
+    scripts = re.findall(r'<script src="/static/([\w.]+)"', (static / "index.html").read_text())
+    assert scripts == ["app.js", "inside.js", "inside_sampling.js"]
+    seen: dict[str, str] = {}
+    for name in scripts:
+        for found in declared.findall((static / name).read_text()):
+            assert found not in seen, f"{found} is declared in both {seen[found]} and {name}"
+            seen[found] = name

@@ -2,8 +2,7 @@
 // POST /v1/gptlab/inside sends every stage (shape, equation, guide section, norms), the logit lens,
 // the last position's logits (float32, base64) and one layer's attention (uint16 w·65535, base64);
 // POST /v1/gptlab/inside/attention sends another layer on demand (kept here once fetched).
-// The sliders reshape the next-token distribution here, with no request, applying the sampler's
-// steps in its order (gptlab/generate/sampling.py): z/τ, top-k, top-p, min-p; τ = 0 is greedy.
+// The sliders (inside_sampling.js) reshape the next-token distribution with no request.
 // Uses app.js's globals: $, headers, showTip, hideTip, esc, showable, state.
 "use strict";
 
@@ -217,20 +216,20 @@ async function showLayer() {
     if (!r.ok) { $("inside-attn-readout").textContent = "error: " + (body.error ? body.error.message : r.statusText); return; }
     storeLayer(body);
   }
-  drawAttention();
+  drawInsideAttention();
   inside.timing.switch_ms = performance.now() - t0;
 }
 
 const ATT = { left: 70, top: 70 };
 function attnGeometry(a) {
   const [, Tq, Tk] = a.shape;
-  const cell = Math.max(4, Math.min(22, Math.floor(620 / Math.max(Tq, Tk))));
+  const cell = Math.max(4, Math.min(44, Math.floor(620 / Math.max(Tq, Tk))));
   return { Tq, Tk, cell };
 }
 
 function axisTokens(which) { return inside.view[which].map((t) => t.token); }
 
-function drawAttention() {
+function drawInsideAttention() {
   const t0 = performance.now();
   const v = inside.view;
   const layer = parseInt($("inside-layer").value, 10), head = parseInt($("inside-head").value, 10);
@@ -257,7 +256,7 @@ function drawAttention() {
       g.fillRect(ATT.left + j * cell, ATT.top + i * cell, cell - 1, cell - 1);
     }
   }
-  g.font = `${Math.min(11, cell)}px ui-monospace, monospace`;
+  g.font = `${Math.min(12, cell)}px ui-monospace, monospace`;
   g.fillStyle = "#1d2330";
   g.textAlign = "right";
   for (let i = 0; i < Tq; i++) g.fillText(label(rows[i]).slice(0, 9), ATT.left - 4, ATT.top + i * cell + cell - 3);
@@ -326,93 +325,10 @@ function renderLens() {
   }
 }
 
-// ----------------------------------------------------------------- the next-token distribution, live
-function sliderValues() {
-  return {
-    temperature: parseFloat($("inside-temperature").value), top_k: parseInt($("inside-top_k").value, 10),
-    top_p: parseFloat($("inside-top_p").value), min_p: parseFloat($("inside-min_p").value),
-  };
-}
-
-// The sampler's process() (gptlab/generate/sampling.py) on the whole vocabulary: each filter keeps a
-// prefix of the tokens sorted by logit, so the result is the kept count after each step.
-function filtered(settings) {
-  const z = inside.logits, order = inside.order, V = z.length;
-  const tau = settings.temperature;
-  if (tau === 0) return { greedy: true, nTopK: 1, nTopP: 1, nMinP: 1, prob: (r) => (r === 0 ? 1 : 0) };
-  const zmax = z[order[0]] / tau;
-  if (!inside.e || inside.e.length !== V) inside.e = new Float64Array(V);
-  const e = inside.e;
-  for (let r = 0; r < V; r++) e[r] = Math.exp(z[order[r]] / tau - zmax);  // by rank
-  const nTopK = settings.top_k > 0 ? Math.min(settings.top_k, V) : V;  // 0 = off, as the server reads it
-  let sum = 0;
-  for (let r = 0; r < nTopK; r++) sum += e[r];
-  let nTopP = nTopK;
-  if (settings.top_p < 1) {  // drop a token once the strictly more probable ones hold ≥ p
-    let before = 0;
-    for (let r = 0; r < nTopK; r++) {
-      if (before >= settings.top_p) { nTopP = r; break; }
-      before += e[r] / sum;
-    }
-  }
-  let nMinP = nTopP;
-  if (settings.min_p > 0) {  // p_i ≥ min_p · max_j p_j, i.e. e_i ≥ min_p (e_0 = 1 is the maximum)
-    for (let r = 0; r < nTopP; r++) if (e[r] < settings.min_p) { nMinP = r; break; }
-  }
-  let kept = 0;
-  for (let r = 0; r < nMinP; r++) kept += e[r];
-  return { greedy: false, nTopK, nTopP, nMinP, prob: (r) => (r < nMinP ? e[r] / kept : 0) };
-}
-
-function renderDistribution() {
-  const t0 = performance.now();
-  const s = sliderValues();
-  $("inside-temperature-v").textContent = s.temperature.toFixed(2) + (s.temperature === 0 ? " greedy" : "");
-  $("inside-top_k-v").textContent = s.top_k > 0 ? String(s.top_k) : "off";
-  $("inside-top_p-v").textContent = s.top_p < 1 ? s.top_p.toFixed(2) : "off";
-  $("inside-min_p-v").textContent = s.min_p > 0 ? s.min_p.toFixed(3) : "off";
-  const f = filtered(s);
-  const bars = $("inside-bars");
-  bars.innerHTML = "";
-  const top = inside.view.distribution.top;
-  top.forEach((t, r) => {  // the server's top tokens are the first ranks of inside.order
-    const p = f.prob(r);
-    const reason = f.greedy ? (r ? "greedy" : "") : r >= f.nTopK ? "top-k" : r >= f.nTopP ? "top-p" : r >= f.nMinP ? "min-p" : "";
-    const row = el("div", "bar" + (reason ? " dropped" : ""));
-    Object.assign(row.dataset, { id: t.id, prob: String(p), kept: reason ? "0" : "1", reason });
-    row.appendChild(el("span", "bar-label mono", label(t.token)));
-    const track = el("span", "bar-track");
-    const fill = el("span", "bar-fill");
-    fill.style.width = (100 * p).toFixed(2) + "%";
-    track.appendChild(fill);
-    row.appendChild(track);
-    row.appendChild(el("span", "bar-value mono", reason ? `dropped (${reason})` : (100 * p).toFixed(2) + "%"));
-    bars.appendChild(row);
-  });
-  const kept = f.nMinP;
-  $("inside-kept").textContent = f.greedy ? "τ = 0: greedy, the arg-max takes all the probability" :
-    `${kept} of ${inside.logits.length} tokens kept (top-k ${f.nTopK}, then top-p ${f.nTopP}, then min-p ${f.nMinP})`;
-  inside.timing.slider_ms = performance.now() - t0;
-}
-
-function syncControl(id) {  // the playground's own field follows the slider (0 / 1 mean "off" there too)
-  const field = $(id);
-  if (field) field.value = $("inside-" + id).value;
-}
-
-function initSliders() {
-  for (const id of ["temperature", "top_k", "top_p", "min_p"]) {
-    const field = $(id), slider = $("inside-" + id);
-    if (field && field.value !== "") slider.value = field.value;
-    slider.addEventListener("input", () => { syncControl(id); if (inside.logits) renderDistribution(); });
-  }
-}
-
 $("inside-open").addEventListener("click", openInside);
 $("inside-close").addEventListener("click", () => { $("inside").hidden = true; });
 $("inside-kind").addEventListener("change", () => setKind($("inside-kind").value));
 $("inside-layer").addEventListener("change", showLayer);
-$("inside-head").addEventListener("change", () => { const t0 = performance.now(); drawAttention(); inside.timing.switch_ms = performance.now() - t0; });
+$("inside-head").addEventListener("change", () => { const t0 = performance.now(); drawInsideAttention(); inside.timing.switch_ms = performance.now() - t0; });
 $("inside-attn").addEventListener("mousemove", showAttnCell);
 $("inside-attn").addEventListener("mouseleave", hideTip);
-initSliders();
