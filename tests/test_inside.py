@@ -12,6 +12,7 @@ from fastapi.testclient import TestClient
 from gptlab import GPT, GPTConfig
 from gptlab.errors import GptlabError
 from gptlab.inspect import attention_maps
+from gptlab.inspect.attention import seq2seq_maps
 from gptlab.inspect.inside import inside
 from gptlab.inspect.recording import model_input, record
 from gptlab.model import build_model
@@ -190,3 +191,23 @@ def test_the_pages_scripts_share_no_global_name() -> None:
         for found in declared.findall((static / name).read_text()):
             assert found not in seen, f"{found} is declared in both {seen[found]} and {name}"
             seen[found] = name
+
+
+def test_route_serves_an_encoder_decoders_three_kinds() -> None:
+    tok = CharTokenizer.from_text("abcdefgh", special_tokens=["<|endoftext|>"])
+    torch.manual_seed(0)
+    config = GPTConfig(
+        vocab_size=tok.vocab_size, block_size=16, n_layer=2, n_head=2, n_embd=16, arch="encoder-decoder"
+    )
+    model = build_model(config).eval()
+    with TestClient(create_app(model, tok, model_name="ed")) as c:
+        body = c.post("/v1/gptlab/inside", json={"text": "abcde"}).json()
+        assert set(body["attention"]) == {"self", "cross", "encoder"}
+        assert [t["token"] for t in body["source_tokens"]] == list("abcde") and len(body["tokens"]) == 1
+        cross = c.post(
+            "/v1/gptlab/inside/attention", json={"text": "abcde", "kind": "cross", "layer": 1}
+        ).json()
+        found = seq2seq_maps(model, tok, "abcde", target=[])
+        np.testing.assert_allclose(weights(cross), found["cross"][1].numpy(), atol=1e-4, rtol=0)
+        encoder = c.post("/v1/gptlab/inside/attention", json={"text": "abcde", "kind": "encoder"}).json()
+        assert weights(encoder)[:, 0, 1:].sum() > 0  # bidirectional: the first source token sees later ones
