@@ -79,6 +79,7 @@ def main() -> None:
         machine=platform.processor() or platform.machine(),
         date=time.strftime("%Y-%m-%d"),
     )
+    result["load_average"] = [round(x, 2) for x in os.getloadavg()]
     print(json.dumps(result))
 
 
@@ -130,6 +131,11 @@ def measure(url: str, texts: list[str], shots: str | None) -> dict:
                 page.keyboard.press(key)
                 slider_ms.append(timing()["slider_ms"])
             requests_by_slider = sum(map(len, sizes.values())) - before
+            sent = {  # the last fresh prompt's view, and every layer fetched for it
+                "first_view": sizes["inside"][-1],
+                "all_layers": sizes["inside"][-1] + sum(sizes["attention"]),
+                "attention_layers_fetched": len(sizes["attention"]),
+            }
             if shots:  # the guide's pictures, on a short prompt
                 page.evaluate("document.getElementById('inside').dataset.ready = ''")
                 page.fill("#prompt", SHOT_PROMPT)
@@ -168,11 +174,7 @@ def measure(url: str, texts: list[str], shots: str | None) -> dict:
             "max": round(max(slider_ms), 2),
             "requests": requests_by_slider,
         },
-        "bytes": {
-            "first_view": sizes["inside"][-1],
-            "all_layers": sizes["inside"][-1] + sum(sizes["attention"]),
-            "attention_layers_fetched": len(sizes["attention"]),
-        },
+        "bytes": sent,
     }
 
 
