@@ -167,6 +167,30 @@ def test_route_errors_name_the_field(client, body: dict, param: str) -> None:
     assert set(r.json()["error"]) == {"message", "type", "param", "code"}
 
 
+def test_route_refuses_a_body_over_the_servers_limit(model: GPT, tok: CharTokenizer) -> None:
+    with TestClient(create_app(model, tok, model_name="tiny", max_body_bytes=2048)) as c:
+        r = c.post("/v1/gptlab/inside", json={"text": "a" * 4000})
+        assert r.status_code == 413 and r.json()["error"]["code"] == "request_too_large"
+        assert c.post("/v1/gptlab/inside", json={"text": "a" * 1000}).status_code == 200
+
+
+def test_every_guide_anchor_is_a_heading_of_the_guide(model: GPT, tok: CharTokenizer) -> None:
+    """The view links each stage to docs/guide/inside.md#anchor: each anchor is a heading there."""
+    import re
+    from pathlib import Path
+
+    guide = Path(__file__).resolve().parents[1] / "docs" / "guide" / "inside.md"
+    headings = {
+        re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-")
+        for h in re.findall(r"^#+ (.+)$", guide.read_text(), re.M)
+    }
+    view = inside(model, tok, TEXT).overview
+    refs = [s["guide"] for s in view["stages"]] + [view["lens"]["guide"], view["attention"]["self"]["guide"]]
+    for ref in refs:
+        path, anchor = ref.split("#")
+        assert path == "docs/guide/inside.md" and anchor in headings, ref
+
+
 def test_route_refuses_another_model_and_is_in_the_openapi_schema(client) -> None:
     r = client.post("/v1/gptlab/inside", json={"text": TEXT, "model": "gpt-4"})
     assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found"

@@ -24,7 +24,7 @@ from collections import OrderedDict
 from typing import Any, Literal
 
 import torch
-from fastapi import APIRouter
+from fastapi import APIRouter, Depends, Request
 from pydantic import BaseModel, ConfigDict, Field
 
 from gptlab.inspect.inside import MAX_TOP, Inside, inside
@@ -39,6 +39,7 @@ MAX_TEXT_CHARS = 1 << 16
 ERRORS: dict[int | str, dict[str, Any]] = {
     400: {"description": "a field out of bounds, a layer the model lacks, or text that encodes to no tokens"},
     404: {"description": "the model named is not the one served"},
+    413: {"description": "a body larger than the server's max_body_bytes"},
 }
 
 
@@ -98,7 +99,17 @@ class InsideCache:
 
 
 def router(service: Service) -> APIRouter:
-    r = APIRouter()
+    async def body_limit(request: Request) -> None:
+        """A declared Content-Length over ``max_body_bytes`` is a 413 before the body is read."""
+        length = request.headers.get("content-length", "")
+        if length.isdigit() and int(length) > service.max_body_bytes:
+            raise APIError(
+                413,
+                f"request body of {length} bytes exceeds the limit of {service.max_body_bytes} bytes",
+                code="request_too_large",
+            )
+
+    r = APIRouter(dependencies=[Depends(body_limit)])
     cache = InsideCache()
     limit = min(MAX_INSIDE_TOKENS, service.context)
 
