@@ -100,6 +100,8 @@ def test_inside_view_in_headless_chromium(served) -> None:
             "distribution",
         ]
         assert page.locator("#inside-stages .chip").count() == len(ids)
+        guides = page.locator("#inside-stages .stage .guide").all_inner_texts()
+        assert guides[:2] == ["inside.md#tokens", "inside.md#token-embeddings"] and len(guides) == 7
         assert "softmax(Q·Kᵀ/√d_k + M)" in page.locator("#inside-attn-eq").inner_text()
 
         # attention: layer 3, head 2, hover the cell (last query, key 7)

@@ -6,7 +6,7 @@
 // Uses app.js's globals: $, headers, showTip, hideTip, esc, showable, state.
 "use strict";
 
-const DOCS_BASE = "";  // where docs/guide/inside.md lives, e.g. a repository's blob URL; "" = relative
+const DOCS_BASE = "";  // a URL ending in "/" under which docs/guide/inside.md is found; "": the path is shown
 const inside = {
   view: null, text: "", attn: {}, logits: null, order: null, timing: {}, kind: "self",
 };
@@ -32,8 +32,14 @@ function label(token) {  // token labels come escaped (tokenizers/render.py); a 
 
 function shapeText(shape) { return "(" + shape.join(", ") + ")"; }
 
-function guideLink(ref) {
-  const a = el("a", "guide", "guide ↗");
+function guideLink(ref) {  // a link once DOCS_BASE says where the docs are; else the path to read
+  const name = ref.replace("docs/guide/", "");
+  if (!DOCS_BASE) {
+    const span = el("span", "guide", name);
+    span.title = "the gptlab repository's " + ref;
+    return span;
+  }
+  const a = el("a", "guide", name + " ↗");
   a.href = DOCS_BASE + ref;
   a.title = ref;
   a.target = "_blank";
@@ -141,6 +147,7 @@ async function openInside() {
     $("inside-status").textContent = `${body.tokens.length} tokens · ${(inside.bytes / 1024).toFixed(0)} KiB · ` +
       `${inside.timing.first_paint_ms.toFixed(0)} ms${cut}`;
     section.dataset.ready = "1";
+    section.scrollIntoView({ block: "start" });
   } catch (e) {
     $("inside-status").textContent = "Inside unavailable: " + e.message;
   }
@@ -194,7 +201,7 @@ function setKind(kind) {
   const [L, H] = a.shape;
   $("inside-attn-eq").textContent = a.equation;
   $("inside-attn-shape").textContent = shapeText(a.shape) + " (layers, heads, queries, keys)";
-  $("inside-attn-guide").href = DOCS_BASE + a.guide;
+  $("inside-attn-guide").replaceChildren(guideLink(a.guide));
   fillSelect($("inside-layer"), [...Array(L).keys()].map((l) => [l, String(l)]));
   fillSelect($("inside-head"), [...Array(H).keys()].map((h) => [h, String(h)]));
   return showLayer();
@@ -300,7 +307,7 @@ function showAttnCell(ev) {
 function renderLens() {
   const lens = inside.view.lens;
   $("inside-lens-eq").textContent = lens.equation;
-  $("inside-lens-guide").href = DOCS_BASE + lens.guide;
+  $("inside-lens-guide").replaceChildren(guideLink(lens.guide));
   const table = $("inside-lens");
   table.innerHTML = "";
   const final = lens.layers[lens.layers.length - 1].final;
