@@ -266,10 +266,10 @@ function drawInsideAttention() {
   g.font = `${Math.min(12, cell)}px ui-monospace, monospace`;
   g.fillStyle = "#1d2330";
   g.textAlign = "right";
-  for (let i = 0; i < Tq; i++) g.fillText(label(rows[i]).slice(0, 9), ATT.left - 4, ATT.top + i * cell + cell - 3);
+  for (let i = 0; i < Tq; i++) g.fillText(label(rows[i]).slice(0, 9), ATT.left - 4, ATT.top + i * cell + cell / 2 + 4);
   for (let j = 0; j < Tk; j++) {
     g.save();
-    g.translate(ATT.left + j * cell + cell - 3, ATT.top - 4);
+    g.translate(ATT.left + j * cell + cell / 2 + 4, ATT.top - 4);
     g.rotate(-Math.PI / 2);
     g.textAlign = "left";
     g.fillText(label(cols[j]).slice(0, 9), 0, 0);
