@@ -8,6 +8,7 @@ Endpoints (``openai_routes.py`` and ``gptlab_routes.py``):
     GET  /v1/gptlab/limits        every limit a request must respect
     POST /v1/gptlab/generate      one prompt, SSE per token: text, probability, top alternatives
     POST /v1/gptlab/attention     one layer's attention weights (plain path) for a text
+    POST /v1/gptlab/inside        the Inside view: every stage of one pass (inside_routes.py)
     GET  /health                  liveness and scheduler load
     GET  /                        the web playground (static/index.html)
 
@@ -25,7 +26,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
-from gptlab.serve import errors, gptlab_routes, openai_routes
+from gptlab.serve import errors, gptlab_routes, inside_routes, openai_routes
 from gptlab.serve.errors import error_response
 from gptlab.serve.service import Service
 
@@ -70,6 +71,7 @@ def create_app(
         app.middleware("http")(_auth(api_key))
     app.include_router(openai_routes.router(service))
     app.include_router(gptlab_routes.router(service))
+    app.include_router(inside_routes.router(service))
     gptlab_routes.mount_static(app)
     return app
 
