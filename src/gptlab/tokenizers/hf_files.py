@@ -10,7 +10,10 @@ Writing: every gptlab tokenizer that transformers has a form for, so that
   the merges in rank order, the split pattern as ``ByteLevel`` (GPT-2's) or ``Split`` + ``ByteLevel``;
 * ``char``: a ``WordLevel`` model over single characters, ``Split`` into characters, ``Fuse`` to decode.
 
-Special tokens are added tokens matched whole. No ``tokenizers`` import: the JSON is written by hand.
+Special tokens are added tokens matched whole, and each is also an entry of the model's vocabulary at its
+own id: ``tokenizers`` gives an added token that is not in the vocabulary a new id after the largest
+one (SmolLM2's ``<|im_start|>``, id 1, would become 49,152 + …), so only an entry in both keeps gptlab's
+ids. No ``tokenizers`` import: the JSON is written by hand.
 """
 
 from __future__ import annotations
@@ -148,7 +151,7 @@ def _bpe_model(tok: Any) -> dict[str, Any]:
     vocab = {bytes_to_token(t): i for t, i in sorted(ranks.items(), key=lambda kv: kv[1])}
     if isinstance(tok, PretrainedTokenizer):
         merges = list(tok.merges)
-        vocab = {t: i for i, t in enumerate(tok.tokens) if i not in tok.special_tokens.values()}
+        vocab = {t: i for i, t in enumerate(tok.tokens)}
     else:
         merged = sorted((i, t) for t, i in ranks.items() if len(t) > 1)
         merges = [" ".join(map(bytes_to_token, _split_by_rank(t, ranks))) for _, t in merged]
@@ -214,8 +217,10 @@ def hf_tokenizer_json(tok: Tokenizer) -> dict[str, Any]:
          "special": True}
         for s, i in sorted(tok.special_tokens.items(), key=lambda kv: kv[1])
     ]  # fmt: skip
+    data = form(tok)
+    data["model"]["vocab"].update(tok.special_tokens)  # in the vocabulary too, so that they keep their ids
     return {"version": "1.0", "truncation": None, "padding": None, "added_tokens": added, "normalizer": None,
-            "post_processor": None, **form(tok)}  # fmt: skip
+            "post_processor": None, **data}  # fmt: skip
 
 
 def write_hf_tokenizer(tok: Tokenizer, directory: str | os.PathLike[str], model_max_length: int) -> None:
