@@ -33,6 +33,7 @@ from gptlab.tokenizers.pretrained import PretrainedTokenizer
 
 TOKENIZER_JSON = "tokenizer.json"
 TOKENIZER_CONFIG = "tokenizer_config.json"
+MASK_TOKEN = "[MASK]"  # the special token gptlab's masked-LM objective adds (train/objectives.py)
 
 # Hugging Face's spelling (Oniguruma: no possessive quantifiers) of the split patterns that are not GPT-2's.
 HF_SPLITS = {
@@ -240,6 +241,8 @@ def write_hf_tokenizer(tok: Tokenizer, directory: str | os.PathLike[str], model_
     config.update({k: v for k, v in (("bos_token", bos), ("eos_token", eos)) if v is not None})
     if tok.kind == "char":
         config["unk_token"] = data["model"]["unk_token"]
+    if MASK_TOKEN in tok.special_tokens:  # a masked-LM's tokenizer: pipeline("fill-mask") looks for it
+        config["mask_token"] = MASK_TOKEN
     if tok.chat_template is not None:
         from gptlab.tokenizers.chat import FALLBACKS
 

@@ -1,0 +1,224 @@
+"""transformers classes around gptlab's own model (the ``gptlab_*.py`` files beside this one).
+
+* ``GptlabForCausalLM``   (``AutoModelForCausalLM``, ``pipeline("text-generation")``): a decoder;
+* ``GptlabForMaskedLM``   (``AutoModelForMaskedLM``, ``pipeline("fill-mask")``): a bidirectional encoder;
+* ``GptlabForSeq2SeqLM``  (``AutoModelForSeq2SeqLM``, ``pipeline("text2text-generation")``): an
+  encoder–decoder.
+
+Each holds the gptlab model as ``self.gpt`` (its tensors are ``gpt.<gptlab name>``) and only turns
+transformers' arguments into gptlab's: ``attention_mask`` (1 = a real token) becomes gptlab's boolean
+mask, and with left padding the positions count real tokens only. There is no key/value cache:
+``generate`` runs the whole sequence at every step (``use_cache`` is false), which gives the same
+tokens as gptlab's cached decoding at a cost quadratic in the length.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import GenerationMixin, PreTrainedModel
+from transformers.modeling_outputs import BaseModelOutput, CausalLMOutput, MaskedLMOutput, Seq2SeqLMOutput
+
+from .configuration_gptlab import GptlabConfig
+from .gptlab_model import MODELS, GPTConfig
+from .gptlab_positional import PositionalEncoding
+
+IGNORE = -100  # transformers' label for "no loss here"
+
+
+def _key_mask(attention_mask: torch.Tensor | None) -> torch.Tensor | None:
+    """(B, T) 1/0 → (B, 1, 1, T) bool, or None when every token is real."""
+    if attention_mask is None or bool(attention_mask.all()):
+        return None
+    return attention_mask.bool()[:, None, None, :]
+
+
+def _causal_inputs(
+    attention_mask: torch.Tensor | None, T: int
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """(mask (B, 1, T, T), positions (B, T)) for a left-padded batch; (None, None) without padding.
+
+    A query sees the real keys up to itself (and itself, so that a padding row is not empty);
+    positions count real tokens, so a padded prompt is encoded as it would be alone.
+    """
+    keys = _key_mask(attention_mask)
+    if keys is None or attention_mask is None:
+        return None, None
+    causal = torch.ones(T, T, dtype=torch.bool, device=keys.device).tril()
+    eye = torch.eye(T, dtype=torch.bool, device=keys.device)
+    pos = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+    return (causal & keys) | eye, pos
+
+
+def _lm_loss(logits: torch.Tensor, labels: torch.Tensor | None, shift: bool) -> torch.Tensor | None:
+    if labels is None:
+        return None
+    if shift:  # position t predicts token t + 1
+        logits, labels = logits[:, :-1], labels[:, 1:]
+    return F.cross_entropy(
+        logits.reshape(-1, logits.size(-1)).float(), labels.reshape(-1), ignore_index=IGNORE
+    )
+
+
+class GptlabPreTrainedModel(PreTrainedModel):
+    """Builds ``config.gptlab`` with gptlab's own model classes (``MODELS[arch]``)."""
+
+    config_class = GptlabConfig
+    base_model_prefix = "gpt"
+    main_input_name = "input_ids"
+    supports_gradient_checkpointing = False
+
+    def __init__(self, config: GptlabConfig) -> None:
+        super().__init__(config)
+        self.gpt_config = GPTConfig.from_dict(config.gptlab)
+        self.gpt = MODELS[self.gpt_config.arch](self.gpt_config)
+        if self.gpt_config.tie_embeddings:
+            self._tied_weights_keys = {"gpt.lm_head.weight": "gpt.wte.weight"}
+        self.post_init()
+
+    def _init_weights(self, module: nn.Module) -> None:
+        """Every weight comes from the file; only the buffers no file holds (RoPE angles, the sinusoid
+        table, ALiBi slopes) are computed again, as gptlab computes them."""
+        if isinstance(module, PositionalEncoding):
+            device = next(iter(module.buffers()), torch.empty(0)).device
+            if device.type == "meta":
+                return
+            with torch.device(device):
+                fresh = type(module)(self.gpt_config)
+            with torch.no_grad():
+                for name, buffer in fresh.named_buffers(recurse=False):
+                    getattr(module, name).copy_(buffer)
+
+    def get_input_embeddings(self) -> nn.Module:
+        return self.gpt.wte
+
+    def get_output_embeddings(self) -> nn.Module:
+        return self.gpt.lm_head
+
+    def _outputs(self, out: Any) -> dict[str, Any]:
+        return {
+            "hidden_states": tuple(out.hidden_states) if out.hidden_states is not None else None,
+            "attentions": tuple(out.attentions) if out.attentions is not None else None,
+        }
+
+
+class GptlabForCausalLM(GptlabPreTrainedModel, GenerationMixin):
+    """A gptlab decoder: ``logits[b, t]`` predicts token ``t + 1``."""
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        **kwargs: Any,
+    ) -> CausalLMOutput:
+        mask, pos = _causal_inputs(attention_mask, input_ids.size(1))
+        out = self.gpt.run(
+            input_ids,
+            pos=pos,
+            attn_mask=mask,
+            output_attentions=bool(output_attentions),
+            output_hidden_states=bool(output_hidden_states),
+        )
+        return CausalLMOutput(
+            loss=_lm_loss(out.logits, labels, shift=True), logits=out.logits, **self._outputs(out)
+        )
+
+    def prepare_inputs_for_generation(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, **kwargs: Any
+    ) -> dict[str, Any]:
+        """The whole sequence at every step (no key/value cache)."""
+        return {"input_ids": input_ids, "attention_mask": attention_mask}
+
+
+class GptlabForMaskedLM(GptlabPreTrainedModel):
+    """A gptlab bidirectional encoder: ``logits[b, t]`` predicts the token at ``t`` (masked LM)."""
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        **kwargs: Any,
+    ) -> MaskedLMOutput:
+        out = self.gpt.run(
+            input_ids,
+            attn_mask=_key_mask(attention_mask),
+            output_attentions=bool(output_attentions),
+            output_hidden_states=bool(output_hidden_states),
+        )
+        return MaskedLMOutput(
+            loss=_lm_loss(out.logits, labels, shift=False), logits=out.logits, **self._outputs(out)
+        )
+
+
+class _Encoder(nn.Module):
+    """``get_encoder()`` of the encoder–decoder: ``last_hidden_state`` is gptlab's ``H_enc``."""
+
+    def __init__(self, gpt: nn.Module) -> None:
+        super().__init__()
+        self.gpt = gpt
+
+    def forward(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, **kwargs: Any
+    ) -> BaseModelOutput:
+        mask = None if attention_mask is None or bool(attention_mask.all()) else attention_mask.bool()
+        memory, _ = self.gpt.encode(input_ids, mask)
+        return BaseModelOutput(last_hidden_state=memory)
+
+
+class GptlabForSeq2SeqLM(GptlabPreTrainedModel, GenerationMixin):
+    """A gptlab encoder–decoder: the decoder starts from ``decoder_start_token_id`` (gptlab's
+    ``<|endoftext|>``) and reads the encoded source through cross-attention."""
+
+    def get_encoder(self) -> nn.Module:
+        return _Encoder(self.gpt)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        decoder_input_ids: torch.Tensor | None = None,
+        encoder_outputs: Any = None,
+        labels: torch.Tensor | None = None,
+        **kwargs: Any,
+    ) -> Seq2SeqLMOutput:
+        if encoder_outputs is None:
+            if input_ids is None:
+                raise ValueError("an encoder-decoder model needs input_ids (the source) or encoder_outputs")
+            encoder_outputs = self.get_encoder()(input_ids, attention_mask)
+        memory = encoder_outputs[0]
+        if decoder_input_ids is None:
+            if labels is None:
+                raise ValueError("give decoder_input_ids (or labels, which are shifted right to make them)")
+            start = torch.full_like(labels[:, :1], self.config.decoder_start_token_id)
+            shifted = torch.cat([start, labels[:, :-1]], dim=1)
+            decoder_input_ids = shifted.masked_fill(shifted == IGNORE, self.config.pad_token_id or 0)
+        source_mask = None if attention_mask is None or bool(attention_mask.all()) else attention_mask.bool()
+        out = self.gpt.run(decoder_input_ids, cross=self.gpt.cross_kv(memory), source_mask=source_mask)
+        return Seq2SeqLMOutput(
+            loss=_lm_loss(out.logits, labels, shift=False),
+            logits=out.logits,
+            encoder_last_hidden_state=memory,
+        )
+
+    def prepare_inputs_for_generation(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        encoder_outputs: Any = None,
+        **kwargs: Any,
+    ) -> dict[str, Any]:
+        """The whole target so far at every step, against the source encoded once."""
+        return {
+            "decoder_input_ids": input_ids,
+            "attention_mask": attention_mask,
+            "encoder_outputs": encoder_outputs,
+        }
