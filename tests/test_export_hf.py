@@ -342,7 +342,8 @@ def test_smollm2_converts_to_hf_with_its_tokenizer_and_logits(tmp_path):
     hf = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "hf"), dtype=torch.float32).eval()
     idx = torch.tensor([tok.encode("<|im_start|>user\nHello!<|im_end|>\n", allowed_special="all")])
     with torch.no_grad():
-        assert _max_diff(hf(idx).logits, model.float().eval()(idx)) <= 1e-4 * 30  # 30 layers of float32 sums
+        # logits up to ~33 in size, through 30 layers of float32 sums taken in different orders
+        assert _max_diff(hf(idx).logits, model.float().eval()(idx)) <= 1e-4
 
 
 def test_cli_names_what_it_wrote(tmp_path, capsys):
