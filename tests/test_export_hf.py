@@ -353,3 +353,25 @@ def test_cli_names_what_it_wrote(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "GptlabForCausalLM remote code (AutoModelForCausalLM, trust_remote_code=True)" in out
     assert "Qwen3ForCausalLM (AutoModelForCausalLM)" in out
+
+
+@pytest.mark.parametrize("arch", ["decoder", "encoder", "encoder-decoder"])
+def test_from_hf_reads_a_remote_code_folder_back(arch, tmp_path):
+    model = _perturbed(GPTConfig(**SHAPE, arch=arch, **DECODERS["char-best"]))
+    to_hf(model, tmp_path / "hf")
+    back = gptlab.from_hf(tmp_path / "hf")
+    assert back.config.to_dict() == model.config.to_dict()
+    idx = torch.randint(0, 61, (2, 9))
+    kw = {"source": idx} if arch == "encoder-decoder" else {}
+    with torch.no_grad():
+        assert torch.equal(back.run(idx, **kw).logits, model.run(idx, **kw).logits)
+
+
+def test_a_broken_remote_code_folder_is_one_error_line(tmp_path, capsys):
+    to_hf(_perturbed(GPTConfig(**SHAPE, pos="alibi")), tmp_path / "hf")
+    config = json.loads((tmp_path / "hf" / "config.json").read_text())
+    config["gptlab"]["n_head"] = 5  # 32 is not divisible by 5
+    (tmp_path / "hf" / "config.json").write_text(json.dumps(config))
+    assert main(["convert", "--from-hf", str(tmp_path / "hf"), "--out", str(tmp_path / "ckpt")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "config.json" in err and "n_head" in err and "Traceback" not in err

@@ -73,6 +73,8 @@ def hf_config_to_gptlab(directory: str | os.PathLike[str]) -> GPTConfig:
 
 
 def _config(hf: dict[str, Any], path: Path) -> GPTConfig:
+    if hf.get("model_type") == hf_remote.MODEL_TYPE:
+        return hf_remote.config_from_remote(hf, path)
     family = family_for_hf(hf, path)
     try:
         return family.config_from_hf(hf, path)
@@ -94,6 +96,10 @@ def from_hf(
     """
     directory = Path(directory)
     hf = read_hf_config(directory)
+    if hf.get("model_type") == hf_remote.MODEL_TYPE:  # gptlab's own remote-code export: read back as data
+        if quantize is not None:
+            raise GptlabError(f"{directory}: convert this gptlab folder first, then quantize the checkpoint")
+        return hf_remote.read_remote(directory, hf, dtype)
     config = _config(hf, directory / CONFIG_FILE)
     family = family_for_hf(hf, directory / CONFIG_FILE)
     hf_state, source = read_hf_weights(directory)

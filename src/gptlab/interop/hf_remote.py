@@ -11,7 +11,8 @@ folder carries the code itself::
 
 ``AutoModelForCausalLM.from_pretrained(DIR, trust_remote_code=True)`` (a decoder),
 ``AutoModelForMaskedLM`` (an encoder) or ``AutoModelForSeq2SeqLM`` (an encoder–decoder) then loads it
-without gptlab installed; ``AutoTokenizer.from_pretrained(DIR)`` needs no remote code.
+without gptlab installed; ``AutoTokenizer.from_pretrained(DIR)`` needs no remote code. ``read_remote``
+reads such a folder back (``gptlab.from_hf`` does, by its ``model_type``) without running its code.
 """
 
 from __future__ import annotations
@@ -22,11 +23,12 @@ from typing import Any
 
 import torch
 
-from gptlab.checkpoint import model_state, write_tensors
+from gptlab.checkpoint import load_model_state, model_state, write_tensors
+from gptlab.errors import GptlabError
 from gptlab.fileio import atomic_write_json, atomic_write_text
-from gptlab.interop.common import CONFIG_FILE, SAFETENSORS_FILE
+from gptlab.interop.common import CONFIG_FILE, SAFETENSORS_FILE, read_hf_weights
 from gptlab.interop.remote_source import flat_name, generated_files, model_modules
-from gptlab.model import GPT
+from gptlab.model import GPT, GPTConfig, build_model
 
 MODEL_TYPE = "gptlab"
 PREFIX = "gpt."  # the wrapper holds the gptlab model as ``self.gpt``
@@ -131,7 +133,34 @@ def write_remote(model: GPT, directory: Path, tokenizer: Any = None) -> Path:
     return directory
 
 
+def config_from_remote(hf: dict[str, Any], path: Path) -> GPTConfig:
+    """The ``GPTConfig`` of a remote-code folder's ``config.json`` (its ``"gptlab"`` object)."""
+    data = hf.get(MODEL_TYPE)
+    if not isinstance(data, dict):
+        raise GptlabError(f'{path}: model_type "gptlab" needs a "gptlab" object (the model\'s GPTConfig)')
+    try:
+        return GPTConfig.from_dict(data)
+    except GptlabError as exc:
+        raise GptlabError(f"{path}: {exc}") from None
+
+
+def read_remote(directory: Path, hf: dict[str, Any], dtype: torch.dtype | None = None) -> GPT:
+    """The model of a remote-code folder (eval mode, CPU), read as data: its Python files are not run."""
+    config = config_from_remote(hf, directory / CONFIG_FILE)
+    state, source = read_hf_weights(directory)
+    foreign = sorted(k for k in state if not k.startswith(PREFIX))
+    if foreign:
+        raise GptlabError(f"{source}: tensor(s) {', '.join(foreign[:5])} are not under {PREFIX!r}")
+    model = build_model(config)
+    load_model_state(model, {k.removeprefix(PREFIX): v.float() for k, v in state.items()}, source)
+    if dtype is not None:
+        model.to(dtype=dtype)
+    return model.eval()
+
+
 __all__ = [
+    "config_from_remote",
+    "read_remote",
     "CLASSES",
     "MODEL_TYPE",
     "auto_class",
