@@ -66,6 +66,7 @@ DECODERS = {
     "learned-gelu_tanh-no-bias": dict(pos="learned", mlp="gelu_tanh", bias=False),
     "rope-swiglu-qk_norm-bias-gqa": dict(pos="rope", norm="rmsnorm", mlp="swiglu", qk_norm=True, n_kv_head=2),
     "moe-top1": dict(pos="rope", mlp="swiglu", n_experts=2, experts_top_k=1),
+    "padded-vocab": dict(pos="rope", mlp="relu2", vocab_multiple=64),  # the file holds the 61 real rows
 }
 
 
