@@ -376,3 +376,18 @@ def test_a_broken_remote_code_folder_is_one_error_line(tmp_path, capsys):
     assert main(["convert", "--from-hf", str(tmp_path / "hf"), "--out", str(tmp_path / "ckpt")]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and "config.json" in err and "n_head" in err and "Traceback" not in err
+
+
+def test_cli_round_trip_of_a_char_model_keeps_model_and_tokenizer(tmp_path):
+    tok = CharTokenizer.from_text(TEXT, unk="?", special_tokens=["<|endoftext|>", "[MASK]"])
+    model = _perturbed(GPTConfig(**(SHAPE | {"vocab_size": tok.vocab_size}), **DECODERS["char-best"]))
+    gptlab.save(model, tok, tmp_path / "ckpt")
+    assert main(["convert", "--to-hf", str(tmp_path / "ckpt"), "--out", str(tmp_path / "hf")]) == 0
+    assert main(["convert", "--from-hf", str(tmp_path / "hf"), "--out", str(tmp_path / "back")]) == 0
+    back, back_tok = gptlab.load(tmp_path / "back")
+    text = "Speak, zebra!<|endoftext|>[MASK]"
+    assert back_tok.kind == "char" and back_tok.special_tokens == tok.special_tokens
+    assert back_tok.encode(text, allowed_special="all") == tok.encode(text, allowed_special="all")
+    idx = torch.tensor([tok.encode(text, allowed_special="all")])
+    with torch.no_grad():
+        assert torch.equal(back(idx), model(idx))

@@ -1,7 +1,8 @@
 """Hugging Face tokenizer files (``tokenizer.json`` + ``tokenizer_config.json``) ↔ gptlab tokenizers.
 
 Reading: a byte-level BPE ``tokenizer.json`` (vocabulary, merges, added tokens, pre-tokenizer) and
-its ``tokenizer_config.json`` (bos/eos, chat template) become a ``PretrainedTokenizer``.
+its ``tokenizer_config.json`` (bos/eos, chat template) become a ``PretrainedTokenizer``; the
+``WordLevel`` form written for a ``char`` tokenizer (below) becomes that ``CharTokenizer`` again.
 
 Writing: every gptlab tokenizer that transformers has a form for, so that
 ``transformers.pipeline("text-generation", model=DIR)`` runs with no other input:
@@ -28,6 +29,7 @@ from gptlab.errors import GptlabError
 from gptlab.fileio import atomic_write_json
 from gptlab.tokenizers.base import Tokenizer
 from gptlab.tokenizers.byte_unicode import bytes_to_token
+from gptlab.tokenizers.char import CharTokenizer
 from gptlab.tokenizers.patterns import PATTERNS
 from gptlab.tokenizers.pretrained import PretrainedTokenizer
 
@@ -43,6 +45,7 @@ HF_SPLITS = {
 }
 _BYTE_LEVEL = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True}
 _DIGITS = {"type": "Digits", "individual_digits": True}
+_CHAR_SPLIT = {"type": "Split", "pattern": {"Regex": r"[\s\S]"}, "behavior": "Isolated", "invert": False}
 
 
 # ------------------------------------------------------------------ reading
@@ -91,7 +94,7 @@ def _adds_bos(config: dict[str, Any], data: dict[str, Any], bos: str | None) -> 
     return False
 
 
-def read_hf_tokenizer(directory: str | os.PathLike[str]) -> PretrainedTokenizer | None:
+def read_hf_tokenizer(directory: str | os.PathLike[str]) -> PretrainedTokenizer | CharTokenizer | None:
     """The byte-level BPE of a folder's ``tokenizer.json`` (+ ``tokenizer_config.json``), or ``None`` without one."""
     directory = Path(directory)
     path = directory / TOKENIZER_JSON
@@ -99,6 +102,12 @@ def read_hf_tokenizer(directory: str | os.PathLike[str]) -> PretrainedTokenizer 
         return None
     data = _read(path)
     model = data.get("model") if isinstance(data, dict) else None
+    if (
+        isinstance(model, dict)
+        and model.get("type") == "WordLevel"
+        and data.get("pre_tokenizer") == _CHAR_SPLIT
+    ):
+        return _read_char(model, data.get("added_tokens", []), path)
     if not isinstance(model, dict) or model.get("type") != "BPE":
         kind = model.get("type") if isinstance(model, dict) else None
         raise GptlabError(f"{path}: tokenizer model {kind!r} is not supported; gptlab reads byte-level BPE")
@@ -129,6 +138,22 @@ def read_hf_tokenizer(directory: str | os.PathLike[str]) -> PretrainedTokenizer 
         )
     except GptlabError as exc:
         raise GptlabError(f"{path}: {exc}") from None
+
+
+def _read_char(model: dict[str, Any], added: list[Any], path: Path) -> CharTokenizer:
+    """The ``char`` tokenizer that ``write_hf_tokenizer`` wrote as a ``WordLevel`` model (ids checked)."""
+    vocab: dict[str, int] = model.get("vocab", {})
+    specials = {a["content"]: int(a["id"]) for a in added if isinstance(a, dict) and a.get("special")}
+    unk = model.get("unk_token") if model.get("unk_token") in vocab else None
+    pieces = sorted((i, t) for t, i in vocab.items() if t not in specials and t != unk)
+    try:
+        tok = CharTokenizer([t for _, t in pieces], unk=unk, special_tokens=specials)
+    except GptlabError as exc:
+        raise GptlabError(f"{path}: {exc}") from None
+    ids = {c: i for i, c in enumerate(tok.chars)} | specials | ({unk: tok.unk_id} if unk is not None else {})
+    if ids != vocab:
+        raise GptlabError(f"{path}: this WordLevel vocabulary is not a gptlab character tokenizer's")
+    return tok
 
 
 # ------------------------------------------------------------------ writing
@@ -192,12 +217,7 @@ def _char_model(tok: Any) -> dict[str, Any]:
         vocab[tok.unk] = tok.unk_id
     return {
         "model": {"type": "WordLevel", "vocab": vocab, "unk_token": tok.unk or "<unk>"},
-        "pre_tokenizer": {
-            "type": "Split",
-            "pattern": {"Regex": r"[\s\S]"},
-            "behavior": "Isolated",
-            "invert": False,
-        },
+        "pre_tokenizer": dict(_CHAR_SPLIT),
         "decoder": {"type": "Fuse"},
     }
 
