@@ -100,6 +100,28 @@ def test_remote_code_left_padding_matches_each_prompt_alone(name, tmp_path):
     assert out[1, 12:].tolist() == model.generate(idx[1:, 5:], 4, temperature=0)[0, 7:].tolist()
 
 
+def test_remote_code_generates_with_gptlabs_kv_cache(tmp_path):
+    model = _perturbed(GPTConfig(**SHAPE, **DECODERS["alibi-reglu-gqa"]))
+    to_hf(model, tmp_path / "hf")
+    hf = _load(tmp_path / "hf")
+    idx = torch.randint(0, 61, (2, 8))
+    mask = torch.ones_like(idx)
+    mask[0, :3] = 0
+    seen: list[int] = []
+    hook = hf.gpt.wte.register_forward_hook(lambda mod, args, out: seen.append(args[0].size(1)))
+    with torch.no_grad():
+        cached = hf.generate(idx, attention_mask=mask, max_new_tokens=6, do_sample=False)
+        hook.remove()
+        uncached = hf.generate(idx, attention_mask=mask, max_new_tokens=6, do_sample=False, use_cache=False)
+        beams = [
+            hf.generate(idx, attention_mask=mask, max_new_tokens=6, num_beams=3, do_sample=False, use_cache=c)
+            for c in (True, False)
+        ]
+    assert seen == [8, 1, 1, 1, 1, 1]  # the prompt once, then one new token per step
+    assert torch.equal(cached, uncached) and torch.equal(beams[0], beams[1])
+    assert cached[0, 8:].tolist() == model.generate(idx[:1, 3:], 6, temperature=0)[0, 5:].tolist()
+
+
 def test_remote_code_is_forced_on_a_native_model_and_agrees(tmp_path):
     model = _perturbed(GPTConfig.preset("llama-tiny", **SHAPE, n_kv_head=2))
     to_hf(model, tmp_path / "native")

@@ -7,9 +7,9 @@
 
 Each holds the gptlab model as ``self.gpt`` (its tensors are ``gpt.<gptlab name>``) and only turns
 transformers' arguments into gptlab's: ``attention_mask`` (1 = a real token) becomes gptlab's boolean
-mask, and with left padding the positions count real tokens only. There is no key/value cache:
-``generate`` runs the whole sequence at every step (``use_cache`` is false), which gives the same
-tokens as gptlab's cached decoding at a cost quadratic in the length.
+mask, and with left padding the positions count real tokens only. A decoder generates with gptlab's
+own ``KVCache``, handed to ``generate`` as the output's ``cache`` and back (beam search reorders its
+rows); the encoder–decoder runs its whole target at every step (no cache).
 """
 
 from __future__ import annotations
@@ -20,10 +20,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from transformers import GenerationMixin, PreTrainedModel
-from transformers.modeling_outputs import BaseModelOutput, CausalLMOutput, MaskedLMOutput, Seq2SeqLMOutput
+from transformers.modeling_outputs import (
+    BaseModelOutput,
+    CausalLMOutputWithPast,
+    MaskedLMOutput,
+    Seq2SeqLMOutput,
+)
 
 from .configuration_gptlab import GptlabConfig
-from .gptlab_model import MODELS, GPTConfig
+from .gptlab_model import MODELS, GPTConfig, KVCache
 from .gptlab_positional import PositionalEncoding
 
 IGNORE = -100  # transformers' label for "no loss here"
@@ -37,20 +42,22 @@ def _key_mask(attention_mask: torch.Tensor | None) -> torch.Tensor | None:
 
 
 def _causal_inputs(
-    attention_mask: torch.Tensor | None, T: int
+    attention_mask: torch.Tensor | None, T: int, past: int = 0
 ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-    """(mask (B, 1, T, T), positions (B, T)) for a left-padded batch; (None, None) without padding.
+    """(mask (B, 1, T, past + T), positions (B, T)) for a left-padded batch; (None, None) without padding.
 
-    A query sees the real keys up to itself (and itself, so that a padding row is not empty);
-    positions count real tokens, so a padded prompt is encoded as it would be alone.
+    ``attention_mask`` covers the ``past`` cached tokens and the ``T`` new ones. A query sees the real
+    keys up to itself (and itself, so that a padding row is not empty); positions count real tokens,
+    so a padded prompt is encoded as it would be alone.
     """
     keys = _key_mask(attention_mask)
     if keys is None or attention_mask is None:
         return None, None
-    causal = torch.ones(T, T, dtype=torch.bool, device=keys.device).tril()
-    eye = torch.eye(T, dtype=torch.bool, device=keys.device)
-    pos = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
-    return (causal & keys) | eye, pos
+    n_k = past + T
+    causal = torch.ones(T, n_k, dtype=torch.bool, device=keys.device).tril(diagonal=past)
+    itself = torch.eye(T, n_k, dtype=torch.bool, device=keys.device).roll(past, dims=1)
+    pos = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)[:, past:]
+    return (causal & keys) | itself, pos
 
 
 def _lm_loss(logits: torch.Tensor, labels: torch.Tensor | None, shift: bool) -> torch.Tensor | None:
@@ -108,32 +115,66 @@ class GptlabPreTrainedModel(PreTrainedModel):
 class GptlabForCausalLM(GptlabPreTrainedModel, GenerationMixin):
     """A gptlab decoder: ``logits[b, t]`` predicts token ``t + 1``."""
 
+    @classmethod
+    def _supports_default_dynamic_cache(cls) -> bool:
+        return False  # generate gets gptlab's own KVCache from forward's output instead of a DynamicCache
+
     def forward(
         self,
         input_ids: torch.Tensor,
         attention_mask: torch.Tensor | None = None,
         labels: torch.Tensor | None = None,
+        cache: KVCache | None = None,
+        use_cache: bool | None = None,
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
         **kwargs: Any,
-    ) -> CausalLMOutput:
-        mask, pos = _causal_inputs(attention_mask, input_ids.size(1))
+    ) -> CausalLMOutputWithPast:
+        """``input_ids`` are the tokens after the ``cache`` (all of them without one)."""
+        if use_cache and cache is None:
+            B, device = input_ids.size(0), input_ids.device
+            cache = KVCache(self.gpt_config, B, dtype=self.gpt.dtype, device=device)
+        past = cache.length if cache is not None else 0
+        mask, pos = _causal_inputs(attention_mask, input_ids.size(1), past)
         out = self.gpt.run(
             input_ids,
             pos=pos,
+            cache=cache,
             attn_mask=mask,
             output_attentions=bool(output_attentions),
             output_hidden_states=bool(output_hidden_states),
         )
-        return CausalLMOutput(
-            loss=_lm_loss(out.logits, labels, shift=True), logits=out.logits, **self._outputs(out)
+        return CausalLMOutputWithPast(
+            loss=_lm_loss(out.logits, labels, shift=True),
+            logits=out.logits,
+            cache=cache,
+            **self._outputs(out),
         )
 
     def prepare_inputs_for_generation(
-        self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, **kwargs: Any
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        cache: KVCache | None = None,
+        use_cache: bool | None = None,
+        **kwargs: Any,
     ) -> dict[str, Any]:
-        """The whole sequence at every step (no key/value cache)."""
-        return {"input_ids": input_ids, "attention_mask": attention_mask}
+        """The tokens the cache has not seen yet (all of them on the first step, or without a cache)."""
+        if cache is not None:
+            input_ids = input_ids[:, cache.length :]
+        return {
+            "input_ids": input_ids,
+            "attention_mask": attention_mask,
+            "cache": cache,
+            "use_cache": use_cache,
+        }
+
+    def _reorder_cache(self, cache: KVCache, beam_idx: torch.Tensor) -> KVCache:
+        """Beam search: row ``i`` of every layer's keys and values becomes row ``beam_idx[i]``."""
+        for layer in cache.layers:
+            store = layer.store
+            store.k, store.v = store.k.index_select(0, beam_idx), store.v.index_select(0, beam_idx)
+        return cache
 
 
 class GptlabForMaskedLM(GptlabPreTrainedModel):
