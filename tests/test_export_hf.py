@@ -134,6 +134,7 @@ def test_remote_code_is_forced_on_a_native_model_and_agrees(tmp_path):
         assert _max_diff(native(idx).logits, model(idx)) <= TOL
 
 
+@pytest.mark.slow  # a fresh interpreter importing torch and transformers: ~25 s on 2 busy cores
 def test_the_generated_code_loads_without_gptlab(tmp_path):
     model = _perturbed(GPTConfig(**SHAPE, **DECODERS["char-best"]))
     to_hf(model, tmp_path / "hf")
