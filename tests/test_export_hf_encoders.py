@@ -78,6 +78,17 @@ def test_encoder_decoder_loads_as_seq2seq_and_generates_gptlabs_tokens(options, 
         assert max_diff(logits[0], model.run(tgt[:1], source=src[:1]).logits[0]) <= TOL
         assert max_diff(logits[1], model.run(tgt[1:], source=src[1:, :7]).logits[0]) <= TOL
         out = hf.generate(src[:1], max_new_tokens=6, do_sample=False)
+        seen: list[int] = []
+        hook = hf.gpt.wte.register_forward_hook(lambda mod, args, o: seen.append(args[0].size(1)))
+        cached = hf.generate(src, attention_mask=mask, max_new_tokens=5, do_sample=False)
+        hook.remove()
+        uncached = hf.generate(src, attention_mask=mask, max_new_tokens=5, do_sample=False, use_cache=False)
+        beams = [
+            hf.generate(src, attention_mask=mask, max_new_tokens=5, num_beams=3, do_sample=False, use_cache=c)
+            for c in (True, False)
+        ]
+    assert seen == [10, 1, 1, 1, 1, 1]  # the source once, then one target token per step (gptlab's cache)
+    assert torch.equal(cached, uncached) and torch.equal(beams[0], beams[1])
     ours, _ = generate_ids(
         model, src[0].tolist(), tok.eot_id, SampleConfig(max_new_tokens=6, temperature=0.0)
     )

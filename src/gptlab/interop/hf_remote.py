@@ -112,7 +112,7 @@ def remote_config(model: GPT, tokenizer: Any = None) -> dict[str, Any]:
         "tie_word_embeddings": cfg.tie_embeddings,
         "is_encoder_decoder": cfg.arch == "encoder-decoder",
         "is_decoder": cfg.arch == "decoder",
-        "use_cache": cfg.arch == "decoder",  # a gptlab KVCache; the encoder-decoder runs uncached
+        "use_cache": True,  # gptlab's own KVCache (modeling_gptlab.py)
         "dtype": str(model.dtype).removeprefix("torch."),
         **_token_ids(model, tokenizer),
     }

@@ -9,7 +9,8 @@ Each holds the gptlab model as ``self.gpt`` (its tensors are ``gpt.<gptlab name>
 transformers' arguments into gptlab's: ``attention_mask`` (1 = a real token) becomes gptlab's boolean
 mask, and with left padding the positions count real tokens only. A decoder generates with gptlab's
 own ``KVCache``, handed to ``generate`` as the output's ``cache`` and back (beam search reorders its
-rows); the encoder–decoder runs its whole target at every step (no cache).
+rows); the encoder–decoder's cache also holds each layer's cross-attention keys and values of the
+source, computed once.
 """
 
 from __future__ import annotations
@@ -171,9 +172,7 @@ class GptlabForCausalLM(GptlabPreTrainedModel, GenerationMixin):
 
     def _reorder_cache(self, cache: KVCache, beam_idx: torch.Tensor) -> KVCache:
         """Beam search: row ``i`` of every layer's keys and values becomes row ``beam_idx[i]``."""
-        for layer in cache.layers:
-            store = layer.store
-            store.k, store.v = store.k.index_select(0, beam_idx), store.v.index_select(0, beam_idx)
+        _reorder_kv(cache, beam_idx)
         return cache
 
 
@@ -210,14 +209,32 @@ class _Encoder(nn.Module):
     def forward(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, **kwargs: Any
     ) -> BaseModelOutput:
-        mask = None if attention_mask is None or bool(attention_mask.all()) else attention_mask.bool()
-        memory, _ = self.gpt.encode(input_ids, mask)
+        memory, _ = self.gpt.encode(input_ids, _source_mask(attention_mask))
         return BaseModelOutput(last_hidden_state=memory)
+
+
+def _source_mask(attention_mask: torch.Tensor | None) -> torch.Tensor | None:
+    return None if attention_mask is None or bool(attention_mask.all()) else attention_mask.bool()
+
+
+class Seq2SeqCache:
+    """The decoder's self-attention ``KVCache`` and each layer's cross-attention ``(K_enc, V_enc)``."""
+
+    def __init__(self, self_attn: KVCache, cross: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        self.self_attn, self.cross = self_attn, cross
+
+    @property
+    def length(self) -> int:
+        return self.self_attn.length
 
 
 class GptlabForSeq2SeqLM(GptlabPreTrainedModel, GenerationMixin):
     """A gptlab encoder–decoder: the decoder starts from ``decoder_start_token_id`` (gptlab's
     ``<|endoftext|>``) and reads the encoded source through cross-attention."""
+
+    @classmethod
+    def _supports_default_dynamic_cache(cls) -> bool:
+        return False  # generate gets a Seq2SeqCache from forward's output instead
 
     def get_encoder(self) -> nn.Module:
         return _Encoder(self.gpt)
@@ -229,24 +246,41 @@ class GptlabForSeq2SeqLM(GptlabPreTrainedModel, GenerationMixin):
         decoder_input_ids: torch.Tensor | None = None,
         encoder_outputs: Any = None,
         labels: torch.Tensor | None = None,
+        cache: Seq2SeqCache | None = None,
+        use_cache: bool | None = None,
         **kwargs: Any,
     ) -> Seq2SeqLMOutput:
-        if encoder_outputs is None:
-            if input_ids is None:
-                raise ValueError("an encoder-decoder model needs input_ids (the source) or encoder_outputs")
-            encoder_outputs = self.get_encoder()(input_ids, attention_mask)
-        memory = encoder_outputs[0]
+        """``decoder_input_ids`` are the target tokens after the ``cache`` (all of them without one)."""
         if decoder_input_ids is None:
             if labels is None:
                 raise ValueError("give decoder_input_ids (or labels, which are shifted right to make them)")
             start = torch.full_like(labels[:, :1], self.config.decoder_start_token_id)
             shifted = torch.cat([start, labels[:, :-1]], dim=1)
             decoder_input_ids = shifted.masked_fill(shifted == IGNORE, self.config.pad_token_id or 0)
-        source_mask = None if attention_mask is None or bool(attention_mask.all()) else attention_mask.bool()
-        out = self.gpt.run(decoder_input_ids, cross=self.gpt.cross_kv(memory), source_mask=source_mask)
+        memory = encoder_outputs[0] if encoder_outputs is not None else None
+        if cache is None:
+            if memory is None:
+                if input_ids is None:
+                    raise ValueError(
+                        "an encoder-decoder model needs input_ids (the source) or encoder_outputs"
+                    )
+                memory = self.get_encoder()(input_ids, attention_mask)[0]
+            B, device = decoder_input_ids.size(0), decoder_input_ids.device
+            kv = KVCache(self.gpt_config, B, dtype=self.gpt.dtype, device=device) if use_cache else None
+            cache = Seq2SeqCache(kv, self.gpt.cross_kv(memory)) if kv is not None else None
+            cross = cache.cross if cache is not None else self.gpt.cross_kv(memory)
+        else:
+            cross = cache.cross
+        out = self.gpt.run(
+            decoder_input_ids,
+            cross=cross,
+            source_mask=_source_mask(attention_mask),
+            cache=cache.self_attn if cache is not None else None,
+        )
         return Seq2SeqLMOutput(
             loss=_lm_loss(out.logits, labels, shift=False),
             logits=out.logits,
+            cache=cache,
             encoder_last_hidden_state=memory,
         )
 
@@ -255,11 +289,29 @@ class GptlabForSeq2SeqLM(GptlabPreTrainedModel, GenerationMixin):
         input_ids: torch.Tensor,
         attention_mask: torch.Tensor | None = None,
         encoder_outputs: Any = None,
+        cache: Seq2SeqCache | None = None,
+        use_cache: bool | None = None,
         **kwargs: Any,
     ) -> dict[str, Any]:
-        """The whole target so far at every step, against the source encoded once."""
+        """The target tokens the cache has not seen yet, against the source encoded once."""
+        if cache is not None:
+            input_ids = input_ids[:, cache.length :]
         return {
             "decoder_input_ids": input_ids,
             "attention_mask": attention_mask,
             "encoder_outputs": encoder_outputs,
+            "cache": cache,
+            "use_cache": use_cache,
         }
+
+    def _reorder_cache(self, cache: Seq2SeqCache, beam_idx: torch.Tensor) -> Seq2SeqCache:
+        """Beam search: row ``i`` becomes row ``beam_idx[i]``, in the self- and the cross-attention caches."""
+        _reorder_kv(cache.self_attn, beam_idx)
+        cache.cross = [(k.index_select(0, beam_idx), v.index_select(0, beam_idx)) for k, v in cache.cross]
+        return cache
+
+
+def _reorder_kv(cache: KVCache, beam_idx: torch.Tensor) -> None:
+    for layer in cache.layers:
+        store = layer.store
+        store.k, store.v = store.k.index_select(0, beam_idx), store.v.index_select(0, beam_idx)
