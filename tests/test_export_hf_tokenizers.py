@@ -23,6 +23,9 @@ def test_text_generation_pipeline_runs_the_remote_code(tmp_path):
     model = perturbed(GPTConfig(**(SHAPE | {"vocab_size": tok.vocab_size}), **DECODERS["char-best"]))
     ckpt = gptlab.save(model, tok, tmp_path / "ckpt")
     assert main(["convert", "--to-hf", str(ckpt), "--out", str(tmp_path / "hf")]) == 0
+    # the tokenizer needs no remote code (non-interactively, transformers' question about it is declined)
+    hf_tok = transformers.AutoTokenizer.from_pretrained(str(tmp_path / "hf"))
+    assert hf_tok.encode(TEXT + "<|endoftext|>") == tok.encode(TEXT + "<|endoftext|>", allowed_special="all")
     pipe = transformers.pipeline("text-generation", model=str(tmp_path / "hf"), trust_remote_code=True)
     prompt = "Before we"
     out = pipe(prompt, max_new_tokens=8, do_sample=False)[0]["generated_text"]
