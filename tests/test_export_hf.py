@@ -88,6 +88,13 @@ def test_remote_code_is_forced_on_a_native_model_and_agrees(tmp_path):
     with torch.no_grad():
         assert max_diff(remote(idx).logits, model(idx)) <= TOL
         assert max_diff(native(idx).logits, model(idx)) <= TOL
+        # labels: transformers' convention (shifted inside, -100 ignored) gives gptlab's loss
+        labels = idx.clone()
+        labels[:, :3] = -100
+        targets = labels[:, 1:].masked_fill(labels[:, 1:] == -100, -1)
+        _, loss = model(idx[:, :-1], targets)
+        assert abs(remote(idx, labels=labels).loss.item() - loss.item()) <= TOL
+        assert abs(native(idx, labels=labels).loss.item() - loss.item()) <= TOL
 
 
 @pytest.mark.slow  # a fresh interpreter importing torch and transformers: ~25 s on 2 busy cores
