@@ -238,6 +238,11 @@ def to_hf(
     tensors = export_state(family, config, model_state(model))
     hf_config = family.config_to_hf(config)
     hf_config["dtype"] = str(model.dtype).removeprefix("torch.")
+    for key, value in hf_remote.token_ids(
+        model, tokenizer
+    ).items():  # the tokenizer's, where the config has none
+        if hf_config.get(key) is None and value is not None and key != "decoder_start_token_id":
+            hf_config[key] = value
     directory.mkdir(parents=True, exist_ok=True)
     write_tensors(directory / SAFETENSORS_FILE, tensors, metadata={"format": "pt"})
     atomic_write_json(directory / CONFIG_FILE, hf_config)

@@ -77,7 +77,7 @@ def code_files() -> dict[str, str]:
     return files
 
 
-def _token_ids(model: GPT, tokenizer: Any) -> dict[str, int | None]:
+def token_ids(model: GPT, tokenizer: Any) -> dict[str, int | None]:
     """bos/eos/pad (and the decoder's start) ids: the tokenizer's, else those an import recorded."""
     extra = model.config.extra
     eos = getattr(tokenizer, "eos_id", None) if tokenizer is not None else None
@@ -114,7 +114,7 @@ def remote_config(model: GPT, tokenizer: Any = None) -> dict[str, Any]:
         "is_decoder": cfg.arch == "decoder",
         "use_cache": True,  # gptlab's own KVCache (modeling_gptlab.py)
         "dtype": str(model.dtype).removeprefix("torch."),
-        **_token_ids(model, tokenizer),
+        **token_ids(model, tokenizer),
     }
 
 
@@ -167,5 +167,6 @@ __all__ = [
     "code_files",
     "remote_architecture",
     "remote_config",
+    "token_ids",
     "write_remote",
 ]
