@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 
 import torch
@@ -28,6 +29,13 @@ DECODERS = {
     "moe-top1": dict(pos="rope", mlp="swiglu", n_experts=2, experts_top_k=1),
     "padded-vocab": dict(pos="rope", mlp="relu2", vocab_multiple=64),  # the file holds the 61 real rows
 }
+
+
+def hf_dir(tmp_path: Path, name: str = "hf") -> Path:
+    """An export folder with a name of its own: transformers copies a local folder's code into
+    ``transformers_modules/<folder name>/<hash of the code>/``, so two tests running at once (pytest -n)
+    must not share a folder name, or one could import a file the other is still writing."""
+    return tmp_path / f"{name}_{hashlib.sha256(str(tmp_path).encode()).hexdigest()[:12]}"
 
 
 def perturbed(config: GPTConfig, seed: int = 0) -> GPT:

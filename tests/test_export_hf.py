@@ -16,7 +16,7 @@ import sys
 
 import pytest
 import torch
-from _export_hf import DECODERS, SHAPE, TOL, load_hf, max_diff, perturbed
+from _export_hf import DECODERS, SHAPE, TOL, hf_dir, load_hf, max_diff, perturbed
 
 import gptlab
 from gptlab import GPTConfig, GptlabError
@@ -31,10 +31,10 @@ def test_remote_code_decoder_matches_gptlab(name, tmp_path):
     model = perturbed(GPTConfig(**SHAPE, **DECODERS[name]))
     with pytest.raises(GptlabError):  # no transformers class computes these: remote code it is
         export_family(model.config)
-    to_hf(model, tmp_path / "hf")
-    config = json.loads((tmp_path / "hf" / "config.json").read_text())
+    to_hf(model, hf_dir(tmp_path))
+    config = json.loads((hf_dir(tmp_path) / "config.json").read_text())
     assert config["model_type"] == "gptlab" and config["architectures"] == ["GptlabForCausalLM"]
-    hf = load_hf(transformers, tmp_path / "hf")
+    hf = load_hf(transformers, hf_dir(tmp_path))
     idx = torch.randint(0, 61, (3, 17))
     with torch.no_grad():
         assert max_diff(hf(idx).logits, model(idx)) <= TOL
@@ -43,8 +43,8 @@ def test_remote_code_decoder_matches_gptlab(name, tmp_path):
 @pytest.mark.parametrize("name", ["char-best", "learned-post-layernorm-gelu-untied", "alibi-reglu-gqa"])
 def test_remote_code_left_padding_matches_each_prompt_alone(name, tmp_path):
     model = perturbed(GPTConfig(**SHAPE, **DECODERS[name]))
-    to_hf(model, tmp_path / "hf")
-    hf = load_hf(transformers, tmp_path / "hf")
+    to_hf(model, hf_dir(tmp_path))
+    hf = load_hf(transformers, hf_dir(tmp_path))
     idx = torch.randint(0, 61, (2, 12))
     mask = torch.ones_like(idx)
     mask[1, :5] = 0  # row 1: 5 padding tokens, then a 7-token prompt
@@ -58,8 +58,8 @@ def test_remote_code_left_padding_matches_each_prompt_alone(name, tmp_path):
 
 def test_remote_code_generates_with_gptlabs_kv_cache(tmp_path):
     model = perturbed(GPTConfig(**SHAPE, **DECODERS["alibi-reglu-gqa"]))
-    to_hf(model, tmp_path / "hf")
-    hf = load_hf(transformers, tmp_path / "hf")
+    to_hf(model, hf_dir(tmp_path))
+    hf = load_hf(transformers, hf_dir(tmp_path))
     idx = torch.randint(0, 61, (2, 8))
     mask = torch.ones_like(idx)
     mask[0, :3] = 0
@@ -81,8 +81,11 @@ def test_remote_code_generates_with_gptlabs_kv_cache(tmp_path):
 def test_remote_code_is_forced_on_a_native_model_and_agrees(tmp_path):
     model = perturbed(GPTConfig.preset("llama-tiny", **SHAPE, n_kv_head=2))
     to_hf(model, tmp_path / "native")
-    to_hf(model, tmp_path / "remote", remote_code=True)
-    native, remote = load_hf(transformers, tmp_path / "native"), load_hf(transformers, tmp_path / "remote")
+    to_hf(model, hf_dir(tmp_path, "remote"), remote_code=True)
+    native, remote = (
+        load_hf(transformers, tmp_path / "native"),
+        load_hf(transformers, hf_dir(tmp_path, "remote")),
+    )
     assert type(native).__name__ == "LlamaForCausalLM" and type(remote).__name__ == "GptlabForCausalLM"
     idx = torch.randint(0, 61, (2, 9))
     with torch.no_grad():
@@ -100,7 +103,7 @@ def test_remote_code_is_forced_on_a_native_model_and_agrees(tmp_path):
 @pytest.mark.slow  # a fresh interpreter importing torch and transformers: ~25 s on 2 busy cores
 def test_the_generated_code_loads_without_gptlab(tmp_path):
     model = perturbed(GPTConfig(**SHAPE, **DECODERS["char-best"]))
-    to_hf(model, tmp_path / "hf")
+    to_hf(model, hf_dir(tmp_path))
     idx = [[3, 1, 4, 1, 5, 9, 2, 6]]
     script = f"""
 import importlib.abc, sys
@@ -110,7 +113,7 @@ class NoGptlab(importlib.abc.MetaPathFinder):
             raise ImportError("gptlab is not installed here")
 sys.meta_path.insert(0, NoGptlab())
 import torch, transformers
-m = transformers.AutoModelForCausalLM.from_pretrained({str(tmp_path / "hf")!r}, trust_remote_code=True,
+m = transformers.AutoModelForCausalLM.from_pretrained({str(hf_dir(tmp_path))!r}, trust_remote_code=True,
                                                       dtype=torch.float32).eval()
 assert "gptlab" not in sys.modules
 with torch.no_grad():
@@ -128,12 +131,14 @@ def test_the_generated_code_is_gptlab_source(tmp_path):
     """Each generated file is its gptlab module line for line, except the lines that name gptlab."""
     from gptlab.interop.remote_source import flat_name, model_modules
 
-    to_hf(perturbed(GPTConfig(**SHAPE)), tmp_path / "hf", remote_code=True)
+    to_hf(perturbed(GPTConfig(**SHAPE)), hf_dir(tmp_path), remote_code=True)
     modules = model_modules()
     assert {"gptlab.model.attention", "gptlab.model.positional", "gptlab.model.encdec"} <= set(modules)
     for module, path in modules.items():
         ours = path.read_text(encoding="utf-8").splitlines()
-        generated = (tmp_path / "hf" / f"{flat_name(module)}.py").read_text(encoding="utf-8").splitlines()[1:]
+        generated = (
+            (hf_dir(tmp_path) / f"{flat_name(module)}.py").read_text(encoding="utf-8").splitlines()[1:]
+        )
         assert len(generated) == len(ours), module
         changed = [(a, b) for a, b in zip(ours, generated) if a != b]
         assert all("gptlab." in a or "from gptlab import" in a for a, _ in changed), (module, changed[:3])
@@ -150,9 +155,9 @@ QWEN3 = dict(pos="rope", norm="rmsnorm", mlp="swiglu", bias=False, qk_norm=True,
 def test_qk_norm_swiglu_exports_as_qwen3(extra, tmp_path):
     model = perturbed(GPTConfig(**SHAPE, **QWEN3, **extra))
     assert export_family(model.config).architecture == "Qwen3ForCausalLM"
-    to_hf(model, tmp_path / "hf")
+    to_hf(model, hf_dir(tmp_path))
     hf = transformers.AutoModelForCausalLM.from_pretrained(
-        str(tmp_path / "hf"), dtype=torch.float32, attn_implementation="eager"
+        str(hf_dir(tmp_path)), dtype=torch.float32, attn_implementation="eager"
     ).eval()
     assert type(hf).__name__ == "Qwen3ForCausalLM"
     idx = torch.randint(0, 61, (2, 15))
@@ -172,8 +177,8 @@ def test_qwen3_imports_from_transformers(attention_bias, tmp_path):
     with torch.no_grad():
         for p in hf.parameters():
             p.add_(0.2 * torch.randn_like(p))
-    hf.save_pretrained(tmp_path / "hf")
-    ours = gptlab.from_hf(tmp_path / "hf")
+    hf.save_pretrained(hf_dir(tmp_path))
+    ours = gptlab.from_hf(hf_dir(tmp_path))
     assert ours.config.qk_norm and ours.config.bias == attention_bias
     idx = torch.randint(0, 61, (2, 11))
     with torch.no_grad():
@@ -186,8 +191,8 @@ def test_the_default_recipe_loads_in_transformers(tmp_path):
     data = read_config_file("char-best")
     config = TrainConfig.from_dict({k: v for k, v in data.items() if k != "model"} | {"model": data["model"]})
     model = perturbed(config.model_config(65))
-    to_hf(model, tmp_path / "hf")
-    hf = load_hf(transformers, tmp_path / "hf")
+    to_hf(model, hf_dir(tmp_path))
+    hf = load_hf(transformers, hf_dir(tmp_path))
     idx = torch.randint(0, 65, (2, 64))
     with torch.no_grad():
         assert max_diff(hf(idx).logits, model(idx)) <= TOL
@@ -205,8 +210,8 @@ def test_cli_names_what_it_wrote(tmp_path, capsys):
 @pytest.mark.parametrize("arch", ["decoder", "encoder", "encoder-decoder"])
 def test_from_hf_reads_a_remote_code_folder_back(arch, tmp_path):
     model = perturbed(GPTConfig(**SHAPE, arch=arch, **DECODERS["char-best"]))
-    to_hf(model, tmp_path / "hf")
-    back = gptlab.from_hf(tmp_path / "hf")
+    to_hf(model, hf_dir(tmp_path))
+    back = gptlab.from_hf(hf_dir(tmp_path))
     assert back.config.to_dict() == model.config.to_dict()
     idx = torch.randint(0, 61, (2, 9))
     kw = {"source": idx} if arch == "encoder-decoder" else {}
@@ -215,10 +220,10 @@ def test_from_hf_reads_a_remote_code_folder_back(arch, tmp_path):
 
 
 def test_a_broken_remote_code_folder_is_one_error_line(tmp_path, capsys):
-    to_hf(perturbed(GPTConfig(**SHAPE, pos="alibi")), tmp_path / "hf")
-    config = json.loads((tmp_path / "hf" / "config.json").read_text())
+    to_hf(perturbed(GPTConfig(**SHAPE, pos="alibi")), hf_dir(tmp_path))
+    config = json.loads((hf_dir(tmp_path) / "config.json").read_text())
     config["gptlab"]["n_head"] = 5  # 32 is not divisible by 5
-    (tmp_path / "hf" / "config.json").write_text(json.dumps(config))
-    assert main(["convert", "--from-hf", str(tmp_path / "hf"), "--out", str(tmp_path / "ckpt")]) == 2
+    (hf_dir(tmp_path) / "config.json").write_text(json.dumps(config))
+    assert main(["convert", "--from-hf", str(hf_dir(tmp_path)), "--out", str(tmp_path / "ckpt")]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and "config.json" in err and "n_head" in err and "Traceback" not in err

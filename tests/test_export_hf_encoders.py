@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from _export_hf import SHAPE, TEXT, TOL, load_hf, max_diff, perturbed
+from _export_hf import SHAPE, TEXT, TOL, hf_dir, load_hf, max_diff, perturbed
 
 import gptlab
 from gptlab import GPTConfig
@@ -25,8 +25,8 @@ ENCODERS = {
 @pytest.mark.parametrize("name", ENCODERS)
 def test_encoder_loads_as_masked_lm(name, tmp_path):
     model = perturbed(GPTConfig(**SHAPE, arch="encoder", **ENCODERS[name]))
-    to_hf(model, tmp_path / "hf")
-    hf = load_hf(transformers, tmp_path / "hf", "AutoModelForMaskedLM")
+    to_hf(model, hf_dir(tmp_path))
+    hf = load_hf(transformers, hf_dir(tmp_path), "AutoModelForMaskedLM")
     assert type(hf).__name__ == "GptlabForMaskedLM"
     idx = torch.randint(0, 61, (2, 13))
     mask = torch.ones_like(idx)
@@ -41,8 +41,8 @@ def test_fill_mask_pipeline_predicts_gptlabs_token(tmp_path):
     tok = CharTokenizer.from_text(TEXT, special_tokens=["<|endoftext|>", "[MASK]"])
     model = perturbed(GPTConfig(**(SHAPE | {"vocab_size": tok.vocab_size}), arch="encoder"))
     ckpt = gptlab.save(model, tok, tmp_path / "ckpt")
-    assert main(["convert", "--to-hf", str(ckpt), "--out", str(tmp_path / "hf")]) == 0
-    pipe = transformers.pipeline("fill-mask", model=str(tmp_path / "hf"), trust_remote_code=True)
+    assert main(["convert", "--to-hf", str(ckpt), "--out", str(hf_dir(tmp_path))]) == 0
+    pipe = transformers.pipeline("fill-mask", model=str(hf_dir(tmp_path)), trust_remote_code=True)
     text = "Speak, [MASK]peak."
     best = pipe(text, top_k=1)[0]
     ids = tok.encode(text, allowed_special="all")
@@ -67,8 +67,8 @@ def test_encoder_decoder_loads_as_seq2seq_and_generates_gptlabs_tokens(options, 
     model = perturbed(
         GPTConfig(**(SHAPE | {"vocab_size": tok.vocab_size}), arch="encoder-decoder", **options)
     )
-    to_hf(model, tmp_path / "hf", tok)
-    hf = load_hf(transformers, tmp_path / "hf", "AutoModelForSeq2SeqLM")
+    to_hf(model, hf_dir(tmp_path), tok)
+    hf = load_hf(transformers, hf_dir(tmp_path), "AutoModelForSeq2SeqLM")
     assert type(hf).__name__ == "GptlabForSeq2SeqLM"
     src, tgt = torch.randint(0, tok.vocab_size, (2, 10)), torch.randint(0, tok.vocab_size, (2, 6))
     mask = torch.ones_like(src)

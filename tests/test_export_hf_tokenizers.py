@@ -7,7 +7,7 @@ import importlib.util
 
 import pytest
 import torch
-from _export_hf import DECODERS, SHAPE, TEXT, max_diff, perturbed
+from _export_hf import DECODERS, SHAPE, TEXT, hf_dir, max_diff, perturbed
 
 import gptlab
 from gptlab import GPTConfig
@@ -28,11 +28,11 @@ def test_text_generation_pipeline_runs_the_remote_code(tmp_path):
     tok = CharTokenizer.from_text(TEXT, special_tokens=["<|endoftext|>"])
     model = perturbed(GPTConfig(**(SHAPE | {"vocab_size": tok.vocab_size}), **DECODERS["char-best"]))
     ckpt = gptlab.save(model, tok, tmp_path / "ckpt")
-    assert main(["convert", "--to-hf", str(ckpt), "--out", str(tmp_path / "hf")]) == 0
+    assert main(["convert", "--to-hf", str(ckpt), "--out", str(hf_dir(tmp_path))]) == 0
     # the tokenizer needs no remote code (non-interactively, transformers' question about it is declined)
-    hf_tok = transformers.AutoTokenizer.from_pretrained(str(tmp_path / "hf"))
+    hf_tok = transformers.AutoTokenizer.from_pretrained(str(hf_dir(tmp_path)))
     assert hf_tok.encode(TEXT + "<|endoftext|>") == tok.encode(TEXT + "<|endoftext|>", allowed_special="all")
-    pipe = transformers.pipeline("text-generation", model=str(tmp_path / "hf"), trust_remote_code=True)
+    pipe = transformers.pipeline("text-generation", model=str(hf_dir(tmp_path)), trust_remote_code=True)
     prompt = "Before we"
     out = pipe(prompt, max_new_tokens=8, do_sample=False)[0]["generated_text"]
     assert out == prompt + generate_text(model, tok, prompt, SampleConfig(max_new_tokens=8, temperature=0.0))
@@ -85,10 +85,10 @@ def test_smollm2_tokenizer_keeps_its_special_ids(tmp_path):
 @needs_smollm2
 def test_smollm2_converts_to_hf_with_its_tokenizer_and_logits(tmp_path):
     assert main(["convert", "--from-gguf", "smollm2", "--out", str(tmp_path / "ckpt")]) == 0
-    assert main(["convert", "--to-hf", str(tmp_path / "ckpt"), "--out", str(tmp_path / "hf")]) == 0
+    assert main(["convert", "--to-hf", str(tmp_path / "ckpt"), "--out", str(hf_dir(tmp_path))]) == 0
     model, tok = gptlab.load(tmp_path / "ckpt")
-    _check_smollm2_ids(transformers.AutoTokenizer.from_pretrained(str(tmp_path / "hf")), tok)
-    hf = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "hf"), dtype=torch.float32).eval()
+    _check_smollm2_ids(transformers.AutoTokenizer.from_pretrained(str(hf_dir(tmp_path))), tok)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(str(hf_dir(tmp_path)), dtype=torch.float32).eval()
     idx = torch.tensor([tok.encode("<|im_start|>user\nHello!<|im_end|>\n", allowed_special="all")])
     with torch.no_grad():
         # logits up to ~33 in size, through 30 layers of float32 sums taken in different orders
@@ -99,8 +99,8 @@ def test_cli_round_trip_of_a_char_model_keeps_model_and_tokenizer(tmp_path):
     tok = CharTokenizer.from_text(TEXT, unk="?", special_tokens=["<|endoftext|>", "[MASK]"])
     model = perturbed(GPTConfig(**(SHAPE | {"vocab_size": tok.vocab_size}), **DECODERS["char-best"]))
     gptlab.save(model, tok, tmp_path / "ckpt")
-    assert main(["convert", "--to-hf", str(tmp_path / "ckpt"), "--out", str(tmp_path / "hf")]) == 0
-    assert main(["convert", "--from-hf", str(tmp_path / "hf"), "--out", str(tmp_path / "back")]) == 0
+    assert main(["convert", "--to-hf", str(tmp_path / "ckpt"), "--out", str(hf_dir(tmp_path))]) == 0
+    assert main(["convert", "--from-hf", str(hf_dir(tmp_path)), "--out", str(tmp_path / "back")]) == 0
     back, back_tok = gptlab.load(tmp_path / "back")
     text = "Speak, zebra!<|endoftext|>[MASK]"
     assert back_tok.kind == "char" and back_tok.special_tokens == tok.special_tokens
