@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import hashlib
+import os
 from pathlib import Path
 
 import torch
@@ -32,10 +32,11 @@ DECODERS = {
 
 
 def hf_dir(tmp_path: Path, name: str = "hf") -> Path:
-    """An export folder with a name of its own: transformers copies a local folder's code into
-    ``transformers_modules/<folder name>/<hash of the code>/``, so two tests running at once (pytest -n)
-    must not share a folder name, or one could import a file the other is still writing."""
-    return tmp_path / f"{name}_{hashlib.sha256(str(tmp_path).encode()).hexdigest()[:12]}"
+    """An export folder named after the pytest-xdist worker: transformers copies a local folder's code
+    into ``transformers_modules/<folder name>/<hash of the code>/``, so two workers must not share a
+    folder name (one could import a file the other is still writing), while one worker's tests reuse
+    one copy (the cache does not grow run after run)."""
+    return tmp_path / f"{name}_{os.environ.get('PYTEST_XDIST_WORKER', 'main')}"
 
 
 def perturbed(config: GPTConfig, seed: int = 0) -> GPT:
