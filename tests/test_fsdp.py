@@ -199,7 +199,9 @@ def test_a_crash_mid_save_leaves_the_previous_checkpoint(tmp_path, monkeypatch):
     with torch.no_grad():
         for p in model.parameters():
             p.add_(1.0)
-    with pytest.raises(GptlabError, match="cannot write checkpoint ckpt-2 .*simulated crash.*ckpt-1, is intact"):
+    with pytest.raises(
+        GptlabError, match="cannot write checkpoint ckpt-2 .*simulated crash.*ckpt-1, is intact"
+    ):
         sharded.save_training_checkpoint(run, 2, model, opt, None, DistInfo(), {})
     assert [s for s, _ in ckpt.list_checkpoints(run)] == [1]  # the half-written one is not a checkpoint
     assert sorted(p.name for p in run.iterdir()) == ["ckpt-1"]
@@ -228,7 +230,8 @@ def test_consolidate_and_one_line_errors(tmp_path, capsys):
     with pytest.raises(GptlabError, match=f"{shard.name}: SHA-256 differs") as exc:  # named by its checksum
         sharded.consolidate(run, tmp_path / "d")
     assert "\n" not in str(exc.value)
-    (run / "ckpt-1" / "checksums.json").unlink()  # unverified (a checkpoint from before checksums): DCP's own check
+    # unverified (a checkpoint from before checksums): DCP's own check names it
+    (run / "ckpt-1" / "checksums.json").unlink()
     with pytest.raises(GptlabError, match="truncated") as exc:
         sharded.consolidate(run, tmp_path / "d")
     assert "\n" not in str(exc.value)
