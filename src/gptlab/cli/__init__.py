@@ -99,6 +99,13 @@ def _parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespa
     return args
 
 
+def _main_rank() -> bool:
+    """False in a torchrun rank other than 0 (``RANK``, set by torchrun for the ranks it starts)."""
+    import os
+
+    return os.environ.get("RANK", "0") == "0"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     try:
@@ -113,8 +120,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         result = args.func(args)
     except GptlabError as exc:
-        msg = " ".join(str(exc).split())
-        sys.stderr.write(f"error: {msg}\n")
+        if _main_rank():  # under torchrun every rank meets the same refusal: it is said once
+            sys.stderr.write(f"error: {' '.join(str(exc).split())}\n")
         return 2
     except KeyboardInterrupt:
         sys.stderr.write("error: interrupted\n")
