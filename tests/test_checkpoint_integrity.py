@@ -172,3 +172,29 @@ def test_a_listed_file_that_is_missing_or_a_corrupt_record_is_named(tmp_path):
     (tmp_path / CHECKSUMS_FILE).write_text('{"algorithm": "md5", "files": {}}')
     with pytest.raises(GptlabError, match="not a valid checksum record"):
         verify_checksums(tmp_path)
+
+
+def test_a_full_disk_while_logging_is_one_line_naming_the_latest_checkpoint(
+    capsys, dataset, tmp_path, monkeypatch
+):
+    """ENOSPC from metrics.jsonl (not a checkpoint) mid-run: one line, exit 2, and the run resumes."""
+    import errno
+
+    from gptlab.train.metrics import MetricsLog
+
+    real = MetricsLog.log
+
+    def log(self, record):
+        if record.get("step", 0) >= 3:
+            raise OSError(errno.ENOSPC, "No space left on device", str(self.path))
+        real(self, record)
+
+    monkeypatch.setattr(MetricsLog, "log", log)
+    run = tmp_path / "run"
+    code, out, err = _train(capsys, dataset, run, "max_steps=6")
+    (line,) = [x for x in err.splitlines() if not x.startswith("hardware: ")]  # + the settings line
+    assert code == 2 and line.startswith("error: cannot write ") and "Traceback" not in err, err
+    assert "No space left on device" in err and "ckpt-2, is intact" in err and "--resume" in err
+    monkeypatch.setattr(MetricsLog, "log", real)
+    assert _train(capsys, dataset, run, "max_steps=6", resume=True)[0] == 0
+    assert ckpt.latest_step(run) == 6

@@ -119,15 +119,20 @@ def saving_checkpoint(run_dir: Path, step: int, tmp: Path) -> Iterator[None]:
         yield
     except OSError as exc:
         _remove_tree(tmp)
-        latest = list_checkpoints(run_dir)
-        kept = (
-            f"the latest checkpoint, {latest[-1][1].name}, is intact; free space and continue with "
-            f"gptlab train --out {run_dir} --resume"
-            if latest
-            else "no checkpoint was written yet"
-        )
-        reason = exc.strerror or str(exc) or type(exc).__name__
-        raise GptlabError(f"cannot write checkpoint ckpt-{step} in {run_dir}: {reason}; {kept}") from None
+        raise io_stop(exc, run_dir, f"cannot write checkpoint ckpt-{step} in {run_dir}") from None
+
+
+def io_stop(exc: OSError, run_dir: str | os.PathLike[str], what: str) -> GptlabError:
+    """One line for a run stopped by an I/O error: ``what``, the reason, and where to go on from."""
+    latest = list_checkpoints(run_dir)
+    kept = (
+        f"the latest checkpoint, {latest[-1][1].name}, is intact; free space and continue with "
+        f"gptlab train --out {run_dir} --resume"
+        if latest
+        else "no checkpoint was written yet"
+    )
+    reason = exc.strerror or str(exc) or type(exc).__name__
+    return GptlabError(f"{what}: {reason}; {kept}")
 
 
 def read_training_checkpoint(directory: str | os.PathLike[str]) -> tuple[dict[str, Any], dict[str, Any]]:

@@ -17,6 +17,7 @@ clipping factor stay tensors, and the losses, norms and the nan/inf check are re
 
 from __future__ import annotations
 
+import errno
 import math
 import os
 import time
@@ -28,6 +29,7 @@ import torch
 
 from gptlab import checkpoint as ckpt
 from gptlab.checkpoint import BEST_FILE, RUN_CONFIG_FILE, read_run_config, sharded
+from gptlab.checkpoint.run import io_stop
 from gptlab.errors import GptlabError
 from gptlab.fileio import atomic_write_json
 from gptlab.inspect.flops import peak_flops, training_flops_per_token
@@ -51,6 +53,9 @@ from gptlab.train.runtime import (
 )
 from gptlab.train.schedule import learning_rate
 from gptlab.train.strategy import prepare_model, total_norm
+
+#: I/O errors that stop a run with one line (a full disk, a quota, a file-size limit, a read-only disk, permissions)
+WRITE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EACCES, errno.EPERM}
 
 # (step, loss, gradient norm, learning rate) of steps whose loss is not read yet (reading it is a sync)
 Pending = list[tuple[int, torch.Tensor, torch.Tensor, float]]
@@ -93,7 +98,12 @@ def train(
             if info.is_main and not resume:
                 ckpt.discard_failed_start(run_dir, existed)
             raise
-        return trainer.run()
+        try:
+            return trainer.run()
+        except OSError as exc:  # a full disk while writing metrics, a plot or best.json: one line
+            if exc.errno not in WRITE_ERRNOS:
+                raise
+            raise io_stop(exc, run_dir, f"cannot write {exc.filename or run_dir}") from None
     finally:
         distributed.teardown(info)
 
