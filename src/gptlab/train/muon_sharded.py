@@ -38,13 +38,6 @@ def _local(t: torch.Tensor) -> torch.Tensor:
     return to_local() if to_local is not None else t
 
 
-def _rows(t: torch.Tensor, rank: int, world: int) -> tuple[int, int]:
-    """``(first row, row count)`` of rank ``rank``'s piece of ``t`` (FSDP2: ``torch.chunk`` on dim 0)."""
-    per = -(-t.shape[0] // world)
-    start = min(rank * per, t.shape[0])
-    return start, max(0, min(per, t.shape[0] - start))
-
-
 class ShardedMuon(torch.optim.Muon):
     """``torch.optim.Muon`` for ranks in a process group: whole-matrix Newton–Schulz on one owner per matrix.
 
@@ -106,7 +99,7 @@ class _Sharded:
         padded = u.new_zeros((per, *u.shape[1:]))
         padded[: u.shape[0]] = u
         self.parts = [torch.empty_like(padded) for _ in range(world)] if rank == owner else None
-        self.mine = _rows(p, rank, world)[1]
+        self.mine = u.shape[0]  # FSDP2 splits dim 0 as torch.chunk: rank r holds rows [r·per, (r+1)·per)
         self.received = torch.empty_like(padded)
         self.gathering = dist.gather(padded, self.parts, dst=owner, async_op=True)
         self.scattering: Any = None
