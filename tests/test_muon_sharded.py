@@ -147,6 +147,12 @@ def test_the_default_recipe_trains_on_2_ranks_and_equals_one_process(tmp_path, s
     assert sorted(two) == sorted(one)
     for k in one:
         torch.testing.assert_close(two[k], one[k], rtol=0, atol=1e-5, msg=k)
+    if strategy == "fsdp":  # a requeue of the finished run: status 0, said once (not once per rank)
+        proc = _torchrun(2, ["--out", str(tmp_path / "two"), "--resume"])
+        out, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0 and "Traceback" not in err, err[-3000:]
+        (line,) = out.splitlines()
+        assert "this run is finished (step 20 of max_steps=20)" in line and "--resume max_steps=40" in line
 
 
 @pytest.mark.slow
