@@ -103,6 +103,14 @@ def test_resume_takes_the_newest_checkpoint_that_verifies_and_ends_equal(capsys,
     final, reference = _weights(run), _weights(full)
     for k in reference:
         assert torch.equal(final[k], reference[k]), k
+    # a finished run whose last checkpoint is corrupt is not finished: it is trained again from ckpt-4
+    _flip_a_byte(run / "ckpt-6" / ckpt.WEIGHTS_FILE)
+    code, out, err = _train(capsys, dataset, run, "max_steps=6", resume=True)
+    assert code == 0 and "this run is finished" not in out and "resuming from ckpt-4" in err, (out, err)
+    assert verify_checksums(run / "ckpt-6")
+    final = _weights(run)
+    for k in reference:
+        assert torch.equal(final[k], reference[k]), k
     for step in (4, 6):  # every checkpoint of the run but the first now fails: nothing left to resume
         _flip_a_byte(run / f"ckpt-{step}" / ckpt.WEIGHTS_FILE)
     _flip_a_byte(run / "ckpt-2" / ckpt.WEIGHTS_FILE)

@@ -337,11 +337,12 @@ def resolve_run(
 
 
 def finished(run_dir: str | os.PathLike[str], cfg: TrainConfig) -> str | None:
-    """For a run whose latest checkpoint reached ``cfg.max_steps``: one line saying it is finished and
-    how to extend it (a scheduler's requeue of a finished run is then a no-op, not an error); else None."""
-    from gptlab import checkpoint as ckpt
+    """For a run whose newest verified checkpoint reached ``cfg.max_steps``: one line saying it is finished
+    and how to extend it (a scheduler's requeue of a finished run is then a no-op, not an error); else None."""
+    from gptlab.train.resume import newest_verified
 
-    step = ckpt.latest_step(run_dir)
+    found = newest_verified(Path(run_dir), announce=False)  # a corrupt last checkpoint is not "finished"
+    step = found[0] if found else None
     if step is None or step < cfg.max_steps:
         return None
     return (
