@@ -16,7 +16,8 @@ and ``detect()`` reads those reports once per process. The rules (docs/guide/har
     compile = auto    torch.compile the training forward on CUDA, and on a CPU under bf16/fp16
                       autocast, where it was measured to pay; a CPU in float32 (where the cold
                       compilation cost more than it saved) and MPS train eagerly
-    Muon              Newton–Schulz in bfloat16 where bf16 is native (torch.optim.Muon), else float32
+    Muon              Newton–Schulz in bfloat16 where bf16 is native (torch.optim.Muon), else float32;
+                      float32 wherever dtype is float32
     inference         bf16 weights where bf16 is native, else fp32; bf16 weights are prepacked for
                       oneDNN only with native bf16, and otherwise multiply in float32
 
@@ -259,7 +260,7 @@ def plan(
         device=dev,
         dtype=chosen,
         attention=attention_path(dev, chosen, attention, context),
-        newton_schulz="bfloat16" if native else "float32",
+        newton_schulz="bfloat16" if native and chosen != "float32" else "float32",
         weights="bf16" if native else "fp32",
         bf16_matmul=("packed" if native else "float32") if dev == "cpu" else "plain",
         compile=compile_training(dev, chosen, compile),

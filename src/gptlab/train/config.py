@@ -307,7 +307,8 @@ def resolve_run(
     overrides: list[str],
 ) -> tuple[TrainConfig, Path]:
     """The config and dataset of a new run (``config`` or the default recipe, then overrides) or of a
-    resumed one (its saved settings, then ``config`` and overrides); refuses a finished run."""
+    resumed one (its saved settings, then ``config`` and overrides). A finished run resolves too:
+    ``finished`` says so, and resuming it trains no step."""
     from gptlab import checkpoint as ckpt
 
     if not resume:
@@ -325,10 +326,19 @@ def resolve_run(
     cfg = keep_resolved(
         build_config(config, overrides, base=saved.get("train")), saved
     )  # auto as first resolved
-    step = ckpt.latest_step(run_dir)
-    if step is not None and step >= cfg.max_steps:
-        raise GptlabError(
-            f"{run_dir}: this run is finished (step {step} of max_steps={cfg.max_steps}); to train further "
-            f"raise max_steps: gptlab train --out {run_dir} --resume max_steps={2 * step}"
-        )
     return cfg, Path(data)
+
+
+def finished(run_dir: str | os.PathLike[str], cfg: TrainConfig) -> str | None:
+    """For a run whose newest verified checkpoint reached ``cfg.max_steps``: one line saying it is finished
+    and how to extend it (a scheduler's requeue of a finished run is then a no-op, not an error); else None."""
+    from gptlab.train.resume import newest_verified
+
+    found = newest_verified(Path(run_dir), announce=False)  # a corrupt last checkpoint is not "finished"
+    step = found[0] if found else None
+    if step is None or step < cfg.max_steps:
+        return None
+    return (
+        f"{run_dir}: this run is finished (step {step} of max_steps={cfg.max_steps}); nothing to do. "
+        f"To train further raise max_steps: gptlab train --out {run_dir} --resume max_steps={2 * step}"
+    )
