@@ -8,6 +8,7 @@ Endpoints (``openai_routes.py`` and ``gptlab_routes.py``):
     GET  /v1/gptlab/limits        every limit a request must respect
     POST /v1/gptlab/generate      one prompt, SSE per token: text, probability, top alternatives
     POST /v1/gptlab/attention     one layer's attention weights (plain path) for a text
+    POST /v1/gptlab/inside        the Inside view: every stage of one pass (inside_routes.py)
     GET  /health                  liveness and scheduler load
     GET  /                        the web playground (static/index.html)
 
@@ -28,12 +29,16 @@ from typing import Any
 
 from fastapi import APIRouter, FastAPI
 
-from gptlab.serve import errors, gptlab_routes, openai_routes, openapi
+from gptlab.serve import errors, gptlab_routes, inside_routes, openai_routes, openapi
 from gptlab.serve.middleware import APIKey, BodyLimit
 from gptlab.serve.service import Service
 
 #: the route groups, each ``router(service) -> APIRouter``
-ROUTERS: list[Callable[[Service], APIRouter]] = [openai_routes.router, gptlab_routes.router]
+ROUTERS: list[Callable[[Service], APIRouter]] = [
+    openai_routes.router,
+    gptlab_routes.router,
+    inside_routes.router,
+]
 
 
 def create_app(

@@ -24,6 +24,7 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel
 
+from gptlab.generate.seq2seq import is_seq2seq
 from gptlab.serve.service import Service
 
 
@@ -133,6 +134,8 @@ def _texts(components: dict[str, Any], pattern: str) -> None:
         "ChatMessage": ["content"],
         "ContentPart": ["text"],
         "AttentionRequest": ["text"],
+        "InsideAttentionRequest": ["text"],
+        "InsideRequest": ["text"],
     }
     for name, names in fields.items():
         for field in names:
@@ -158,7 +161,11 @@ def server_limits(components: dict[str, Any], service: Service) -> None:
                 _set(schema, "prompt", "string", minLength=1)
                 schema["required"] = sorted({*schema.get("required", []), "prompt"})
     n_layer = service.model.config.n_layer
-    _set(components.get("AttentionRequest", {}), "layer", minimum=-n_layer, maximum=n_layer - 1)
+    for name in ("AttentionRequest", "InsideAttentionRequest", "InsideRequest"):
+        _set(components.get(name, {}), "layer", minimum=-n_layer, maximum=n_layer - 1)
+    if not is_seq2seq(service.model):  # a decoder has self-attention only
+        for name in ("InsideAttentionRequest", "InsideRequest"):
+            _set(components.get(name, {}), "kind", enum=["self"])
 
 
 def document(app: FastAPI, service: Service, api_key: bool) -> None:

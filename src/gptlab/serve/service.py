@@ -119,6 +119,7 @@ class Service:
             "max_top_logprobs": schemas.MAX_TOP_LOGPROBS,
             "max_top_n": schemas.MAX_TOP_N,
             "max_attention_tokens": min(schemas.MAX_ATTENTION_TOKENS, self.context),
+            "max_inside_tokens": min(schemas.MAX_INSIDE_TOKENS, self.context),
             "max_body_bytes": self.max_body_bytes,
             "vocab_size": self.tokenizer.vocab_size,
             "n_layer": self.model.config.n_layer,
