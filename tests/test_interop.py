@@ -203,7 +203,7 @@ def _native(name: str, **overrides) -> GPT:
         ("llama-tiny", dict(n_head=4, n_kv_head=2, rope_theta=1000.0)),  # untied, GQA
         ("llama-tiny", dict(n_head=4, n_kv_head=4, tie_embeddings=True, bias=True)),
         ("gpt2", dict(n_head=4)),
-        ("shakespeare-char", dict(n_head=4, tie_embeddings=False)),  # exact GELU
+        ("char-tiny", dict(n_head=4, tie_embeddings=False)),  # exact GELU
     ],
 )
 def test_native_model_round_trips_through_transformers(preset, overrides, idx, tmp_path):
