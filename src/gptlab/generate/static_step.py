@@ -1,8 +1,8 @@
 """What a captured static-path step computes: per-row state buffers, the decode step and the prefill.
 
-``decode_step`` is the function ``StaticSession`` compiles and captures as a CUDA graph (one per
-batch-size bucket); ``prefill`` fills rows of the static cache from prompts. Both read and write
-only fixed-address buffers (``_Rows`` and the ``StaticKVCache``), so that a graph may replay them:
+``decode_bucket`` is the function ``StaticSession`` compiles and captures as a CUDA graph (one per
+batch-size bucket); ``prefill_rows`` fills rows of the static cache from prompts. Both read and write
+only fixed-address buffers (``RowState`` and the ``StaticKVCache``), so that a graph may replay them:
 
     step(b):    x_r = next_r;  pos_r = length_r;  write k, v at pos_r;  attend over j ≤ pos_r
                 next_r = sample(penalise(logits_r));  length_r += live_r;  counts_r[next_r] += live_r
@@ -10,19 +10,16 @@ only fixed-address buffers (``_Rows`` and the ``StaticKVCache``), so that a grap
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 from torch import nn
 
 from gptlab.generate.graph_sampling import ROW_OPTIONS, ROW_SAMPLERS, penalise
-from gptlab.model.kvcache import mark_static
-
-if TYPE_CHECKING:
-    from gptlab.generate.static import StaticSession
+from gptlab.model.kvcache import LayerCache, StaticKVCache, mark_static
 
 
-class _Rows:
+class RowState:
     """Per-row decoding state as tensors at fixed addresses: what a captured step reads and writes.
 
     (Plain attributes, not a module's buffers, for the reason ``StaticKVCache`` gives.)
@@ -99,14 +96,23 @@ class _PrefillLayer:
 
 
 class _Layers:
-    """What ``GPT.run`` calls ``cache``: a list of layer views."""
+    """What ``GPT.run`` calls ``cache`` (a ``LayeredCache``): a list of layer views."""
 
-    def __init__(self, layers: list) -> None:
+    def __init__(self, layers: list[LayerCache]) -> None:
         self.layers = layers
 
 
-def decode_step(
-    session: StaticSession,
+class StaticRows(Protocol):
+    """What a static step reads of its session (``StaticSession`` is one)."""
+
+    model: nn.Module
+    cache: StaticKVCache
+    state: RowState
+    vocab: int
+
+
+def decode_bucket(
+    session: StaticRows,
     bucket: torch.Tensor,
     flavour: str,
     horizon: torch.Tensor | None = None,
@@ -127,7 +133,7 @@ def decode_step(
     t_max = caches[0][0].size(2) if horizon is None else horizon.size(0)
     pos = s.length[:b].clamp(max=t_max - 1)  # (b,) an idle row never writes out of bounds
     at = pos.view(b, 1, 1, 1).expand(b, cfg.n_kv_head, 1, cfg.head_dim)
-    layers = [_DecodeLayer(k[:b, :, :t_max], v[:b, :, :t_max], at) for k, v in caches]
+    layers: list[LayerCache] = [_DecodeLayer(k[:b, :, :t_max], v[:b, :, :t_max], at) for k, v in caches]
     keys = torch.arange(t_max, device=pos.device)
     mask = (keys[None, :] <= pos[:, None])[:, None, None, :]  # (b, 1, 1, T_max)
     out = model.run(
@@ -141,8 +147,8 @@ def decode_step(
     s.counts[:b].scatter_add_(1, token[:, None], live.to(s.counts.dtype)[:, None])  # the history grows
 
 
-def prefill(
-    session: StaticSession, idx: torch.Tensor, r0: int, last: torch.Tensor, flavour: str
+def prefill_rows(
+    session: StaticRows, idx: torch.Tensor, r0: int, last: torch.Tensor, flavour: str
 ) -> torch.Tensor:
     """Fill rows ``[r0, r0 + n)`` with right-padded prompts ``idx`` (n, T) → each row's first token (n,).
 
@@ -151,7 +157,7 @@ def prefill(
     """
     s, model = session.state, session.model
     n, T = idx.shape
-    layers = [
+    layers: list[LayerCache] = [
         _PrefillLayer(k[r0 : r0 + n, :, :T], v[r0 : r0 + n, :, :T])
         for k, v in map(session.cache.layer, range(model.config.n_layer))
     ]

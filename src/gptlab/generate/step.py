@@ -140,13 +140,19 @@ class TokenStep:
         self.reason: str | None = "length" if config.max_new_tokens == 0 else None
         self._noticed = False
 
-    def advance(self, logits: torch.Tensor, full: str | None = None) -> TokenEvent | None:
+    def advance(self, logits: torch.Tensor | int, full: str | None = None) -> TokenEvent | None:
         """Choose the next token from ``logits`` (vocab,) → its event, or None for a stop token.
 
-        ``full`` is None while the context has room, else the sentence saying how the window slides.
+        On the static path the token was already chosen inside the graph: ``logits`` is that token
+        id (the request's seed seeded the graph's sampler). ``full`` is None while the context has
+        room, else the sentence saying how the window slides.
         """
-        processed = self.sampler.process(logits, self.history)
-        token = self.sampler.choose(processed)
+        processed: torch.Tensor | None = None
+        if isinstance(logits, int):
+            token = logits
+        else:
+            processed = self.sampler.process(logits, self.history)
+            token = self.sampler.choose(processed)
         self.sampled += 1
         if token in self.stops:
             self.reason = "stop"
@@ -155,7 +161,7 @@ class TokenStep:
         self.n_new += 1
         self.token = token
         event = TokenEvent(self.text.push(token) if self.text is not None else "", token, index=self.index)
-        if self.top_n is not None:
+        if self.top_n is not None and processed is not None:
             self._probabilities(event, processed)
         if self.text is not None and self.text.stopped:
             self.reason = "stop"
