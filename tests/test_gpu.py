@@ -16,8 +16,8 @@ import torch
 from _tiny import TINY_TRAIN
 
 from gptlab.data import prepare
-from gptlab.generate.static import StaticSession
 from gptlab.generate.engine import engine_of, prepare_decoding
+from gptlab.generate.static import StaticSession
 from gptlab.model import GPT, GPTConfig
 from gptlab.train import loop as gtrain
 from gptlab.train.config import build_config

@@ -13,8 +13,8 @@ import torch
 
 from gptlab.errors import GptlabError
 from gptlab.generate import ContextWarning, SampleConfig, generate_ids
-from gptlab.generate.static import StaticSession, buckets_for
 from gptlab.generate.engine import engine_of, prepare_decoding
+from gptlab.generate.static import StaticSession, buckets_for
 from gptlab.model import GPT, GPTConfig
 
 OPTIONS = [

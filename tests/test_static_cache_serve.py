@@ -11,10 +11,10 @@ import threading
 import pytest
 import torch
 from fastapi.testclient import TestClient
+from test_static_cache import eager_static
 
 from gptlab import GPT, GPTConfig
 from gptlab.generate.lanes import Lanes
-from test_static_cache import eager_static
 from gptlab.serve import create_app
 from gptlab.tokenizers import CharTokenizer
 
