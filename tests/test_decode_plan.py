@@ -164,7 +164,7 @@ def test_sample_verbose_prints_the_plan_and_the_environment_takes_effect(ckpt, c
     assert "decode plan (cpu, batch 1): dynamic cache, layer by layer" in err
     monkeypatch.setenv("GPTLAB_STATIC", "0")  # read by the CLI, passed in as a setting
     assert main(args) == 0
-    assert "static cache turned off (GPTLAB_STATIC=0)" in capsys.readouterr().err
+    assert "static cache off (static=False: GPTLAB_STATIC=0)" in capsys.readouterr().err
     monkeypatch.delenv("GPTLAB_STATIC")
     monkeypatch.setenv("GPTLAB_COMPILE", "0")
     assert main([*args, "--compile", "on"]) == 0

@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from gptlab.generate.config import SampleConfig
+from gptlab.generate.decoder import Decoder
 from gptlab.generate.sampling import Sampler
 from gptlab.generate.session import BatchSession
 from gptlab.generate.step import TokenEvent, session_len, stop_token_ids, vocab_size
@@ -30,11 +31,11 @@ from gptlab.generate.textstream import TextStream
 
 def normalised(logp: float, length: int, alpha: float) -> float:
     """``logp / length^α``."""
-    return logp / (max(length, 1) ** alpha)
+    return logp / float(max(length, 1) ** alpha)
 
 
 def beam_search(
-    model: Any,
+    model: Decoder,
     prompt: Sequence[int],
     config: SampleConfig,
     tokenizer: Any | None = None,
@@ -107,7 +108,13 @@ def beam_search(
 
 
 def _hopeless(
-    live: list, finished: list, width: int, step: int, limit: int, alpha: float, early: bool
+    live: list[tuple[float, list[int], int, int]],
+    finished: list[tuple[float, list[int], str]],
+    width: int,
+    step: int,
+    limit: int,
+    alpha: float,
+    early: bool,
 ) -> bool:
     """True when no live beam can beat the worst kept hypothesis (log-probs only fall as beams grow)."""
     if early or len(finished) < width:
@@ -118,7 +125,7 @@ def _hopeless(
 
 
 def beam_events(
-    model: Any,
+    model: Decoder,
     tokenizer: Any,
     prompt: Sequence[int],
     config: SampleConfig,

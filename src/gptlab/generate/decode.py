@@ -17,11 +17,11 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
-from torch import nn
 
 from gptlab.errors import GptlabError
 from gptlab.generate.beam import beam_search
 from gptlab.generate.config import SampleConfig
+from gptlab.generate.decoder import Decoder
 from gptlab.generate.loop import decode_events, decode_rows, fit_prompts, start
 from gptlab.generate.seq2seq import bind_source, check_generative
 from gptlab.generate.step import TokenEvent
@@ -42,17 +42,17 @@ def encode_prompt(tokenizer: Any, prompt: str) -> list[int]:
     return ids
 
 
-def _continue_prompt(model: nn.Module, tokenizer: Any, prompt: str) -> tuple[nn.Module, list[int]]:
+def _continue_prompt(model: Decoder, tokenizer: Any, prompt: str) -> tuple[Decoder, list[int]]:
     """A decoder continues its prompt."""
     return model, encode_prompt(tokenizer, prompt)
 
 
-def _cannot_generate(model: nn.Module, tokenizer: Any, prompt: str) -> tuple[nn.Module, list[int]]:
+def _cannot_generate(model: Decoder, tokenizer: Any, prompt: str) -> tuple[Decoder, list[int]]:
     check_generative(model)  # raises: a bidirectional encoder has no next-token distribution
     raise GptlabError("this model cannot generate")
 
 
-PromptReader = Callable[[nn.Module, Any, str], tuple[nn.Module, list[int]]]
+PromptReader = Callable[[Decoder, Any, str], tuple[Decoder, list[int]]]
 #: per model kind (``config.arch``): the model to decode and the ids it starts from
 PROMPTS: dict[str, PromptReader] = {
     "decoder": _continue_prompt,
@@ -61,7 +61,7 @@ PROMPTS: dict[str, PromptReader] = {
 }
 
 
-def read_prompt(model: nn.Module, tokenizer: Any, prompt: str) -> tuple[nn.Module, list[int]]:
+def read_prompt(model: Decoder, tokenizer: Any, prompt: str) -> tuple[Decoder, list[int]]:
     """``prompt`` read for this kind of model → ``(the model to decode, its starting ids)``.
 
     Call it before printing anything: an empty source or a prompt the tokenizer refuses fails here.
@@ -72,7 +72,7 @@ def read_prompt(model: nn.Module, tokenizer: Any, prompt: str) -> tuple[nn.Modul
 
 
 def stream_events(
-    model: nn.Module,
+    model: Decoder,
     tokenizer: Any,
     prompt: str,
     config: SampleConfig | None = None,
@@ -90,7 +90,7 @@ def stream_events(
 
 
 def stream(
-    model: nn.Module,
+    model: Decoder,
     tokenizer: Any,
     prompt: str,
     config: SampleConfig | None = None,
@@ -104,7 +104,7 @@ def stream(
 
 
 def generate_text(
-    model: nn.Module,
+    model: Decoder,
     tokenizer: Any,
     prompt: str,
     config: SampleConfig | None = None,
@@ -116,7 +116,7 @@ def generate_text(
 
 
 def generate_batch(
-    model: nn.Module,
+    model: Decoder,
     tokenizer: Any,
     prompts: Sequence[str],
     config: SampleConfig | None = None,
@@ -143,7 +143,7 @@ def generate_batch(
 
 
 def generate_ids(
-    model: nn.Module,
+    model: Decoder,
     idx: torch.Tensor,
     max_new_tokens: int,
     *,

@@ -16,10 +16,10 @@ without one.
 from __future__ import annotations
 
 import torch
-from torch import nn
 
 from gptlab.compiling import Compiled
 from gptlab.generate.config import SampleConfig
+from gptlab.generate.decoder import Decoder
 from gptlab.generate.frozen_step import FrozenSteps
 from gptlab.generate.fused_step import one_token_step
 from gptlab.generate.plan import DecodePlan, DecodeSettings, ModelFacts, plan_decoding
@@ -35,7 +35,7 @@ COMPILED_STATIC_STEPS = frozenset({"cuda-graphs", "frozen", "compiled"})
 class DecodeEngine:
     """The decode settings of one model and everything compiled for it (see the module docstring)."""
 
-    def __init__(self, model: nn.Module, settings: DecodeSettings | None = None) -> None:
+    def __init__(self, model: Decoder, settings: DecodeSettings | None = None) -> None:
         self.model = model
         self.settings = settings or DecodeSettings()
         self.frozen = FrozenSteps(model)  # the frozen CPU steps, one per sampler flavour
@@ -131,7 +131,7 @@ class DecodeEngine:
 
 
 def prepare_decoding(
-    model: nn.Module,
+    model: Decoder,
     *,
     compile: str | None = None,
     static: bool | None = None,
@@ -152,7 +152,7 @@ def prepare_decoding(
     return engine
 
 
-def engine_of(model: nn.Module) -> DecodeEngine:
+def engine_of(model: Decoder) -> DecodeEngine:
     """The engine ``prepare_decoding`` gave ``model``; a model never prepared gets the defaults now."""
     engine = getattr(model, ATTRIBUTE, None)
     if isinstance(engine, DecodeEngine) and engine.model is model:

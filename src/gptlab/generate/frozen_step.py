@@ -26,6 +26,8 @@ import torch
 from torch import nn
 
 from gptlab.compiling import Compiled
+from gptlab.errors import GptlabError
+from gptlab.generate.decoder import Decoder
 from gptlab.generate.static_step import StaticRows, decode_bucket
 
 #: inductor settings of the frozen step (``Compiled``'s ``patch``: held while it compiles)
@@ -35,8 +37,10 @@ FROZEN = {"freezing": True, "max_autotune": True, "max_autotune_gemm_backends": 
 class FrozenStep(nn.Module):
     """``decode_bucket`` with ``model`` as this module's own child, so that freezing folds its weights."""
 
-    def __init__(self, model: nn.Module) -> None:
+    def __init__(self, model: Decoder) -> None:
         super().__init__()
+        if not isinstance(model, nn.Module):
+            raise GptlabError(f"the frozen step freezes a module's weights; got a {type(model).__name__}")
         self.model = model
         self._tensors = [t for t in model.state_dict(keep_vars=True).values() if t is not None]
         self.versions = self._versions()
@@ -54,7 +58,7 @@ class FrozenStep(nn.Module):
         return decode_bucket(session, bucket, flavour, horizon, model=self.model)
 
 
-def frozen_step(model: nn.Module, flavour: str) -> Compiled:
+def frozen_step(model: Decoder, flavour: str) -> Compiled:
     """The CPU static step of ``flavour`` for ``model``, weights frozen (compiled at its first call).
 
     Every session of the model may share it: the model's ``DecodeEngine`` keeps it, and builds
@@ -68,7 +72,7 @@ class FrozenSteps:
 
     The model's ``DecodeEngine`` holds one, so that every static session of the model shares them."""
 
-    def __init__(self, model: nn.Module) -> None:
+    def __init__(self, model: Decoder) -> None:
         self.model = model
         self.steps: dict[str, Compiled] = {}
 

@@ -21,9 +21,9 @@ when compiling pays. Its logits equal the layer-by-layer path's (tested).
 from __future__ import annotations
 
 import torch
-from torch import nn
 
 from gptlab.compiling import Compiled
+from gptlab.generate.decoder import Decoder, logits_of
 
 # Inductor inlines a cheap elementwise producer into each consumer. In front of a one-row
 # product that would recompute a norm's output once per output channel (50,257 times for the
@@ -51,7 +51,7 @@ class StepCache:
 
 
 def decode_one_token(
-    model: nn.Module,
+    model: Decoder,
     idx: torch.Tensor,  # (1, 1) the new token
     pos: torch.Tensor,  # (1,) its position
     keys: list[torch.Tensor],  # per layer (1, H_kv, T_max, d_k)
@@ -60,7 +60,7 @@ def decode_one_token(
 ) -> torch.Tensor:
     """Next-token logits (1, vocab) float32 after appending ``idx`` at cache index ``end − 1``."""
     out = model.run(idx, pos=pos, cache=StepCache(keys, values, end), last_only=True)
-    return out.logits[:, -1].float()
+    return logits_of(out)[:, -1].float()
 
 
 def one_token_step() -> Compiled:

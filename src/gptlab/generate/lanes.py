@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from gptlab.generate.decoder import Decoder
 from gptlab.generate.engine import engine_of
 from gptlab.generate.graph_sampling import supports
 from gptlab.generate.session import BatchSession
@@ -32,7 +33,7 @@ class Lanes:
 
     def __init__(
         self,
-        model: Any,
+        model: Decoder,
         max_batch: int,
         max_len: int | None = None,
         capacity: int | None = None,
@@ -96,10 +97,10 @@ class Lanes:
             assert self.static is not None and steps is not None
             configs = [steps[i].config for i in fast]
             seeds = [steps[i].sampler.generator.initial_seed() for i in fast]
-            for i, result in zip(
+            for i, chosen in zip(
                 fast, self.static.add_many([prompts[i] for i in fast], configs, seeds), strict=True
             ):
-                out[i] = result
+                out[i] = chosen
         return out
 
     def step(self, feed: dict[int, int]) -> dict[int, torch.Tensor | int]:

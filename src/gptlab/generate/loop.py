@@ -16,10 +16,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch import nn
 
 from gptlab.generate.beam import beam_events
 from gptlab.generate.config import SampleConfig
+from gptlab.generate.decoder import Decoder
 from gptlab.generate.engine import DecodeEngine, engine_of
 from gptlab.generate.plan import DecodePlan
 from gptlab.generate.step import TokenEvent, TokenStep, fit_prompt, session_len, vocab_size
@@ -36,7 +36,7 @@ class Row:
     logits: torch.Tensor | int
 
 
-def fit_prompts(model: nn.Module, prompts: Sequence[Sequence[int]], config: SampleConfig) -> list[list[int]]:
+def fit_prompts(model: Decoder, prompts: Sequence[Sequence[int]], config: SampleConfig) -> list[list[int]]:
     """Every prompt cut from the left to leave room for ``max_new_tokens`` (a ``ContextWarning`` each)."""
     out = []
     for ids in prompts:
@@ -99,7 +99,7 @@ STARTS: dict[str, Starter] = {"dynamic": _start_dynamic, "static": _start_static
 
 
 def start(
-    model: nn.Module,
+    model: Decoder,
     tokenizer: Any | None,
     prompts: Sequence[Sequence[int]],
     config: SampleConfig,
@@ -142,7 +142,7 @@ def decode_rows(session: Session, rows: list[Row]) -> Iterator[TokenEvent]:
 
 
 def decode_events(
-    model: nn.Module,
+    model: Decoder,
     tokenizer: Any | None,
     ids: Sequence[int],
     config: SampleConfig,

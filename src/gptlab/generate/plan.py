@@ -27,6 +27,7 @@ from torch import nn
 from gptlab.compiling import can_compile
 from gptlab.errors import GptlabError
 from gptlab.generate.config import SampleConfig
+from gptlab.generate.decoder import Decoder
 from gptlab.generate.graph_sampling import supports
 from gptlab.generate.quantization import STREAM_MIN_BYTES
 
@@ -83,7 +84,7 @@ class ModelFacts:
     alibi_half: bool = False  # ALiBi in bf16/fp16: the static cache's bias would round the scores
 
     @classmethod
-    def of(cls, model: nn.Module) -> ModelFacts:
+    def of(cls, model: Decoder) -> ModelFacts:
         device = str(getattr(model, "device", torch.device("cpu"))).split(":")[0]
         dtype = getattr(model, "dtype", torch.float32)
         half = dtype in (torch.bfloat16, torch.float16)
@@ -263,7 +264,7 @@ def plan_decoding(
     decide = _compile_default if settings.compile is None else _compile_asked
     compiled, why = decide(facts, settings)
     if settings.static is False:
-        static, static_why = False, "static cache turned off (GPTLAB_STATIC=0)"
+        static, static_why = False, "static cache off (static=False: GPTLAB_STATIC=0)"
     elif settings.static:
         static, static_why = True, "static cache asked for"
     else:

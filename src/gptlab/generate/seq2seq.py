@@ -18,21 +18,22 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
-from torch import nn
 
 from gptlab.errors import GptlabError
 from gptlab.generate.beam import beam_search
 from gptlab.generate.config import SampleConfig
+from gptlab.generate.decoder import Decoder, logits_of
 from gptlab.generate.loop import decode_events, decode_rows, start
 from gptlab.generate.step import TokenEvent
+from gptlab.model.encdec import EncoderDecoder
 
 
-def is_seq2seq(model: nn.Module) -> bool:
+def is_seq2seq(model: Decoder) -> bool:
     """True for an encoder–decoder model (it generates from a source)."""
     return getattr(model.config, "arch", "decoder") == "encoder-decoder"
 
 
-def check_generative(model: nn.Module, name: str = "this model") -> None:
+def check_generative(model: Decoder, name: str = "this model") -> None:
     """Refuse a bidirectional encoder, which has no next-token distribution to sample from."""
     if not getattr(model.config, "causal", True):
         raise GptlabError(
@@ -59,14 +60,16 @@ def bos_ids(tokenizer: Any) -> list[int]:
     return [int(eot)]
 
 
-def bind_source(model: nn.Module, tokenizer: Any, source: str) -> tuple[nn.Module, list[int]]:
+def bind_source(model: Decoder, tokenizer: Any, source: str) -> tuple[Decoder, list[int]]:
     """The decoder bound to ``source`` (encoded once) and the ids its target starts from."""
+    if not isinstance(model, EncoderDecoder):
+        raise GptlabError(f"only an encoder-decoder model binds a source, not a {type(model).__name__}")
     ids = source_ids(tokenizer, source)
     return model.bind(ids), bos_ids(tokenizer)
 
 
 def stream_ids(
-    model: nn.Module,
+    model: EncoderDecoder,
     tokenizer: Any,
     source: Sequence[int],
     config: SampleConfig | None = None,
@@ -84,7 +87,7 @@ def stream_ids(
 
 
 def target_ids(
-    model: nn.Module,
+    model: EncoderDecoder,
     source: Sequence[int],
     bos_id: int,
     config: SampleConfig,
@@ -103,12 +106,14 @@ def target_ids(
 
 
 @torch.no_grad()
-def greedy_uncached(model: nn.Module, source: Sequence[int], bos_id: int, steps: int) -> list[torch.Tensor]:
+def greedy_uncached(
+    model: EncoderDecoder, source: Sequence[int], bos_id: int, steps: int
+) -> list[torch.Tensor]:
     """Reference: the next-token logits of greedy decoding, re-running encoder and decoder each step."""
     src = torch.tensor([list(source)], device=model.device)
     ids, out = [bos_id], []
     for _ in range(steps):
-        logits = model.run(torch.tensor([ids], device=model.device), source=src).logits[0, -1].float()
+        logits = logits_of(model.run(torch.tensor([ids], device=model.device), source=src))[0, -1].float()
         out.append(logits)
         ids.append(int(logits.argmax()))
     return out

@@ -29,10 +29,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
-from torch import nn
 
 from gptlab.compiling import Compiled
 from gptlab.errors import GptlabError
+from gptlab.generate.decoder import Decoder, logits_of
 from gptlab.generate.window import Window
 from gptlab.model.kvcache import KVStore, Positions, Rows, default_cache_dtype, make_store
 
@@ -79,7 +79,7 @@ class BatchSession:
 
     def __init__(
         self,
-        model: nn.Module,
+        model: Decoder,
         max_batch: int,
         max_len: int | None = None,
         cache_dtype: torch.dtype | None = None,
@@ -95,9 +95,10 @@ class BatchSession:
         self.start_capacity = self.max_len if capacity is None else max(1, min(int(capacity), self.max_len))
         device = model.device
         dtype = cache_dtype or default_cache_dtype(model.dtype, device)
+        n_kv = config.n_kv_head or config.n_head  # (GPTConfig fills it in)
         with torch.inference_mode():
             self.stores = [
-                make_store(max_batch, config.n_kv_head, self.start_capacity, config.head_dim, dtype, device)
+                make_store(max_batch, n_kv, self.start_capacity, config.head_dim, dtype, device)
                 for _ in range(config.n_layer)
             ]
         float_cache = all(type(s) is KVStore for s in self.stores)  # an int8 cache dequantises on reads
@@ -293,4 +294,4 @@ class BatchSession:
         plan = self._plan
         plan.rows, plan.write, plan.read_end = rows, write, read_end
         out = self.model.run(idx, pos=pos, cache=self, attn_mask=mask, last_only=True)
-        return out.logits[:, -1].float()
+        return logits_of(out)[:, -1].float()

@@ -28,20 +28,23 @@ and without penalties (tested on the CPU, where ``compile=False`` runs the same 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import torch
-from torch import nn
 
 from gptlab.compiling import Compiled
 from gptlab.errors import GptlabError
 from gptlab.generate.config import SampleConfig
+from gptlab.generate.decoder import Decoder
 from gptlab.generate.frozen_step import FrozenSteps
 from gptlab.generate.graph_sampling import ROW_OPTIONS, row_options
 from gptlab.generate.static_step import RowState, decode_bucket, prefill_rows
 from gptlab.generate.window import Window
 from gptlab.model.kvcache import StaticKVCache, default_cache_dtype
 
+# (torch leaves it unannotated)
+mark_step_begin: Callable[[], None] = torch.compiler.cudagraph_mark_step_begin
 #: Steps run back to back per host sync on CUDA (``StaticSession(lookahead=...)``)
 LOOKAHEAD = 8
 #: On a CPU a step attends over the cache positions its rows reach, rounded up to this
@@ -75,7 +78,7 @@ class StaticSession:
 
     def __init__(
         self,
-        model: nn.Module,
+        model: Decoder,
         max_batch: int,
         max_len: int | None = None,
         cache_dtype: torch.dtype | None = None,
@@ -102,7 +105,7 @@ class StaticSession:
         self._horizons: dict[int, torch.Tensor] = {}  # a CPU's attended lengths, as sizes
         if compile is None:
             compile = device.type == "cuda"
-        options = dict(compile_options or {"mode": "reduce-overhead", "fullgraph": True})
+        options: dict[str, Any] = dict(compile_options or {"mode": "reduce-overhead", "fullgraph": True})
         self._compile, self._options = compile, options
         # a CPU compiles its step with the weights frozen in (gptlab.generate.frozen_step); prompts
         # vary, and an eager prefill there costs less than compiling one for every length
@@ -292,7 +295,7 @@ class StaticSession:
         horizon = self._horizon(k)
         for i in range(k):
             if self._compile and self.model.device.type == "cuda":
-                torch.compiler.cudagraph_mark_step_begin()  # a new step: earlier replays are finished with
+                mark_step_begin()  # a new step: earlier replays are finished with
             graph(self, self._marks[b], flavour, *horizon)
             self._chosen[i, :n].copy_(self.state.next_token[:n])
         chosen = self._chosen[:k, :n].T.tolist()  # the one host sync of k steps: (n, k)

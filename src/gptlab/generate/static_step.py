@@ -13,8 +13,8 @@ from __future__ import annotations
 from typing import Protocol
 
 import torch
-from torch import nn
 
+from gptlab.generate.decoder import Decoder, logits_of
 from gptlab.generate.graph_sampling import ROW_OPTIONS, ROW_SAMPLERS, penalise
 from gptlab.model.kvcache import LayerCache, StaticKVCache, mark_static
 
@@ -28,7 +28,14 @@ class RowState:
     length: torch.Tensor
     next_token: torch.Tensor
     live: torch.Tensor
+    temperature: torch.Tensor
     top_k: torch.Tensor
+    top_p: torch.Tensor
+    min_p: torch.Tensor
+    seed: torch.Tensor
+    repetition: torch.Tensor
+    frequency: torch.Tensor
+    presence: torch.Tensor
     counts: torch.Tensor
     bias: torch.Tensor
 
@@ -105,7 +112,7 @@ class _Layers:
 class StaticRows(Protocol):
     """What a static step reads of its session (``StaticSession`` is one)."""
 
-    model: nn.Module
+    model: Decoder
     cache: StaticKVCache
     state: RowState
     vocab: int
@@ -116,7 +123,7 @@ def decode_bucket(
     bucket: torch.Tensor,
     flavour: str,
     horizon: torch.Tensor | None = None,
-    model: nn.Module | None = None,
+    model: Decoder | None = None,
 ) -> None:
     """One token for rows ``[0, b)``, ``b = len(bucket)``: every shape fixed by ``b``, every other
     tensor a static buffer. (``b`` comes as a tensor's size so that one compilation, with ``b`` a
@@ -132,14 +139,14 @@ def decode_bucket(
     # the cache's length (or the horizon) as a size, which dynamo keeps a symbol across sessions
     t_max = caches[0][0].size(2) if horizon is None else horizon.size(0)
     pos = s.length[:b].clamp(max=t_max - 1)  # (b,) an idle row never writes out of bounds
-    at = pos.view(b, 1, 1, 1).expand(b, cfg.n_kv_head, 1, cfg.head_dim)
+    at = pos.view(b, 1, 1, 1).expand(b, cfg.n_kv_head or cfg.n_head, 1, cfg.head_dim)
     layers: list[LayerCache] = [_DecodeLayer(k[:b, :, :t_max], v[:b, :, :t_max], at) for k, v in caches]
     keys = torch.arange(t_max, device=pos.device)
     mask = (keys[None, :] <= pos[:, None])[:, None, None, :]  # (b, 1, 1, T_max)
     out = model.run(
         s.next_token[:b, None], pos=pos[:, None], cache=_Layers(layers), attn_mask=mask, last_only=True
     )
-    logits = s.penalised(out.logits[:, -1, : session.vocab].float(), 0, b)  # (b, V)
+    logits = s.penalised(logits_of(out)[:, -1, : session.vocab].float(), 0, b)  # (b, V)
     token = ROW_SAMPLERS[flavour](logits, *s.options(0, b), pos)
     live = s.live[:b]
     s.next_token[:b] = torch.where(live, token, s.next_token[:b])
@@ -162,7 +169,7 @@ def prefill_rows(
         for k, v in map(session.cache.layer, range(model.config.n_layer))
     ]
     pos = torch.arange(T, device=idx.device)
-    logits = model.run(idx, pos=pos, cache=_Layers(layers)).logits  # (n, T, V)
+    logits = logits_of(model.run(idx, pos=pos, cache=_Layers(layers)))  # (n, T, V)
     rows = torch.arange(n, device=idx.device)
     chosen = s.penalised(logits[rows, last, : session.vocab].float(), r0, r0 + n)  # (n, V)
     return ROW_SAMPLERS[flavour](chosen, *s.options(r0, r0 + n), last)

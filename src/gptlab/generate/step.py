@@ -27,6 +27,7 @@ import torch
 
 from gptlab.errors import GptlabError
 from gptlab.generate.config import SampleConfig
+from gptlab.generate.decoder import Decoder
 from gptlab.generate.sampling import Sampler
 from gptlab.generate.textstream import TextStream
 
@@ -66,13 +67,13 @@ def stop_token_ids(config: SampleConfig, tokenizer: Any | None) -> frozenset[int
     return frozenset(config.stop_tokens) | ({eot} if eot is not None else set())
 
 
-def vocab_size(model: Any, tokenizer: Any | None) -> int:
+def vocab_size(model: Decoder, tokenizer: Any | None) -> int:
     """Tokens that may be chosen: the model's vocabulary, or the tokenizer's if smaller."""
     n = model.config.vocab_size
     return min(n, tokenizer.vocab_size) if tokenizer is not None else n
 
 
-def session_len(model: Any, prompts: Sequence[Sequence[int]], config: SampleConfig) -> int:
+def session_len(model: Decoder, prompts: Sequence[Sequence[int]], config: SampleConfig) -> int:
     """Cache length for ``prompts`` and ``max_new_tokens``: at most the context (then the window slides)."""
     longest = max(len(p) for p in prompts)
     return max(1, min(model.config.block_size, longest + config.max_new_tokens))
@@ -106,9 +107,9 @@ def token_text(tokenizer: Any | None, token_id: int) -> str:
     if tokenizer is None:
         return str(token_id)
     try:
-        return tokenizer.token_bytes(token_id).decode("utf-8", errors="replace")
+        return str(tokenizer.token_bytes(token_id).decode("utf-8", errors="replace"))
     except (GptlabError, AttributeError):
-        return tokenizer.decode([token_id])
+        return str(tokenizer.decode([token_id]))
 
 
 class TokenStep:
@@ -123,7 +124,7 @@ class TokenStep:
         self,
         config: SampleConfig,
         tokenizer: Any | None,
-        model: Any,
+        model: Decoder,
         prompt_ids: Sequence[int],
         *,
         index: int = 0,

@@ -19,9 +19,9 @@ from collections.abc import Mapping, Sequence
 from typing import Protocol
 
 import torch
-from torch import nn
 
 from gptlab.errors import GptlabError
+from gptlab.generate.decoder import Decoder
 
 
 class ContextWarning(UserWarning):
@@ -55,7 +55,7 @@ class Session(Protocol):
 class Window:
     """A session's size (checked once) and what happens past its context."""
 
-    def __init__(self, model: nn.Module, max_batch: int, max_len: int | None) -> None:
+    def __init__(self, model: Decoder, max_batch: int, max_len: int | None) -> None:
         block = int(model.config.block_size)
         max_len = block if max_len is None else max_len
         if not isinstance(max_batch, int) or max_batch < 1:
