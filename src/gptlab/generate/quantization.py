@@ -308,7 +308,7 @@ def _cast_params(model: nn.Module, dtype: torch.dtype) -> None:
 def _to_int8(model: nn.Module) -> None:
     """int8 matrices; activations, embeddings and norms in bf16 where bf16 is native, else float32."""
     act = activation_dtype(next(model.parameters()).device)
-    _replace_linears(model, lambda linear: Int8Linear(linear, act))
+    replace_linears(model, lambda linear: Int8Linear(linear, act))
     _cast_params(model, act)
     _int8_embedding(model, act)
 
@@ -320,7 +320,7 @@ def _to_bf16(model: nn.Module) -> None:
     layer, while bf16 weights alone stream faster than float32 ones: docs/benchmarks.md#decoding.)
     """
     _cast_params(model, torch.bfloat16)  # the matrices (a tied head shares the token table's copy)
-    _replace_linears(model, PackedBF16Linear)
+    replace_linears(model, PackedBF16Linear)
     first = next(itertools.chain(model.parameters(), model.buffers()), None)
     act = activation_dtype(first.device if first is not None else "cpu")
     if act != torch.bfloat16:
@@ -329,10 +329,11 @@ def _to_bf16(model: nn.Module) -> None:
 
 def _to_fp32(model: nn.Module) -> None:
     _cast_params(model, torch.float32)
-    _replace_linears(model, FloatLinear)
+    replace_linears(model, FloatLinear)
 
 
-def _replace_linears(model: nn.Module, make: Callable[[Linear], nn.Module]) -> None:
+def replace_linears(model: nn.Module, make: Callable[[Linear], nn.Module]) -> None:
+    """Every ``nn.Linear`` (or ``FloatLinear``) of ``model`` replaced, in place, by ``make(linear)``."""
     for module in list(model.modules()):
         for child_name, child in list(module.named_children()):
             if isinstance(child, nn.Linear | FloatLinear):  # FloatLinear holds the float parameters
