@@ -25,6 +25,7 @@ demo: $(STAMP)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests bench tools
+	$(VENV)/bin/mypy  # [tool.mypy] in pyproject.toml: gptlab.generate under --strict
 
 format: $(STAMP)
 	$(VENV)/bin/ruff format src tests bench tools

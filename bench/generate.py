@@ -27,11 +27,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from gptlab.cli.options import resolve_dtype  # noqa: E402
-from gptlab.generate import BatchSession, SampleConfig  # noqa: E402
-from gptlab.generate.decode import _decode, _start  # noqa: E402
-from gptlab.generate.fused_step import compile_decode, fused_step  # noqa: E402
+from gptlab.generate import BatchSession, SampleConfig, engine_of, prepare_decoding  # noqa: E402
+from gptlab.generate.loop import decode_rows, start  # noqa: E402
 from gptlab.generate.quantization import quantize  # noqa: E402
-from gptlab.generate.static_decode import _SESSIONS, static_decode  # noqa: E402
 from gptlab.hardware import inference_weights  # noqa: E402
 from gptlab.model import GPT, GPTConfig  # noqa: E402
 
@@ -83,9 +81,9 @@ def build(preset: str, dtype: str) -> GPT:
 def run_once(model: GPT, prompts: list[list[int]], new_tokens: int) -> tuple[float, float, int]:
     config = SampleConfig(max_new_tokens=new_tokens, temperature=0)
     t0 = time.perf_counter()
-    session, rows = _start(model, None, prompts, config, None)
+    session, rows = start(model, None, prompts, config, None)
     t1 = time.perf_counter()
-    n = sum(1 for e in _decode(session, rows) if e.token_id is not None)
+    n = sum(1 for e in decode_rows(session, rows) if e.token_id is not None)
     t2 = time.perf_counter()
     return t1 - t0, t2 - t1, n
 
@@ -240,10 +238,9 @@ def main() -> None:
     setting = args.dtype
     args.dtype = inference_weights("cpu", args.batch) if setting == "auto" else resolve_dtype(setting, "cpu")
     model = build(args.preset, args.dtype)
-    if args.static:
-        static_decode(model, compile=args.compile)  # every batch: a static cache, a frozen step
-    elif args.compile:
-        compile_decode(model)  # batch 1: each decode step one compiled graph
+    # --static: every batch through a static cache (a frozen step with --compile); otherwise the
+    # dynamic cache (batch 1 as one compiled graph per step with --compile)
+    engine = prepare_decoding(model, compile="on" if args.compile else "off", static=bool(args.static))
     torch.manual_seed(1)
     prompts = torch.randint(0, model.config.vocab_size, (args.batch, args.prompt_tokens)).tolist()
     t = time.perf_counter()
@@ -278,12 +275,10 @@ def main() -> None:
         "fraction_of_bound": round(decode_tps * wbytes / (args.batch * read_bw * 1e9), 3),
         "issue_bound_tokens_per_s": round(args.batch * ISSUE_BANDWIDTH_GBS * 1e9 / wbytes, 2),
         "fraction_of_issue_bound": round(decode_tps * wbytes / (args.batch * ISSUE_BANDWIDTH_GBS * 1e9), 3),
-        "path": "static" if args.static else "dynamic",
-        "compiled_step": (
-            bool(_SESSIONS.get(model) and _SESSIONS[model].compiled)
-            if args.static
-            else fused_step(model, BatchSession(model, 1, 8).stores) is not None and args.batch == 1
-        ),
+        "path": engine.plan(args.batch).session,
+        "plan": str(engine.plan(args.batch)),
+        "compiled_step": any(step.compiled_calls for step in engine_of(model).compiled_steps)
+        or bool(engine.static and engine.static.compiled),
         "first_run_s": round(first_run, 2),
         "repeats": args.repeats,
         "threads": args.threads,

@@ -50,7 +50,7 @@ sys.path.insert(0, str(HERE))
 import baseline_minimal  # noqa: E402
 from generate import hf_bench  # noqa: E402
 
-from gptlab.generate.static_decode import _SESSIONS  # noqa: E402
+from gptlab.generate.engine import engine_of, prepare_decoding  # noqa: E402
 from gptlab.inspect.flops import mfu, peak_flops, training_flops_per_token  # noqa: E402
 from gptlab.interop.hf import export_family  # noqa: E402
 from gptlab.model import GPT, GPTConfig  # noqa: E402
@@ -207,9 +207,7 @@ def decode_figures(args, device: str, base: GPTConfig) -> None:
     torch.manual_seed(0)
     model = GPT(base).to(device=device, dtype=dtype).eval()
     if args.smoke:  # the CPU default is the dynamic path: ask for the static one, run eagerly
-        from gptlab.generate.static_decode import static_decode
-
-        static_decode(model, compile=False)
+        prepare_decoding(model, static=True, compile="off")
     hf_config = export_family(base).config_to_hf(base)  # the same shapes, as transformers names them
     for batch in args.batches:
         idx = torch.randint(0, base.vocab_size, (batch, args.prompt_tokens), device=device)
@@ -225,7 +223,7 @@ def decode_figures(args, device: str, base: GPTConfig) -> None:
             sync(device)
             times.append(time.perf_counter() - t)
         tps = batch * args.new_tokens / statistics.median(times)
-        session = _SESSIONS.get(model)
+        session = engine_of(model).static
         hf = hf_bench(batch, args.prompt_tokens, args.new_tokens, args.repeats, device, dtype, hf_config)
         emit(
             "decode",

@@ -7,7 +7,7 @@ decoding against transformers' ``generate``, and memory while serving in float32
 import_s: ``gptlab convert --from-gguf`` in a fresh process (interpreter start included), wall and CPU,
 in float32 and (``int8_import``) with ``--dtype int8``.
 decode: greedy, batch 1, a chat prompt, exactly ``--new-tokens`` tokens; gptlab's step (eager and
-``compile_decode``) and transformers' ``generate`` (its GGUF loading, float32) in the same process.
+``prepare_decoding(model, compile="on")``) and transformers' ``generate`` (its GGUF loading, float32) in the same process.
 serve_rss_mb: a fresh ``gptlab``-serving process per weight format answers one chat request, loaded as
 ``gptlab serve --dtype`` loads it (``fp32``; ``int8``: the float checkpoint converted while loading;
 ``int8_ckpt``: the ``convert --dtype int8`` checkpoint). RSS is sampled during the request (``peak``),
@@ -58,7 +58,7 @@ def run_decode(ckpt: Path, new_tokens: int, dtype: str = "fp32", hf: bool = True
     import transformers
 
     import gptlab
-    from gptlab.generate import compile_decode, generate_ids
+    from gptlab.generate import generate_ids, prepare_decoding
     from gptlab.tokenizers.chat import encode_chat
 
     model, tok = gptlab.load(ckpt)
@@ -77,7 +77,7 @@ def run_decode(ckpt: Path, new_tokens: int, dtype: str = "fp32", hf: bool = True
     ours()  # warm-up (the one-row kernels compile here)
     eager = max(ours() for _ in range(2))
     print(f"gptlab eager: {eager}", file=sys.stderr, flush=True)
-    compile_decode(model)
+    prepare_decoding(model, compile="on")
     ours()
     compiled = max(ours() for _ in range(2))
     print(f"gptlab compiled: {compiled}", file=sys.stderr, flush=True)

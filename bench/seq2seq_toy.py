@@ -31,7 +31,7 @@ def write_pairs(path: Path, rows: list[dict[str, str]]) -> None:
 def exact_match(model, tokenizer, data) -> tuple[float, int]:
     """Share of held-out pairs whose greedy target equals the reference exactly."""
     from gptlab.generate import SampleConfig
-    from gptlab.generate.seq2seq import generate_ids
+    from gptlab.generate.seq2seq import target_ids
 
     src_rows, tgt_rows = data.rows("val")
     eos, pad = tokenizer.eot_id, data.pad_id
@@ -40,7 +40,7 @@ def exact_match(model, tokenizer, data) -> tuple[float, int]:
     for src, tgt in zip(src_rows, tgt_rows, strict=True):
         source = [int(t) for t in src if t != pad]
         want = [int(t) for t in tgt if t != pad][1:-1]  # without BOS and EOS
-        got, _ = generate_ids(model, source, eos, config)
+        got, _ = target_ids(model, source, eos, config)
         hits += got == want
     return hits / len(src_rows), len(src_rows)
 

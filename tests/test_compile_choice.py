@@ -7,7 +7,15 @@ import torch
 
 from gptlab.compiling import can_compile
 from gptlab.errors import GptlabError
-from gptlab.generate.fused_step import CUDA_PAYBACK_TOKENS, PAYBACK_TOKENS, decode_compile_pays, matrix_bytes
+from gptlab.generate.plan import (
+    CUDA_PAYBACK_TOKENS,
+    PAYBACK_TOKENS,
+    DecodeSettings,
+    ModelFacts,
+    decode_compile_pays,
+    matrix_bytes,
+    plan_decoding,
+)
 from gptlab.generate.quantization import STREAM_MIN_BYTES
 
 BIG = 538 * 2**20  # SmolLM2-135M in float32
@@ -44,7 +52,7 @@ def test_bf16_weights_on_an_emulating_cpu_compute_in_float32_so_their_step_compi
     from unittest import mock
 
     import gptlab
-    from gptlab.cli.options import apply_compile
+    from gptlab.cli.options import prepare_decode
 
     model = gptlab.GPT(gptlab.GPTConfig(vocab_size=64, block_size=16, n_layer=1, n_head=2, n_embd=32))
     with mock.patch("gptlab.hardware.native_bf16", return_value=False):
@@ -52,8 +60,8 @@ def test_bf16_weights_on_an_emulating_cpu_compute_in_float32_so_their_step_compi
         assert model.wte.weight.dtype == torch.float32  # activations in float32 ...
     linear = next(m for m in model.modules() if type(m).__name__ == "PackedBF16Linear")
     assert linear.weight.dtype == torch.bfloat16  # ... bf16 matrices
-    with mock.patch("gptlab.generate.quantization.STREAM_MIN_BYTES", 0):  # as if the model were large
-        on = apply_compile("auto", model, "cpu", planned_tokens=None)
+    with mock.patch("gptlab.generate.plan.STREAM_MIN_BYTES", 0):  # as if the model were large
+        on = prepare_decode("auto", model, planned_tokens=None, env={}).plan(1).step == "fused"
     assert on is can_compile("cpu")
 
 
@@ -75,17 +83,13 @@ def test_matrix_bytes_counts_tied_weights_once_and_follows_the_stored_format():
 
 
 @pytest.mark.parametrize(("requested", "planned", "static"), [("auto", 500, False), ("auto", None, True)])
-def test_on_cuda_the_choice_is_the_static_paths_graphs_and_is_said(requested, planned, static, capsys):
+def test_on_cuda_the_choice_is_the_static_paths_graphs_and_is_said(requested, planned, static):
     """``gptlab sample`` on a GPU: a short generation does not wait ≈ 50 s for CUDA graphs."""
-    import gptlab
-    from gptlab.cli.options import apply_compile
-    from gptlab.generate.static_decode import static_wanted
-
-    model = gptlab.GPT(gptlab.GPTConfig(vocab_size=64, block_size=16, n_layer=1, n_head=2, n_embd=32))
-    assert apply_compile(requested, model, "cuda", planned) is static
-    assert static_wanted(model) is static  # the choice is recorded for the model (no GPU needed)
-    err = capsys.readouterr().err
-    assert err.startswith(f"compile: {'on' if static else 'off'} (") and err.count("\n") == 1
+    cuda = ModelFacts(device="cuda", compiler=True, matrix_bytes=BIG, activations=torch.bfloat16)
+    plan = plan_decoding(cuda, DecodeSettings(compile=requested, planned_tokens=planned), 1)
+    assert (plan.session, plan.step) == (("static", "cuda-graphs") if static else ("dynamic", "layers"))
+    assert str(plan).startswith("decode plan (cuda, batch 1): ") and "\n" not in str(plan)
+    assert ("do not pay back" in plan.why) is not static  # the reason is said
 
 
 def test_training_compile_auto_follows_the_device_the_precision_and_the_strategy(monkeypatch):

@@ -15,9 +15,9 @@ from test_static_cache import PROMPTS, alone, run, tiny
 
 from gptlab.compiling import Compiled, can_compile
 from gptlab.generate.config import SampleConfig
-from gptlab.generate.frozen_step import FROZEN, FrozenStep, frozen_step
+from gptlab.generate.engine import engine_of, prepare_decoding
+from gptlab.generate.frozen_step import FROZEN, FrozenStep, FrozenSteps
 from gptlab.generate.static import StaticSession
-from gptlab.generate.static_decode import _ASKED, static_decode, use_static
 
 PACKED, TEMPLATED = "mkldnn_linear_weight_pack_matcher_count", "cpp_templated_kernel_counter"
 needs_compiler = pytest.mark.skipif(not can_compile("cpu"), reason="no C++ compiler for torch.compile")
@@ -41,8 +41,9 @@ def test_frozen_step_agrees_holds_its_own_weights_and_recompiles_when_they_chang
     monkeypatch.setitem(FROZEN, "max_autotune_gemm_backends", "CPP")
     model = tiny(pos="rope", n_kv_head=2, n_layer=1, block_size=64)
     want = {i: alone(model, p, 6) for i, p in enumerate(PROMPTS[:3])}
-    session = StaticSession(model, 4, 40, compile=True)
-    assert session._frozen and not session._prefill.enabled  # a CPU: eager prefill, frozen step
+    steps = FrozenSteps(model)  # what the model's DecodeEngine holds: shared by its sessions
+    session = StaticSession(model, 4, 40, compile=True, frozen=steps)
+    assert session.frozen is steps and not session.prefill_step.enabled  # a CPU: eager prefill, frozen step
     packed, templated = (counters["inductor"][k] for k in (PACKED, TEMPLATED))
     w = _no_fallback()
     try:
@@ -57,49 +58,53 @@ def test_frozen_step_agrees_holds_its_own_weights_and_recompiles_when_they_chang
         traced = counters["stats"]["unique_graphs"]
 
         # another session of the model (other rows, another length) reuses the compiled step
-        other = StaticSession(model, 2, 50, compile=True)
+        other = StaticSession(model, 2, 50, compile=True, frozen=steps)
         again = run(other, PROMPTS[3:5], 4)
         assert counters["stats"]["unique_graphs"] == traced
         assert [again[s] for s in sorted(again)] == [alone(model, p, 4) for p in PROMPTS[3:5]]
 
         # an ordinary in-place write moves the version counter: the next step compiles again
-        step = frozen_step(model, "greedy")
+        step = steps.get("greedy")
+        assert steps.get("greedy") is step  # kept while the weights are the ones it froze
         with torch.no_grad():
             next(model.parameters()).mul_(0.5)
         assert step.fn.stale()
-        changed = run(StaticSession(model, 4, 40, compile=True), PROMPTS[:1], 6)
-        assert frozen_step(model, "greedy") is not step
+        changed = run(StaticSession(model, 4, 40, compile=True, frozen=steps), PROMPTS[:1], 6)
+        assert steps.get("greedy") is not step
         assert list(changed.values())[0] == alone(model, PROMPTS[0], 6)
     finally:
         w.__exit__(None, None, None)
 
 
-def test_fewer_sequences_than_min_batch_keep_the_dynamic_path():
+def test_one_sequence_keeps_the_dynamic_path_and_batches_take_the_static_one():
     model = tiny()
-    static_decode(model, compile=False, min_batch=2)
+    engine = prepare_decoding(model, compile="on")
     greedy = SampleConfig(temperature=0, max_new_tokens=4)
-    assert not use_static(model, greedy, None, False, batch=1)
-    assert use_static(model, greedy, None, False, batch=2)
-    static_decode(model, compile=False)
-    assert use_static(model, greedy, None, False, batch=1)
+    one, two = engine.plan(1, config=greedy), engine.plan(2, config=greedy)
+    if can_compile("cpu"):
+        assert (one.session, one.step) == ("dynamic", "fused")
+        assert (two.session, two.step, two.sampler) == ("static", "frozen", "in-graph")
+    engine = prepare_decoding(model, static=True, compile="off")
+    assert (engine.plan(1, config=greedy).session, engine.plan(1).step) == ("static", "eager")
 
 
 @pytest.mark.parametrize(("weights", "static"), [("fp32", True), ("bf16", True), ("int8", False)])
 def test_compile_on_a_cpu_sends_batches_of_float32_activations_to_the_frozen_step(weights, static, capsys):
     from unittest import mock
 
-    from gptlab.cli.options import apply_compile
+    from gptlab.cli.options import prepare_decode
     from gptlab.generate.quantization import quantize
 
     with mock.patch("gptlab.hardware.native_bf16", return_value=False):  # bf16 emulated: float32 activations
         model = quantize(tiny(), weights)
-    on = apply_compile("on", model, "cpu", planned_tokens=100)
+    engine = prepare_decode("on", model, planned_tokens=100, env={})
+    assert engine is engine_of(model)
+    on = engine.plan(1).step == "fused"
     assert on == can_compile("cpu")
-    choice = _ASKED.get(model)
-    if on and static:
-        assert choice is not None and choice.compile is True and choice.min_batch == 2
-    else:
-        assert choice is None
+    batches = engine.plan(4)
+    assert (batches.session, batches.step) == (
+        ("static", "frozen") if on and static else ("dynamic", "layers")
+    )
     assert "compile: " in capsys.readouterr().err
 
 
@@ -139,7 +144,7 @@ def test_the_frozen_step_module_notices_an_in_place_write():
     ],
 )
 def test_when_batches_take_the_frozen_step(requested, planned, weights, expected):
-    from gptlab.generate.frozen_step import frozen_batches_pay
+    from gptlab.generate.plan import frozen_batches_pay
 
     act = torch.bfloat16 if weights == "bf16-native" else torch.float32
     got, why = frozen_batches_pay(requested, planned, weights.removesuffix("-native"), act)

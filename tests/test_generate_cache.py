@@ -129,7 +129,7 @@ def test_every_position_goes_past_the_context_over_the_last_block_size_tokens(po
         out = session.step({slot: ids[t]})[slot]
         window = session.tokens[slot]
         assert window == ids[t + 1 - len(window) : t + 1] and len(window) <= 12
-        if not session.can_slide:
+        if not session.window.can_slide:
             assert len(window) == min(t + 1, 12)
         torch.testing.assert_close(out, uncached(model, window), **TOL)
     with pytest.warns(ContextWarning, match="sliding window") as caught:

@@ -6,10 +6,9 @@ import pytest
 import torch
 
 import gptlab
-import gptlab.generate.session as session_mod
 from gptlab.compiling import can_compile
-from gptlab.generate import BatchSession
-from gptlab.generate.fused_step import compile_decode, fused_step
+from gptlab.generate import BatchSession, engine_of, prepare_decoding
+from gptlab.generate.fused_step import one_token_step
 from gptlab.model import GPT, GPTConfig
 
 needs_compiler = pytest.mark.skipif(not can_compile("cpu"), reason="no C++ compiler for torch.compile")
@@ -26,23 +25,23 @@ VARIANTS = {
 def _model(fmt: str, **options) -> GPT:
     torch.manual_seed(0)
     config = GPTConfig(vocab_size=97, block_size=24, n_layer=2, n_head=4, n_embd=64, **options)
-    return compile_decode(gptlab.quantize(GPT(config), fmt))
+    model = gptlab.quantize(GPT(config), fmt)
+    prepare_decoding(model, compile="on")
+    return model
 
 
 def _greedy_logits(model: GPT, prompt: list[int], steps: int, fused: bool, monkeypatch) -> list[torch.Tensor]:
-    with monkeypatch.context() as m:
-        if not fused:
-            m.setattr(session_mod, "fused_step", lambda *args: None)
-        session = BatchSession(model, 1)
-        assert (session._fused is not None) == fused
-        slot, logits = session.add(prompt)
-        out = [logits]
-        before = session._fused.compiled_calls if fused else 0
-        for _ in range(steps):
-            logits = session.step({slot: int(logits.argmax())})[slot]
-            out.append(logits)
-        if fused:  # every step ran the compiled graph, not its eager fallback
-            assert session._fused.compiled_calls - before == steps
+    engine = engine_of(model)
+    session = BatchSession(model, 1, one_token=engine.one_token if fused else None)
+    assert (session.one_token is not None) == fused
+    slot, logits = session.add(prompt)
+    out = [logits]
+    before = engine.one_token.compiled_calls
+    for _ in range(steps):
+        logits = session.step({slot: int(logits.argmax())})[slot]
+        out.append(logits)
+    # every step ran the compiled graph, not its eager fallback (and none did without it)
+    assert engine.one_token.compiled_calls - before == (steps if fused else 0)
     return out
 
 
@@ -75,12 +74,10 @@ def test_compiled_half_and_int8_steps_agree_with_the_layer_by_layer_step(monkeyp
 def test_compiled_step_compiles_once_for_every_cache_length(monkeypatch):
     import torch._dynamo.utils as dynamo_utils
 
-    from gptlab.generate.fused_step import _STEPS
-
     model = _model("int8")
     frames = dynamo_utils.counters["frames"]
     assert model.generate(torch.tensor([[1, 2, 3]]), 3, temperature=0).shape == (1, 6)  # cache ends 4..6
-    assert _STEPS[model]._compiled is not None
+    assert engine_of(model).one_token._compiled is not None
     before = frames["ok"]
     assert model.generate(torch.tensor([list(range(8))]), 16, temperature=0).shape == (1, 24)  # ends 9..24
     assert frames["ok"] == before  # nothing new compiled: the cache length is a symbol, not a constant
@@ -89,9 +86,14 @@ def test_compiled_step_compiles_once_for_every_cache_length(monkeypatch):
 @needs_compiler
 def test_the_compiled_step_is_used_only_where_it_applies(monkeypatch):
     model = _model("bf16")
-    assert BatchSession(model, 1)._fused is not None
-    assert BatchSession(model, 2)._fused is None  # several rows: the batched kernels
-    assert BatchSession(model, 1, cache_dtype=torch.int8)._fused is None  # an int8 cache dequantises
-    assert fused_step(gptlab.quantize(GPT(model.config), "bf16"), []) is None  # not asked for
-    monkeypatch.setenv("GPTLAB_COMPILE", "0")
-    assert BatchSession(_model("bf16"), 1)._fused is None
+    engine = engine_of(model)
+    assert engine.plan(1).step == "fused"
+    assert engine.dynamic_session(engine.plan(1), 1).one_token is engine.one_token
+    assert engine.plan(2).step == "layers"  # several rows: the batched kernels (bf16 activations)
+    assert engine.dynamic_session(engine.plan(2), 2).one_token is None
+    assert engine.plan(1, cache_dtype=torch.int8).step == "layers"  # an int8 cache dequantises
+    assert BatchSession(model, 1, cache_dtype=torch.int8, one_token=engine.one_token).one_token is None
+    assert BatchSession(model, 2, one_token=engine.one_token).one_token is None
+    assert engine_of(gptlab.quantize(GPT(model.config), "bf16")).plan(1).step == "layers"  # not asked for
+    monkeypatch.setenv("GPTLAB_COMPILE", "0")  # what compiling.Compiled reads: the step runs eagerly
+    assert BatchSession(model, 1, one_token=one_token_step()).one_token is None

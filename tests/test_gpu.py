@@ -16,8 +16,8 @@ import torch
 from _tiny import TINY_TRAIN
 
 from gptlab.data import prepare
+from gptlab.generate.engine import engine_of, prepare_decoding
 from gptlab.generate.static import StaticSession
-from gptlab.generate.static_decode import _SESSIONS, static_decode
 from gptlab.model import GPT, GPTConfig
 from gptlab.train import loop as gtrain
 from gptlab.train.config import build_config
@@ -93,13 +93,13 @@ def _cuda_model(**options) -> GPT:
 def test_cuda_graph_path_equals_the_eager_path_in_float32(options):
     model = _cuda_model(**options)
     idx = torch.randint(0, 997, (3, 7), device="cuda")
-    static_decode(model, enabled=False)
+    prepare_decoding(model, static=False)
     ref = model.generate(idx, 24, temperature=0)
-    static_decode(model)  # compile=None: CUDA graphs on CUDA
+    prepare_decoding(model)  # the library default: CUDA graphs on CUDA
     with warnings.catch_warnings():
         warnings.filterwarnings("error", message=".*torch.compile failed")  # a fallback to eager
         got = model.generate(idx, 24, temperature=0)
-    session = _SESSIONS[model]
+    session = engine_of(model).static
     assert session.compiled, "the step did not run through torch.compile"
     assert torch.equal(got, ref)
 

@@ -13,7 +13,7 @@ from gptlab import checkpoint as ckpt
 from gptlab.cli import main
 from gptlab.data.pairs import PairDataset, prepare_pairs, toy_pairs
 from gptlab.errors import GptlabError
-from gptlab.generate import BatchSession, SampleConfig
+from gptlab.generate import BatchSession, SampleConfig, generate_batch, generate_text, stream_events
 from gptlab.generate import seq2seq as s2s
 from gptlab.model import EncoderDecoder, GPTConfig
 from gptlab.train import build_config, train
@@ -128,27 +128,25 @@ def test_cached_generation_equals_uncached_within_1e_5(options: dict) -> None:
         torch.testing.assert_close(logits, ref, atol=1e-5, rtol=0)
         logits = session.step({slot: int(ref.argmax())})[slot]
     config = SampleConfig(temperature=0.0, max_new_tokens=12)
-    tokens, reason = s2s.generate_ids(model, source, 22, config)
+    tokens, reason = s2s.target_ids(model, source, 22, config)
     assert tokens == [int(r.argmax()) for r in reference] and reason == "length"
 
 
 def test_every_strategy_runs_on_an_encoder_decoder() -> None:
     model = _model(pos="rope")
     source = [3, 4, 5, 6]
-    greedy, _ = s2s.generate_ids(model, source, 22, SampleConfig(temperature=0.0, max_new_tokens=8))
+    greedy, _ = s2s.target_ids(model, source, 22, SampleConfig(temperature=0.0, max_new_tokens=8))
     for cfg in (
         SampleConfig(temperature=0.8, top_k=5, seed=1, max_new_tokens=8),
         SampleConfig(top_p=0.9, min_p=0.05, repetition_penalty=1.2, seed=2, max_new_tokens=8),
     ):
-        a, _ = s2s.generate_ids(model, source, 22, cfg)
-        b, _ = s2s.generate_ids(model, source, 22, cfg)
+        a, _ = s2s.target_ids(model, source, 22, cfg)
+        b, _ = s2s.target_ids(model, source, 22, cfg)
         assert a == b and len(a) == 8 and all(0 <= t < 23 for t in a)  # seeded: reproducible
-    beam, _ = s2s.generate_ids(
+    beam, _ = s2s.target_ids(
         model, source, 22, SampleConfig(beam_width=4, length_penalty=0.0, max_new_tokens=8)
     )
-    one, _ = s2s.generate_ids(
-        model, source, 22, SampleConfig(beam_width=1, temperature=0.0, max_new_tokens=8)
-    )
+    one, _ = s2s.target_ids(model, source, 22, SampleConfig(beam_width=1, temperature=0.0, max_new_tokens=8))
     assert one == greedy
 
     @torch.no_grad()
@@ -187,12 +185,26 @@ def test_train_resume_sample_eval_and_serve_an_encoder_decoder(run, data, tmp_pa
                 "/v1/completions", json={"prompt": "abc", "max_tokens": 5, "temperature": 0, **extra}
             )
             assert r.status_code == 200, r.text
-            want = s2s.generate_text(
-                model, tok, "abc", SampleConfig(temperature=0, max_new_tokens=5, **extra)
-            )
+            want = generate_text(model, tok, "abc", SampleConfig(temperature=0, max_new_tokens=5, **extra))
             assert r.json()["choices"][0]["text"] == want
 
 
 def test_eval_on_a_pairs_dataset(run, data, capsys) -> None:
     assert main(["eval", str(run), "--data", str(data)]) == 0
     assert "loss" in capsys.readouterr().out
+
+
+def test_the_public_entry_points_take_an_encoder_decoder(run) -> None:
+    """``generate_text``, ``stream_events`` and ``generate_batch`` read the prompt as the source; no
+    caller branches on the model kind."""
+    model, tok = ckpt.load(run)
+    config = SampleConfig(temperature=0, max_new_tokens=6)
+    eot = tok.eot_id
+    for source in ("abc", "dcba"):
+        ids, _ = s2s.target_ids(model, s2s.source_ids(tok, source), eot, config.replace(stop_tokens=[eot]))
+        text = generate_text(model, tok, source, config)
+        assert text == tok.decode(ids)
+        assert "".join(e.text for e in stream_events(model, tok, source, config)) == text
+    assert generate_batch(model, tok, ["abc", "dcba"], config) == [
+        generate_text(model, tok, p, config) for p in ("abc", "dcba")
+    ]

@@ -13,8 +13,8 @@ import torch
 
 from gptlab.errors import GptlabError
 from gptlab.generate import ContextWarning, SampleConfig, generate_ids
+from gptlab.generate.engine import engine_of, prepare_decoding
 from gptlab.generate.static import StaticSession, buckets_for
-from gptlab.generate.static_decode import _SESSIONS, static_decode, use_static
 from gptlab.model import GPT, GPTConfig
 
 OPTIONS = [
@@ -27,6 +27,18 @@ OPTIONS = [
 ]
 GREEDY = SampleConfig(temperature=0, max_new_tokens=64)
 PROMPTS = [[1, 2, 3, 4, 5], [7, 8], [9, 10, 11, 12, 13, 14, 15], [3], [40, 41, 42]]
+
+
+def eager_static(model, **settings):
+    """``model`` decoded through the static cache, its step run eagerly (what a CPU test can check)."""
+    prepare_decoding(model, static=True, compile="off", **settings)
+    return model
+
+
+def use_static(model, config, cache_dtype=None, want_probs=False, batch=1):
+    """True where the model's plan for this request is the static cache."""
+    plan = engine_of(model).plan(batch, config=config, cache_dtype=cache_dtype, want_probs=want_probs)
+    return plan.session == "static"
 
 
 def tiny(block_size: int = 48, n_layer: int = 2, **options) -> GPT:
@@ -70,11 +82,11 @@ def test_model_generate_takes_the_static_path_and_agrees(options):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # learned positions reach the context limit (same on both paths)
         ref = model.generate(idx, 30, temperature=0)
-        static_decode(model, compile=False)
+        eager_static(model)
         got = model.generate(idx, 30, temperature=0)
-    assert isinstance(_SESSIONS[model], StaticSession)  # it really ran the static path
+    assert isinstance(engine_of(model).static, StaticSession)  # it really ran the static path
     assert torch.equal(got, ref)
-    static_decode(model, enabled=False)
+    prepare_decoding(model, static=False)
 
 
 def test_buckets_and_a_batch_of_three_in_the_bucket_of_four():
@@ -186,10 +198,10 @@ def test_the_window_slides_past_the_context_like_the_dynamic_path(pos, lookahead
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ContextWarning)
         ref = alone(model, PROMPTS[0], 30)
-        static_decode(model, compile=False, lookahead=lookahead)
+        eager_static(model, lookahead=lookahead)
         got = alone(model, PROMPTS[0], 30)
-    assert isinstance(_SESSIONS[model], StaticSession) and got == ref
-    static_decode(model, enabled=False)
+    assert isinstance(engine_of(model).static, StaticSession) and got == ref
+    prepare_decoding(model, static=False)
 
 
 def test_lookahead_runs_k_steps_per_sync_and_hands_out_the_same_tokens(monkeypatch):
@@ -225,17 +237,17 @@ def test_a_late_row_catches_up_with_the_others_queues():
 
 
 def test_options_outside_the_graph_use_the_dynamic_path():
-    model = static_decode(tiny(), compile=False)
+    model = eager_static(tiny())
     assert use_static(model, SampleConfig(temperature=0), None, want_probs=False)
     assert not use_static(model, SampleConfig(beam_width=2), None, want_probs=False)
     every = dict(
         top_k=5, top_p=0.9, min_p=0.1, stop=["x"], seed=1, repetition_penalty=1.3, logit_bias={3: 5.0}
     )
-    assert use_static(model, SampleConfig(**every), None, False)
+    assert use_static(model, SampleConfig(**every))
     assert not use_static(model, SampleConfig(), torch.int8, want_probs=False)
     assert not use_static(model, SampleConfig(), None, want_probs=True)
     assert not use_static(tiny(), SampleConfig(), None, want_probs=False)  # CPU: the dynamic reference
-    alibi_bf16 = static_decode(tiny(pos="alibi").to(torch.bfloat16), compile=False)
+    alibi_bf16 = eager_static(tiny(pos="alibi").to(torch.bfloat16))
     assert not use_static(alibi_bf16, SampleConfig(), None, want_probs=False)  # its bias would round
     beams = dict(beam_width=2, temperature=0)
     assert alone(model, PROMPTS[0], 6, **beams) == alone(tiny(), PROMPTS[0], 6, **beams)
@@ -287,7 +299,7 @@ def test_the_compiled_step_is_really_used_and_agrees():
         traced = counters["stats"]["unique_graphs"]
         session.remove(min(got))  # two rows now: the bucket of 2, the same compiled step
         rest = [session.step([s for s in got if s != min(got)]) for _ in range(3)]
-    assert session.compiled and session._prefill.enabled
+    assert session.compiled and session.prefill_step.enabled
     assert traced == before + 2  # the prefill and the step (the bucket is a symbol) ...
     assert counters["stats"]["unique_graphs"] == traced  # ... so a new bucket traced nothing new
     assert session.graphs == [(2, "greedy"), (4, "greedy")]

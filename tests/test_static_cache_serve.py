@@ -1,6 +1,6 @@
 """The server's scheduler decodes through the static lane where it can, with the same tokens.
 
-On the CPU the static lane is asked for with ``static_decode(model, compile=False)`` (on CUDA it is
+On the CPU the static lane is asked for with ``prepare_decoding(model, static=True, compile="off")`` (on CUDA it is
 there by default): the same step function a CUDA graph captures, run eagerly.
 """
 
@@ -11,10 +11,10 @@ import threading
 import pytest
 import torch
 from fastapi.testclient import TestClient
+from test_static_cache import eager_static
 
 from gptlab import GPT, GPTConfig
 from gptlab.generate.lanes import Lanes
-from gptlab.generate.static_decode import static_decode
 from gptlab.serve import create_app
 from gptlab.tokenizers import CharTokenizer
 
@@ -63,13 +63,13 @@ def test_the_static_lane_serves_the_same_tokens(tok):
     ]
     reference, plain = completions(tiny(tok.vocab_size), tok, bodies)
     assert plain.static is None  # on a CPU, unasked: the dynamic lane only
-    model = static_decode(tiny(tok.vocab_size), compile=False)
+    model = eager_static(tiny(tok.vocab_size))
     got, lanes = completions(model, tok, bodies)
     assert lanes.static is not None and lanes.static.captures > 0  # the static lane really decoded
     for i in (0, 1, 3, 4, 5):  # greedy: the same text on either lane
         assert got[i] == reference[i], bodies[i]
     assert len(got[2]) == 12  # sampled in the graph (its own numbers), the full length
-    again, _ = completions(static_decode(tiny(tok.vocab_size), compile=False), tok, bodies[2:3])
+    again, _ = completions(eager_static(tiny(tok.vocab_size)), tok, bodies[2:3])
     assert again[0] == got[2]  # a seed reproduces a sampled request whatever ran beside it
 
 
@@ -77,7 +77,7 @@ def test_the_static_lane_never_samples_past_the_tokenizers_vocabulary(tok):
     """A model whose table is larger than its tokenizer (a padded or a generic-shape model): the
     lane samples only the tokenizer's ids, as the dynamic path does (an id beyond it once ended
     every stream in a server error)."""
-    model = static_decode(tiny(tok.vocab_size + 40, seed=3), compile=False)
+    model = eager_static(tiny(tok.vocab_size + 40, seed=3))
     with torch.no_grad():  # make the ids the tokenizer lacks the likeliest ones
         model.lm_head.weight[tok.vocab_size :] *= 50.0
     bodies = [{"prompt": "ab", "max_tokens": 10, "temperature": t, "seed": 1} for t in (0, 1.0)]

@@ -23,7 +23,7 @@ _LAZY = {
     "from_gguf": ("gptlab.interop.gguf", "from_gguf"),
     "quantize": ("gptlab.generate.quantization", "quantize"),
     "generate_text": ("gptlab.generate", "generate_text"),
-    "compile_decode": ("gptlab.generate", "compile_decode"),
+    "prepare_decoding": ("gptlab.generate", "prepare_decoding"),
     "SampleConfig": ("gptlab.generate", "SampleConfig"),
     "TrainConfig": ("gptlab.train", "TrainConfig"),
 }

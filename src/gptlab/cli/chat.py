@@ -15,7 +15,7 @@ from gptlab.cli.options import (
     add_compile_argument,
     add_device_argument,
     add_weights_argument,
-    apply_compile,
+    prepare_decode,
     resolve_device,
     weights_format,
 )
@@ -88,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
     template = _template(tokenizer, args.template)
     # a session's length is unknown: auto judges by one reply, so a short chat is not kept waiting
     # for a compilation (~40 s for SmolLM2) that pays back only after ~1,000 tokens
-    apply_compile(args.compile, model, device, planned_tokens=args.max_new_tokens)
+    prepare_decode(args.compile, model, planned_tokens=args.max_new_tokens)
     config = SampleConfig(
         max_new_tokens=args.max_new_tokens,
         temperature=args.temperature,

@@ -3,6 +3,18 @@
 from __future__ import annotations
 
 import argparse
+import os
+import sys
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from torch import nn
+
+    from gptlab.generate import DecodeEngine, SampleConfig
+
+#: plan steps that are compiled (the ``compile: on`` line)
+COMPILED_STEPS = frozenset({"fused", "frozen", "cuda-graphs", "compiled"})
 
 DEVICE_HELP = "auto (CUDA, else Apple's MPS, else the CPU), cpu, cuda, cuda:N or mps (default auto)"
 
@@ -80,42 +92,35 @@ def add_compile_argument(p: argparse.ArgumentParser) -> None:
     )
 
 
-def apply_compile(
-    requested: str, model: object, device: str, planned_tokens: int | None, not_for: str | None = None
-) -> bool:
-    """Decide ``--compile`` for this model and machine (``decode_compile_pays``); compile if it pays.
+def prepare_decode(
+    requested: str,
+    model: nn.Module,
+    planned_tokens: int | None,
+    not_for: str | None = None,
+    env: Mapping[str, str] = os.environ,
+) -> DecodeEngine:
+    """``--compile``, ``GPTLAB_STATIC`` and ``GPTLAB_COMPILE`` → ``prepare_decoding(model, …)`` → its engine.
 
-    What was chosen, and why, goes to stderr as one ``compile:`` line on a CPU, so the choice is
-    never silent. ``not_for`` names a decode that the one-sequence step does not serve (beam
-    search, an encoder–decoder): it then stays layer by layer.
+    What ``--compile`` chose, and why, goes to stderr as one ``compile:`` line on a CPU or CUDA, so
+    the choice is never silent (``print_plan`` shows the whole plan). ``not_for`` names a decode that
+    the compiled steps do not serve (beam search, an encoder–decoder): it then stays layer by layer.
+    ``GPTLAB_STATIC=0`` keeps every decode off the static cache; ``GPTLAB_COMPILE=0`` is ``--compile off``.
     """
-    import sys
+    from gptlab.generate import prepare_decoding
 
-    from gptlab.compiling import can_compile
-    from gptlab.generate import compile_decode
-    from gptlab.generate.fused_step import decode_compile_pays, matrix_bytes
-
-    device_type = device.split(":")[0]
-    if not_for is not None:
-        if requested == "on":
-            sys.stderr.write(f"compile: off (the compiled step decodes one sequence, not {not_for})\n")
-        return False
-    on, why = decode_compile_pays(
-        requested, device_type, can_compile(device_type), matrix_bytes(model), planned_tokens
-    )
-    from gptlab.generate.static_decode import static_decode
-
-    if device_type == "cuda":  # the static path, with or without its CUDA graphs
-        static_decode(model, enabled=on)
-    elif on:
-        from gptlab.generate.frozen_step import frozen_batches_pay
-
-        compile_decode(model)  # one sequence: the one-row kernels in one graph
-        weights, activations = getattr(model, "quantization", "fp32"), getattr(model, "dtype", None)
-        batches, more = frozen_batches_pay(requested, planned_tokens, weights, activations)
-        if batches:  # two sequences or more (and the server): the static step, weights frozen
-            static_decode(model, compile=True, min_batch=2)
-        why = f"{why}; {more}"
-    if requested != "off" and device_type in ("cpu", "cuda"):
+    if requested == "on" and not_for is not None:
+        sys.stderr.write(f"compile: off (the compiled step decodes one sequence, not {not_for})\n")
+    asked = "off" if not_for is not None or env.get("GPTLAB_COMPILE", "1") == "0" else requested
+    static = False if env.get("GPTLAB_STATIC", "1") == "0" else None
+    engine = prepare_decoding(model, compile=asked, static=static, planned_tokens=planned_tokens)
+    one, batches = engine.plan(1), engine.plan(2)
+    on = one.step in COMPILED_STEPS
+    why = batches.why if one.device == "cpu" and on else one.why
+    if requested != "off" and not_for is None and one.device in ("cpu", "cuda"):
         sys.stderr.write(f"compile: {'on' if on else 'off'} ({why})\n")
-    return on
+    return engine
+
+
+def print_plan(engine: DecodeEngine, batch: int, config: SampleConfig | None = None) -> None:
+    """The decode plan for ``batch`` sequences, on one line of stderr (``--verbose``, the server's start)."""
+    sys.stderr.write(f"{engine.plan(batch, config=config)}\n")

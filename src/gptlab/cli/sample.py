@@ -17,7 +17,8 @@ from gptlab.cli.options import (
     add_compile_argument,
     add_device_argument,
     add_weights_argument,
-    apply_compile,
+    prepare_decode,
+    print_plan,
     resolve_device,
     weights_format,
 )
@@ -68,6 +69,9 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument("--threads", type=int, help="torch threads (default: torch's choice)")
     add_compile_argument(p)
+    p.add_argument(
+        "--verbose", action="store_true", help="print the decode plan (engine, step, sampler, why)"
+    )
     p.set_defaults(func=run)
 
 
@@ -110,7 +114,9 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     import gptlab
-    from gptlab.generate import SampleConfig, encode_prompt, seq2seq, stream_events
+    from gptlab.generate import SampleConfig, stream_events
+    from gptlab.generate.decode import read_prompt
+    from gptlab.generate.seq2seq import check_generative
 
     if args.num_samples < 1:
         raise GptlabError(f"--num-samples must be at least 1, got {args.num_samples}")
@@ -146,11 +152,14 @@ def run(args: argparse.Namespace) -> int:
         check_tokenizer_fits(tokenizer, model.config.vocab_size, args.tokenizer)
     if tokenizer is None:
         raise GptlabError(f"{args.checkpoint} has no tokenizer.json; pass --tokenizer PATH")
-    seq2seq.check_generative(model, str(args.checkpoint))  # a masked-language model cannot generate
-    s2s = seq2seq.is_seq2seq(model)  # an encoder-decoder: the prompt is the source, the output its target
-    (seq2seq.source_ids if s2s else encode_prompt)(tokenizer, prompt)  # fail before printing anything
-    not_for = "beam search" if args.beam_width > 1 else "an encoder-decoder" if s2s else None
-    apply_compile(args.compile, model, device, args.num_samples * args.max_new_tokens, not_for)
+    check_generative(model, str(args.checkpoint))  # a masked-language model cannot generate
+    decoder, _ = read_prompt(model, tokenizer, prompt)  # fail before printing anything
+    # an encoder-decoder: the prompt is the source (not echoed), the output its target
+    echo = prompt if decoder is model else ""
+    not_for = "beam search" if args.beam_width > 1 else None if decoder is model else "an encoder-decoder"
+    engine = prepare_decode(args.compile, model, args.num_samples * args.max_new_tokens, not_for)
+    if args.verbose:
+        print_plan(engine, args.beam_width, config)
     cache_dtype = {"model": None, "fp32": torch.float32, "bf16": torch.bfloat16, "int8": torch.int8}[
         args.cache_dtype
     ]
@@ -166,10 +175,10 @@ def run(args: argparse.Namespace) -> int:
             if i:
                 out.write("\n" + "-" * 40 + "\n")
             seed = None if config.seed is None else config.seed + i
-            out.write("" if s2s else prompt)
+            out.write(echo)
             out.flush()
             started = time.perf_counter()
-            for event in (seq2seq.stream_events if s2s else stream_events)(
+            for event in stream_events(
                 model, tokenizer, prompt, config.replace(seed=seed), cache_dtype=cache_dtype, want_probs=False
             ):
                 n_tokens += event.token_id is not None

@@ -12,7 +12,8 @@ from gptlab.cli.options import (
     add_compile_argument,
     add_device_argument,
     add_weights_argument,
-    apply_compile,
+    prepare_decode,
+    print_plan,
     resolve_device,
     weights_format,
 )
@@ -92,7 +93,7 @@ def run(args: argparse.Namespace) -> int:
     model, tokenizer = load_for_serving(
         args.checkpoint, weights_format(args.dtype, device, args.checkpoint, args.max_batch), device
     )
-    apply_compile(args.compile, model, device, planned_tokens=None)  # a server is a long session
+    print_plan(prepare_decode(args.compile, model, None), args.max_batch)  # a server: a long session
     name = args.model_name or Path(args.checkpoint).resolve().name
     app = create_app(
         model,

@@ -7,10 +7,13 @@
 ``stream_events`` (and ``stream``, its text-only view) is the primitive;
 ``generate_text``, ``generate_batch`` and ``generate_ids`` (``GPT.generate``) are
 built on the same decoding loop over a ``BatchSession``; each request's per-token step
-(``TokenStep``: sampling, stops, UTF-8-safe text, finish reason) is shared with the server. ``compile_decode(model)`` makes each
-one-sequence decode step on a CPU a single compiled graph. On CUDA the same calls decode through
-``StaticSession`` (a static KV cache, one CUDA graph per batch-size bucket, the sampler inside
-it); ``static_decode(model)`` asks for that path anywhere.
+(``TokenStep``: sampling, stops, UTF-8-safe text, finish reason) is shared with the server.
+An encoder–decoder model goes through the same functions (the prompt is its source).
+
+How a model decodes is one printable ``DecodePlan`` (``plan_decoding``): a dynamic or a static
+cache, layer by layer or a compiled step (the fused one-row CPU step, the frozen CPU step, CUDA
+graphs), a per-request or in-graph sampler. ``prepare_decoding(model, compile=..., static=...)``
+sets what the caller wants and keeps the compiled steps on the model's ``DecodeEngine``.
 """
 
 from gptlab.generate.beam import beam_search
@@ -23,31 +26,38 @@ from gptlab.generate.decode import (
     stream,
     stream_events,
 )
-from gptlab.generate.fused_step import compile_decode
+from gptlab.generate.engine import DecodeEngine, engine_of, prepare_decoding
+from gptlab.generate.plan import DecodePlan, DecodeSettings, ModelFacts, plan_decoding
 from gptlab.generate.sampling import Sampler
-from gptlab.generate.session import BatchSession, ContextWarning
+from gptlab.generate.session import BatchSession
 from gptlab.generate.static import StaticSession
-from gptlab.generate.static_decode import static_decode
 from gptlab.generate.step import TokenEvent, TokenStep, fit_prompt, stop_token_ids
 from gptlab.generate.textstream import TextStream
+from gptlab.generate.window import ContextWarning, Session
 
 __all__ = [
     "BatchSession",
     "ContextWarning",
+    "DecodeEngine",
+    "DecodePlan",
+    "DecodeSettings",
+    "ModelFacts",
     "SampleConfig",
     "Sampler",
+    "Session",
     "StaticSession",
     "TextStream",
     "TokenEvent",
     "TokenStep",
     "beam_search",
-    "compile_decode",
     "encode_prompt",
+    "engine_of",
     "fit_prompt",
     "generate_batch",
     "generate_ids",
     "generate_text",
-    "static_decode",
+    "plan_decoding",
+    "prepare_decoding",
     "stop_token_ids",
     "stream",
     "stream_events",

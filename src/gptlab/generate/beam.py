@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from gptlab.generate.config import SampleConfig
+from gptlab.generate.decoder import Decoder
 from gptlab.generate.sampling import Sampler
 from gptlab.generate.session import BatchSession
 from gptlab.generate.step import TokenEvent, session_len, stop_token_ids, vocab_size
@@ -37,7 +38,7 @@ def normalised(logp: float, length: int, alpha: float) -> float:
 
 
 def beam_search(
-    model: Any,
+    model: Decoder,
     prompt: Sequence[int],
     config: SampleConfig,
     tokenizer: Any | None = None,
@@ -49,11 +50,12 @@ def beam_search(
         try:
             next(steps)
         except StopIteration as done:
-            return done.value
+            result: tuple[list[int], str] = done.value
+            return result
 
 
 def beam_steps(
-    model: Any,
+    model: Decoder,
     prompt: Sequence[int],
     config: SampleConfig,
     tokenizer: Any | None = None,
@@ -131,7 +133,13 @@ def beam_steps(
 
 
 def _hopeless(
-    live: list, finished: list, width: int, step: int, limit: int, alpha: float, early: bool
+    live: list[tuple[float, list[int], int, int]],
+    finished: list[tuple[float, list[int], str]],
+    width: int,
+    step: int,
+    limit: int,
+    alpha: float,
+    early: bool,
 ) -> bool:
     """True when no live beam can beat the worst kept hypothesis (log-probs only fall as beams grow)."""
     if early or len(finished) < width:
@@ -142,7 +150,7 @@ def _hopeless(
 
 
 def beam_events(
-    model: Any,
+    model: Decoder,
     tokenizer: Any,
     prompt: Sequence[int],
     config: SampleConfig,

@@ -1,39 +1,30 @@
-"""The decoding core: one loop that drives a ``BatchSession`` for any number of requests.
+"""The public entry points of generation, for decoder-only and encoder–decoder models alike.
 
-    prefill(prompt) → logits → token → step(token) → logits → …   until a stop
+    prompt → (the model to decode, the ids to start from) → start → decode_rows → events
 
-``stream_events`` is the primitive for text; ``stream``, ``generate_text``,
-``generate_batch`` and ``generate_ids`` (``GPT.generate``) are thin layers over
-the same ``_decode`` loop, which only runs the model: each request's per-token step
-(sampling, stops, text, finish reason) is ``step.TokenStep``. Beam search (``beam.py``)
-uses the same session and logit processing. Prompts are cut from the left to leave
-room for ``max_new_tokens`` (``step.fit_prompt``); past the context the window slides.
+``stream_events`` is the primitive for text; ``stream``, ``generate_text`` and ``generate_batch``
+are thin layers over it, and ``generate_ids`` (``GPT.generate``) over the same loop for token ids.
+What a prompt means depends on the model kind (``PROMPTS``): a decoder continues it; an
+encoder–decoder translates it (the source is encoded once, ``EncoderDecoder.bind``, and the target
+starts from ``<|endoftext|>``); a bidirectional encoder cannot generate. The loop itself, and how it
+chooses an engine, is ``gptlab.generate.loop``; beam search is ``beam.py``. Prompts are cut from the
+left to leave room for ``max_new_tokens`` (``step.fit_prompt``); past the context the window slides.
 """
 
 from __future__ import annotations
 
-import warnings
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
 
 from gptlab.errors import GptlabError
-from gptlab.generate.beam import beam_events, beam_search
+from gptlab.generate.beam import beam_search
 from gptlab.generate.config import SampleConfig
-from gptlab.generate.session import BatchSession, ContextWarning
-from gptlab.generate.static_decode import start_static, use_static
-from gptlab.generate.step import TokenEvent, TokenStep, fit_prompt, session_len
-
-
-@dataclass
-class _Row:
-    """One sequence being decoded: its cache slot, its step and its next-token logits."""
-
-    slot: int
-    step: TokenStep
-    logits: torch.Tensor
+from gptlab.generate.decoder import Decoder
+from gptlab.generate.loop import decode_events, decode_rows, fit_prompts, start
+from gptlab.generate.seq2seq import bind_source, check_generative
+from gptlab.generate.step import TokenEvent
 
 
 def encode_prompt(tokenizer: Any, prompt: str) -> list[int]:
@@ -51,66 +42,37 @@ def encode_prompt(tokenizer: Any, prompt: str) -> list[int]:
     return ids
 
 
-def fit_prompts(model: Any, prompts: Sequence[Sequence[int]], config: SampleConfig) -> list[list[int]]:
-    """Every prompt cut from the left to leave room for ``max_new_tokens`` (a ``ContextWarning`` each)."""
-    out = []
-    for ids in prompts:
-        ids, message = fit_prompt(ids, model.config.block_size, config.max_new_tokens)
-        if message:
-            warnings.warn(message, ContextWarning, stacklevel=4)
-        out.append(ids)
-    return out
+def _continue_prompt(model: Decoder, tokenizer: Any, prompt: str) -> tuple[Decoder, list[int]]:
+    """A decoder continues its prompt."""
+    return model, encode_prompt(tokenizer, prompt)
 
 
-def _decode(session: BatchSession, rows: list[_Row]) -> Iterator[TokenEvent]:
-    """Step every row until each stops; yields one event per token, then a closing one per row."""
-    active = list(rows)
-    while active:
-        feed: dict[int, int] = {}
-        for r in active:
-            if r.step.reason is not None:
-                continue
-            full = session.window_notice() if session.full(r.slot) else None
-            event = r.step.advance(r.logits, full)
-            if event is not None:
-                if event.notice:
-                    warnings.warn(event.notice, ContextWarning, stacklevel=3)
-                yield event
-            if r.step.reason is None:
-                feed[r.slot] = r.step.token
-        for r in [r for r in active if r.step.reason is not None]:
-            session.remove(r.slot)
-            yield r.step.close()
-        active = [r for r in active if r.step.reason is None]
-        if feed:
-            for slot, logits in session.step(feed).items():
-                next(r for r in active if r.slot == slot).logits = logits
+def _cannot_generate(model: Decoder, tokenizer: Any, prompt: str) -> tuple[Decoder, list[int]]:
+    check_generative(model)  # raises: a bidirectional encoder has no next-token distribution
+    raise GptlabError("this model cannot generate")
 
 
-def _start(
-    model: Any,
-    tokenizer: Any | None,
-    prompts: Sequence[Sequence[int]],
-    config: SampleConfig,
-    cache_dtype: torch.dtype | None,
-    seeds: Sequence[int | None] | None = None,
-    top_n: int | None = None,
-) -> tuple[BatchSession, list[_Row]]:
-    """Prefill every prompt (one left-padded pass) and make its row (on CUDA: the static path's)."""
-    prompts = fit_prompts(model, prompts, config)
-    if use_static(model, config, cache_dtype, top_n is not None, len(prompts)):
-        return start_static(model, tokenizer, prompts, config, cache_dtype, seeds)  # type: ignore[return-value]
-    session = BatchSession(model, len(prompts), session_len(model, prompts, config), cache_dtype)
-    rows = []
-    for i, (slot, logits) in enumerate(session.add_many(prompts)):
-        cfg = config if seeds is None else config.replace(seed=seeds[i])
-        step = TokenStep(cfg, tokenizer, model, session.tokens[slot], index=i, top_n=top_n)
-        rows.append(_Row(slot, step, logits))
-    return session, rows
+PromptReader = Callable[[Decoder, Any, str], tuple[Decoder, list[int]]]
+#: per model kind (``config.arch``): the model to decode and the ids it starts from
+PROMPTS: dict[str, PromptReader] = {
+    "decoder": _continue_prompt,
+    "encoder-decoder": bind_source,
+    "encoder": _cannot_generate,
+}
+
+
+def read_prompt(model: Decoder, tokenizer: Any, prompt: str) -> tuple[Decoder, list[int]]:
+    """``prompt`` read for this kind of model → ``(the model to decode, its starting ids)``.
+
+    Call it before printing anything: an empty source or a prompt the tokenizer refuses fails here.
+    """
+    if not isinstance(prompt, str):
+        raise GptlabError(f"a prompt must be a string, got {type(prompt).__name__}")
+    return PROMPTS[getattr(model.config, "arch", "decoder")](model, tokenizer, prompt)
 
 
 def stream_events(
-    model: Any,
+    model: Decoder,
     tokenizer: Any,
     prompt: str,
     config: SampleConfig | None = None,
@@ -118,18 +80,17 @@ def stream_events(
     cache_dtype: torch.dtype | None = None,
     want_probs: bool = True,
 ) -> Iterator[TokenEvent]:
-    """Generate from ``prompt``, yielding a ``TokenEvent`` per token (with its probability and the top 5)."""
+    """Generate from ``prompt``, yielding a ``TokenEvent`` per token (with its probability and the top 5).
+
+    For an encoder–decoder the prompt is the source and the events are its target's tokens.
+    """
     config = config or SampleConfig()
-    ids = encode_prompt(tokenizer, prompt)
-    if config.beam_width > 1:
-        yield from beam_events(model, tokenizer, fit_prompts(model, [ids], config)[0], config, cache_dtype)
-        return
-    session, rows = _start(model, tokenizer, [ids], config, cache_dtype, top_n=5 if want_probs else None)
-    yield from _decode(session, rows)
+    decoder, ids = read_prompt(model, tokenizer, prompt)
+    yield from decode_events(decoder, tokenizer, ids, config, cache_dtype, want_probs)
 
 
 def stream(
-    model: Any,
+    model: Decoder,
     tokenizer: Any,
     prompt: str,
     config: SampleConfig | None = None,
@@ -143,7 +104,7 @@ def stream(
 
 
 def generate_text(
-    model: Any,
+    model: Decoder,
     tokenizer: Any,
     prompt: str,
     config: SampleConfig | None = None,
@@ -155,7 +116,7 @@ def generate_text(
 
 
 def generate_batch(
-    model: Any,
+    model: Decoder,
     tokenizer: Any,
     prompts: Sequence[str],
     config: SampleConfig | None = None,
@@ -170,18 +131,19 @@ def generate_batch(
     config = config or SampleConfig()
     if isinstance(prompts, str) or not prompts:
         raise GptlabError("generate_batch needs a non-empty list of prompt strings")
-    if config.beam_width > 1:
+    read = [read_prompt(model, tokenizer, p) for p in prompts]
+    shared = all(decoder is model for decoder, _ in read)  # an encoder-decoder binds each source alone
+    if config.beam_width > 1 or not shared:
         return [generate_text(model, tokenizer, p, config, cache_dtype=cache_dtype) for p in prompts]
-    ids = [encode_prompt(tokenizer, p) for p in prompts]
-    session, rows = _start(model, tokenizer, ids, config, cache_dtype)
+    session, rows = start(model, tokenizer, [ids for _, ids in read], config, cache_dtype)
     out = [""] * len(prompts)
-    for event in _decode(session, rows):
+    for event in decode_rows(session, rows):
         out[event.index] += event.text
     return out
 
 
 def generate_ids(
-    model: Any,
+    model: Decoder,
     idx: torch.Tensor,
     max_new_tokens: int,
     *,
@@ -189,6 +151,8 @@ def generate_ids(
     **sampling: Any,
 ) -> torch.Tensor:
     """``idx`` (B, T) followed by ``max_new_tokens`` generated ids → (B, T + max_new_tokens).
+
+    A decoder-only model's continuation (an encoder–decoder's target: ``seq2seq.target_ids``).
 
     ``sampling`` takes any ``SampleConfig`` option (``temperature=0`` is greedy). Row b
     samples with seed ``seed + b``. A row that stops early (a stop token) is padded with
@@ -206,9 +170,9 @@ def generate_ids(
         fitted = fit_prompts(model, prompts, config)
         found = [beam_search(model, p, config, None, cache_dtype) for p in fitted]
         return _assemble(idx, prompts, [t for t, _ in found], [why for _, why in found], config)
-    session, rows = _start(model, None, prompts, config, cache_dtype, seeds)
+    session, rows = start(model, None, prompts, config, cache_dtype, seeds)
     out: list[list[int]] = [[] for _ in prompts]
-    for event in _decode(session, rows):
+    for event in decode_rows(session, rows):
         if event.token_id is not None:
             out[event.index].append(event.token_id)
     return _assemble(idx, prompts, out, [r.step.reason for r in rows], config)

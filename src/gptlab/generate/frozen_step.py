@@ -15,56 +15,32 @@ Freezing holds only for parameters that the compiled *module* owns, so the step 
 ``FrozenStep(model)``, whose forward passes its own ``model`` to the step; the session's cache and
 row state stay ordinary inputs (they change every step). Frozen weights are copies of the
 weights at compile time: ``FrozenStep.stale()`` notices a weight written in place since (its
-version counter moved), and the session then compiles again rather than decode with old weights.
+version counter moved), and the model's ``DecodeEngine`` then compiles again rather than decode with old weights.
 Cost: a compilation of minutes on a small CPU (the GEMM autotuning benchmarks each shape once;
 inductor keeps the choices on disk) and one more copy of the matrices, packed.
 """
 
 from __future__ import annotations
 
-import weakref
-from typing import TYPE_CHECKING
-
 import torch
 from torch import nn
 
 from gptlab.compiling import Compiled
-from gptlab.generate.static_step import decode_step
-
-if TYPE_CHECKING:
-    from gptlab.generate.static import StaticSession
+from gptlab.errors import GptlabError
+from gptlab.generate.decoder import Decoder
+from gptlab.generate.static_step import StaticRows, decode_bucket
 
 #: inductor settings of the frozen step (``Compiled``'s ``patch``: held while it compiles)
 FROZEN = {"freezing": True, "max_autotune": True, "max_autotune_gemm_backends": "CPP,ATEN"}
-# A frozen graph is not in inductor's on-disk graph cache, so each process compiles it again; the
-# time that costs is paid back from about this many tokens, or in a long-lived process
-# (docs/benchmarks.md#decoding).
-FROZEN_PAYBACK_TOKENS = 8192
-
-
-def frozen_batches_pay(
-    requested: str, planned_tokens: int | None, weights: str, activations: torch.dtype = torch.float32
-) -> tuple[bool, str]:
-    """Whether ``--compile`` (already on for one sequence) also sends batches to the frozen step.
-
-    For float matrices with float32 activations, what the frozen GEMM was measured with: fp32
-    weights, and bf16 ones on a CPU that emulates bf16 (frozen, ``W.float()`` folds into a packed
-    float32 constant, as fast as fp32's: docs/benchmarks.md#decoding). int8 weights and bf16
-    activations keep their own kernels. ``on`` then always; ``auto`` for a long-lived session
-    (``planned_tokens`` None: the server, chat) or from ``FROZEN_PAYBACK_TOKENS`` planned tokens.
-    """
-    if weights not in ("fp32", "bf16") or activations != torch.float32:
-        return False, f"batches decode layer by layer ({weights} weights keep their own kernels)"
-    if requested == "on" or planned_tokens is None or planned_tokens >= FROZEN_PAYBACK_TOKENS:
-        return True, "batches: the static step with frozen weights"
-    return False, f"batches decode layer by layer (the frozen step pays from {FROZEN_PAYBACK_TOKENS} tokens)"
 
 
 class FrozenStep(nn.Module):
-    """``decode_step`` with ``model`` as this module's own child, so that freezing folds its weights."""
+    """``decode_bucket`` with ``model`` as this module's own child, so that freezing folds its weights."""
 
-    def __init__(self, model: nn.Module) -> None:
+    def __init__(self, model: Decoder) -> None:
         super().__init__()
+        if not isinstance(model, nn.Module):
+            raise GptlabError(f"the frozen step freezes a module's weights; got a {type(model).__name__}")
         self.model = model
         self._tensors = [t for t in model.state_dict(keep_vars=True).values() if t is not None]
         self.versions = self._versions()
@@ -77,22 +53,31 @@ class FrozenStep(nn.Module):
         return self._versions() != self.versions
 
     def forward(
-        self, session: StaticSession, bucket: torch.Tensor, flavour: str, horizon: torch.Tensor | None = None
+        self, session: StaticRows, bucket: torch.Tensor, flavour: str, horizon: torch.Tensor | None = None
     ) -> None:
-        return decode_step(session, bucket, flavour, horizon, model=self.model)
+        return decode_bucket(session, bucket, flavour, horizon, model=self.model)
 
 
-_STEPS: weakref.WeakKeyDictionary[nn.Module, dict[str, Compiled]] = weakref.WeakKeyDictionary()
+def frozen_step(model: Decoder, flavour: str) -> Compiled:
+    """The CPU static step of ``flavour`` for ``model``, weights frozen (compiled at its first call).
+
+    Every session of the model may share it: the model's ``DecodeEngine`` keeps it, and builds
+    another once ``stale(step)`` says a weight changed."""
+    what = f"the static decode step ({flavour}, frozen weights)"
+    return Compiled(FrozenStep(model), what, True, patch=FROZEN, distinct_sizes=True, fullgraph=True)
 
 
-def frozen_step(model: nn.Module, flavour: str) -> Compiled:
-    """The compiled CPU step of ``flavour`` for ``model``, shared by all its sessions (compiled at its
-    first call; again if a weight changed since)."""
-    steps = _STEPS.setdefault(model, {})
-    step = steps.get(flavour)
-    if step is None or step.fn.stale():
-        what = f"the static decode step ({flavour}, frozen weights)"
-        step = steps[flavour] = Compiled(
-            FrozenStep(model), what, True, patch=FROZEN, distinct_sizes=True, fullgraph=True
-        )
-    return step
+class FrozenSteps:
+    """A model's frozen steps, one per sampler flavour, built at first use and again once stale.
+
+    The model's ``DecodeEngine`` holds one, so that every static session of the model shares them."""
+
+    def __init__(self, model: Decoder) -> None:
+        self.model = model
+        self.steps: dict[str, Compiled] = {}
+
+    def get(self, flavour: str) -> Compiled:
+        step = self.steps.get(flavour)
+        if step is None or (isinstance(step.fn, FrozenStep) and step.fn.stale()):
+            step = self.steps[flavour] = frozen_step(self.model, flavour)
+        return step

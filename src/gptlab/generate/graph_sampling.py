@@ -23,6 +23,7 @@ Beam search and per-token probabilities are not here: those requests take the dy
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 
 import torch
 
@@ -157,4 +158,4 @@ def greedy_rows(logits: torch.Tensor, *_: torch.Tensor) -> torch.Tensor:
 
 
 #: the sampler a captured step uses, by flavour (every row greedy, or any mix)
-ROW_SAMPLERS = {"greedy": greedy_rows, "sample": sample_rows}
+ROW_SAMPLERS: dict[str, Callable[..., torch.Tensor]] = {"greedy": greedy_rows, "sample": sample_rows}

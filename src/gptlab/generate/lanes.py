@@ -5,26 +5,27 @@
 
 Slots ``[0, B)`` are the dynamic lane's and ``[B, 2B)`` the static lane's, so the scheduler keeps
 one slot → job map. ``free_slots`` is the smaller of the two lanes' free slots: whatever mix a
-batch of admitted requests is, it fits. Off CUDA (unless ``static_decode(model)`` asked) there is
-no static lane and every call goes straight to the ``BatchSession``.
+batch of admitted requests is, it fits. Where the model's decode plan for ``max_batch`` rows is
+not static (``gptlab.generate.plan``) there is no static lane and every call goes straight to the
+``BatchSession``.
 
-A request in the static lane keeps its ``TokenStep`` (stops, text, finish reason); only its
-sampler becomes ``CHOSEN``, and the seed its ``Sampler`` drew seeds the row inside the graph.
+A request in the static lane keeps its ``TokenStep`` (stops, text, finish reason), which is handed
+the token chosen inside the graph; the seed its ``Sampler`` drew seeds the row there.
 """
 
 from __future__ import annotations
 
-import os
 import warnings
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 
+from gptlab.generate.decoder import Decoder
+from gptlab.generate.engine import engine_of
 from gptlab.generate.graph_sampling import supports
 from gptlab.generate.session import BatchSession
 from gptlab.generate.static import StaticSession
-from gptlab.generate.static_decode import _ASKED, CHOSEN, _Choice, static_wanted
 
 
 class Lanes:
@@ -32,27 +33,24 @@ class Lanes:
 
     def __init__(
         self,
-        model: Any,
+        model: Decoder,
         max_batch: int,
         max_len: int | None = None,
         capacity: int | None = None,
         vocab: int | None = None,
     ) -> None:
+        engine = engine_of(model)
+        #: how these lanes decode (printed at the server's start)
+        self.plan = engine.plan(max_batch)
         # capacity: the dynamic lane's starting cache length, grown as rows need (the static lane's is fixed)
-        self.dynamic = BatchSession(model, max_batch, max_len=max_len, capacity=capacity)
+        dynamic_plan = engine.plan(max_batch, want_probs=True)  # what a request wanting logprobs gets
+        self.dynamic = engine.dynamic_session(dynamic_plan, max_batch, max_len, capacity=capacity)
         self.max_batch, self.max_len = max_batch, self.dynamic.max_len
         self.static: StaticSession | None = None
-        if static_wanted(model) and os.environ.get("GPTLAB_STATIC", "1") != "0":
-            choice = _ASKED.get(model) or _Choice()
-            self.static = StaticSession(
-                model,
-                max_batch,
-                self.max_len,
-                slot_base=max_batch,
-                vocab=vocab,  # the tokenizer's, where it is smaller: the sampler never picks beyond it
-                compile=choice.compile,
-                compile_options=choice.compile_options,
-                lookahead=choice.lookahead,
+        if self.plan.session == "static":
+            # vocab: the tokenizer's, where it is smaller: the sampler never picks beyond it
+            self.static = engine.new_static_session(
+                self.plan, max_batch, self.max_len, None, vocab, max_batch
             )
 
     @property
@@ -99,11 +97,10 @@ class Lanes:
             assert self.static is not None and steps is not None
             configs = [steps[i].config for i in fast]
             seeds = [steps[i].sampler.generator.initial_seed() for i in fast]
-            for i, result in zip(
+            for i, chosen in zip(
                 fast, self.static.add_many([prompts[i] for i in fast], configs, seeds), strict=True
             ):
-                out[i] = result
-                steps[i].sampler = CHOSEN
+                out[i] = chosen
         return out
 
     def step(self, feed: dict[int, int]) -> dict[int, torch.Tensor | int]:

@@ -70,13 +70,15 @@ STREAM_MIN_BYTES = 32 * 2**20
 # ~8 rows on it is compute-bound and slower than converting W to float32 and multiplying there
 # (docs/benchmarks.md#precision).
 UPCAST_MIN_ROWS = 8
+# (torch leaves it unannotated)
+mkldnn_available: Callable[[], bool] = torch.backends.mkldnn.is_available
 
 
 def _onednn_bf16() -> bool:
     """True where oneDNN can run bf16 matmuls on this CPU from prepacked weights."""
     try:
         return bool(
-            torch.backends.mkldnn.is_available()
+            mkldnn_available()
             and torch.ops.mkldnn._is_mkldnn_bf16_supported()
             and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
         )
@@ -94,8 +96,13 @@ class InferenceLinear(nn.Module):
 
     fmt = "fp32"
     streams = False  # use the one-row kernel: set by quantize() for models too large for the caches
+    in_features: int
+    out_features: int
+    weight: torch.Tensor
+    bias: torch.Tensor | None
+    scales: torch.Tensor | None
 
-    def __init__(self, linear: nn.Linear) -> None:
+    def __init__(self, linear: Linear) -> None:
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.register_buffer("scales", None)  # per-output-channel scales of an int8 weight
@@ -125,10 +132,14 @@ class InferenceLinear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, {self.fmt}"
 
 
+#: what an ``InferenceLinear`` is made from: an ``nn.Linear``, or a ``FloatLinear`` holding its parameters
+Linear = nn.Linear | InferenceLinear
+
+
 class FloatLinear(InferenceLinear):
     """Float weights: the original ``nn.Linear``'s own parameters, so ties and state_dict keys hold."""
 
-    def __init__(self, linear: nn.Linear) -> None:
+    def __init__(self, linear: Linear) -> None:
         super().__init__(linear)
         self.weight, self.bias = linear.weight, linear.bias
 
@@ -146,14 +157,16 @@ class PackedBF16Linear(InferenceLinear):
 
     fmt = "bf16"
 
-    def __init__(self, linear: nn.Linear) -> None:
+    def __init__(self, linear: Linear) -> None:
         super().__init__(linear)
         w = linear.weight.detach().to(torch.bfloat16)
         self.register_buffer("weight", w, persistent=False)
         self.matmul = hardware.plan(device="cpu").bf16_matmul if w.device.type == "cpu" else "plain"
         if self.matmul == "packed" and not _onednn_bf16():
             self.matmul = "plain"
-        packed = torch.ops.mkldnn._reorder_linear_weight(w, None) if self.matmul == "packed" else None
+        packed: torch.Tensor | None = (
+            torch.ops.mkldnn._reorder_linear_weight(w, None) if self.matmul == "packed" else None
+        )
         self.register_buffer("packed", packed, persistent=False)
         bias = linear.bias.detach().to(torch.bfloat16) if linear.bias is not None else None
         self.register_buffer("bias", bias, persistent=False)
@@ -161,7 +174,8 @@ class PackedBF16Linear(InferenceLinear):
     def _matmul(self, x2: torch.Tensor) -> torch.Tensor:
         if self.packed is not None and x2.device.type == "cpu":
             x2 = x2.to(torch.bfloat16).contiguous()
-            return torch.ops.mkldnn._linear_pointwise(x2, self.packed, None, "none", [], "")
+            y: torch.Tensor = torch.ops.mkldnn._linear_pointwise(x2, self.packed, None, "none", [], "")
+            return y
         if self.matmul == "float32" and x2.size(0) >= UPCAST_MIN_ROWS:
             return F.linear(x2.float(), self.weight.float()).to(x2.dtype)
         return F.linear(x2, self.weight.to(x2.dtype))
@@ -172,7 +186,7 @@ class Int8Linear(InferenceLinear):
 
     fmt = "int8 per-channel"
 
-    def __init__(self, linear: nn.Linear, dtype: torch.dtype = torch.bfloat16) -> None:
+    def __init__(self, linear: Linear, dtype: torch.dtype = torch.bfloat16) -> None:
         super().__init__(linear)
         q, scale = quantize_rows(linear.weight.detach())  # q (out, in), one s_o per output channel
         self.register_buffer("weight", q)
@@ -184,12 +198,16 @@ class Int8Linear(InferenceLinear):
         assert self.scales is not None
         scales = self.scales.to(x2.dtype)
         if _FUSED and x2.device.type == "cpu":
-            return torch.ops.aten._weight_int8pack_mm(x2.contiguous(), self.weight, scales)
+            y: torch.Tensor = torch.ops.aten._weight_int8pack_mm(x2.contiguous(), self.weight, scales)
+            return y
         return F.linear(x2, self.weight.to(x2.dtype)) * scales
 
 
 class Int8Embedding(nn.Module):
     """``e_x = q_x · s_x``: int8 rows ``q`` (V, d_model) and one scale per row ``s`` (V,), in ``s``'s dtype."""
+
+    weight: torch.Tensor
+    scales: torch.Tensor
 
     def __init__(self, weight: torch.Tensor, scales: torch.Tensor) -> None:
         super().__init__()
@@ -290,7 +308,7 @@ def _cast_params(model: nn.Module, dtype: torch.dtype) -> None:
 def _to_int8(model: nn.Module) -> None:
     """int8 matrices; activations, embeddings and norms in bf16 where bf16 is native, else float32."""
     act = activation_dtype(next(model.parameters()).device)
-    _replace_linears(model, lambda linear: Int8Linear(linear, act))
+    replace_linears(model, lambda linear: Int8Linear(linear, act))
     _cast_params(model, act)
     _int8_embedding(model, act)
 
@@ -302,7 +320,7 @@ def _to_bf16(model: nn.Module) -> None:
     layer, while bf16 weights alone stream faster than float32 ones: docs/benchmarks.md#decoding.)
     """
     _cast_params(model, torch.bfloat16)  # the matrices (a tied head shares the token table's copy)
-    _replace_linears(model, PackedBF16Linear)
+    replace_linears(model, PackedBF16Linear)
     first = next(itertools.chain(model.parameters(), model.buffers()), None)
     act = activation_dtype(first.device if first is not None else "cpu")
     if act != torch.bfloat16:
@@ -311,10 +329,11 @@ def _to_bf16(model: nn.Module) -> None:
 
 def _to_fp32(model: nn.Module) -> None:
     _cast_params(model, torch.float32)
-    _replace_linears(model, FloatLinear)
+    replace_linears(model, FloatLinear)
 
 
-def _replace_linears(model: nn.Module, make: Callable[[nn.Linear], nn.Module]) -> None:
+def replace_linears(model: nn.Module, make: Callable[[Linear], nn.Module]) -> None:
+    """Every ``nn.Linear`` (or ``FloatLinear``) of ``model`` replaced, in place, by ``make(linear)``."""
     for module in list(model.modules()):
         for child_name, child in list(module.named_children()):
             if isinstance(child, nn.Linear | FloatLinear):  # FloatLinear holds the float parameters
@@ -346,7 +365,7 @@ def quantize(model: nn.Module, mode: str) -> nn.Module:
         )
     QUANTIZERS[mode](model)
     linears = [m for m in model.modules() if isinstance(m, InferenceLinear)]
-    streams = sum(m.weight.numel() * m.weight.element_size() for m in linears) >= STREAM_MIN_BYTES
+    streams = sum(int(m.weight.numel() * m.weight.element_size()) for m in linears) >= STREAM_MIN_BYTES
     for m in linears:
         m.streams = streams  # a decode step reads every weight from memory: the one-row kernel pays
     model.quantization = mode  # type: ignore[assignment]

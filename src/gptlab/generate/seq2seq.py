@@ -5,9 +5,11 @@
 
 ``EncoderDecoder.bind(source)`` holds the cached cross-attention keys and values and
 looks like a GPT to ``BatchSession``, so every strategy of ``gptlab.generate`` (greedy,
-temperature, top-k/p, min-p, penalties, beam search) runs on it unchanged: the same
-``_decode`` loop and the same ``beam_search`` drive it. A bidirectional encoder
-(``arch="encoder"``) predicts masked tokens, not the next one, so it cannot generate.
+temperature, top-k/p, min-p, penalties, beam search) runs on it unchanged. The public entry
+points (``stream_events``, ``generate_text``, ``generate_batch``) take an encoder–decoder as they
+take a GPT: ``bind_source`` is what they call for one (``gptlab.generate.decode.PROMPTS``). A
+bidirectional encoder (``arch="encoder"``) predicts masked tokens, not the next one, so it cannot
+generate.
 """
 
 from __future__ import annotations
@@ -18,18 +20,20 @@ from typing import Any
 import torch
 
 from gptlab.errors import GptlabError
-from gptlab.generate.beam import beam_events, beam_search
+from gptlab.generate.beam import beam_search
 from gptlab.generate.config import SampleConfig
-from gptlab.generate.decode import _decode, _start
+from gptlab.generate.decoder import Decoder, logits_of
+from gptlab.generate.loop import decode_events, decode_rows, start
 from gptlab.generate.step import TokenEvent
+from gptlab.model.encdec import EncoderDecoder
 
 
-def is_seq2seq(model: Any) -> bool:
+def is_seq2seq(model: Decoder) -> bool:
     """True for an encoder–decoder model (it generates from a source)."""
     return getattr(model.config, "arch", "decoder") == "encoder-decoder"
 
 
-def check_generative(model: Any, name: str = "this model") -> None:
+def check_generative(model: Decoder, name: str = "this model") -> None:
     """Refuse a bidirectional encoder, which has no next-token distribution to sample from."""
     if not getattr(model.config, "causal", True):
         raise GptlabError(
@@ -48,29 +52,24 @@ def source_ids(tokenizer: Any, source: str) -> list[int]:
     return ids
 
 
-def _bos(tokenizer: Any) -> list[int]:
+def bos_ids(tokenizer: Any) -> list[int]:
+    """The target's first token: ``<|endoftext|>``."""
     eot = getattr(tokenizer, "eot_id", None)
     if eot is None:
         raise GptlabError("the tokenizer has no <|endoftext|>, which begins and ends a target")
-    return [eot]
+    return [int(eot)]
 
 
-def stream_events(
-    model: Any,
-    tokenizer: Any,
-    source: str,
-    config: SampleConfig | None = None,
-    *,
-    cache_dtype: torch.dtype | None = None,
-    want_probs: bool = True,
-) -> Iterator[TokenEvent]:
-    """Generate the target of ``source``, a ``TokenEvent`` per token (the interface of ``generate.stream_events``)."""
+def bind_source(model: Decoder, tokenizer: Any, source: str) -> tuple[Decoder, list[int]]:
+    """The decoder bound to ``source`` (encoded once) and the ids its target starts from."""
+    if not isinstance(model, EncoderDecoder):
+        raise GptlabError(f"only an encoder-decoder model binds a source, not a {type(model).__name__}")
     ids = source_ids(tokenizer, source)
-    yield from stream_ids(model, tokenizer, ids, config, cache_dtype=cache_dtype, want_probs=want_probs)
+    return model.bind(ids), bos_ids(tokenizer)
 
 
 def stream_ids(
-    model: Any,
+    model: EncoderDecoder,
     tokenizer: Any,
     source: Sequence[int],
     config: SampleConfig | None = None,
@@ -78,35 +77,17 @@ def stream_ids(
     cache_dtype: torch.dtype | None = None,
     want_probs: bool = False,
 ) -> Iterator[TokenEvent]:
-    """``stream_events`` for a source given as token ids (the server's jobs)."""
+    """The target's events for a source given as token ids (the server's jobs)."""
     config = config or SampleConfig()
     if not source:
         raise GptlabError("an encoder-decoder model needs a source to translate; give a non-empty prompt")
-    bound = model.bind(source)
-    if config.beam_width > 1:
-        yield from beam_events(bound, tokenizer, _bos(tokenizer), config, cache_dtype)
-        return
-    session, rows = _start(
-        bound, tokenizer, [_bos(tokenizer)], config, cache_dtype, top_n=5 if want_probs else None
+    yield from decode_events(
+        model.bind(source), tokenizer, bos_ids(tokenizer), config, cache_dtype, want_probs
     )
-    yield from _decode(session, rows)
 
 
-def generate_text(
-    model: Any,
-    tokenizer: Any,
-    source: str,
-    config: SampleConfig | None = None,
-    *,
-    cache_dtype: torch.dtype | None = None,
-) -> str:
-    """The target text of ``source`` (without BOS/EOS or stop strings)."""
-    events = stream_events(model, tokenizer, source, config, cache_dtype=cache_dtype, want_probs=False)
-    return "".join(e.text for e in events)
-
-
-def generate_ids(
-    model: Any,
+def target_ids(
+    model: EncoderDecoder,
     source: Sequence[int],
     bos_id: int,
     config: SampleConfig,
@@ -119,30 +100,32 @@ def generate_ids(
     bound = model.bind(source)
     if config.beam_width > 1:
         return beam_search(bound, [bos_id], config, None, cache_dtype)
-    session, rows = _start(bound, None, [[bos_id]], config, cache_dtype)
-    tokens = [e.token_id for e in _decode(session, rows) if e.token_id is not None]
+    session, rows = start(bound, None, [[bos_id]], config, cache_dtype)
+    tokens = [e.token_id for e in decode_rows(session, rows) if e.token_id is not None]
     return tokens, rows[0].step.reason or "length"
 
 
 @torch.no_grad()
-def greedy_uncached(model: Any, source: Sequence[int], bos_id: int, steps: int) -> list[torch.Tensor]:
+def greedy_uncached(
+    model: EncoderDecoder, source: Sequence[int], bos_id: int, steps: int
+) -> list[torch.Tensor]:
     """Reference: the next-token logits of greedy decoding, re-running encoder and decoder each step."""
     src = torch.tensor([list(source)], device=model.device)
     ids, out = [bos_id], []
     for _ in range(steps):
-        logits = model.run(torch.tensor([ids], device=model.device), source=src).logits[0, -1].float()
+        logits = logits_of(model.run(torch.tensor([ids], device=model.device), source=src))[0, -1].float()
         out.append(logits)
         ids.append(int(logits.argmax()))
     return out
 
 
 __all__ = [
+    "bind_source",
+    "bos_ids",
     "check_generative",
-    "generate_ids",
-    "generate_text",
     "greedy_uncached",
     "is_seq2seq",
     "source_ids",
-    "stream_events",
     "stream_ids",
+    "target_ids",
 ]

@@ -13,15 +13,9 @@ but starts after its padding. For one decode step over slots ``s``:
 ALiBi's bias ``−m·(i − j)`` is computed from the last key slot; for a shorter row
 that shifts the scores of the whole row by a constant, which softmax ignores.
 
-When a slot fills the cache (``full``), the next step slides a window over the text:
-
-    relative or no positions (RoPE, ALiBi, none): the row is rebuilt from its last
-        ``keep = ¾·max_len`` tokens, then decoding goes on with the cache;
-    absolute positions (learned, sinusoidal): a token's keys depend on its position,
-        so every step re-runs the last ``max_len − 1`` tokens without a cache, then
-        appends the new one (nanoGPT's ``idx[:, -block_size:]``).
-
-Either way the logits equal the uncached model's on the window the row holds.
+When a slot fills the cache (``full``), the next step slides a window over the text
+(``gptlab.generate.window``: rebuilt from ¾ of the row with relative positions, re-run without a
+cache with absolute ones, nanoGPT's ``idx[:, -block_size:]``). Either way the logits equal the uncached model's on the window the row holds.
 
 Memory: ``max_len`` is how long a row may get, ``capacity`` how many positions are allocated now.
 By default both are ``max_len``. A session made with a smaller ``capacity`` (the server's: a model
@@ -32,18 +26,15 @@ SmolLM2 at 8 rows, before its first request) doubles it whenever a row needs mor
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Sequence
 
 import torch
 
+from gptlab.compiling import Compiled
 from gptlab.errors import GptlabError
-from gptlab.generate.fused_step import fused_step
+from gptlab.generate.decoder import Decoder, logits_of
+from gptlab.generate.window import Window
 from gptlab.model.kvcache import KVStore, Positions, Rows, default_cache_dtype, make_store
-
-
-class ContextWarning(UserWarning):
-    """A prompt was cut to fit the context, or generation went past it (the window slides) or stopped at it."""
 
 
 class _Plan:
@@ -88,36 +79,32 @@ class BatchSession:
 
     def __init__(
         self,
-        model: torch.nn.Module,
+        model: Decoder,
         max_batch: int,
         max_len: int | None = None,
         cache_dtype: torch.dtype | None = None,
         capacity: int | None = None,
+        one_token: Compiled | None = None,
     ) -> None:
+        """``one_token``: a compiled ``fused_step.decode_one_token`` to run each step of a session of one
+        row with a float cache (the model's ``DecodeEngine`` gives it when the plan says ``fused``)."""
         config = model.config
-        block = config.block_size
-        max_len = block if max_len is None else max_len
-        if not isinstance(max_batch, int) or max_batch < 1:
-            raise GptlabError(f"max_batch must be a positive integer, got {max_batch!r}")
-        if not isinstance(max_len, int) or not 1 <= max_len <= block:
-            raise GptlabError(
-                f"max_len must be between 1 and the model's block_size ({block}), got {max_len!r}"
-            )
+        self.window = Window(model, max_batch, max_len)
         self.model = model
-        self.max_batch, self.max_len = max_batch, max_len
-        self.start_capacity = max_len if capacity is None else max(1, min(int(capacity), max_len))
-        self.can_slide = not model.positional.absolute_table  # RoPE, ALiBi, none: slide with the cache
-        # tokens kept when a full row slides: ¾ of it with relative positions, all but one with absolute ones
-        self.keep = max(1, (max_len * 3) // 4) if self.can_slide else max_len - 1
+        self.max_batch, self.max_len = max_batch, self.window.max_len
+        self.start_capacity = self.max_len if capacity is None else max(1, min(int(capacity), self.max_len))
         device = model.device
         dtype = cache_dtype or default_cache_dtype(model.dtype, device)
+        n_kv = config.n_kv_head or config.n_head  # (GPTConfig fills it in)
         with torch.inference_mode():
             self.stores = [
-                make_store(max_batch, config.n_kv_head, self.start_capacity, config.head_dim, dtype, device)
+                make_store(max_batch, n_kv, self.start_capacity, config.head_dim, dtype, device)
                 for _ in range(config.n_layer)
             ]
-        # one row, and compile_decode(model) asked: each decode step is one compiled graph
-        self._fused = fused_step(model, self.stores) if max_batch == 1 else None
+        float_cache = all(type(s) is KVStore for s in self.stores)  # an int8 cache dequantises on reads
+        usable = one_token is not None and one_token.enabled and max_batch == 1 and float_cache
+        #: the compiled one-row step this session runs, or None (layer by layer)
+        self.one_token = one_token if usable and device.type == "cpu" else None
         self._plan = _Plan()
         self.layers = [_LayerView(s, self._plan) for s in self.stores]  # what GPT.run calls ``cache.layers``
         self.start = [0] * max_batch
@@ -140,15 +127,7 @@ class BatchSession:
 
     def window_notice(self) -> str:
         """What happens past the context, in one sentence (shown once per request)."""
-        how = (
-            f"the cache is rebuilt from the last {self.keep} tokens whenever it fills"
-            if self.can_slide
-            else "learned/sinusoidal positions: each new token re-runs the window without a cache"
-        )
-        return (
-            f"the text passed the context of {self.max_len} tokens; generation goes on over a "
-            f"sliding window of the last {self.max_len} tokens ({how})"
-        )
+        return self.window.notice()
 
     def remove(self, slot: int) -> None:
         self._check(slot)
@@ -190,22 +169,7 @@ class BatchSession:
 
     def fit(self, ids: Sequence[int]) -> list[int]:
         """``ids`` as a list, cut to its last ``max_len`` tokens (with a ``ContextWarning``)."""
-        ids = [int(t) for t in ids]
-        if not ids:
-            raise GptlabError("the prompt is empty; give at least one token (e.g. <|endoftext|>)")
-        vocab = self.model.config.vocab_size
-        bad = next((t for t in ids if not 0 <= t < vocab), None)
-        if bad is not None:
-            raise GptlabError(f"token id {bad} is outside the model's vocabulary (0..{vocab - 1})")
-        if len(ids) > self.max_len:
-            warnings.warn(
-                f"the prompt has {len(ids)} tokens, more than the context of {self.max_len}; "
-                f"keeping its last {self.max_len} tokens",
-                ContextWarning,
-                stacklevel=3,
-            )
-            ids = ids[-self.max_len :]
-        return ids
+        return self.window.fit(ids)
 
     # --------------------------------------------------------------- passes
     def add(self, prompt_ids: Sequence[int]) -> tuple[int, torch.Tensor]:
@@ -272,9 +236,9 @@ class BatchSession:
             pos = (end_t - start_t)[:, None]  # (n, 1)
             j = torch.arange(max(ends) + 1, device=device)
             mask = ((j[None, :] >= start_t[:, None]) & (j[None, :] <= end_t[:, None]))[:, None, None, :]
-        if self._fused is not None:  # a session of one row: slot 0, no mask
+        if self.one_token is not None:  # a session of one row: slot 0, no mask
             keys, values = [st.k for st in self.stores], [st.v for st in self.stores]
-            logits = self._fused(self.model, idx, pos, keys, values, ends[0] + 1)
+            logits = self.one_token(self.model, idx, pos, keys, values, ends[0] + 1)
         else:
             logits = self._run(idx, pos, mask, _rows(slots), write, max(ends) + 1)
         out = {}
@@ -298,7 +262,7 @@ class BatchSession:
         d_idx = torch.tensor([d for d, _ in pairs], dtype=torch.long)
         s_idx = torch.tensor([s for _, s in pairs], dtype=torch.long)
         for store in self.stores:
-            for t in store._tensors():
+            for t in store.tensors():
                 t[d_idx, :, :end] = t[s_idx, :, :end]
         snapshot = {s: (self.start[s], self.end[s], list(self.tokens[s])) for _, s in pairs}
         for d, s in pairs:
@@ -307,7 +271,7 @@ class BatchSession:
 
     def _slide(self, slot: int) -> None:
         """Rebuild a full row from its last ``keep`` tokens (positions restart at 0)."""
-        kept = self.tokens[slot][len(self.tokens[slot]) - self.keep :]
+        kept = self.tokens[slot][len(self.tokens[slot]) - self.window.keep :]
         T = len(kept)
         if T == 0:  # a context of one token: the new token starts an empty row
             self.start[slot], self.end[slot], self.tokens[slot] = 0, 0, []
@@ -330,4 +294,4 @@ class BatchSession:
         plan = self._plan
         plan.rows, plan.write, plan.read_end = rows, write, read_end
         out = self.model.run(idx, pos=pos, cache=self, attn_mask=mask, last_only=True)
-        return out.logits[:, -1].float()
+        return logits_of(out)[:, -1].float()

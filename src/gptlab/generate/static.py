@@ -19,7 +19,7 @@ with the bucket as a symbol, and inductor records one CUDA graph per bucket size
 next free row (prefill is compiled with dynamic shapes: prompts vary); one leaves by moving the last
 row into its place. Neither touches a graph, so nothing is re-captured.
 
-``StaticSession`` has ``BatchSession``'s methods (``add_many``, ``step``, ``remove``, ``full``) but
+``StaticSession`` is a ``Session`` (``gptlab.generate.window``) like ``BatchSession`` but
 samples inside the step: ``add_many(prompts, configs)`` returns each slot's first token, ``step``
 the next one. The dynamic ``BatchSession`` stays the reference; greedy tokens of both agree, with
 and without penalties (tested on the CPU, where ``compile=False`` runs the same step eagerly).
@@ -27,22 +27,24 @@ and without penalties (tested on the CPU, where ``compile=False`` runs the same 
 
 from __future__ import annotations
 
-import os
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import torch
-from torch import nn
 
 from gptlab.compiling import Compiled
 from gptlab.errors import GptlabError
 from gptlab.generate.config import SampleConfig
-from gptlab.generate.frozen_step import frozen_step
+from gptlab.generate.decoder import Decoder
+from gptlab.generate.frozen_step import FrozenSteps
 from gptlab.generate.graph_sampling import ROW_OPTIONS, row_options
-from gptlab.generate.session import BatchSession
-from gptlab.generate.static_step import _Rows, decode_step, prefill
+from gptlab.generate.static_step import RowState, decode_bucket, prefill_rows
+from gptlab.generate.window import Window
 from gptlab.model.kvcache import StaticKVCache, default_cache_dtype
 
+# (torch leaves it unannotated)
+mark_step_begin: Callable[[], None] = torch.compiler.cudagraph_mark_step_begin
 #: Steps run back to back per host sync on CUDA (``StaticSession(lookahead=...)``)
 LOOKAHEAD = 8
 #: On a CPU a step attends over the cache positions its rows reach, rounded up to this
@@ -70,60 +72,57 @@ class StaticSession:
 
     ``compile``: None follows the device (CUDA graphs on CUDA, eager elsewhere); True asks for
     ``torch.compile`` anywhere (``compile_options`` replaces its settings, e.g. a test's backend).
+    On a CPU without ``compile_options`` a compiled step has its weights frozen in; ``frozen`` (the
+    model's ``DecodeEngine``'s) shares those steps between sessions.
     """
 
     def __init__(
         self,
-        model: nn.Module,
+        model: Decoder,
         max_batch: int,
         max_len: int | None = None,
         cache_dtype: torch.dtype | None = None,
         vocab: int | None = None,
         compile: bool | None = None,
-        compile_options: dict | None = None,
+        compile_options: Mapping[str, object] | None = None,
         slot_base: int = 0,
         lookahead: int | None = None,
+        frozen: FrozenSteps | None = None,
     ) -> None:
         config = model.config
-        max_len = config.block_size if max_len is None else max_len
-        if not isinstance(max_batch, int) or max_batch < 1:
-            raise GptlabError(f"max_batch must be a positive integer, got {max_batch!r}")
-        if not isinstance(max_len, int) or not 1 <= max_len <= config.block_size:
-            raise GptlabError(
-                f"max_len must be between 1 and the model's block_size ({config.block_size}), got {max_len!r}"
-            )
+        self.window = Window(model, max_batch, max_len)
         device = model.device
-        self.model, self.max_batch, self.max_len = model, max_batch, max_len
+        self.model, self.max_batch, self.max_len = model, max_batch, self.window.max_len
+        max_len = self.max_len
         self.slot_base = slot_base  # slots are numbered slot_base .. slot_base + max_batch − 1
         self.vocab = min(vocab or config.vocab_size, config.vocab_size)
-        # past the context the window slides as BatchSession's does: rebuilt from ¾ of the row with
-        # relative positions, from all but one token (every step) with absolute ones
-        self.can_slide = not model.positional.absolute_table
-        self.keep = max(1, (max_len * 3) // 4) if self.can_slide else max_len - 1
         dtype = cache_dtype or default_cache_dtype(model.dtype, device)
         with torch.inference_mode(False), torch.no_grad():
             self.cache = StaticKVCache(config, max_batch, max_len, dtype, device)
-            self.state = _Rows(max_batch, self.vocab, device)
+            self.state = RowState(max_batch, self.vocab, device)
         self.buckets = buckets_for(max_batch)
         self._marks = {b: torch.zeros(b, device=device) for b in self.buckets}  # their sizes: the buckets
         self._horizons: dict[int, torch.Tensor] = {}  # a CPU's attended lengths, as sizes
         if compile is None:
-            compile = device.type == "cuda" and os.environ.get("GPTLAB_COMPILE", "1") != "0"
-        options = compile_options or {"mode": "reduce-overhead", "fullgraph": True}
+            compile = device.type == "cuda"
+        options: dict[str, Any] = dict(compile_options or {"mode": "reduce-overhead", "fullgraph": True})
         self._compile, self._options = compile, options
         # a CPU compiles its step with the weights frozen in (gptlab.generate.frozen_step); prompts
         # vary, and an eager prefill there costs less than compiling one for every length
-        self._frozen = compile and device.type == "cpu" and compile_options is None
+        frozen_here = compile and device.type == "cpu" and compile_options is None
+        #: the frozen CPU steps this session runs (None: its own compiled or eager step)
+        self.frozen = (frozen or FrozenSteps(model)) if frozen_here else None
         self._steps: dict[str, Compiled] = {}  # the compiled step per sampler flavour
         self._graphs: set[tuple[int, str]] = set()  # (bucket, flavour) graphs captured so far
         # prompts vary: one kernel set for every shape, no CUDA graph (it would be one per shape)
         prefill_options = {k: v for k, v in options.items() if k != "mode"}
-        self._prefill = Compiled(
-            prefill,
+        #: the prefill (compiled on CUDA with dynamic shapes; eager on a CPU)
+        self.prefill_step = Compiled(
+            prefill_rows,
             "the static prefill",
             True,
             device_type=device.type,
-            enabled=compile and not self._frozen,
+            enabled=compile and not frozen_here,
             distinct_sizes=device.type == "cpu",
             **prefill_options,
         )
@@ -168,10 +167,13 @@ class StaticSession:
         """True when ``slot`` holds ``max_len`` tokens: its next step slides the window."""
         return self.length(slot) >= self.max_len
 
-    # the same sentence and the same prompt checks as the dynamic session (they read only
-    # max_len, keep, can_slide and model)
-    window_notice = BatchSession.window_notice
-    fit = BatchSession.fit
+    def window_notice(self) -> str:
+        """What happens past the context, in one sentence (shown once per request)."""
+        return self.window.notice()
+
+    def fit(self, ids: Sequence[int]) -> list[int]:
+        """``ids`` as a list, cut to its last ``max_len`` tokens (with a ``ContextWarning``)."""
+        return self.window.fit(ids)
 
     def _check(self, slot: int) -> None:
         if slot not in self.tokens:
@@ -233,7 +235,7 @@ class StaticSession:
         idx = torch.tensor([p + [0] * (T - len(p)) for p in ids], dtype=torch.long, device=device)
         last = torch.tensor([len(p) - 1 for p in ids], device=device)
         flavour = "greedy" if all(o[0] <= 0 for o in options) else "sample"
-        first = self._prefill(self, idx, r0, last, flavour)
+        first = self.prefill_step(self, idx, r0, last, flavour)
         s.next_token[r0 : r0 + n] = first
         s.length[r0 : r0 + n] = last + 1
         s.live[r0 : r0 + n] = False
@@ -293,7 +295,7 @@ class StaticSession:
         horizon = self._horizon(k)
         for i in range(k):
             if self._compile and self.model.device.type == "cuda":
-                torch.compiler.cudagraph_mark_step_begin()  # a new step: earlier replays are finished with
+                mark_step_begin()  # a new step: earlier replays are finished with
             graph(self, self._marks[b], flavour, *horizon)
             self._chosen[i, :n].copy_(self.state.next_token[:n])
         chosen = self._chosen[:k, :n].T.tolist()  # the one host sync of k steps: (n, k)
@@ -316,11 +318,11 @@ class StaticSession:
     def _graph(self, b: int, flavour: str) -> Compiled:
         """The step of ``flavour``: compiled once with the bucket ``b`` a symbol (1 apart), and
         captured as one CUDA graph per bucket (inductor records a graph per distinct size)."""
-        if self._frozen:
-            self._steps[flavour] = frozen_step(self.model, flavour)
+        if self.frozen is not None:
+            self._steps[flavour] = self.frozen.get(flavour)
         elif flavour not in self._steps:
             self._steps[flavour] = Compiled(
-                decode_step,
+                decode_bucket,
                 f"the static decode step ({flavour})",
                 True,
                 device_type=self.model.device.type,
@@ -333,10 +335,10 @@ class StaticSession:
 
     def _slide(self, slot: int) -> None:
         """Rebuild a full row from its last ``keep`` cached tokens (positions restart at 0)."""
-        kept = self.tokens[slot][len(self.tokens[slot]) - self.keep :]
+        kept = self.tokens[slot][len(self.tokens[slot]) - self.window.keep :]
         r = self._row_of[slot]
         if kept:  # (a context of one token keeps none: the pending token starts an empty row)
             idx = torch.tensor([kept], dtype=torch.long, device=self.model.device)
-            self._prefill(self, idx, r, torch.tensor([len(kept) - 1], device=idx.device), "greedy")
+            self.prefill_step(self, idx, r, torch.tensor([len(kept) - 1], device=idx.device), "greedy")
         self.state.length[r] = len(kept)
         self.tokens[slot] = kept

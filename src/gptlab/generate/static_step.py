@@ -1,8 +1,8 @@
 """What a captured static-path step computes: per-row state buffers, the decode step and the prefill.
 
-``decode_step`` is the function ``StaticSession`` compiles and captures as a CUDA graph (one per
-batch-size bucket); ``prefill`` fills rows of the static cache from prompts. Both read and write
-only fixed-address buffers (``_Rows`` and the ``StaticKVCache``), so that a graph may replay them:
+``decode_bucket`` is the function ``StaticSession`` compiles and captures as a CUDA graph (one per
+batch-size bucket); ``prefill_rows`` fills rows of the static cache from prompts. Both read and write
+only fixed-address buffers (``RowState`` and the ``StaticKVCache``), so that a graph may replay them:
 
     step(b):    x_r = next_r;  pos_r = length_r;  write k, v at pos_r;  attend over j ≤ pos_r
                 next_r = sample(penalise(logits_r));  length_r += live_r;  counts_r[next_r] += live_r
@@ -10,19 +10,16 @@ only fixed-address buffers (``_Rows`` and the ``StaticKVCache``), so that a grap
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
-from torch import nn
 
+from gptlab.generate.decoder import Decoder, logits_of
 from gptlab.generate.graph_sampling import ROW_OPTIONS, ROW_SAMPLERS, penalise
-from gptlab.model.kvcache import mark_static
-
-if TYPE_CHECKING:
-    from gptlab.generate.static import StaticSession
+from gptlab.model.kvcache import LayerCache, StaticKVCache, mark_static
 
 
-class _Rows:
+class RowState:
     """Per-row decoding state as tensors at fixed addresses: what a captured step reads and writes.
 
     (Plain attributes, not a module's buffers, for the reason ``StaticKVCache`` gives.)
@@ -31,7 +28,14 @@ class _Rows:
     length: torch.Tensor
     next_token: torch.Tensor
     live: torch.Tensor
+    temperature: torch.Tensor
     top_k: torch.Tensor
+    top_p: torch.Tensor
+    min_p: torch.Tensor
+    seed: torch.Tensor
+    repetition: torch.Tensor
+    frequency: torch.Tensor
+    presence: torch.Tensor
     counts: torch.Tensor
     bias: torch.Tensor
 
@@ -99,18 +103,27 @@ class _PrefillLayer:
 
 
 class _Layers:
-    """What ``GPT.run`` calls ``cache``: a list of layer views."""
+    """What ``GPT.run`` calls ``cache`` (a ``LayeredCache``): a list of layer views."""
 
-    def __init__(self, layers: list) -> None:
+    def __init__(self, layers: list[LayerCache]) -> None:
         self.layers = layers
 
 
-def decode_step(
-    session: StaticSession,
+class StaticRows(Protocol):
+    """What a static step reads of its session (``StaticSession`` is one)."""
+
+    model: Decoder
+    cache: StaticKVCache
+    state: RowState
+    vocab: int
+
+
+def decode_bucket(
+    session: StaticRows,
     bucket: torch.Tensor,
     flavour: str,
     horizon: torch.Tensor | None = None,
-    model: nn.Module | None = None,
+    model: Decoder | None = None,
 ) -> None:
     """One token for rows ``[0, b)``, ``b = len(bucket)``: every shape fixed by ``b``, every other
     tensor a static buffer. (``b`` comes as a tensor's size so that one compilation, with ``b`` a
@@ -126,14 +139,14 @@ def decode_step(
     # the cache's length (or the horizon) as a size, which dynamo keeps a symbol across sessions
     t_max = caches[0][0].size(2) if horizon is None else horizon.size(0)
     pos = s.length[:b].clamp(max=t_max - 1)  # (b,) an idle row never writes out of bounds
-    at = pos.view(b, 1, 1, 1).expand(b, cfg.n_kv_head, 1, cfg.head_dim)
-    layers = [_DecodeLayer(k[:b, :, :t_max], v[:b, :, :t_max], at) for k, v in caches]
+    at = pos.view(b, 1, 1, 1).expand(b, cfg.n_kv_head or cfg.n_head, 1, cfg.head_dim)
+    layers: list[LayerCache] = [_DecodeLayer(k[:b, :, :t_max], v[:b, :, :t_max], at) for k, v in caches]
     keys = torch.arange(t_max, device=pos.device)
     mask = (keys[None, :] <= pos[:, None])[:, None, None, :]  # (b, 1, 1, T_max)
     out = model.run(
         s.next_token[:b, None], pos=pos[:, None], cache=_Layers(layers), attn_mask=mask, last_only=True
     )
-    logits = s.penalised(out.logits[:, -1, : session.vocab].float(), 0, b)  # (b, V)
+    logits = s.penalised(logits_of(out)[:, -1, : session.vocab].float(), 0, b)  # (b, V)
     token = ROW_SAMPLERS[flavour](logits, *s.options(0, b), pos)
     live = s.live[:b]
     s.next_token[:b] = torch.where(live, token, s.next_token[:b])
@@ -141,8 +154,8 @@ def decode_step(
     s.counts[:b].scatter_add_(1, token[:, None], live.to(s.counts.dtype)[:, None])  # the history grows
 
 
-def prefill(
-    session: StaticSession, idx: torch.Tensor, r0: int, last: torch.Tensor, flavour: str
+def prefill_rows(
+    session: StaticRows, idx: torch.Tensor, r0: int, last: torch.Tensor, flavour: str
 ) -> torch.Tensor:
     """Fill rows ``[r0, r0 + n)`` with right-padded prompts ``idx`` (n, T) → each row's first token (n,).
 
@@ -151,12 +164,12 @@ def prefill(
     """
     s, model = session.state, session.model
     n, T = idx.shape
-    layers = [
+    layers: list[LayerCache] = [
         _PrefillLayer(k[r0 : r0 + n, :, :T], v[r0 : r0 + n, :, :T])
         for k, v in map(session.cache.layer, range(model.config.n_layer))
     ]
     pos = torch.arange(T, device=idx.device)
-    logits = model.run(idx, pos=pos, cache=_Layers(layers)).logits  # (n, T, V)
+    logits = logits_of(model.run(idx, pos=pos, cache=_Layers(layers)))  # (n, T, V)
     rows = torch.arange(n, device=idx.device)
     chosen = s.penalised(logits[rows, last, : session.vocab].float(), r0, r0 + n)  # (n, V)
     return ROW_SAMPLERS[flavour](chosen, *s.options(r0, r0 + n), last)

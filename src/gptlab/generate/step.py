@@ -27,6 +27,7 @@ import torch
 
 from gptlab.errors import GptlabError
 from gptlab.generate.config import SampleConfig
+from gptlab.generate.decoder import Decoder
 from gptlab.generate.sampling import Sampler
 from gptlab.generate.textstream import TextStream
 
@@ -66,13 +67,13 @@ def stop_token_ids(config: SampleConfig, tokenizer: Any | None) -> frozenset[int
     return frozenset(config.stop_tokens) | ({eot} if eot is not None else set())
 
 
-def vocab_size(model: Any, tokenizer: Any | None) -> int:
+def vocab_size(model: Decoder, tokenizer: Any | None) -> int:
     """Tokens that may be chosen: the model's vocabulary, or the tokenizer's if smaller."""
     n = model.config.vocab_size
     return min(n, tokenizer.vocab_size) if tokenizer is not None else n
 
 
-def session_len(model: Any, prompts: Sequence[Sequence[int]], config: SampleConfig) -> int:
+def session_len(model: Decoder, prompts: Sequence[Sequence[int]], config: SampleConfig) -> int:
     """Cache length for ``prompts`` and ``max_new_tokens``: at most the context (then the window slides)."""
     longest = max(len(p) for p in prompts)
     return max(1, min(model.config.block_size, longest + config.max_new_tokens))
@@ -106,9 +107,9 @@ def token_text(tokenizer: Any | None, token_id: int) -> str:
     if tokenizer is None:
         return str(token_id)
     try:
-        return tokenizer.token_bytes(token_id).decode("utf-8", errors="replace")
+        return str(tokenizer.token_bytes(token_id).decode("utf-8", errors="replace"))
     except (GptlabError, AttributeError):
-        return tokenizer.decode([token_id])
+        return str(tokenizer.decode([token_id]))
 
 
 class TokenStep:
@@ -123,7 +124,7 @@ class TokenStep:
         self,
         config: SampleConfig,
         tokenizer: Any | None,
-        model: Any,
+        model: Decoder,
         prompt_ids: Sequence[int],
         *,
         index: int = 0,
@@ -140,13 +141,19 @@ class TokenStep:
         self.reason: str | None = "length" if config.max_new_tokens == 0 else None
         self._noticed = False
 
-    def advance(self, logits: torch.Tensor, full: str | None = None) -> TokenEvent | None:
+    def advance(self, logits: torch.Tensor | int, full: str | None = None) -> TokenEvent | None:
         """Choose the next token from ``logits`` (vocab,) → its event, or None for a stop token.
 
-        ``full`` is None while the context has room, else the sentence saying how the window slides.
+        On the static path the token was already chosen inside the graph: ``logits`` is that token
+        id (the request's seed seeded the graph's sampler). ``full`` is None while the context has
+        room, else the sentence saying how the window slides.
         """
-        processed = self.sampler.process(logits, self.history)
-        token = self.sampler.choose(processed)
+        processed: torch.Tensor | None = None
+        if isinstance(logits, int):
+            token = logits
+        else:
+            processed = self.sampler.process(logits, self.history)
+            token = self.sampler.choose(processed)
         self.sampled += 1
         if token in self.stops:
             self.reason = "stop"
@@ -155,7 +162,7 @@ class TokenStep:
         self.n_new += 1
         self.token = token
         event = TokenEvent(self.text.push(token) if self.text is not None else "", token, index=self.index)
-        if self.top_n is not None:
+        if self.top_n is not None and processed is not None:
             self._probabilities(event, processed)
         if self.text is not None and self.text.stopped:
             self.reason = "stop"

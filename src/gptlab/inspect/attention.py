@@ -48,7 +48,7 @@ def seq2seq_maps(
     for ``source`` (so the cross-attention map shows the alignment the model uses).
     """
     from gptlab.generate import SampleConfig
-    from gptlab.generate.seq2seq import generate_ids
+    from gptlab.generate.seq2seq import target_ids
 
     src = token_ids(model, tokenizer, source) if isinstance(source, str) else list(source)
     bos = getattr(tokenizer, "eot_id", None)
@@ -56,7 +56,7 @@ def seq2seq_maps(
         raise GptlabError("an encoder-decoder's tokenizer needs <|endoftext|> (its BOS)")
     if target is None:
         config = SampleConfig(temperature=0.0, max_new_tokens=model.config.block_size - 1, stop_tokens=[bos])
-        tgt = generate_ids(model, src, bos, config)[0]
+        tgt = target_ids(model, src, bos, config)[0]
     else:
         tgt = token_ids(model, tokenizer, target) if isinstance(target, str) else list(target)
     ids = [bos, *tgt][: model.config.block_size]

@@ -126,7 +126,8 @@ class EncoderDecoder(GPT):
     @torch.no_grad()
     def generate(self, idx: torch.Tensor, max_new_tokens: int, **sampling: Any) -> torch.Tensor:
         raise GptlabError(
-            "an encoder–decoder model generates from a source: use gptlab.generate.seq2seq.generate_ids"
+            "an encoder–decoder model generates from a source: use gptlab.generate.seq2seq.target_ids, "
+            "or gptlab.generate.generate_text with the source as the prompt"
         )
 
 

@@ -18,7 +18,7 @@ from torch import nn
 from gptlab.errors import GptlabError
 from gptlab.model.block import Block
 from gptlab.model.config import GPTConfig
-from gptlab.model.kvcache import KVCache
+from gptlab.model.kvcache import KVCache, LayeredCache
 from gptlab.model.loss import HEAD_LOSSES
 from gptlab.model.mlp import MixtureOfExperts
 from gptlab.model.norms import NORMS, make_norm
@@ -124,7 +124,7 @@ class GPT(nn.Module):
         targets: torch.Tensor | None = None,  # (B, T); −1 is ignored
         *,
         pos: torch.Tensor | None = None,  # (T,) or (B, T); default: cache.length + arange(T)
-        cache: KVCache | None = None,
+        cache: LayeredCache | None = None,
         attn_mask: torch.Tensor | None = None,  # bool, broadcastable to (B, 1, T, T_k)
         output_attentions: bool = False,
         output_hidden_states: bool = False,
@@ -138,14 +138,17 @@ class GPT(nn.Module):
         )
         return self._head(x, targets, last_only, hidden, attentions)
 
-    def _positions(self, idx: torch.Tensor, pos: torch.Tensor | None, cache: KVCache | None) -> torch.Tensor:
-        """``pos`` if given, else ``cache.length + arange(T)``, checked against ``block_size``."""
+    def _positions(
+        self, idx: torch.Tensor, pos: torch.Tensor | None, cache: LayeredCache | None
+    ) -> torch.Tensor:
+        """``pos`` if given, else ``cache.length + arange(T)`` (a ``KVCache``; 0 otherwise), checked
+        against ``block_size``."""
         if idx.dim() != 2:
             raise GptlabError(f"idx must have shape (B, T), got {tuple(idx.shape)}")
         if pos is not None:
             return pos
         T = idx.size(1)
-        start = cache.length if cache is not None else 0
+        start = cache.length if isinstance(cache, KVCache) else 0
         if start + T > self.config.block_size:
             raise GptlabError(
                 f"sequence of {start + T} tokens exceeds the context length "
@@ -159,7 +162,7 @@ class GPT(nn.Module):
         x: torch.Tensor,  # (B, T, d_model)
         pos: torch.Tensor,
         positional: nn.Module,
-        cache: Any,
+        cache: LayeredCache | None,
         attn_mask: torch.Tensor | None,
         output_attentions: bool,
         output_hidden_states: bool,

@@ -17,9 +17,17 @@ Storage is chosen by the cache dtype:
 ``KVStore.write/read`` address rows and positions directly; ``LayerKVCache`` (one
 shared length, what ``GPT.run`` uses) and ``gptlab.generate.BatchSession`` (a length
 per row) are both built on it.
+
+What ``GPT.run`` takes as ``cache`` is any ``LayeredCache``: an object whose ``layers[i]`` is a
+``LayerCache``, ``update(k_new, v_new) → (K_full, V_full)``. ``KVCache`` is one; each decode engine
+of ``gptlab.generate`` passes its own view of its storage (the dynamic session's rows, the fused
+step's plain tensors, the static cache's fixed-address rows).
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
 
 import torch
 
@@ -28,6 +36,19 @@ from gptlab.model.config import GPTConfig
 
 Rows = slice | torch.Tensor  # a range of batch rows (a view) or row indices (a gather)
 Positions = slice | torch.Tensor  # a range for every row, or one position per row
+
+
+class LayerCache(Protocol):
+    """One attention layer's cache: store ``k_new, v_new`` (B, H_kv, T, d_k), return what to attend over."""
+
+    def update(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+
+class LayeredCache(Protocol):
+    """What ``GPT.run`` calls ``cache``: one ``LayerCache`` per layer."""
+
+    @property
+    def layers(self) -> Sequence[LayerCache]: ...
 
 
 class KVStore:
@@ -79,11 +100,11 @@ class KVStore:
     def _names(self) -> tuple[str, ...]:
         return ("k", "v")
 
-    def _tensors(self) -> list[torch.Tensor]:
+    def tensors(self) -> list[torch.Tensor]:
         return [getattr(self, name) for name in self._names()]
 
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in self._tensors())
+        return sum(t.numel() * t.element_size() for t in self.tensors())
 
 
 class Int8KVStore(KVStore):

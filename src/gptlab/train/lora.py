@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from gptlab.errors import GptlabError
-from gptlab.generate.quantization import Int8Linear, _replace_linears
+from gptlab.generate.quantization import Int8Linear, replace_linears
 
 TARGET_ALIASES: dict[str, tuple[str, ...]] = {
     "head": ("lm_head",),
@@ -95,7 +95,7 @@ def _base_bf16(model: nn.Module) -> None:
 
 
 def _base_int8(model: nn.Module) -> None:
-    _replace_linears(model, FrozenInt8Linear)
+    replace_linears(model, FrozenInt8Linear)
     _base_bf16(model)
 
 

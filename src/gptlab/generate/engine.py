@@ -1,0 +1,162 @@
+"""A model's decode engine: its settings, its compiled steps and its reusable static session.
+
+    prepare_decoding(model, compile="auto", planned_tokens=N)   the caller's choice, once
+    engine_of(model).plan(batch, config=…)                       → DecodePlan (gptlab.generate.plan)
+    engine.dynamic_session(plan, …) / engine.static_session(plan, …)  → a Session that runs it
+
+Compiled steps are expensive (seconds to minutes), so a model decoded twice must not compile twice.
+They live on the ``DecodeEngine`` that ``prepare_decoding`` attaches to the model as
+``model.decode_engine`` (an explicit call; a model never prepared gets the library's defaults at
+its first generation): the fused one-row step, the frozen CPU steps (``FrozenSteps``) and the static
+session whose CUDA graphs later requests replay. Nothing is kept in a module-level registry: the
+engine, and with it every compiled step, goes away with the model. A deep copy of the model starts
+without one.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from gptlab.compiling import Compiled
+from gptlab.generate.config import SampleConfig
+from gptlab.generate.decoder import Decoder
+from gptlab.generate.frozen_step import FrozenSteps
+from gptlab.generate.fused_step import one_token_step
+from gptlab.generate.plan import DecodePlan, DecodeSettings, ModelFacts, plan_decoding
+from gptlab.generate.session import BatchSession
+from gptlab.generate.static import StaticSession
+
+#: the model attribute that holds its engine
+ATTRIBUTE = "decode_engine"
+#: steps whose static sessions compile (the rest run the same step eagerly)
+COMPILED_STATIC_STEPS = frozenset({"cuda-graphs", "frozen", "compiled"})
+
+
+class DecodeEngine:
+    """The decode settings of one model and everything compiled for it (see the module docstring)."""
+
+    def __init__(self, model: Decoder, settings: DecodeSettings | None = None) -> None:
+        self.model = model
+        self.settings = settings or DecodeSettings()
+        self.frozen = FrozenSteps(model)  # the frozen CPU steps, one per sampler flavour
+        self._one_token: Compiled | None = None
+        #: the static session later requests reuse while it is free and large enough
+        self.static: StaticSession | None = None
+
+    def __deepcopy__(self, memo: dict[int, object]) -> None:
+        """A copied model starts without an engine (its compiled steps would point at the original)."""
+        return None
+
+    def plan(
+        self,
+        batch: int,
+        *,
+        config: SampleConfig | None = None,
+        cache_dtype: torch.dtype | None = None,
+        want_probs: bool = False,
+    ) -> DecodePlan:
+        """How a decode of ``batch`` sequences runs now (``plan_decoding`` over this model's facts)."""
+        facts = ModelFacts.of(self.model)
+        return plan_decoding(
+            facts, self.settings, batch, config=config, cache_dtype=cache_dtype, want_probs=want_probs
+        )
+
+    @property
+    def one_token(self) -> Compiled:
+        """The compiled one-row step (``fused_step.decode_one_token``), built once per model."""
+        if self._one_token is None:
+            self._one_token = one_token_step()
+        return self._one_token
+
+    @property
+    def compiled_steps(self) -> list[Compiled]:
+        """Every compiled step built for this model so far (the fused one, the frozen ones)."""
+        built = [] if self._one_token is None else [self._one_token]
+        return built + list(self.frozen.steps.values())
+
+    def dynamic_session(
+        self,
+        plan: DecodePlan,
+        max_batch: int,
+        max_len: int | None = None,
+        cache_dtype: torch.dtype | None = None,
+        capacity: int | None = None,
+    ) -> BatchSession:
+        """A ``BatchSession`` that runs ``plan``'s step (the fused one-row step, or layer by layer)."""
+        one_token = self.one_token if plan.step == "fused" else None
+        return BatchSession(self.model, max_batch, max_len, cache_dtype, capacity, one_token=one_token)
+
+    def new_static_session(
+        self,
+        plan: DecodePlan,
+        max_batch: int,
+        max_len: int | None = None,
+        cache_dtype: torch.dtype | None = None,
+        vocab: int | None = None,
+        slot_base: int = 0,
+    ) -> StaticSession:
+        """A ``StaticSession`` of its own (the server's lane) that runs ``plan``'s step."""
+        return StaticSession(
+            self.model,
+            max_batch,
+            max_len,
+            cache_dtype,
+            vocab,
+            compile=plan.step in COMPILED_STATIC_STEPS,
+            compile_options=self.settings.compile_options,
+            slot_base=slot_base,
+            lookahead=self.settings.lookahead,
+            frozen=self.frozen,
+        )
+
+    def static_session(
+        self, plan: DecodePlan, batch: int, max_len: int, cache_dtype: torch.dtype | None, vocab: int
+    ) -> StaticSession:
+        """The model's static session if it is free and large enough, else a new (larger) one."""
+        old = self.static
+        if old is not None and not old.rows:
+            fits = (
+                old.max_batch >= batch
+                and old.max_len >= max_len
+                and old.vocab == vocab
+                and (cache_dtype is None or old.cache.dtype == cache_dtype)
+            )
+            if fits:
+                return old
+            batch, max_len = max(batch, old.max_batch), max(max_len, old.max_len)
+        rows = 1 << (batch - 1).bit_length()  # a power of two: later, smaller requests reuse it
+        # a busy old session lives on with the stream that holds it
+        self.static = self.new_static_session(plan, rows, max_len, cache_dtype, vocab)
+        return self.static
+
+
+def prepare_decoding(
+    model: Decoder,
+    *,
+    compile: str | None = None,
+    static: bool | None = None,
+    planned_tokens: int | None = None,
+    lookahead: int | None = None,
+    compile_options: dict[str, object] | None = None,
+) -> DecodeEngine:
+    """Give ``model`` a new ``DecodeEngine`` with these ``DecodeSettings`` (what they mean: there) → it.
+
+    ``gptlab sample``, ``chat`` and ``serve`` call it with ``--compile`` and ``GPTLAB_STATIC``; in
+    Python, ``prepare_decoding(model, compile="on")`` compiles the one-sequence CPU step and sends
+    batches to the frozen step, ``prepare_decoding(model, static=True, compile="off")`` decodes
+    through the static cache eagerly. Steps compiled under the previous engine are dropped.
+    """
+    settings = DecodeSettings(compile, static, planned_tokens, lookahead, compile_options)
+    engine = DecodeEngine(model, settings)
+    setattr(model, ATTRIBUTE, engine)
+    return engine
+
+
+def engine_of(model: Decoder) -> DecodeEngine:
+    """The engine ``prepare_decoding`` gave ``model``; a model never prepared gets the defaults now."""
+    engine = getattr(model, ATTRIBUTE, None)
+    if isinstance(engine, DecodeEngine) and engine.model is model:
+        return engine
+    engine = DecodeEngine(model)
+    setattr(model, ATTRIBUTE, engine)
+    return engine

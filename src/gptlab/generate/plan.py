@@ -1,0 +1,282 @@
+"""How to decode, decided in one place: ``plan_decoding(facts, settings, batch, …) → DecodePlan``.
+
+A decode runs one of these engines (docs/design/decode-engines.md):
+
+    session   dynamic (``BatchSession``: rows grow on demand)  |  static (``StaticSession``: fixed shapes)
+    step      layers (module by module)  |  fused (one compiled graph, one row, CPU)
+              frozen (the static step compiled with frozen weights, CPU)  |  cuda-graphs  |  compiled  |  eager
+    sampler   per-request (``TokenStep``'s ``Sampler``)  |  in-graph (``graph_sampling``)
+
+The plan is a pure function of what the model is (``ModelFacts``: device, compiler, matrix bytes,
+weight format, activation dtype), what the caller asked (``DecodeSettings``: ``--compile``, whether a
+static cache is allowed, the planned tokens) and the request (batch, sampling options, cache dtype,
+probabilities wanted). Whether compiling pays is decided here too (``decode_compile_pays`` for the
+one-row step and CUDA graphs, ``frozen_batches_pay`` for batches on a CPU); the figures behind the
+thresholds are in docs/benchmarks.md#decoding. Library code reads no environment variable: the CLI
+turns ``GPTLAB_STATIC=0`` and ``GPTLAB_COMPILE=0`` into settings.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from gptlab.compiling import can_compile
+from gptlab.errors import GptlabError
+from gptlab.generate.config import SampleConfig
+from gptlab.generate.decoder import Decoder
+from gptlab.generate.graph_sampling import supports
+from gptlab.generate.quantization import STREAM_MIN_BYTES
+
+# Below this many generated tokens a compilation costs more than the compiled step saves.
+PAYBACK_TOKENS = 1024
+# On CUDA the static path's CUDA graphs: a compilation of tens of seconds, paid back only by a long generation.
+CUDA_PAYBACK_TOKENS = 8192
+# A frozen graph is not in inductor's on-disk graph cache, so each process compiles it again.
+FROZEN_PAYBACK_TOKENS = 8192
+COMPILE_CHOICES = ("auto", "on", "off")
+
+#: what each step is, in words (the printed plan)
+STEPS = {
+    "layers": "layer by layer",
+    "fused": "one compiled graph per token (one row)",
+    "frozen": "compiled with frozen weights",
+    "cuda-graphs": "CUDA graphs, one per batch bucket",
+    "compiled": "compiled (the caller's torch.compile options)",
+    "eager": "the static step run eagerly",
+}
+
+
+@dataclass(frozen=True)
+class DecodeSettings:
+    """What the caller asked for; the plan reads nothing else from outside.
+
+    ``compile``: ``auto``/``on``/``off`` (``--compile``), or None for the library's default (CUDA graphs
+    on CUDA, layer by layer elsewhere). ``static``: None lets the plan choose; False never uses the
+    static cache (``GPTLAB_STATIC=0``); True uses it for every batch, on any device. ``planned_tokens``:
+    tokens this process will generate (None: a long-lived session, chat or a server). ``lookahead``
+    and ``compile_options`` are ``StaticSession``'s (a test's ``torch.compile`` back-end).
+    """
+
+    compile: str | None = None
+    static: bool | None = None
+    planned_tokens: int | None = None
+    lookahead: int | None = None
+    compile_options: Mapping[str, object] | None = field(default=None, hash=False)
+
+    def __post_init__(self) -> None:
+        if self.compile is not None and self.compile not in COMPILE_CHOICES:
+            raise GptlabError(f"--compile must be one of {', '.join(COMPILE_CHOICES)}, got {self.compile!r}")
+
+
+@dataclass(frozen=True)
+class ModelFacts:
+    """What the plan needs to know about a model (``ModelFacts.of(model)``; tests build one by hand)."""
+
+    device: str  # "cpu", "cuda", "mps"
+    compiler: bool  # torch.compile can build kernels for that device
+    matrix_bytes: int  # what a decode step streams from memory
+    weights: str = "fp32"  # "fp32" | "bf16" | "int8"
+    activations: torch.dtype = torch.float32
+    alibi_half: bool = False  # ALiBi in bf16/fp16: the static cache's bias would round the scores
+
+    @classmethod
+    def of(cls, model: Decoder) -> ModelFacts:
+        device = str(getattr(model, "device", torch.device("cpu"))).split(":")[0]
+        dtype = getattr(model, "dtype", torch.float32)
+        half = dtype in (torch.bfloat16, torch.float16)
+        return cls(
+            device=device,
+            compiler=can_compile(device),
+            # (a bound encoder–decoder is not a module: nothing there to compile)
+            matrix_bytes=matrix_bytes(model) if isinstance(model, nn.Module) else 0,
+            weights=str(getattr(model, "quantization", "fp32")),
+            activations=dtype,
+            alibi_half=getattr(getattr(model, "config", None), "pos", None) == "alibi" and half,
+        )
+
+
+@dataclass(frozen=True)
+class DecodePlan:
+    """How a decode of ``batch`` sequences runs, and why; ``str(plan)`` is one line."""
+
+    device: str
+    batch: int
+    session: str  # "dynamic" | "static"
+    step: str  # a key of STEPS
+    sampler: str  # "per-request" | "in-graph"
+    why: str
+
+    def __str__(self) -> str:
+        return (
+            f"decode plan ({self.device}, batch {self.batch}): {self.session} cache, "
+            f"{STEPS[self.step]}, {self.sampler} sampler ({self.why})"
+        )
+
+
+def matrix_bytes(model: nn.Module) -> int:
+    """Bytes of the model's 2-D weights in their stored format (what a decode step streams from memory).
+
+    Parameters and buffers (quantized weights are buffers), tied tensors counted once, oneDNN's
+    prepacked copies left out.
+    """
+    tensors = {**dict(model.named_parameters()), **dict(model.named_buffers())}
+    seen: dict[int, int] = {}
+    for name, t in tensors.items():
+        if t is not None and t.dim() == 2 and not name.endswith("packed"):
+            seen[t.data_ptr()] = t.numel() * t.element_size()
+    return sum(seen.values())
+
+
+def decode_compile_pays(
+    requested: str, device_type: str, compiler: bool, weight_bytes: int, planned_tokens: int | None
+) -> tuple[bool, str]:
+    """Whether to compile the decode step here, and why (a pure function of its inputs).
+
+    ``on``/``off`` are obeyed (``on`` without a C++ compiler on a CPU runs layer by layer, with the
+    reason). ``auto`` compiles on a CPU that has a C++ compiler, for a model whose matrices stream
+    from memory (``weight_bytes ≥ STREAM_MIN_BYTES``) and when enough tokens are planned to pay the
+    compilation back (``planned_tokens`` None: a long-lived session). On CUDA the question is whether
+    to capture the static path's CUDA graphs: ``auto`` does for a long-lived session or from
+    ``CUDA_PAYBACK_TOKENS`` planned tokens. Other devices run layer by layer.
+    """
+    if requested not in COMPILE_CHOICES:
+        raise GptlabError(f"--compile must be one of {', '.join(COMPILE_CHOICES)}, got {requested!r}")
+    if requested == "off":
+        return False, "--compile off"
+    if device_type == "cuda":
+        if requested == "on" or planned_tokens is None:
+            return True, "CUDA graphs of the static decode step" + (
+                "" if requested == "on" else " (a long session)"
+            )
+        if planned_tokens < CUDA_PAYBACK_TOKENS:
+            return False, (
+                f"{planned_tokens} tokens do not pay back compiling CUDA graphs "
+                f"(≈ 50 s on an H100; from {CUDA_PAYBACK_TOKENS})"
+            )
+        return True, "a long generation: CUDA graphs of the static decode step pay back their compilation"
+    if device_type != "cpu":
+        return False, f"the compiled CPU step does not apply on {device_type}"
+    if not compiler:
+        return False, "no C++ compiler for torch.compile (install g++ or set CXX)"
+    if requested == "on":
+        return True, "--compile on"
+    if weight_bytes < STREAM_MIN_BYTES:
+        return False, f"a small model ({weight_bytes / 2**20:.0f} MiB of matrices): nothing to gain"
+    if planned_tokens is not None and planned_tokens < PAYBACK_TOKENS:
+        return False, f"{planned_tokens} tokens do not pay back a compilation (from {PAYBACK_TOKENS})"
+    return True, "a large model and a long generation: the compiled step pays back its compilation"
+
+
+def frozen_batches_pay(
+    requested: str, planned_tokens: int | None, weights: str, activations: torch.dtype = torch.float32
+) -> tuple[bool, str]:
+    """Whether a CPU that compiles (already on for one sequence) also sends batches to the frozen step.
+
+    For float matrices with float32 activations, what the frozen GEMM was measured with: fp32
+    weights, and bf16 ones on a CPU that emulates bf16 (frozen, ``W.float()`` folds into a packed
+    float32 constant). int8 weights and bf16 activations keep their own kernels. ``on`` then always;
+    ``auto`` for a long-lived session or from ``FROZEN_PAYBACK_TOKENS`` planned tokens.
+    """
+    if weights not in ("fp32", "bf16") or activations != torch.float32:
+        return False, f"batches decode layer by layer ({weights} weights keep their own kernels)"
+    if requested == "on" or planned_tokens is None or planned_tokens >= FROZEN_PAYBACK_TOKENS:
+        return True, "batches: the static step with frozen weights"
+    return False, f"batches decode layer by layer (the frozen step pays from {FROZEN_PAYBACK_TOKENS} tokens)"
+
+
+def _compile_default(facts: ModelFacts, settings: DecodeSettings) -> tuple[bool, str]:
+    """No ``--compile`` given: the library's default for the device."""
+    if facts.device == "cuda":
+        return True, "CUDA graphs: the library's default on CUDA"
+    return False, "not compiled (prepare_decoding(model, compile=...) or --compile asks)"
+
+
+def _compile_asked(facts: ModelFacts, settings: DecodeSettings) -> tuple[bool, str]:
+    assert settings.compile is not None
+    return decode_compile_pays(
+        settings.compile, facts.device, facts.compiler, facts.matrix_bytes, settings.planned_tokens
+    )
+
+
+def _static_on_cuda(
+    facts: ModelFacts, settings: DecodeSettings, batch: int, compiled: bool
+) -> tuple[bool, str]:
+    return compiled, "CUDA graphs need the static cache" if compiled else "the dynamic cache, not compiled"
+
+
+def _static_on_cpu(
+    facts: ModelFacts, settings: DecodeSettings, batch: int, compiled: bool
+) -> tuple[bool, str]:
+    if not compiled or batch < 2:
+        return False, "one sequence keeps the dynamic cache" if compiled else "the dynamic cache"
+    requested = settings.compile or "on"
+    return frozen_batches_pay(requested, settings.planned_tokens, facts.weights, facts.activations)
+
+
+def _static_elsewhere(
+    facts: ModelFacts, settings: DecodeSettings, batch: int, compiled: bool
+) -> tuple[bool, str]:
+    return False, f"the dynamic cache on {facts.device}"
+
+
+StaticRule = Callable[[ModelFacts, DecodeSettings, int, bool], tuple[bool, str]]
+#: whether a device takes the static cache when the settings leave it to the plan
+STATIC_BY_DEVICE: dict[str, StaticRule] = {"cuda": _static_on_cuda, "cpu": _static_on_cpu}
+
+
+def static_blocker(
+    facts: ModelFacts, config: SampleConfig | None, cache_dtype: torch.dtype | None, want_probs: bool
+) -> str | None:
+    """Why this request cannot take the static cache, or None."""
+    if facts.alibi_half:
+        return "ALiBi in half precision: over the static cache its bias would round the scores"
+    if config is not None and not supports(config):
+        return "an option the in-graph sampler lacks (beam search, …)"
+    if cache_dtype is not None and not cache_dtype.is_floating_point:
+        return "an int8 cache dequantises on reads"
+    if want_probs:
+        return "per-token probabilities are wanted"
+    return None
+
+
+def _static_step(facts: ModelFacts, settings: DecodeSettings, compiled: bool) -> str:
+    if not compiled:
+        return "eager"
+    if facts.device == "cuda":
+        return "cuda-graphs"
+    return "frozen" if settings.compile_options is None else "compiled"
+
+
+def plan_decoding(
+    facts: ModelFacts,
+    settings: DecodeSettings,
+    batch: int,
+    *,
+    config: SampleConfig | None = None,
+    cache_dtype: torch.dtype | None = None,
+    want_probs: bool = False,
+) -> DecodePlan:
+    """The plan for a decode of ``batch`` sequences (``config`` etc.: the request, where known)."""
+    decide = _compile_default if settings.compile is None else _compile_asked
+    compiled, why = decide(facts, settings)
+    if settings.static is False:
+        static, static_why = False, "static cache off (static=False: GPTLAB_STATIC=0)"
+    elif settings.static:
+        static, static_why = True, "static cache asked for"
+    else:
+        rule = STATIC_BY_DEVICE.get(facts.device, _static_elsewhere)
+        static, static_why = rule(facts, settings, batch, compiled)
+    blocker = static_blocker(facts, config, cache_dtype, want_probs) if static else None
+    if static and blocker is None:
+        step = _static_step(facts, settings, compiled)
+        return DecodePlan(facts.device, batch, "static", step, "in-graph", f"{why}; {static_why}")
+    float_cache = cache_dtype is None or cache_dtype.is_floating_point
+    fused = compiled and facts.device == "cpu" and batch == 1 and float_cache
+    reason = f"{why}; {blocker or static_why}"
+    if compiled and facts.device == "cpu" and batch == 1 and not float_cache:
+        reason += "; an int8 cache dequantises on reads: layer by layer"
+    return DecodePlan(facts.device, batch, "dynamic", "fused" if fused else "layers", "per-request", reason)
