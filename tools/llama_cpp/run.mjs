@@ -11,7 +11,7 @@ const chunks = [];
 for await (const chunk of process.stdin) chunks.push(chunk);
 const request = JSON.parse(Buffer.concat(chunks).toString("utf8"));
 
-const llama = await getLlama({gpu: false, build: "never", logLevel: "error"});
+const llama = await getLlama({gpu: false, build: "never", logLevel: request.log ?? "error"});
 const model = await llama.loadModel({modelPath: request.model});
 const out = {tokens: [], generated: [], text: []};
 for (const text of request.tokenize ?? []) out.tokens.push(Array.from(model.tokenize(text, false)));

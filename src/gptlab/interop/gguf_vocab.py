@@ -30,7 +30,7 @@ from gptlab.tokenizers.byte_unicode import bytes_to_token
 from gptlab.tokenizers.ranked import RankedTokenizer
 
 #: gptlab split pattern name → llama.cpp pre-tokenizer with the same chunks.
-PRE_FOR_PATTERN = {"gpt2": "gpt2", "gpt2-digits": "smollm", "gpt4": "llama-bpe", "qwen2": "qwen2"}
+PRE_FOR_PATTERN = {"gpt2": "gpt-2", "gpt2-digits": "smollm", "gpt4": "llama-bpe", "qwen2": "qwen2"}
 
 
 @dataclass
