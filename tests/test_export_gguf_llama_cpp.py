@@ -146,13 +146,13 @@ def test_default_model_in_llama_cpp(llama_cpp, tmp_path, shakespeare_path, capsy
     """char-best (RoPE, RMSNorm, ReLU², QK-norm) trained briefly → apertus GGUF: 40 greedy f32 tokens equal."""
     from gptlab.data import prepare
     from gptlab.train import train
-    from gptlab.train.config import build_config
+    from gptlab.train.config import DEFAULT_RECIPE, build_config
     from gptlab.train.init import load_source
 
     data = tmp_path / "ds"
     prepare([shakespeare_path], data, block_size=64)
     run = tmp_path / "run"
-    train(build_config(None, ["max_steps=200", "eval_every=200", "dtype=float32", "warmdown_steps=80"]), data, run)
+    train(build_config(DEFAULT_RECIPE, ["max_steps=200", "eval_every=200", "dtype=float32", "warmdown_steps=80"]), data, run)
     model, tok = load_source(run)
     f32 = to_gguf(model, tmp_path / "m.gguf", tok)
     q8 = to_gguf(model, tmp_path / "q8" / "m.gguf", tok, type="q8_0")
