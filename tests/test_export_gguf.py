@@ -13,8 +13,8 @@ from gguf import GGMLQuantizationType as Q  # noqa: E402
 from gguf import GGUFReader  # noqa: E402
 
 from gptlab import GPT, GPTConfig  # noqa: E402
-from gptlab.cli import main  # noqa: E402
 from gptlab.checkpoint import save  # noqa: E402
+from gptlab.cli import main  # noqa: E402
 from gptlab.errors import GptlabError  # noqa: E402
 from gptlab.interop.gguf import from_gguf, tokenizer_from_gguf  # noqa: E402
 from gptlab.interop.gguf_arch import choose  # noqa: E402
@@ -102,7 +102,10 @@ def test_xielu_constants_make_relu_squared():
 
 def test_storage_rules():
     rng = np.random.default_rng(0)
-    matrix, odd = rng.standard_normal((8, 64), dtype=np.float32), rng.standard_normal((8, 48), dtype=np.float32)
+    matrix, odd = (
+        rng.standard_normal((8, 64), dtype=np.float32),
+        rng.standard_normal((8, 48), dtype=np.float32),
+    )
     assert storage("blk.0.attn_q.weight", matrix, Q.Q8_0)[1] == Q.Q8_0
     assert storage("blk.0.attn_q.weight", odd, Q.Q8_0)[1] == Q.F16  # 48 is not a whole Q8_0 block
     assert storage("blk.0.attn_norm.weight", matrix[0], Q.Q4_0)[1] == Q.F32
@@ -112,7 +115,9 @@ def test_storage_rules():
 
 def test_q8_0_file_is_small_and_norms_stay_f32(tmp_path):
     tok = CharTokenizer.from_text(TEXT)
-    model = _model(tok.vocab_size, pos="rope", norm="rmsnorm", mlp="relu2", qk_norm=True, bias=False, n_embd=128)
+    model = _model(
+        tok.vocab_size, pos="rope", norm="rmsnorm", mlp="relu2", qk_norm=True, bias=False, n_embd=128
+    )
     f32 = to_gguf(model, tmp_path / "f32.gguf", tok)
     q8 = to_gguf(model, tmp_path / "q8.gguf", tok, type="q8_0")
     assert q8.stat().st_size < 0.4 * f32.stat().st_size
@@ -128,9 +133,9 @@ def test_bpe_merges_cover_every_split():
     assert vocab.pre == "llama-bpe" and vocab.model == "gpt2"
     made = [vocab.tokens.index(a + b) for a, b in (m.split(" ") for m in vocab.merges)]
     assert made == sorted(made)
-    assert {f"{bytes_to_token(tok.token_bytes(a))} {bytes_to_token(tok.token_bytes(b))}" for a, b in tok.merges} <= set(
-        vocab.merges
-    )
+    assert {
+        f"{bytes_to_token(tok.token_bytes(a))} {bytes_to_token(tok.token_bytes(b))}" for a, b in tok.merges
+    } <= set(vocab.merges)
 
 
 def test_vocab_padding_and_special_tokens():
@@ -148,12 +153,18 @@ def test_modelfile(tmp_path):
     chatml = "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
     tokens = [bytes_to_token(bytes([b])) for b in range(256)] + ["ab", "<|im_start|>", "<|im_end|>"]
     tok = PretrainedTokenizer(tokens, ["a b"], special_ids=[257, 258], eos_id=258, chat_template=chatml)
-    to_gguf(_model(len(tokens), pos="rope", norm="rmsnorm", mlp="swiglu", bias=False), tmp_path / "c.gguf", tok)
+    to_gguf(
+        _model(len(tokens), pos="rope", norm="rmsnorm", mlp="swiglu", bias=False), tmp_path / "c.gguf", tok
+    )
     text = (tmp_path / "Modelfile").read_text()
     assert text.startswith("FROM ./c.gguf\n") and "{{ .Content }}<|im_end|>" in text
     assert 'PARAMETER stop "<|im_end|>"' in text and "PARAMETER num_ctx 32" in text
     plain = CharTokenizer.from_text(TEXT)
-    to_gguf(_model(plain.vocab_size, pos="rope", norm="rmsnorm", mlp="swiglu", bias=False), tmp_path / "p.gguf", plain)
+    to_gguf(
+        _model(plain.vocab_size, pos="rope", norm="rmsnorm", mlp="swiglu", bias=False),
+        tmp_path / "p.gguf",
+        plain,
+    )
     assert 'TEMPLATE """{{ .Prompt }}"""' in (tmp_path / "Modelfile").read_text()
 
 
@@ -168,7 +179,10 @@ def _refused(capsys, args: list[str], needle: str) -> None:
     [
         (dict(pos="alibi", norm="rmsnorm", mlp="swiglu", bias=False), "pos='rope'"),
         (dict(pos="learned", norm="layernorm", mlp="gelu", bias=True), "mlp='gelu_tanh'"),
-        (dict(pos="rope", norm="rmsnorm", mlp="swiglu", bias=False, logit_softcap=30.0), "logit_softcap=None"),
+        (
+            dict(pos="rope", norm="rmsnorm", mlp="swiglu", bias=False, logit_softcap=30.0),
+            "logit_softcap=None",
+        ),
         (dict(pos="rope", norm="rmsnorm", mlp="geglu", bias=False), "mlp="),
         (dict(pos="rope", norm="rmsnorm", mlp="swiglu", bias=True), "bias=False"),
         (dict(pos="rope", norm="layernorm", mlp="swiglu", bias=False), "norm='rmsnorm'"),
@@ -177,20 +191,36 @@ def _refused(capsys, args: list[str], needle: str) -> None:
 def test_cli_refuses_what_llama_cpp_cannot_compute(tmp_path, capsys, options, needle):
     tok = CharTokenizer.from_text(TEXT)
     save(_model(tok.vocab_size, **options), tok, tmp_path / "ckpt")
-    _refused(capsys, ["convert", "--to-gguf", str(tmp_path / "ckpt"), "--out", str(tmp_path / "m.gguf")], needle)
+    _refused(
+        capsys, ["convert", "--to-gguf", str(tmp_path / "ckpt"), "--out", str(tmp_path / "m.gguf")], needle
+    )
     assert not (tmp_path / "m.gguf").exists()
 
 
 def test_cli_refusals_of_input(tmp_path, capsys):
     tok = CharTokenizer.from_text(TEXT)
     save(_model(tok.vocab_size, pos="rope", norm="rmsnorm", mlp="swiglu", bias=False), tok, tmp_path / "ckpt")
-    save(_model(tok.vocab_size, pos="rope", norm="rmsnorm", mlp="swiglu", bias=False), None, tmp_path / "bare")
+    save(
+        _model(tok.vocab_size, pos="rope", norm="rmsnorm", mlp="swiglu", bias=False), None, tmp_path / "bare"
+    )
     ckpt = str(tmp_path / "ckpt")
-    _refused(capsys, ["convert", "--to-gguf", str(tmp_path / "nope"), "--out", str(tmp_path / "a.gguf")], "no such")
+    _refused(
+        capsys, ["convert", "--to-gguf", str(tmp_path / "nope"), "--out", str(tmp_path / "a.gguf")], "no such"
+    )
     _refused(capsys, ["convert", "--to-gguf", ckpt, "--out", str(tmp_path)], "is a directory")
-    _refused(capsys, ["convert", "--to-gguf", str(tmp_path / "bare"), "--out", str(tmp_path / "b.gguf")], "tokenizer")
+    _refused(
+        capsys,
+        ["convert", "--to-gguf", str(tmp_path / "bare"), "--out", str(tmp_path / "b.gguf")],
+        "tokenizer",
+    )
     custom = BPETokenizer.train(TEXT * 4, vocab_size=280, pattern=r"\w+|\s+|[^\w\s]+")
-    save(_model(custom.vocab_size, pos="rope", norm="rmsnorm", mlp="swiglu", bias=False), custom, tmp_path / "cus")
-    _refused(capsys, ["convert", "--to-gguf", str(tmp_path / "cus"), "--out", str(tmp_path / "c.gguf")], "pattern")
+    save(
+        _model(custom.vocab_size, pos="rope", norm="rmsnorm", mlp="swiglu", bias=False),
+        custom,
+        tmp_path / "cus",
+    )
+    _refused(
+        capsys, ["convert", "--to-gguf", str(tmp_path / "cus"), "--out", str(tmp_path / "c.gguf")], "pattern"
+    )
     assert main(["convert", "--to-gguf", ckpt, "--out", str(tmp_path / "ok.gguf"), "--type", "q4_0"]) == 0
     assert "ok.gguf" in capsys.readouterr().out

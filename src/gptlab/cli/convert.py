@@ -154,7 +154,9 @@ def _to_gguf(source: Path, out: Path, args: argparse.Namespace) -> int:
     from gptlab.train.init import load_source
 
     if out.is_dir():
-        raise GptlabError(f"{out}: is a directory; --to-gguf writes one file, e.g. --out {out / 'model.gguf'}")
+        raise GptlabError(
+            f"{out}: is a directory; --to-gguf writes one file, e.g. --out {out / 'model.gguf'}"
+        )
     started = time.perf_counter()
     model, tokenizer = load_source(source)
     path = to_gguf(model, out, tokenizer, type=args.type)

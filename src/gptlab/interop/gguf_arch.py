@@ -81,7 +81,11 @@ class ExportArch:
 
     def problems(self, cfg: GPTConfig) -> list[str]:
         """The options of ``cfg`` this architecture cannot compute, as ``"needs (not value)"``."""
-        return [f"{needs} (not {getattr(cfg, name)!r})" for name, (ok, needs) in self.requires.items() if not ok(cfg)]
+        return [
+            f"{needs} (not {getattr(cfg, name)!r})"
+            for name, (ok, needs) in self.requires.items()
+            if not ok(cfg)
+        ]
 
 
 def _is(option: str, value: object) -> Requirement:
@@ -135,7 +139,14 @@ EXPORTS: dict[str, ExportArch] = {
     "qwen3": ExportArch(
         "qwen3",
         {**ROPE, "mlp": _is("mlp", "swiglu"), "qk_norm": _is("qk_norm", True)},
-        (*_EMBED, *_HEAD, *_NORMS, ("blocks.{i}.attn.qkv.weight", _QKV_NAMES, _qkv_plain), *_QK_NORM, *_SWIGLU),
+        (
+            *_EMBED,
+            *_HEAD,
+            *_NORMS,
+            ("blocks.{i}.attn.qkv.weight", _QKV_NAMES, _qkv_plain),
+            *_QK_NORM,
+            *_SWIGLU,
+        ),
     ),
     "arcee": ExportArch(
         "arcee",
@@ -145,7 +156,14 @@ EXPORTS: dict[str, ExportArch] = {
     "apertus": ExportArch(
         "apertus",
         {**ROPE, "mlp": _is("mlp", "relu2"), "qk_norm": _is("qk_norm", True)},
-        (*_EMBED, *_HEAD, *_NORMS, ("blocks.{i}.attn.qkv.weight", _QKV_NAMES, _qkv_plain), *_QK_NORM, *_UNGATED),
+        (
+            *_EMBED,
+            *_HEAD,
+            *_NORMS,
+            ("blocks.{i}.attn.qkv.weight", _QKV_NAMES, _qkv_plain),
+            *_QK_NORM,
+            *_UNGATED,
+        ),
         untied_head=True,
         xielu=True,
     ),

@@ -69,7 +69,9 @@ def gguf_tensors(model: GPT, arch: ExportArch) -> dict[str, np.ndarray]:
     return out
 
 
-def storage(name: str, tensor: np.ndarray, qtype: GGMLQuantizationType) -> tuple[np.ndarray, GGMLQuantizationType]:
+def storage(
+    name: str, tensor: np.ndarray, qtype: GGMLQuantizationType
+) -> tuple[np.ndarray, GGMLQuantizationType]:
     """``tensor`` encoded for the file: 1-D and norm tensors F32, a matrix in ``qtype`` (F16 if its rows
     do not fill whole blocks), as llama.cpp's converter decides."""
     if tensor.ndim <= 1 or name.endswith("_norm.weight"):
@@ -101,10 +103,8 @@ def _hparams(writer: GGUFWriter, cfg: GPTConfig, arch: ExportArch, vocab: Vocab)
     else:
         writer.add_layer_norm_eps(cfg.norm_eps)
     if arch.xielu:  # ReLU² as xIELU: α_p = softplus(XIELU_ONE) = 1, α_n = β = 0 (gguf_arch)
-        writer.add_xielu_alpha_p([XIELU_ONE] * cfg.n_layer)
-        writer.add_xielu_alpha_n([XIELU_ZERO] * cfg.n_layer)
-        writer.add_xielu_beta([0.0] * cfg.n_layer)
-        writer.add_xielu_eps([0.0] * cfg.n_layer)
+        for key, value in (("alpha_p", XIELU_ONE), ("alpha_n", XIELU_ZERO), ("beta", 0.0), ("eps", 0.0)):
+            writer.add_array(f"xielu.{key}", [value] * cfg.n_layer)  # llama.cpp's keys, one value per layer
 
 
 def check_exportable(model: GPT, tokenizer: Tokenizer | None) -> ExportArch:
@@ -117,7 +117,9 @@ def check_exportable(model: GPT, tokenizer: Tokenizer | None) -> ExportArch:
             "and choose --type q8_0 or q4_0 instead"
         )
     if tokenizer is None:
-        raise GptlabError("the model has no tokenizer; a GGUF file carries one, so export a checkpoint saved with it")
+        raise GptlabError(
+            "the model has no tokenizer; a GGUF file carries one, so export a checkpoint saved with it"
+        )
     return choose(model.config)
 
 

@@ -168,7 +168,9 @@ def vocab_of(tok: Tokenizer, n_vocab: int) -> Vocab:
     vocab.bos_id = vocab.bos_id if vocab.bos_id is not None else end
     vocab.stop_ids = vocab.stop_ids or ([vocab.eos_id] if vocab.eos_id is not None else [])
     template = tok.chat_template
-    vocab.chat_template = template if template is not None and ("{{" in template or "{%" in template) else None
+    vocab.chat_template = (
+        template if template is not None and ("{{" in template or "{%" in template) else None
+    )
     return vocab
 
 
@@ -176,7 +178,9 @@ def write(writer: GGUFWriter, vocab: Vocab) -> None:
     """The ``tokenizer.*`` keys. ``GGUFWriter.add_array`` skips an empty list, so merges are required
     of a BPE vocabulary here (llama.cpp refuses a ``gpt2`` model without them)."""
     if vocab.model == "gpt2" and not vocab.merges:
-        raise GptlabError("the BPE tokenizer has no merges; llama.cpp cannot load a byte-level BPE without them")
+        raise GptlabError(
+            "the BPE tokenizer has no merges; llama.cpp cannot load a byte-level BPE without them"
+        )
     writer.add_tokenizer_model(vocab.model)
     if vocab.pre is not None:
         writer.add_tokenizer_pre(vocab.pre)
