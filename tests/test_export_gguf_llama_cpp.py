@@ -117,6 +117,7 @@ def test_bpe_ids_equal(llama_cpp, tmp_path, shakespeare_path):
         _tokenized(llama_cpp, path, tok, HARD + [text[:3000]])
 
 
+@pytest.mark.slow
 def test_gpt2_ids_equal(llama_cpp, tmp_path, gpt2_files):
     tok = GPT2Tokenizer.from_files(*gpt2_files)
     model = _random_model(tok.vocab_size, pos="learned", norm="layernorm", mlp="gelu_tanh", bias=True)
@@ -162,7 +163,7 @@ def test_default_model_in_llama_cpp(llama_cpp, tmp_path, shakespeare_path, capsy
     run = tmp_path / "run"
     train(
         build_config(
-            DEFAULT_RECIPE, ["max_steps=200", "eval_every=200", "dtype=float32", "warmdown_steps=80"]
+            DEFAULT_RECIPE, ["max_steps=300", "eval_every=300", "dtype=float32", "warmdown_steps=120"]
         ),
         data,
         run,
