@@ -150,6 +150,7 @@ def _to_hf(source: Path, out: Path, args: argparse.Namespace) -> int:
 def _to_gguf(source: Path, out: Path, args: argparse.Namespace) -> int:
     import time
 
+    from gptlab.interop.gguf_arch import choose
     from gptlab.interop.gguf_export import to_gguf
     from gptlab.train.init import load_source
 
@@ -163,7 +164,8 @@ def _to_gguf(source: Path, out: Path, args: argparse.Namespace) -> int:
     seconds = time.perf_counter() - started
     size = path.stat().st_size / 2**20
     print(
-        f"wrote {path} ({_describe(model)}; {args.type}, {size:.1f} MiB; Modelfile beside it) in {seconds:.1f} s; "
+        f"wrote {path} (llama.cpp {choose(model.config).name}: {_describe(model)}; {args.type}, {size:.1f} MiB; "
+        f"Modelfile beside it) in {seconds:.1f} s; "
         f"run it with llama-cli -m {path} or ollama create NAME -f {path.parent / 'Modelfile'}"
     )
     return 0
