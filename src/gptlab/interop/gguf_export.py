@@ -145,6 +145,8 @@ def to_gguf(
     vocab = vocab_of(tokenizer, cfg.vocab_size)
     qtype, file_type = TYPES[type]
     path = Path(path)
+    if path.is_dir():
+        raise GptlabError(f"{path}: is a directory; to_gguf writes one file, e.g. {path / 'model.gguf'}")
     title = name or str(cfg.extra.get("gguf_name") or path.stem)
     tensors = gguf_tensors(model, arch)
 
