@@ -17,7 +17,8 @@ const out = {tokens: [], generated: [], text: []};
 for (const text of request.tokenize ?? []) out.tokens.push(Array.from(model.tokenize(text, false)));
 
 for (const job of request.generate ?? []) {
-    const context = await model.createContext({contextSize: job.context ?? 512, batchSize: job.context ?? 512});
+    const threads = request.threads ?? 1;  // one thread: ggml's spinning workers crawl on a busy machine
+    const context = await model.createContext({contextSize: job.context ?? 512, batchSize: job.context ?? 512, threads});
     const sequence = context.getSequence();
     const ids = [];
     const stop = new Set(job.stop ?? []);
@@ -28,7 +29,7 @@ for (const job of request.generate ?? []) {
     out.generated.push(ids);
     await context.dispose();
     if (job.text !== undefined) {
-        const ctx2 = await model.createContext({contextSize: job.context ?? 512});
+        const ctx2 = await model.createContext({contextSize: job.context ?? 512, threads});
         const completion = new LlamaCompletion({contextSequence: ctx2.getSequence()});
         out.text.push(await completion.generateCompletion(job.text, {maxTokens: job.max_tokens, temperature: 0}));
         await ctx2.dispose();
