@@ -21,6 +21,7 @@ _LAZY = {
     "from_hf": ("gptlab.interop.hf", "from_hf"),
     "to_hf": ("gptlab.interop.hf", "to_hf"),
     "from_gguf": ("gptlab.interop.gguf", "from_gguf"),
+    "to_gguf": ("gptlab.interop.gguf_export", "to_gguf"),
     "quantize": ("gptlab.generate.quantization", "quantize"),
     "generate_text": ("gptlab.generate", "generate_text"),
     "prepare_decoding": ("gptlab.generate", "prepare_decoding"),

