@@ -6,7 +6,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test test-slow lint format bench venv clean
+.PHONY: demo test test-slow lint format bench venv clean llama-cpp
 
 venv: $(STAMP)
 
@@ -31,12 +31,18 @@ format: $(STAMP)
 	$(VENV)/bin/ruff format src tests bench tools
 	$(VENV)/bin/ruff check --fix src tests bench tools
 
+# real llama.cpp (npm's node-llama-cpp, pinned, its prebuilt CPU build) into .cache/llama-cpp/ for the GGUF
+# export tests; where Node/npm are absent those tests skip with the reason (and fail under GPTLAB_REQUIRE_SHARED=1)
+llama-cpp:
+	@if command -v npm >/dev/null 2>&1; then ./tools/install_llama_cpp.sh; \
+	else echo "npm not found: the llama.cpp tests will skip (install Node >= 20 and npm to run them)"; fi
+
 # the test suite without the tests marked slow, on both cores (pytest-xdist): minutes, not tens of minutes
-test: lint
+test: lint llama-cpp
 	$(PY) -m pytest -n 2 -m "not slow" $(PYTEST_ARGS)
 
 # the tests marked @pytest.mark.slow (real-model parity, learning targets, multi-process runs); CI runs both
-test-slow: $(STAMP)
+test-slow: $(STAMP) llama-cpp
 	$(PY) -m pytest -n 2 -m slow $(PYTEST_ARGS)
 
 bench: $(STAMP)
