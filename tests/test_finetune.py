@@ -11,17 +11,19 @@ import torch
 from _tiny import TINY_TRAIN, interrupted_copy
 
 from gptlab import checkpoint as ckpt
+from gptlab import sources as finit
 from gptlab.checkpoint.lora import ADAPTERS_FILE
 from gptlab.cli import main
 from gptlab.cli.options import resolve_dtype
 from gptlab.data import TokenDataset, prepare
 from gptlab.errors import GptlabError
 from gptlab.model import GPT, GPTConfig
+from gptlab.model.lora import LoRASpec, apply_lora, lora_layers, merge_lora
+from gptlab.sources import model_tokenizer
 from gptlab.tokenizers import CharTokenizer
-from gptlab.train import init as finit
 from gptlab.train import loop as gtrain
 from gptlab.train.config import build_config
-from gptlab.train.lora import LoRASpec, apply_lora, lora_layers, merge_lora, trainable_fraction
+from gptlab.train.lora import trainable_fraction
 from gptlab.train.metrics import read_metrics
 
 TEXT = "\n".join(
@@ -61,7 +63,13 @@ def base(tmp_path_factory):
     tok = CharTokenizer.from_text(TEXT, special_tokens=["<|endoftext|>"])
     model = _model(vocab=tok.vocab_size)
     ckpt.save(model, tok, root / "base")
-    prepare([root / "c.txt"], root / "ds", tokenizer=str(root / "base"), block_size=16)
+    prepare(
+        [root / "c.txt"],
+        root / "ds",
+        tokenizer=str(root / "base"),
+        model_tokenizer=model_tokenizer,
+        block_size=16,
+    )
     return root
 
 
@@ -164,7 +172,7 @@ def test_adapters_train_in_float32_on_a_low_precision_base(fmt):
 
 # ---------------------------------------------------------------- init
 def test_step0_loss_equals_the_pretrained_models_loss(base, tmp_path):
-    pretrained, _ = ckpt.load(base / "base")
+    pretrained, _ = finit.load(base / "base")
     cfg = build_config(None, [*SETTINGS, f"init={base / 'base'}"])
     data = TokenDataset(base / "ds")
     from gptlab.data import WindowSampler
@@ -291,9 +299,9 @@ def test_lora_checkpoints_hold_adapters_and_load_merged(base, tmp_path):
     assert size < 0.2 * (base / "base" / ckpt.WEIGHTS_FILE).stat().st_size
     spec = json.loads((result.checkpoint / ckpt.CONFIG_FILE).read_text())["lora"]
     assert spec["base"]["sha256"] == finit.source_sha256(base / "base") and spec["rank"] == 8
-    merged, tok = ckpt.load(run)  # every command loads through here: a LoRA run merges on load
+    merged, tok = finit.load(run)  # every command loads through here: a LoRA run merges on load
     assert tok is not None and not lora_layers(merged)
-    pretrained, _ = ckpt.load(base / "base")
+    pretrained, _ = finit.load(base / "base")
     x = torch.randint(0, tok.vocab_size, (2, 16))
     assert not torch.allclose(merged(x), pretrained(x), atol=1e-4)  # the adapters learned something
     # unmerged: the base with the saved adapters, applied by hand
@@ -303,7 +311,7 @@ def test_lora_checkpoints_hold_adapters_and_load_merged(base, tmp_path):
     assert (model.eval()(x) - merged(x)).abs().max() < 1e-5
     # gptlab merge writes the same model as a plain checkpoint
     assert main(["merge", str(run), "--out", str(tmp_path / "merged")]) == 0
-    plain, _ = ckpt.load(tmp_path / "merged")
+    plain, _ = finit.load(tmp_path / "merged")
     assert torch.equal(plain(x), merged(x))
     assert main(["merge", str(tmp_path / "merged"), "--out", str(tmp_path / "again")]) == 2
     # sample, eval and convert --to-hf take the LoRA run directly
@@ -322,7 +330,7 @@ def test_a_run_trained_on_shorter_windows_keeps_the_base_context_and_evals_at_it
     base and its merge are (one default context for all three, printed with the result)."""
     run = tmp_path / "run"
     _train(base, run, "max_steps=2", f"finetune={finetune}", "model.block_size=16", "ckpt_every=2")
-    assert ckpt.load(run)[0].config.block_size == 32
+    assert finit.load(run)[0].config.block_size == 32
     assert ckpt.read_config(ckpt.resolve_checkpoint(run) / ckpt.CONFIG_FILE).block_size == 16  # as trained
     assert (
         _train(base, run, "max_steps=3", f"finetune={finetune}", "model.block_size=16", resume=True).step == 3
@@ -357,12 +365,12 @@ def test_a_changed_base_is_refused(base, tmp_path):
     run = tmp_path / "run"
     cfg = build_config(None, [*SETTINGS, f"init={copy}", "max_steps=2", "finetune=lora"])
     gtrain.train(cfg, ds, run)
-    model, tok = ckpt.load(copy)
+    model, tok = finit.load(copy)
     with torch.no_grad():
         model.lm_head.weight.mul_(1.01)
     ckpt.save(model, tok, copy)
     with pytest.raises(GptlabError, match="has changed"):
-        ckpt.load(run)
+        finit.load(run)
 
 
 def test_lora_resume_is_bitwise_identical(base, tmp_path):

@@ -31,6 +31,7 @@ from gptlab.checkpoint.files import (
     read_json,
     read_tensors,
     resolve_checkpoint,
+    write_config,
     write_tensors,
 )
 from gptlab.checkpoint.integrity import CHECKSUMS_FILE, verify_checksums, write_checksums
@@ -44,7 +45,6 @@ from gptlab.checkpoint.model import (
     restore_weights,
     save,
     stored_format,
-    write_config,
 )
 from gptlab.checkpoint.run import (
     TRAIN_STATE_FILE,

@@ -110,8 +110,8 @@ def _from_gguf(source: Path, out: Path, args: argparse.Namespace) -> int:
 
 
 def _to_hf(source: Path, out: Path, args: argparse.Namespace) -> int:
-    from gptlab.checkpoint import load
     from gptlab.interop.hf import export_description, to_hf
+    from gptlab.sources import load
     from gptlab.tokenizers.hf_files import write_hf_tokenizer
 
     model, tokenizer = load(source)

@@ -130,12 +130,12 @@ def build_model(
 ) -> GPT:
     """A ``GPT`` (eval mode, CPU) from tensors under Hugging Face names, through ``family``'s name table.
 
-    ``quantize="int8" | "bf16"``: converted tensor by tensor (``gptlab.generate.load_quantized``).
+    ``quantize="int8" | "bf16"``: converted tensor by tensor (``gptlab.model.load_quantized``).
     """
     with torch.device("meta"):
         shapes = model_state(GPT(config))  # names and shapes only, no memory
     if quantize is not None:
-        from gptlab.generate.load_quantized import build_quantized
+        from gptlab.model.load_quantized import build_quantized
 
         return build_quantized(
             config, import_lazy(family, config, hf_state, shapes, source), quantize, source

@@ -12,7 +12,8 @@ demo.py          ``gptlab demo``: prepare → train → sample
 recipes/         built-in recipes (``--config NAME``)
 """
 
-from gptlab.train.config import TrainConfig, build_config, recipe_names, resolve_run
+from gptlab.train.config import TrainConfig, build_config, recipe_names
 from gptlab.train.loop import TrainResult, train
+from gptlab.train.runs import resolve_run
 
 __all__ = ["TrainConfig", "TrainResult", "build_config", "recipe_names", "resolve_run", "train"]
