@@ -16,7 +16,7 @@ each is written under a temporary name and renamed into place when complete, so 
     model.py   one checkpoint: ``save``/``load`` a model (and its tokenizer)
     run.py     training checkpoints in a run directory: state, cleaning, pruning
     rundir.py  a run directory as a whole: its settings, new or resumed, clearing a run
-    lora.py    LoRA checkpoints: adapters + a reference to the base, merged on load
+    lora.py    LoRA checkpoints: adapters + a reference to the base (merged on load by gptlab.sources)
 
 Every file is written atomically (temporary file, fsync, rename). Nothing is pickled.
 """
