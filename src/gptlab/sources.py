@@ -212,7 +212,9 @@ def load(
     if lora_files.is_lora_checkpoint(directory):  # the one place LoRA adapters are merged on load
         checkpoint.verify_checksums(directory)
         model, tokenizer = load_merged(directory, device, dtype)
-        return (quantize_model(model, quantize) if quantize else model), tokenizer  # type: ignore[return-value]
+        if quantize:
+            quantize_model(model, quantize)  # in place
+        return model, tokenizer
     return checkpoint.load(directory, device, dtype, quantize)
 
 
