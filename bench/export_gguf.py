@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 from gptlab.interop.gguf_export import TYPES, to_gguf
-from gptlab.train.init import load_source
+from gptlab.sources import load_source
 
 
 def main() -> None:

@@ -29,6 +29,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from gptlab.generate import generate_ids
+
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 ALPHABET = "abcdefghijklmnopqrstuvwxyzA+.: \n"
 #: the real model's words: common English nouns (32 · 31 = 992 ordered pairs)
@@ -86,7 +88,7 @@ def greedy_replies(source: Path | str, held: list[tuple[str, str]]) -> list[str]
     import torch
 
     from gptlab.data.chat import renderer
-    from gptlab.train.init import load_source
+    from gptlab.sources import load_source
 
     model, tok = load_source(source)
     model.eval()
@@ -103,7 +105,7 @@ def greedy_replies(source: Path | str, held: list[tuple[str, str]]) -> list[str]
     for group in by_length.values():
         idx = torch.tensor([prompts[i] for i in group])  # (B, T): every prompt of the group is T tokens
         with torch.no_grad():
-            out = model.generate(idx, n_new, temperature=0.0)[:, idx.size(1) :]
+            out = generate_ids(model, idx, n_new, temperature=0.0)[:, idx.size(1) :]
         for i, row in zip(group, out.tolist()):
             replies[i] = tok.decode(row[: row.index(end)] if end in row else row)
     return replies

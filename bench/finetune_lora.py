@@ -32,7 +32,7 @@ def _peak_rss_mb() -> float:
 
 
 def _reset_peak() -> None:
-    from gptlab.generate.quantization import release_memory
+    from gptlab.model.quantized import release_memory
 
     gc.collect()
     release_memory()  # hand the loader's transient buffers back first
@@ -42,8 +42,9 @@ def _reset_peak() -> None:
 def one_mode(args: argparse.Namespace) -> dict:
     import torch
 
+    from gptlab.sources import load_source, resolve_source
     from gptlab.train.config import build_config
-    from gptlab.train.init import FINETUNE, load_source, resolve_source
+    from gptlab.train.init import FINETUNE
     from gptlab.train.lora import trainable_fraction
     from gptlab.train.optim import build_optimizer
 

@@ -55,9 +55,9 @@ def main() -> int:
 
     import gptlab
     from gptlab.data import TokenDataset, prepare
+    from gptlab.sources import load_source
     from gptlab.train import train
     from gptlab.train.config import build_config
-    from gptlab.train.init import load_source
     from gptlab.train.metrics import METRICS_FILE, read_metrics
 
     t0 = time.perf_counter()

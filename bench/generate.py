@@ -29,9 +29,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 from gptlab.cli.options import resolve_dtype  # noqa: E402
 from gptlab.generate import BatchSession, SampleConfig, engine_of, prepare_decoding  # noqa: E402
 from gptlab.generate.loop import decode_rows, start  # noqa: E402
-from gptlab.generate.quantization import quantize  # noqa: E402
 from gptlab.hardware import inference_weights  # noqa: E402
 from gptlab.model import GPT, GPTConfig  # noqa: E402
+from gptlab.model.quantized import quantize  # noqa: E402
 
 ISSUE_BANDWIDTH_GBS = 10.5  # the figure the generation issue gives for this machine
 
@@ -61,7 +61,7 @@ def read_bandwidth_gbs() -> float:
 def weight_bytes(model: torch.nn.Module) -> int:
     """Bytes a decode step must read: every matrix product's weights, scales and biases (a tied head
     reads the embedding table); not the embedding lookup (one row) or the small norm vectors."""
-    from gptlab.generate.quantization import InferenceLinear
+    from gptlab.model.quantized import InferenceLinear
 
     total = 0
     for m in model.modules():

@@ -20,7 +20,7 @@ Prints ONE JSON line per figure:
   the script and not a speed). MFU uses ``gptlab size``'s training FLOPs per token;
   ``peak_mem_mb`` is the CUDA allocator's high-water mark over the timed steps.
 * ``decode``: greedy decoding, 32-token prompt, 128 new tokens, bf16 weights, at batch 1, 8 and 64:
-  ``model.generate`` (the static cache + CUDA graphs path; ``compiled`` says the graphs ran) and
+  ``generate_ids`` (the static cache + CUDA graphs path; ``compiled`` says the graphs ran) and
   transformers' ``generate`` on the same shapes, with the ratio.
 * ``serve``: ``bench/serve_load.py`` against ``gptlab serve`` of a random GPT-2 124M checkpoint,
   64 concurrent streams (aggregate tokens/s; every stream checked for well-formedness).
@@ -50,6 +50,7 @@ sys.path.insert(0, str(HERE))
 import baseline_minimal  # noqa: E402
 from generate import hf_bench  # noqa: E402
 
+from gptlab.generate import generate_ids  # noqa: E402
 from gptlab.generate.engine import engine_of, prepare_decoding  # noqa: E402
 from gptlab.inspect.flops import mfu, peak_flops, training_flops_per_token  # noqa: E402
 from gptlab.interop.hf import export_family  # noqa: E402
@@ -211,7 +212,7 @@ def decode_figures(args, device: str, base: GPTConfig) -> None:
     hf_config = export_family(base).config_to_hf(base)  # the same shapes, as transformers names them
     for batch in args.batches:
         idx = torch.randint(0, base.vocab_size, (batch, args.prompt_tokens), device=device)
-        run = functools.partial(model.generate, idx, args.new_tokens, temperature=0)
+        run = functools.partial(generate_ids, model, idx, args.new_tokens, temperature=0)
         t = time.perf_counter()
         run()  # the first run prefills, compiles and captures this bucket's graph
         first = time.perf_counter() - t

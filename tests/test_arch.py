@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from gptlab.errors import GptlabError
-from gptlab.generate import BatchSession
+from gptlab.generate import BatchSession, generate_ids
 from gptlab.model import GPT, EncoderDecoder, GPTConfig, build_model
 from gptlab.model.attention import plain_attention
 from gptlab.model.mlp import GatedFeedForward, ffn_param_count
@@ -269,4 +269,4 @@ def test_dropout_composes_with_both_stacks_and_an_encoder_cannot_generate() -> N
     model.eval()
     torch.testing.assert_close(model(tgt, source=src), model(tgt, source=src))
     with pytest.raises(GptlabError, match="bidirectional encoder"):
-        GPT(tiny(arch="encoder")).generate(torch.zeros(1, 2, dtype=torch.long), 3)
+        generate_ids(GPT(tiny(arch="encoder")), torch.zeros(1, 2, dtype=torch.long), 3)

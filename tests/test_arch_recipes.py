@@ -15,8 +15,7 @@ import torch
 
 from gptlab import checkpoint as ckpt
 from gptlab.cli import main
-from gptlab.generate import SampleConfig
-from gptlab.generate import seq2seq as s2s
+from gptlab.generate import SampleConfig, generate_text
 from gptlab.model import EncoderDecoder, GPTConfig
 from gptlab.tokenizers import CharTokenizer
 
@@ -54,7 +53,7 @@ def test_toy_recipe_from_the_command_line(tmp_path, capsys) -> None:
     ):
         assert main(["sample", str(run), "--prompt", "abcdef", "--max-new-tokens", "8", *flags]) == 0
         printed = capsys.readouterr().out
-        assert printed.strip() == s2s.generate_text(model, tok, "abcdef", config).strip()
+        assert printed.strip() == generate_text(model, tok, "abcdef", config).strip()
 
 
 def test_mlm_char_recipe_from_the_command_line(tmp_path, capsys) -> None:
@@ -134,6 +133,6 @@ def test_four_concurrent_requests_each_get_their_own_target(s2s_model) -> None:
     for body, text in zip(requests[:3], alone[:3], strict=True):
         extra = {k: v for k, v in body.items() if k in ("temperature", "beam_width")}
         config = SampleConfig(max_new_tokens=24, logit_bias=no_eos, **extra)
-        want = s2s.generate_text(model, tok, body["prompt"], config)
+        want = generate_text(model, tok, body["prompt"], config)
         assert text == want
     assert len(set(alone)) == 4  # different sources, different targets

@@ -156,7 +156,7 @@ def test_loss_impl_is_chosen_by_name_and_auto_by_size():
 
 
 def test_a_lora_head_falls_back_to_the_plain_path():
-    from gptlab.train.lora import LoRASpec, apply_lora
+    from gptlab.model.lora import LoRASpec, apply_lora
 
     torch.manual_seed(0)
     model = GPT(GPTConfig(vocab_size=40, block_size=8, n_layer=1, n_head=2, n_embd=16, tie_embeddings=False))

@@ -16,7 +16,7 @@ from gptlab.generate.plan import (
     matrix_bytes,
     plan_decoding,
 )
-from gptlab.generate.quantization import STREAM_MIN_BYTES
+from gptlab.model.quantized import STREAM_MIN_BYTES
 
 BIG = 538 * 2**20  # SmolLM2-135M in float32
 

@@ -156,7 +156,7 @@ def test_default_model_in_llama_cpp(llama_cpp, tmp_path, shakespeare_path, capsy
     from gptlab.data import prepare
     from gptlab.train import train
     from gptlab.train.config import DEFAULT_RECIPE, build_config
-    from gptlab.train.init import load_source
+    from gptlab.sources import load_source
 
     data = tmp_path / "ds"
     prepare([shakespeare_path], data, block_size=64)

@@ -21,6 +21,7 @@ from _export_hf import DECODERS, SHAPE, TOL, hf_dir, load_hf, max_diff, perturbe
 import gptlab
 from gptlab import GPTConfig, GptlabError
 from gptlab.cli import main
+from gptlab.generate import generate_ids
 from gptlab.interop.hf import export_family, to_hf
 
 transformers = pytest.importorskip("transformers", reason="transformers is the reference loader")
@@ -53,7 +54,7 @@ def test_remote_code_left_padding_matches_each_prompt_alone(name, tmp_path):
         assert max_diff(logits[0], model(idx[:1])[0]) <= TOL
         assert max_diff(logits[1, 5:], model(idx[1:, 5:])[0]) <= TOL
         out = hf.generate(idx, attention_mask=mask, max_new_tokens=4, do_sample=False)
-    assert out[1, 12:].tolist() == model.generate(idx[1:, 5:], 4, temperature=0)[0, 7:].tolist()
+    assert out[1, 12:].tolist() == generate_ids(model, idx[1:, 5:], 4, temperature=0)[0, 7:].tolist()
 
 
 def test_remote_code_generates_with_gptlabs_kv_cache(tmp_path):
@@ -75,7 +76,7 @@ def test_remote_code_generates_with_gptlabs_kv_cache(tmp_path):
         ]
     assert seen == [8, 1, 1, 1, 1, 1]  # the prompt once, then one new token per step
     assert torch.equal(cached, uncached) and torch.equal(beams[0], beams[1])
-    assert cached[0, 8:].tolist() == model.generate(idx[:1, 3:], 6, temperature=0)[0, 5:].tolist()
+    assert cached[0, 8:].tolist() == generate_ids(model, idx[:1, 3:], 6, temperature=0)[0, 5:].tolist()
 
 
 def test_remote_code_is_forced_on_a_native_model_and_agrees(tmp_path):

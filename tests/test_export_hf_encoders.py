@@ -61,7 +61,7 @@ def test_fill_mask_pipeline_predicts_gptlabs_token(tmp_path):
 )
 def test_encoder_decoder_loads_as_seq2seq_and_generates_gptlabs_tokens(options, tmp_path):
     from gptlab.generate import SampleConfig
-    from gptlab.generate.seq2seq import generate_ids
+    from gptlab.generate.seq2seq import target_ids
 
     tok = CharTokenizer.from_text(TEXT, special_tokens=["<|endoftext|>"])
     model = perturbed(
@@ -89,8 +89,6 @@ def test_encoder_decoder_loads_as_seq2seq_and_generates_gptlabs_tokens(options, 
         ]
     assert seen == [10, 1, 1, 1, 1, 1]  # the source once, then one target token per step (gptlab's cache)
     assert torch.equal(cached, uncached) and torch.equal(beams[0], beams[1])
-    ours, _ = generate_ids(
-        model, src[0].tolist(), tok.eot_id, SampleConfig(max_new_tokens=6, temperature=0.0)
-    )
+    ours, _ = target_ids(model, src[0].tolist(), tok.eot_id, SampleConfig(max_new_tokens=6, temperature=0.0))
     assert out[0, 0].item() == tok.eot_id  # the decoder starts from <|endoftext|>, as gptlab's does
     assert out[0, 1:].tolist()[: len(ours)] == ours

@@ -10,18 +10,21 @@ import pytest
 import torch
 from _tiny import TINY_TRAIN, interrupted_copy
 
+import gptlab
 from gptlab import checkpoint as ckpt
+from gptlab import sources
 from gptlab.checkpoint.lora import ADAPTERS_FILE
 from gptlab.cli import main
 from gptlab.cli.options import resolve_dtype
 from gptlab.data import TokenDataset, prepare
 from gptlab.errors import GptlabError
 from gptlab.model import GPT, GPTConfig
+from gptlab.model.lora import LoRASpec, apply_lora, lora_layers, merge_lora
+from gptlab.sources import model_tokenizer
 from gptlab.tokenizers import CharTokenizer
-from gptlab.train import init as finit
 from gptlab.train import loop as gtrain
 from gptlab.train.config import build_config
-from gptlab.train.lora import LoRASpec, apply_lora, lora_layers, merge_lora, trainable_fraction
+from gptlab.train.lora import trainable_fraction
 from gptlab.train.metrics import read_metrics
 
 TEXT = "\n".join(
@@ -61,7 +64,13 @@ def base(tmp_path_factory):
     tok = CharTokenizer.from_text(TEXT, special_tokens=["<|endoftext|>"])
     model = _model(vocab=tok.vocab_size)
     ckpt.save(model, tok, root / "base")
-    prepare([root / "c.txt"], root / "ds", tokenizer=str(root / "base"), block_size=16)
+    prepare(
+        [root / "c.txt"],
+        root / "ds",
+        tokenizer=str(root / "base"),
+        model_tokenizer=model_tokenizer,
+        block_size=16,
+    )
     return root
 
 
@@ -164,7 +173,7 @@ def test_adapters_train_in_float32_on_a_low_precision_base(fmt):
 
 # ---------------------------------------------------------------- init
 def test_step0_loss_equals_the_pretrained_models_loss(base, tmp_path):
-    pretrained, _ = ckpt.load(base / "base")
+    pretrained, _ = sources.load(base / "base")
     cfg = build_config(None, [*SETTINGS, f"init={base / 'base'}"])
     data = TokenDataset(base / "ds")
     from gptlab.data import WindowSampler
@@ -206,7 +215,7 @@ def test_dataset_with_another_tokenizer_is_refused(base, tmp_path):
     with pytest.raises(GptlabError, match="finetune=lora needs init"):
         gtrain.train(build_config(None, [*SETTINGS, "finetune=lora"]), base / "ds", tmp_path / "r")
     with pytest.raises(GptlabError, match="no such checkpoint"):
-        finit.source_kind(tmp_path / "nothing.gguf")
+        sources.source_kind(tmp_path / "nothing.gguf")
 
 
 def test_init_from_a_hugging_face_folder(tmp_path):
@@ -226,7 +235,7 @@ def test_init_from_a_hugging_face_folder(tmp_path):
     hf.save_pretrained(tmp_path / "hf")
     (tmp_path / "t.txt").write_text(TEXT)
     prepare([tmp_path / "t.txt"], tmp_path / "ds", tokenizer="char", block_size=16)
-    assert finit.source_kind(tmp_path / "hf") == "hf"
+    assert sources.source_kind(tmp_path / "hf") == "hf"
     cfg = build_config(None, [*SETTINGS, f"init={tmp_path / 'hf'}", "max_steps=1", "model.block_size=16"])
     run = tmp_path / "run"
     gtrain.train(cfg, tmp_path / "ds", run)
@@ -241,9 +250,9 @@ def test_init_from_a_hugging_face_folder(tmp_path):
 
 def test_a_gguf_path_goes_to_the_gguf_reader(tmp_path):
     (tmp_path / "m.gguf").write_bytes(b"not a gguf file")
-    assert finit.source_kind(tmp_path / "m.gguf") == "gguf"
+    assert sources.source_kind(tmp_path / "m.gguf") == "gguf"
     with pytest.raises(GptlabError):
-        finit.load_source(tmp_path / "m.gguf")
+        sources.load_source(tmp_path / "m.gguf")
 
 
 def test_a_short_name_names_a_packaged_gguf_file_and_a_path_wins(base, tmp_path, monkeypatch):
@@ -252,21 +261,21 @@ def test_a_short_name_names_a_packaged_gguf_file_and_a_path_wins(base, tmp_path,
     monkeypatch.setitem(gguf.KNOWN_FILES, "tinyname", ("gptlab", "m.gguf"))  # a "package" holding m.gguf
     monkeypatch.setitem(gguf.KNOWN_FILES, "nopkg", ("no_such_package_here", "m.gguf"))
     monkeypatch.chdir(tmp_path)
-    packaged = finit.source_path("tinyname")
+    packaged = sources.source_path("tinyname")
     assert packaged.name == "m.gguf" and packaged.parent.name == "gptlab" and packaged.is_absolute()
-    assert str(finit.source_path("unknown-name")) == "unknown-name"
+    assert str(sources.source_path("unknown-name")) == "unknown-name"
     with pytest.raises(GptlabError, match="no-such-package-here package, which is not installed"):
-        finit.source_kind("nopkg")
+        sources.source_kind("nopkg")
     shutil.copytree(base / "base", tmp_path / "tinyname")  # a checkpoint folder of that name is what it means
-    assert finit.source_kind("tinyname") == "gptlab"
-    assert finit.resolve_source("tinyname").is_relative_to(tmp_path / "tinyname")
+    assert sources.source_kind("tinyname") == "gptlab"
+    assert sources.resolve_source("tinyname").is_relative_to(tmp_path / "tinyname")
 
 
 def test_train_init_flag_starts_from_the_weights(base, tmp_path):
     args = ["train", "--data", str(base / "ds"), "--out", str(tmp_path / "run"), "--init", str(base / "base")]
     assert main([*args, *SETTINGS, "max_steps=2", "finetune=lora"]) == 0
     spec = json.loads((ckpt.resolve_checkpoint(tmp_path / "run") / ckpt.CONFIG_FILE).read_text())["lora"]
-    assert spec["base"]["sha256"] == finit.source_sha256(base / "base")
+    assert spec["base"]["sha256"] == sources.source_sha256(base / "base")
 
 
 @pytest.mark.skipif(
@@ -277,8 +286,8 @@ def test_init_smollm2_is_the_packaged_model(tmp_path, monkeypatch):
     from gptlab.interop.gguf import resolve
 
     monkeypatch.chdir(tmp_path)
-    assert finit.source_path("smollm2") == resolve("smollm2")
-    assert finit.source_kind("smollm2") == "gguf"
+    assert sources.source_path("smollm2") == resolve("smollm2")
+    assert sources.source_kind("smollm2") == "gguf"
 
 
 # ---------------------------------------------------------------- LoRA checkpoints
@@ -290,20 +299,23 @@ def test_lora_checkpoints_hold_adapters_and_load_merged(base, tmp_path):
     size = (result.checkpoint / ADAPTERS_FILE).stat().st_size
     assert size < 0.2 * (base / "base" / ckpt.WEIGHTS_FILE).stat().st_size
     spec = json.loads((result.checkpoint / ckpt.CONFIG_FILE).read_text())["lora"]
-    assert spec["base"]["sha256"] == finit.source_sha256(base / "base") and spec["rank"] == 8
-    merged, tok = ckpt.load(run)  # every command loads through here: a LoRA run merges on load
+    assert spec["base"]["sha256"] == sources.source_sha256(base / "base") and spec["rank"] == 8
+    merged, tok = sources.load(run)  # every command loads through here: a LoRA run merges on load
     assert tok is not None and not lora_layers(merged)
-    pretrained, _ = ckpt.load(base / "base")
+    assert gptlab.load is sources.load  # the public entry point is gptlab.sources.load
+    with pytest.raises(GptlabError, match="open it with gptlab.load"):
+        ckpt.load(run)  # the checkpoint layer reads files only: merging needs the base, any source
+    pretrained, _ = sources.load(base / "base")
     x = torch.randint(0, tok.vocab_size, (2, 16))
     assert not torch.allclose(merged(x), pretrained(x), atol=1e-4)  # the adapters learned something
     # unmerged: the base with the saved adapters, applied by hand
-    model, _ = finit.load_source(base / "base")
+    model, _ = sources.load_source(base / "base")
     apply_lora(model, ckpt.lora.read_spec(result.checkpoint))
     ckpt.restore_weights(model, result.checkpoint)
     assert (model.eval()(x) - merged(x)).abs().max() < 1e-5
     # gptlab merge writes the same model as a plain checkpoint
     assert main(["merge", str(run), "--out", str(tmp_path / "merged")]) == 0
-    plain, _ = ckpt.load(tmp_path / "merged")
+    plain, _ = sources.load(tmp_path / "merged")
     assert torch.equal(plain(x), merged(x))
     assert main(["merge", str(tmp_path / "merged"), "--out", str(tmp_path / "again")]) == 2
     # sample, eval and convert --to-hf take the LoRA run directly
@@ -322,7 +334,7 @@ def test_a_run_trained_on_shorter_windows_keeps_the_base_context_and_evals_at_it
     base and its merge are (one default context for all three, printed with the result)."""
     run = tmp_path / "run"
     _train(base, run, "max_steps=2", f"finetune={finetune}", "model.block_size=16", "ckpt_every=2")
-    assert ckpt.load(run)[0].config.block_size == 32
+    assert sources.load(run)[0].config.block_size == 32
     assert ckpt.read_config(ckpt.resolve_checkpoint(run) / ckpt.CONFIG_FILE).block_size == 16  # as trained
     assert (
         _train(base, run, "max_steps=3", f"finetune={finetune}", "model.block_size=16", resume=True).step == 3
@@ -357,12 +369,12 @@ def test_a_changed_base_is_refused(base, tmp_path):
     run = tmp_path / "run"
     cfg = build_config(None, [*SETTINGS, f"init={copy}", "max_steps=2", "finetune=lora"])
     gtrain.train(cfg, ds, run)
-    model, tok = ckpt.load(copy)
+    model, tok = sources.load(copy)
     with torch.no_grad():
         model.lm_head.weight.mul_(1.01)
     ckpt.save(model, tok, copy)
     with pytest.raises(GptlabError, match="has changed"):
-        ckpt.load(run)
+        sources.load(run)
 
 
 def test_lora_resume_is_bitwise_identical(base, tmp_path):

@@ -21,6 +21,7 @@ from gptlab.data.chat import _chatml, segments
 from gptlab.data.sampler import document_inputs
 from gptlab.errors import GptlabError
 from gptlab.model import GPT, GPTConfig
+from gptlab.sources import model_tokenizer
 from gptlab.tokenizers import CharTokenizer
 from gptlab.train import train
 from gptlab.train.config import build_config
@@ -63,7 +64,12 @@ def base(tmp_path_factory):
 def _prepare(base, out, fmt="chat", src="chat.jsonl", block_size=127, **options):
     prep = {"chat": prepare_chat, "alpaca": prepare_alpaca}[fmt]
     return prep(
-        [base / src], out, tokenizer=str(base / "base"), block_size=block_size, options=ChatOptions(**options)
+        [base / src],
+        out,
+        tokenizer=str(base / "base"),
+        model_tokenizer=model_tokenizer,
+        block_size=block_size,
+        options=ChatOptions(**options),
     )
 
 
@@ -101,7 +107,7 @@ def test_the_sampler_ignores_masked_targets(base, tmp_path):
     batches = list(eval_batches(data.split("val"), 127, 2, None, **data.arrays("val", 127)))
     assert all(len(b) == 3 for b in batches)
     # gptlab eval on instruction data: the rows, assistant tokens only
-    from gptlab.train.evaluate import evaluate_path
+    from gptlab.train.eval_checkpoint import evaluate_path
 
     result, _ = evaluate_path(base / "base", data=tmp_path / "ds")
     assert result.tokens == sum(int((b[1] != -1).sum()) for b in batches)
@@ -153,11 +159,18 @@ def test_bad_records_name_file_and_line(base, tmp_path, record, why):
         tmp_path / "bad.jsonl", [_conversation(1), _conversation(2), record, _conversation(3)]
     )
     with pytest.raises(GptlabError, match=rf"bad.jsonl:3: .*{why}"):
-        prepare_chat([path], tmp_path / "o", tokenizer=str(base / "base"), block_size=63)
+        prepare_chat(
+            [path],
+            tmp_path / "o",
+            tokenizer=str(base / "base"),
+            model_tokenizer=model_tokenizer,
+            block_size=63,
+        )
     meta = prepare_chat(
         [path],
         tmp_path / "ok",
         tokenizer=str(base / "base"),
+        model_tokenizer=model_tokenizer,
         block_size=63,
         options=ChatOptions(skip_bad=True),
     )
@@ -210,7 +223,13 @@ def test_alpaca_records_become_one_user_and_one_assistant_turn(base, tmp_path):
     assert data.tokenizer.decode(row[m == 1].tolist()).startswith("ok ")
     with pytest.raises(GptlabError, match='b.json:2: "output"'):
         (tmp_path / "b.json").write_text(json.dumps([records[0], {"instruction": "x"}]))
-        prepare_alpaca([tmp_path / "b.json"], tmp_path / "o", tokenizer=str(base / "base"), block_size=63)
+        prepare_alpaca(
+            [tmp_path / "b.json"],
+            tmp_path / "o",
+            tokenizer=str(base / "base"),
+            model_tokenizer=model_tokenizer,
+            block_size=63,
+        )
 
 
 def test_segments_of_a_template_that_is_not_prefix_consistent_are_refused():

@@ -24,12 +24,12 @@ pytestmark = [
 
 
 def test_lora_on_smollm2_chat_data(tmp_path):
-    from gptlab import checkpoint as ckpt
+    import gptlab
     from gptlab.checkpoint.lora import ADAPTERS_FILE
     from gptlab.data import TokenDataset, WindowSampler, prepare_chat
+    from gptlab.sources import load_source, model_tokenizer
     from gptlab.train import train
     from gptlab.train.config import build_config
-    from gptlab.train.init import load_source
     from gptlab.train.metrics import read_metrics
 
     smol = Path(os.path.dirname(SPEC.origin)) / "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -44,7 +44,13 @@ def test_lora_on_smollm2_chat_data(tmp_path):
         for b in range(6)
     ]
     (tmp_path / "chat.jsonl").write_text("".join(json.dumps(c) + "\n" for c in chats))
-    meta = prepare_chat([tmp_path / "chat.jsonl"], tmp_path / "ds", tokenizer=str(smol), block_size=127)
+    meta = prepare_chat(
+        [tmp_path / "chat.jsonl"],
+        tmp_path / "ds",
+        tokenizer=str(smol),
+        model_tokenizer=model_tokenizer,
+        block_size=127,
+    )
     assert meta["template"] == "model" and meta["examples"] == 36  # SmolLM2's own Jinja template
     data = TokenDataset(tmp_path / "ds")
     tokens, mask = np.asarray(data.split("train")), np.asarray(data.arrays("train")["mask"])
@@ -73,5 +79,5 @@ def test_lora_on_smollm2_chat_data(tmp_path):
     first = next(r["loss"] for r in read_metrics(tmp_path / "run" / "metrics.jsonl") if r.get("step") == 1)
     assert first == pytest.approx(expected, rel=1e-5)  # nothing re-initialised
     assert (result.checkpoint / ADAPTERS_FILE).stat().st_size < 3e6  # 0.65 M float32 adapter weights
-    merged, tok = ckpt.load(tmp_path / "run")
+    merged, tok = gptlab.load(tmp_path / "run")
     assert tok is not None and merged.config.block_size == 8192  # the base's full context again

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from gptlab.errors import GptlabError
-from gptlab.generate import BatchSession, ContextWarning
+from gptlab.generate import BatchSession, ContextWarning, generate_ids
 from gptlab.model import GPT, GPTConfig, KVCache
 
 OPTIONS = [
@@ -109,7 +109,7 @@ def test_learned_positions_stop_at_the_limit_and_say_so_with_slide_false():
     model = tiny(block_size=12, pos="learned")
     idx = torch.randint(0, 61, (2, 8))
     with pytest.warns(ContextWarning, match="context limit"):
-        out = model.generate(idx, 10, temperature=0, slide=False)
+        out = generate_ids(model, idx, 10, temperature=0, slide=False)
     # the prompt keeps 12 − min(10, 6) = 6 tokens; 6 more positions fill the context, plus the token they predict
     assert out.shape == (2, 8 + 6 + 1)
     session = BatchSession(model, 1)
@@ -133,7 +133,7 @@ def test_every_position_goes_past_the_context_over_the_last_block_size_tokens(po
             assert len(window) == min(t + 1, 12)
         torch.testing.assert_close(out, uncached(model, window), **TOL)
     with pytest.warns(ContextWarning, match="sliding window") as caught:
-        out = model.generate(torch.tensor([ids[:4]]), 30, temperature=0)
+        out = generate_ids(model, torch.tensor([ids[:4]]), 30, temperature=0)
     assert out.shape == (1, 34)  # every requested token, 22 of them past the context
     assert sum("sliding window" in str(w.message) for w in caught) == 1  # the notice comes once
 

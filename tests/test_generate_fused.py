@@ -7,7 +7,7 @@ import torch
 
 import gptlab
 from gptlab.compiling import can_compile
-from gptlab.generate import BatchSession, engine_of, prepare_decoding
+from gptlab.generate import BatchSession, engine_of, generate_ids, prepare_decoding
 from gptlab.generate.fused_step import one_token_step
 from gptlab.model import GPT, GPTConfig
 
@@ -76,10 +76,13 @@ def test_compiled_step_compiles_once_for_every_cache_length(monkeypatch):
 
     model = _model("int8")
     frames = dynamo_utils.counters["frames"]
-    assert model.generate(torch.tensor([[1, 2, 3]]), 3, temperature=0).shape == (1, 6)  # cache ends 4..6
+    assert generate_ids(model, torch.tensor([[1, 2, 3]]), 3, temperature=0).shape == (1, 6)  # cache ends 4..6
     assert engine_of(model).one_token._compiled is not None
     before = frames["ok"]
-    assert model.generate(torch.tensor([list(range(8))]), 16, temperature=0).shape == (1, 24)  # ends 9..24
+    assert generate_ids(model, torch.tensor([list(range(8))]), 16, temperature=0).shape == (
+        1,
+        24,
+    )  # ends 9..24
     assert frames["ok"] == before  # nothing new compiled: the cache length is a symbol, not a constant
 
 

@@ -17,6 +17,7 @@ from gptlab.generate import (
     Sampler,
     TokenStep,
     fit_prompt,
+    generate_ids,
     generate_text,
     stream_events,
 )
@@ -67,7 +68,7 @@ def test_greedy_past_the_context_equals_the_uncached_window(tok, pos):
     """Absolute positions re-run the last block_size tokens: nanoGPT's ``idx[:, -block_size:]`` loop."""
     model = tiny(tok, pos)
     prompt = tok.encode("abc")
-    got = model.generate(torch.tensor([prompt]), 40, temperature=0)[0].tolist()
+    got = generate_ids(model, torch.tensor([prompt]), 40, temperature=0)[0].tolist()
     if pos == "learned":
         ids = list(prompt)
         with torch.no_grad():

@@ -19,8 +19,8 @@ import gptlab  # noqa: E402
 from gptlab.checkpoint.integrity import write_checksums  # noqa: E402
 from gptlab.cli import main  # noqa: E402
 from gptlab.errors import GptlabError  # noqa: E402
-from gptlab.generate.quantization import Int8Embedding, Int8Linear  # noqa: E402
 from gptlab.interop.gguf import from_gguf, tokenizer_from_gguf  # noqa: E402
+from gptlab.model.quantized import Int8Embedding, Int8Linear  # noqa: E402
 from gptlab.tokenizers.chat import encode_chat  # noqa: E402
 
 IDS = torch.tensor([[0, 5, 77, 258, 259, 100, 3, 9, 200, 31]])
@@ -105,7 +105,7 @@ def test_an_int8_checkpoint_refuses_what_it_cannot_do(gguf_file, tmp_path, capsy
     assert err.startswith("error:") and "int8" in err and "\n" not in err
     with pytest.raises(GptlabError, match="cannot be loaded as bf16"):
         gptlab.load(out, quantize="bf16")
-    from gptlab.train.init import load_source
+    from gptlab.sources import load_source
 
     with pytest.raises(GptlabError, match="cannot be trained"):
         load_source(out)

@@ -16,6 +16,7 @@ import torch
 from _tiny import TINY_TRAIN
 
 from gptlab.data import prepare
+from gptlab.generate import generate_ids
 from gptlab.generate.engine import engine_of, prepare_decoding
 from gptlab.generate.static import StaticSession
 from gptlab.model import GPT, GPTConfig
@@ -94,11 +95,11 @@ def test_cuda_graph_path_equals_the_eager_path_in_float32(options):
     model = _cuda_model(**options)
     idx = torch.randint(0, 997, (3, 7), device="cuda")
     prepare_decoding(model, static=False)
-    ref = model.generate(idx, 24, temperature=0)
+    ref = generate_ids(model, idx, 24, temperature=0)
     prepare_decoding(model)  # the library default: CUDA graphs on CUDA
     with warnings.catch_warnings():
         warnings.filterwarnings("error", message=".*torch.compile failed")  # a fallback to eager
-        got = model.generate(idx, 24, temperature=0)
+        got = generate_ids(model, idx, 24, temperature=0)
     session = engine_of(model).static
     assert session.compiled, "the step did not run through torch.compile"
     assert torch.equal(got, ref)

@@ -152,7 +152,7 @@ def test_detect_reads_this_machine():
 
 # ------------------------------------------------------------------ inference kernels per machine
 def test_bf16_weights_multiply_many_rows_in_float32_where_bf16_is_emulated(monkeypatch):
-    from gptlab.generate import quantization as qz
+    from gptlab.model import quantized as qz
 
     monkeypatch.setattr(hardware, "detect", lambda: AVX2)
     torch.manual_seed(0)
@@ -173,7 +173,7 @@ def test_bf16_weights_multiply_many_rows_in_float32_where_bf16_is_emulated(monke
 
 
 def test_bf16_weights_are_prepacked_only_where_bf16_is_native(monkeypatch):
-    from gptlab.generate import quantization as qz
+    from gptlab.model import quantized as qz
 
     monkeypatch.setattr(hardware, "detect", lambda: AVX512_BF16)
     layer = qz.PackedBF16Linear(torch.nn.Linear(32, 48))
@@ -184,8 +184,8 @@ def test_bf16_weights_are_prepacked_only_where_bf16_is_native(monkeypatch):
 @pytest.mark.parametrize(("machine", "act"), [(AVX2, torch.float32), (AVX512_BF16, torch.bfloat16)])
 def test_int8_activations_follow_the_machine(machine, act, monkeypatch):
     import gptlab
-    from gptlab.generate import quantization as qz
     from gptlab.model import GPT, GPTConfig
+    from gptlab.model import quantized as qz
 
     monkeypatch.setattr(hardware, "detect", lambda: machine)
     model = gptlab.quantize(

@@ -7,8 +7,9 @@ import torch
 
 import gptlab
 from gptlab.errors import GptlabError
-from gptlab.generate.quantization import Int8Linear
+from gptlab.generate import generate_ids
 from gptlab.model import GPT, GPTConfig
+from gptlab.model.quantized import Int8Linear
 from gptlab.tokenizers import CharTokenizer
 from gptlab.train.evaluate import evaluate_tokens
 
@@ -70,7 +71,7 @@ def test_quantized_models_generate_and_shrink():
     before = nbytes(model.blocks)
     q = gptlab.quantize(model, "int8")
     assert q is model and nbytes(model.blocks) < 0.35 * before
-    assert model.generate(idx, 5, temperature=0).shape == (2, 9)
+    assert generate_ids(model, idx, 5, temperature=0).shape == (2, 9)
     with pytest.raises(GptlabError, match="already int8"):
         gptlab.quantize(model, "bf16")
     with pytest.raises(GptlabError, match="choose one of"):
@@ -78,7 +79,7 @@ def test_quantized_models_generate_and_shrink():
 
 
 # ------------------------------------------------------------- the one-row (decode) kernel
-from gptlab.generate import quantization as qz  # noqa: E402
+from gptlab.model import quantized as qz  # noqa: E402
 
 FORMATS = {
     "fp32": (qz.FloatLinear, torch.float32, 1e-5),
@@ -122,7 +123,7 @@ def test_each_weight_format_compiles_its_one_row_kernel_a_few_times_only(monkeyp
         idx = torch.randint(0, 600, (1, 5))
         before = frames["ok"]
         for _ in range(2):
-            assert model.generate(idx, 4, temperature=0).shape == (1, 9)
+            assert generate_ids(model, idx, 4, temperature=0).shape == (1, 9)
         # square and oblong matrices, with and without bias: at most three graphs per format, not
         # one per shape (dynamo allows 8 per code object; past that a kernel would silently run eager)
         assert frames["ok"] - before <= 3, (fmt, frames["ok"] - before)

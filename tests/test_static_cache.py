@@ -81,9 +81,9 @@ def test_model_generate_takes_the_static_path_and_agrees(options):
     idx = torch.tensor([p[:2] for p in PROMPTS[:3]])
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # learned positions reach the context limit (same on both paths)
-        ref = model.generate(idx, 30, temperature=0)
+        ref = generate_ids(model, idx, 30, temperature=0)
         eager_static(model)
-        got = model.generate(idx, 30, temperature=0)
+        got = generate_ids(model, idx, 30, temperature=0)
     assert isinstance(engine_of(model).static, StaticSession)  # it really ran the static path
     assert torch.equal(got, ref)
     prepare_decoding(model, static=False)

@@ -11,6 +11,7 @@ from safetensors import safe_open
 import gptlab
 from gptlab.checkpoint import load_model_state, model_state
 from gptlab.errors import GptlabError
+from gptlab.generate import generate_ids
 from gptlab.generate.static import StaticSession
 from gptlab.model import GPT, GPTConfig
 
@@ -66,7 +67,7 @@ def test_padding_is_never_sampled():
     with torch.no_grad():
         padded.lm_head.weight[61:] = 100.0
     idx = torch.zeros(8, 1, dtype=torch.long)
-    out = padded.generate(idx, 12, temperature=2.0, seed=0)
+    out = generate_ids(padded, idx, 12, temperature=2.0, seed=0)
     assert int(out.max()) < 61
     session = StaticSession(padded, 8, 16, compile=False)  # the in-graph sampler sees real columns only
     from gptlab.generate import SampleConfig

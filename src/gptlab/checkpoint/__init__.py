@@ -16,7 +16,7 @@ each is written under a temporary name and renamed into place when complete, so 
     model.py   one checkpoint: ``save``/``load`` a model (and its tokenizer)
     run.py     training checkpoints in a run directory: state, cleaning, pruning
     rundir.py  a run directory as a whole: its settings, new or resumed, clearing a run
-    lora.py    LoRA checkpoints: adapters + a reference to the base, merged on load
+    lora.py    LoRA checkpoints: adapters + a reference to the base (merged on load by gptlab.sources)
 
 Every file is written atomically (temporary file, fsync, rename). Nothing is pickled.
 """
@@ -31,6 +31,7 @@ from gptlab.checkpoint.files import (
     read_json,
     read_tensors,
     resolve_checkpoint,
+    write_config,
     write_tensors,
 )
 from gptlab.checkpoint.integrity import CHECKSUMS_FILE, verify_checksums, write_checksums
@@ -44,7 +45,6 @@ from gptlab.checkpoint.model import (
     restore_weights,
     save,
     stored_format,
-    write_config,
 )
 from gptlab.checkpoint.run import (
     TRAIN_STATE_FILE,

@@ -16,7 +16,8 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
 from gptlab.errors import GptlabError
-from gptlab.fileio import atomic_write
+from gptlab.fileio import atomic_write, atomic_write_json
+from gptlab.model.config import GPTConfig
 
 FORMAT_VERSION = 1
 CONFIG_FILE = "config.json"
@@ -67,7 +68,7 @@ class LazyTensors(Mapping[str, torch.Tensor]):
     """Named tensors made only when asked for (``lazy[name]`` runs its maker each time).
 
     What quantizing while loading reads: one tensor at a time, so that a whole float32 model never
-    has to exist in memory (``gptlab.generate.load_quantized``).
+    has to exist in memory (``gptlab.model.load_quantized``).
     """
 
     def __init__(self, makers: dict[str, Callable[[], torch.Tensor]]) -> None:
@@ -157,3 +158,25 @@ def resolve_checkpoint(path: str | os.PathLike[str]) -> Path:
             f"nor any complete ckpt-<step> directory"
         )
     return ckpts[-1][1]
+
+
+SHARDED_DIR = "sharded"  # the DCP shards of an FSDP checkpoint (``gptlab.checkpoint.sharded``)
+
+
+def is_sharded(directory: str | os.PathLike[str]) -> bool:
+    """True for a checkpoint whose weights are DCP shards (no ``model.safetensors``)."""
+    directory = Path(directory)
+    return (directory / SHARDED_DIR).is_dir() and not (directory / WEIGHTS_FILE).is_file()
+
+
+def require_consolidated(directory: str | os.PathLike[str]) -> None:
+    """A one-line error for commands that need ``model.safetensors`` but were given a sharded checkpoint."""
+    if is_sharded(directory):
+        raise GptlabError(
+            f"{directory}: a sharded (FSDP) checkpoint; make a single-file one first: "
+            f"gptlab convert --consolidate {directory} --out CKPT"
+        )
+
+
+def write_config(path: str | os.PathLike[str], config: GPTConfig, **extra: Any) -> None:
+    atomic_write_json(path, {"gptlab_format": FORMAT_VERSION, "model": config.to_dict(), **extra})

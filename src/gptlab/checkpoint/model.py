@@ -5,7 +5,7 @@ An int8 model (``gptlab.quantize(model, "int8")``) is saved as it is held: each 
 head is stored once, as the table), the rest as floats; ``config.json`` says
 ``"quantization": {"format": "int8", ...}`` and ``load`` rebuilds the int8 modules from it without
 ever making float32 weights. ``load(..., quantize="int8" | "bf16")`` of a float checkpoint converts
-each tensor as it is read (``gptlab.generate.load_quantized``).
+each tensor as it is read (``gptlab.model.load_quantized``).
 """
 
 from __future__ import annotations
@@ -25,77 +25,22 @@ from gptlab.checkpoint.files import (
     read_json,
     read_tensors,
     read_tensors_lazily,
+    require_consolidated,
     resolve_checkpoint,
+    write_config,
     write_tensors,
 )
 from gptlab.checkpoint.integrity import verify_checksums, write_checksums
 from gptlab.errors import GptlabError
-from gptlab.fileio import atomic_write_json
-from gptlab.model import GPT, GPTConfig, build_model
+from gptlab.model import GPT, GPTConfig, build_model, load_quantized, quantized
+from gptlab.model.lora import is_lora_model
+from gptlab.model.state_dict import load_model_state, model_state
 
-VOCAB_ROWS = ("wte.weight", "lm_head.weight", "wte.scales", "lm_head.scales")  # one row per token
 #: What config.json says about an int8 checkpoint.
 INT8_FORMAT = {
     "format": "int8",
     "scheme": "symmetric; one scale per output channel of each matrix and per row of the token table",
 }
-
-
-def model_state(model: GPT) -> dict[str, torch.Tensor]:
-    """The model's weights as saved: a tied ``lm_head.weight`` is left out (it is ``wte.weight``),
-    and the vocabulary's padding rows (``GPTConfig.vocab_multiple``) are cut off."""
-    state = model.state_dict()
-    if model.config.tie_embeddings:
-        state.pop("lm_head.weight", None)
-        state.pop("lm_head.scales", None)
-    for name in VOCAB_ROWS:
-        if name in state:
-            state[name] = state[name][: model.config.vocab_size]
-    return state
-
-
-def _pad_vocab(model: GPT, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """``state`` with zero padding rows appended to the vocabulary tensors, as ``model`` holds them."""
-    rows = model.config.padded_vocab_size - model.config.vocab_size
-    if not rows:
-        return state
-    out = dict(state)
-    for name in VOCAB_ROWS:
-        if name in out:
-            t = out[name]
-            out[name] = torch.cat([t, t.new_zeros(rows, *t.shape[1:])])
-    return out
-
-
-def check_state(
-    expected: dict[str, Any], state: dict[str, Any], source: str | os.PathLike[str], shapes: bool = True
-) -> None:
-    """A missing, extra or (``shapes``) mis-shaped tensor of ``state`` is a ``GptlabError`` naming ``source``."""
-    missing = sorted(set(expected) - set(state))
-    extra = sorted(set(state) - set(expected))
-    if missing or extra:
-        raise GptlabError(
-            f"{source}: weights do not match config.json "
-            f"(missing: {', '.join(missing[:5]) or 'none'}; unexpected: {', '.join(extra[:5]) or 'none'})"
-        )
-    for name, tensor in state.items() if shapes else ():
-        if tuple(tensor.shape) != tuple(expected[name].shape):
-            raise GptlabError(
-                f"{source}: tensor {name} has shape {tuple(tensor.shape)} but config.json "
-                f"implies {tuple(expected[name].shape)}"
-            )
-
-
-def load_model_state(
-    model: GPT, state: dict[str, torch.Tensor], source: str | os.PathLike[str], assign: bool = False
-) -> None:
-    """Copy ``state`` into ``model`` (``assign``: take the tensors themselves); mismatches name ``source``."""
-    check_state(model_state(model), state, source)
-    model.load_state_dict(_pad_vocab(model, state), strict=not model.config.tie_embeddings, assign=assign)
-
-
-def write_config(path: str | os.PathLike[str], config: GPTConfig, **extra: Any) -> None:
-    atomic_write_json(path, {"gptlab_format": FORMAT_VERSION, "model": config.to_dict(), **extra})
 
 
 def read_config(path: str | os.PathLike[str]) -> GPTConfig:
@@ -160,7 +105,7 @@ def write_files(model: GPT, tokenizer: Any | None, directory: str | os.PathLike[
     directory = Path(directory)
     if directory.exists() and not directory.is_dir():
         raise GptlabError(f"{directory}: exists and is not a directory")
-    if lora.is_lora_model(model):  # a LoRA run's checkpoints hold only the adapters
+    if is_lora_model(model):  # a LoRA run's checkpoints hold only the adapters
         lora.save_adapters(model, tokenizer, directory)
         return
     fmt = getattr(model, "quantization", None)
@@ -209,14 +154,13 @@ def load(
     """
     directory = resolve_checkpoint(path)
     verify_checksums(directory)  # a changed byte is refused, naming its file
-    from gptlab.checkpoint.sharded import require_consolidated
-    from gptlab.generate import load_quantized, quantization
-
     require_consolidated(directory)  # FSDP shards: a one-line hint to consolidate first
+    if lora.is_lora_checkpoint(directory):  # its base may be any source: gptlab.sources merges it
+        raise GptlabError(
+            f"{directory}: a LoRA run's checkpoint (adapters and a reference to their base); "
+            f"open it with gptlab.load, which merges the adapters into the base"
+        )
     stored = stored_format(directory)
-    if lora.is_lora_checkpoint(directory):  # the one place LoRA adapters are merged on load
-        model, tokenizer = lora.load_merged(directory, device, dtype)
-        return (quantization.quantize(model, quantize) if quantize else model), tokenizer
     config = usable_config(directory / CONFIG_FILE)
     weights = directory / WEIGHTS_FILE
     cpu = torch.device(device).type == "cpu"
@@ -238,7 +182,7 @@ def load(
             model.to(dtype=dtype)
         model.eval()
         if quantize:
-            quantization.quantize(model, quantize)
+            quantized.quantize(model, quantize)
     tokenizer = load_tokenizer(directory)
     check_tokenizer_fits(tokenizer, config.vocab_size, directory / TOKENIZER_FILE)
     return model, tokenizer

@@ -38,10 +38,13 @@ import torch.distributed as dist
 from gptlab.checkpoint.files import (
     CONFIG_FILE,
     FORMAT_VERSION,
+    SHARDED_DIR,
     TOKENIZER_FILE,
     WEIGHTS_FILE,
+    is_sharded,
     read_json,
     resolve_checkpoint,
+    write_config,
 )
 from gptlab.checkpoint.integrity import verify_checksums, write_checksums
 from gptlab.checkpoint.model import (
@@ -52,20 +55,12 @@ from gptlab.checkpoint.model import (
     read_config,
     save,
     usable_config,
-    write_config,
 )
 from gptlab.checkpoint.run import TRAIN_STATE_FILE, publish, saving_checkpoint, unflatten_state
 from gptlab.errors import GptlabError
 from gptlab.fileio import atomic_write_json, fsync_dir
 
-SHARDED_DIR = "sharded"
 _TMP_SUFFIX = "-sharded"
-
-
-def is_sharded(directory: str | os.PathLike[str]) -> bool:
-    """True for a checkpoint whose weights are DCP shards (no ``model.safetensors``)."""
-    directory = Path(directory)
-    return (directory / SHARDED_DIR).is_dir() and not (directory / WEIGHTS_FILE).is_file()
 
 
 def _flatten(obj: Any, prefix: str, tensors: dict[str, torch.Tensor]) -> Any:
@@ -329,12 +324,3 @@ def consolidate(source: str | os.PathLike[str], out: str | os.PathLike[str]) -> 
     usable = usable_config(directory / CONFIG_FILE)  # a run fine-tuned on shorter windows keeps its context
     model.pretrained_context = usable.block_size
     return save(model, load_tokenizer(directory), out)
-
-
-def require_consolidated(directory: str | os.PathLike[str]) -> None:
-    """A one-line error for commands that need ``model.safetensors`` but were given a sharded checkpoint."""
-    if is_sharded(directory):
-        raise GptlabError(
-            f"{directory}: a sharded (FSDP) checkpoint; make a single-file one first: "
-            f"gptlab convert --consolidate {directory} --out CKPT"
-        )

@@ -131,8 +131,8 @@ def _from_gguf(source: Path, out: Path, args: argparse.Namespace) -> int:
 
 
 def _to_hf(source: Path, out: Path, args: argparse.Namespace) -> int:
-    from gptlab.checkpoint import load
     from gptlab.interop.hf import export_description, to_hf
+    from gptlab.sources import load
     from gptlab.tokenizers.hf_files import write_hf_tokenizer
 
     model, tokenizer = load(source)
@@ -151,7 +151,7 @@ def _to_gguf(source: Path, out: Path, args: argparse.Namespace) -> int:
 
     from gptlab.interop.gguf_arch import choose
     from gptlab.interop.gguf_export import to_gguf
-    from gptlab.train.init import load_source
+    from gptlab.sources import load_source
 
     if out.is_dir():
         raise GptlabError(

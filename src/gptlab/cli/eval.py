@@ -45,7 +45,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from gptlab.train.evaluate import evaluate_path
+    from gptlab.train.eval_checkpoint import evaluate_path
 
     device = resolve_device(args)
 

@@ -22,9 +22,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from gptlab.checkpoint import load, resolve_checkpoint, save
+    from gptlab.checkpoint import resolve_checkpoint, save
     from gptlab.checkpoint.lora import is_lora_checkpoint, read_spec
     from gptlab.errors import GptlabError
+    from gptlab.sources import load
 
     source = resolve_checkpoint(args.run)
     if not is_lora_checkpoint(source):

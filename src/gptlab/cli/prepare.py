@@ -8,10 +8,17 @@ from collections.abc import Callable
 from typing import Any
 
 
+def model_tokenizer(spec: str) -> Any:
+    """``--tokenizer MODEL``: the tokenizer of the model ``spec`` names, or None when it names none."""
+    from gptlab.sources import model_tokenizer as of_model
+
+    return of_model(spec)
+
+
 def _text(*args: Any, **kwargs: Any) -> dict[str, Any]:
     from gptlab.data import prepare
 
-    return prepare(*args, **kwargs)
+    return prepare(*args, **kwargs, model_tokenizer=model_tokenizer)
 
 
 def _pairs(*args: Any, workers: int = 1, shard_tokens: int = 0, **kwargs: Any) -> dict[str, Any]:
@@ -20,19 +27,21 @@ def _pairs(*args: Any, workers: int = 1, shard_tokens: int = 0, **kwargs: Any) -
 
     if shard_tokens:
         raise GptlabError("--shard-tokens applies to --format text; pairs are written as one file per split")
-    return prepare_pairs(*args, **kwargs)  # pairs datasets are small: one process
+    return prepare_pairs(
+        *args, **kwargs, model_tokenizer=model_tokenizer
+    )  # pairs datasets are small: one process
 
 
 def _chat(*args: Any, **kwargs: Any) -> dict[str, Any]:
     from gptlab.data.chat import prepare_chat
 
-    return prepare_chat(*args, **kwargs)
+    return prepare_chat(*args, **kwargs, model_tokenizer=model_tokenizer)
 
 
 def _alpaca(*args: Any, **kwargs: Any) -> dict[str, Any]:
     from gptlab.data.chat import prepare_alpaca
 
-    return prepare_alpaca(*args, **kwargs)
+    return prepare_alpaca(*args, **kwargs, model_tokenizer=model_tokenizer)
 
 
 #: --format NAME → the function that writes the dataset directory

@@ -37,8 +37,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from gptlab.checkpoint import read_run_config
     from gptlab.train import resolve_run, train
-    from gptlab.train.config import config_changes, finished
+    from gptlab.train.config import config_changes
     from gptlab.train.precision import AUTO_FIELDS
+    from gptlab.train.runs import finished
 
     overrides = [*args.overrides, *([f"init={args.init}"] if args.init else [])]
     cfg, data = resolve_run(args.out, args.data, args.resume, args.config, overrides)

@@ -255,6 +255,7 @@ def prepare_examples(
     block_size: int = 64,
     progress: bool = False,
     options: ChatOptions | None = None,
+    model_tokenizer: Callable[[str], Any] | None = None,
 ) -> dict[str, Any]:
     """Render, tokenize, mask and pack ``inputs`` (``fmt``: chat or alpaca) into a dataset directory."""
     from gptlab.data.prepare import build_tokenizer, token_dtype
@@ -271,7 +272,7 @@ def prepare_examples(
             f"--format {fmt} needs the model's tokenizer: --tokenizer MODEL (checkpoint, Hugging Face "
             f"folder or GGUF file) or a saved tokenizer file"
         )
-    tok = build_tokenizer(tokenizer, sources)
+    tok = build_tokenizer(tokenizer, sources, model_tokenizer)
     render, template = renderer(tok, opt.template)
     examples, bad = read_examples(sources, fmt, opt.skip_bad)
     order = np.random.default_rng(0).permutation(len(examples))

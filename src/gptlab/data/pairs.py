@@ -32,7 +32,7 @@ from gptlab.data.dataset import (
     new_dataset_dir,
     staged_directory,
 )
-from gptlab.data.prepare import build_tokenizer, token_dtype
+from gptlab.data.prepare import ModelTokenizer, build_tokenizer, token_dtype
 from gptlab.data.sources import PathLike, describe_sources, find_sources
 from gptlab.errors import GptlabError
 from gptlab.fileio import atomic_write_json
@@ -61,14 +61,16 @@ def read_pairs(path: Path) -> list[Pair]:
     return pairs
 
 
-def _tokenizer(spec: str, pairs: Sequence[Pair], sources: Sequence[Path]) -> Any:
+def _tokenizer(
+    spec: str, pairs: Sequence[Pair], sources: Sequence[Path], model_tokenizer: ModelTokenizer | None
+) -> Any:
     """``char``: the pairs' characters + ``<|endoftext|>``; else as ``build_tokenizer`` (which must have it)."""
     from gptlab import tokenizers
 
     if spec == "char":
         chars = sorted({c for pair in pairs for text in pair for c in text})
         return tokenizers.CharTokenizer(chars, special_tokens={EOT: len(chars)})
-    tok = build_tokenizer(spec, sources)
+    tok = build_tokenizer(spec, sources, model_tokenizer)
     if tok.eot_id is None:
         raise GptlabError(f"--tokenizer {spec!r} has no {EOT}, which pairs use to begin and end targets")
     return tok
@@ -81,6 +83,7 @@ def prepare_pairs(
     val_fraction: float = 0.1,
     block_size: int = 64,
     progress: bool = False,
+    model_tokenizer: ModelTokenizer | None = None,
 ) -> dict[str, Any]:
     """Tokenize JSONL pairs into ``out_dir`` (``{train,val}.{src,tgt}.bin``, tokenizer.json, meta.json)."""
     out = new_dataset_dir(out_dir, val_fraction)
@@ -89,7 +92,7 @@ def prepare_pairs(
     n_val = int(len(pairs) * val_fraction)
     if n_val < 1 or len(pairs) - n_val < 1:
         raise GptlabError(f"{len(pairs)} pair(s): too few for a train and a val split; give more pairs")
-    tok = _tokenizer(tokenizer, pairs, sources)
+    tok = _tokenizer(tokenizer, pairs, sources, model_tokenizer)
     eot = tok.eot_id
     src = [tok.encode(s) for s, _ in pairs]
     tgt = [[eot, *tok.encode(t), eot] for _, t in pairs]

@@ -31,7 +31,7 @@ import bisect
 import json
 import threading
 from array import array
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -53,9 +53,14 @@ from gptlab.data.workers import TokenizerPool
 from gptlab.errors import GptlabError
 from gptlab.fileio import atomic_write_json
 
+#: ``spec`` → the tokenizer of the model it names, or None when it names no model
+#: (``gptlab.sources.model_tokenizer``: this package does not open models itself)
+ModelTokenizer = Callable[[str], Any]
 
-def build_tokenizer(spec: str, sources: Sequence[Path]) -> Any:
-    """``char`` | ``bpe:N`` | ``gpt2:DIR`` | a saved tokenizer FILE → a tokenizer."""
+
+def build_tokenizer(spec: str, sources: Sequence[Path], model_tokenizer: ModelTokenizer | None = None) -> Any:
+    """``char`` | ``bpe:N`` | ``gpt2:DIR`` | a saved tokenizer FILE | a model (through ``model_tokenizer``)
+    → a tokenizer."""
     from gptlab import tokenizers
 
     if spec == "char":
@@ -81,10 +86,14 @@ def build_tokenizer(spec: str, sources: Sequence[Path]) -> Any:
     path = Path(spec)
     if path.is_file() and path.suffix.lower() != ".gguf":  # a saved tokenizer: no model (nor torch) to load
         return tokenizers.load(spec)
-    from gptlab.train.init import is_model_source, source_tokenizer
-
-    if is_model_source(spec):  # a checkpoint, Hugging Face folder or GGUF file: the model's own tokenizer
-        return source_tokenizer(spec)
+    tok = model_tokenizer(spec) if model_tokenizer is not None else None
+    if tok is not None:  # a checkpoint, Hugging Face folder or GGUF file: the model's own tokenizer
+        return tok
+    if model_tokenizer is None and (path.is_dir() or path.suffix.lower() == ".gguf"):
+        raise GptlabError(
+            f"--tokenizer {spec!r} names a model: give model_tokenizer=gptlab.sources.model_tokenizer "
+            f"to read its tokenizer (gptlab prepare does)"
+        )
     if path.exists():
         return tokenizers.load(spec)
     raise GptlabError(
@@ -106,6 +115,7 @@ def prepare(
     progress: bool = False,
     workers: int = 1,
     shard_tokens: int = 0,
+    model_tokenizer: ModelTokenizer | None = None,
 ) -> dict[str, Any]:
     """Tokenize ``inputs`` into ``out_dir`` (train/val shards, tokenizer.json, meta.json); return the meta.
 
@@ -130,7 +140,7 @@ def prepare(
                 f"{out}: already holds {'a different dataset' if existing else 'other files'}; "
                 f"choose another --out or delete it first"
             )
-    tok = build_tokenizer(tokenizer, sources)
+    tok = build_tokenizer(tokenizer, sources, model_tokenizer)
     dtype = token_dtype(tok.vocab_size)
     with staged_directory(out) as stage:
         tok_file = stage / TOKENIZER_FILE

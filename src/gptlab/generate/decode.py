@@ -25,6 +25,7 @@ from gptlab.generate.decoder import Decoder
 from gptlab.generate.loop import decode_events, decode_rows, fit_prompts, start
 from gptlab.generate.seq2seq import bind_source, check_generative
 from gptlab.generate.step import TokenEvent
+from gptlab.model.encdec import EncoderDecoder
 
 
 def encode_prompt(tokenizer: Any, prompt: str) -> list[int]:
@@ -159,6 +160,12 @@ def generate_ids(
     that stop token. Past the context the window slides; with ``slide=False`` a row that
     reaches the context limit ends there and the result has fewer columns.
     """
+    check_generative(model)  # a bidirectional encoder has no next-token distribution
+    if isinstance(model, EncoderDecoder):
+        raise GptlabError(
+            "an encoder–decoder model generates from a source: use gptlab.generate.seq2seq.target_ids, "
+            "or gptlab.generate.generate_text with the source as the prompt"
+        )
     if not isinstance(idx, torch.Tensor) or idx.dim() != 2 or idx.size(1) == 0:
         raise GptlabError(
             f"idx must be a (B, T) tensor of token ids with T ≥ 1, got {getattr(idx, 'shape', idx)!r}"

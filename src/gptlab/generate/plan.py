@@ -29,7 +29,7 @@ from gptlab.errors import GptlabError
 from gptlab.generate.config import SampleConfig
 from gptlab.generate.decoder import Decoder
 from gptlab.generate.graph_sampling import supports
-from gptlab.generate.quantization import STREAM_MIN_BYTES
+from gptlab.model.quantized import STREAM_MIN_BYTES
 
 # Below this many generated tokens a compilation costs more than the compiled step saves.
 PAYBACK_TOKENS = 1024

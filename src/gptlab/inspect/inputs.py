@@ -67,7 +67,7 @@ def cli_input(text: str | None, ids: str | None) -> str | list[int]:
 
 def load_checkpoint(path: str, device: str = "cpu") -> tuple[GPT, Any | None]:
     """``gptlab.load(path)`` onto ``device``, in eval mode."""
-    from gptlab.checkpoint import load
+    from gptlab.sources import load
 
     return load(path, device=device)
 

@@ -73,7 +73,7 @@ def record(model: GPT, inp: ModelInput, sublayers: bool = False) -> Recording:
     """Run ``inp`` through ``model`` once (eval mode, restored after) and keep every stage.
 
     The head runs on every position: on one row, an inference layer may take the compiled
-    one-row decode path (``gptlab.generate.quantization``), which compiles on its first call.
+    one-row decode path (``gptlab.model.quantized``), which compiles on its first call.
     """
     captured: dict[str, list[torch.Tensor]] = {}
     handles = []

@@ -349,12 +349,12 @@ def from_gguf(
     ``gptlab.quantize`` makes it), each tensor dequantized and converted in turn, so the float32
     model is never whole in memory.
     """
-    from gptlab.interop.hf import _config, build_model
+    from gptlab.interop.hf import build_model, config_from_hf
 
     f = read_gguf(path)
     arch = architecture_of(f)
     hf = arch.hf_config(f, {t.name for t in f.tensors})
-    config = _config(hf, f.path)
+    config = config_from_hf(hf, f.path)
     config.extra.update({"source": f"gguf:{f.path.name}", "gguf_name": f.fields.get("general.name")})
     return build_model(arch.family, config, hf_state(f, arch, hf), f.path, dtype, quantize)
 

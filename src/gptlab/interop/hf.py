@@ -69,10 +69,11 @@ def hf_config_to_gptlab(directory: str | os.PathLike[str]) -> GPTConfig:
     """The ``GPTConfig`` a Hugging Face directory describes (without reading the weights)."""
     directory = Path(directory)
     hf = read_hf_config(directory)
-    return _config(hf, directory / CONFIG_FILE)
+    return config_from_hf(hf, directory / CONFIG_FILE)
 
 
-def _config(hf: dict[str, Any], path: Path) -> GPTConfig:
+def config_from_hf(hf: dict[str, Any], path: Path) -> GPTConfig:
+    """The gptlab config of a Hugging Face ``config.json`` (``path`` names it in errors)."""
     if hf.get("model_type") == hf_remote.MODEL_TYPE:
         return hf_remote.config_from_remote(hf, path)
     family = family_for_hf(hf, path)
@@ -100,7 +101,7 @@ def from_hf(
         if quantize is not None:
             raise GptlabError(f"{directory}: convert this gptlab folder first, then quantize the checkpoint")
         return hf_remote.read_remote(directory, hf, dtype)
-    config = _config(hf, directory / CONFIG_FILE)
+    config = config_from_hf(hf, directory / CONFIG_FILE)
     family = family_for_hf(hf, directory / CONFIG_FILE)
     hf_state, source = read_hf_weights(directory)
     return build_model(family, config, normalise_names(hf_state, family), source, dtype, quantize)
@@ -130,12 +131,12 @@ def build_model(
 ) -> GPT:
     """A ``GPT`` (eval mode, CPU) from tensors under Hugging Face names, through ``family``'s name table.
 
-    ``quantize="int8" | "bf16"``: converted tensor by tensor (``gptlab.generate.load_quantized``).
+    ``quantize="int8" | "bf16"``: converted tensor by tensor (``gptlab.model.load_quantized``).
     """
     with torch.device("meta"):
         shapes = model_state(GPT(config))  # names and shapes only, no memory
     if quantize is not None:
-        from gptlab.generate.load_quantized import build_quantized
+        from gptlab.model.load_quantized import build_quantized
 
         return build_quantized(
             config, import_lazy(family, config, hf_state, shapes, source), quantize, source

@@ -1,4 +1,9 @@
-"""The network and nothing else: no file I/O, no tokenizer, no printing."""
+"""The network and nothing else: no file I/O, no tokenizer, no printing.
+
+Besides the network: the state-dict mapping (``state_dict``), the int8/bf16 inference layers
+(``quantized``, built while loading by ``load_quantized``) and the LoRA layers (``lora``), which
+loading, training and generation all need. The model does not decode itself: ``gptlab.generate``.
+"""
 
 from gptlab.model.config import PRESETS, GPTConfig
 from gptlab.model.encdec import BoundDecoder, EncoderDecoder

@@ -123,13 +123,6 @@ class EncoderDecoder(GPT):
         """The decoder with ``source`` encoded once (for generation)."""
         return BoundDecoder(self, source)
 
-    @torch.no_grad()
-    def generate(self, idx: torch.Tensor, max_new_tokens: int, **sampling: Any) -> torch.Tensor:
-        raise GptlabError(
-            "an encoder–decoder model generates from a source: use gptlab.generate.seq2seq.target_ids, "
-            "or gptlab.generate.generate_text with the source as the prompt"
-        )
-
 
 def _key_mask(source_mask: torch.Tensor | None) -> torch.Tensor | None:
     """(B, S) bool → (B, 1, 1, S): every query may see every real source token."""

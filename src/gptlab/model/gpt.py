@@ -219,19 +219,6 @@ class GPT(nn.Module):
         out = self.run(idx, targets, **kwargs)
         return out.logits if targets is None else (out.logits, out.loss)
 
-    # ------------------------------------------------------------ generation
-    @torch.no_grad()
-    def generate(self, idx: torch.Tensor, max_new_tokens: int, **sampling: Any) -> torch.Tensor:
-        """Continue ``idx`` (B, T) by ``max_new_tokens``: returns ``(B, T + max_new_tokens)``.
-
-        ``temperature=0`` is greedy; every option of ``gptlab.generate.SampleConfig`` is accepted.
-        """
-        from gptlab.generate import generate_ids
-        from gptlab.generate.seq2seq import check_generative
-
-        check_generative(self)  # a bidirectional encoder has no next-token distribution
-        return generate_ids(self, idx, max_new_tokens, **sampling)
-
     # ---------------------------------------------------------- parameters
     def num_params(self) -> dict[str, int]:
         """Parameter counts by part: embeddings, positions, attention, feed_forward, norms, head, total.

@@ -40,12 +40,13 @@ def check_bind(host: str, port: int) -> None:
 
 def load_for_serving(checkpoint: str, dtype: str, device: str = "cpu") -> tuple[Any, Any]:
     """The checkpoint's model (weights in ``dtype``, on ``device``) and its tokenizer, which serving needs."""
-    import gptlab
+    from gptlab.model.quantized import quantize
+    from gptlab.sources import load
 
-    model, tokenizer = gptlab.load(checkpoint, device=device, quantize=dtype)  # converted while read
+    model, tokenizer = load(checkpoint, device=device, quantize=dtype)  # converted while read
     if tokenizer is None:
         raise GptlabError(
             f"{checkpoint}: the checkpoint has no tokenizer.json; serving needs one "
             "(save the model with its tokenizer: gptlab.save(model, tokenizer, dir))"
         )
-    return gptlab.quantize(model, dtype), tokenizer
+    return quantize(model, dtype), tokenizer

@@ -5,14 +5,19 @@ loop.py          ``train(cfg, data_dir, run_dir)``: steps, accumulation, evaluat
 runtime.py       threads, autocast, torch.compile, RNG states, Ctrl-C
 optim.py         AdamW (decoupled weight decay) and Muon
 schedule.py      learning-rate schedules ``η_t``
+runs.py          a new or resumed run's settings (``resolve_run``), a finished run
 evaluate.py      cross-entropy, perplexity, bits per byte
+eval_checkpoint.py  ``gptlab eval``: a checkpoint scored on a text or a dataset split
+init.py          starting from pretrained weights (``init=SRC``, opened by ``gptlab.sources``)
+lora.py          LoRA's training side (LoRA+ rates); the layers are ``gptlab.model.lora``
 metrics.py       ``metrics.jsonl``, ``loss.png``, optional loggers
 distributed.py   DDP under ``torchrun``
 demo.py          ``gptlab demo``: prepare → train → sample
 recipes/         built-in recipes (``--config NAME``)
 """
 
-from gptlab.train.config import TrainConfig, build_config, recipe_names, resolve_run
+from gptlab.train.config import TrainConfig, build_config, recipe_names
 from gptlab.train.loop import TrainResult, train
+from gptlab.train.runs import resolve_run
 
 __all__ = ["TrainConfig", "TrainResult", "build_config", "recipe_names", "resolve_run", "train"]

@@ -12,7 +12,6 @@ trains ``char-best``, gptlab's best small recipe.
 from __future__ import annotations
 
 import dataclasses
-import os
 import tomllib
 from dataclasses import dataclass, field
 from importlib import resources
@@ -23,8 +22,13 @@ from gptlab import configs
 from gptlab.errors import GptlabError
 from gptlab.model import GPTConfig
 from gptlab.model.attention import ATTENTION_PATHS
+from gptlab.model.loss import HEAD_LOSSES
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
+LOSS_IMPLS = (
+    "auto",
+    *HEAD_LOSSES,
+)  # loss_impl: how the head and the loss are computed (gptlab.train.precision)
 DEFAULT_PRESET = "char-tiny"
 DEFAULT_RECIPE = "char-best"  # what `gptlab train` trains without --config
 FINETUNE_RECIPE = "finetune"  # ... and what it trains from pretrained weights (init=SRC)
@@ -170,8 +174,6 @@ class TrainConfig:
             self.attention in ("auto", *ATTENTION_PATHS),
             f"attention must be one of auto, {', '.join(ATTENTION_PATHS)}; got {self.attention!r}",
         )
-        from gptlab.train.precision import LOSS_IMPLS
-
         need(
             self.loss_impl in LOSS_IMPLS,
             f"loss_impl must be one of {', '.join(LOSS_IMPLS)}; got {self.loss_impl!r}",
@@ -297,48 +299,3 @@ def config_changes(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -
         elif a != b:
             changes.append(f"{prefix}{key} {a!r} → {b!r}")
     return changes
-
-
-def resolve_run(
-    run_dir: str | os.PathLike[str],
-    data_dir: str | os.PathLike[str] | None,
-    resume: bool,
-    config: str | None,
-    overrides: list[str],
-) -> tuple[TrainConfig, Path]:
-    """The config and dataset of a new run (``config`` or the default recipe, then overrides) or of a
-    resumed one (its saved settings, then ``config`` and overrides). A finished run resolves too:
-    ``finished`` says so, and resuming it trains no step."""
-    from gptlab import checkpoint as ckpt
-
-    if not resume:
-        ckpt.check_new_run(run_dir)
-        if data_dir is None:
-            raise GptlabError("--data DATA_DIR is required (make one with `gptlab prepare`)")
-        default = FINETUNE_RECIPE if any(o.startswith("init=") for o in overrides) else DEFAULT_RECIPE
-        return build_config(config or default, overrides), Path(data_dir)
-    saved = ckpt.check_resumable(run_dir) or {}
-    data = data_dir or saved.get("data")
-    if data is None:
-        raise GptlabError(f"{run_dir}: the dataset of this run is not recorded; give --data")
-    from gptlab.train.precision import keep_resolved
-
-    cfg = keep_resolved(
-        build_config(config, overrides, base=saved.get("train")), saved
-    )  # auto as first resolved
-    return cfg, Path(data)
-
-
-def finished(run_dir: str | os.PathLike[str], cfg: TrainConfig) -> str | None:
-    """For a run whose newest verified checkpoint reached ``cfg.max_steps``: one line saying it is finished
-    and how to extend it (a scheduler's requeue of a finished run is then a no-op, not an error); else None."""
-    from gptlab.train.resume import newest_verified
-
-    found = newest_verified(Path(run_dir), announce=False)  # a corrupt last checkpoint is not "finished"
-    step = found[0] if found else None
-    if step is None or step < cfg.max_steps:
-        return None
-    return (
-        f"{run_dir}: this run is finished (step {step} of max_steps={cfg.max_steps}); nothing to do. "
-        f"To train further raise max_steps: gptlab train --out {run_dir} --resume max_steps={2 * step}"
-    )

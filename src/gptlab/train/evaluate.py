@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import os
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -147,95 +146,3 @@ def evaluate_tokens(
         bytes_per_token=bytes_per_token,
         context=None if rows else T,  # instruction rows: each at its own length
     )
-
-
-def evaluate_path(
-    checkpoint: str | os.PathLike[str],
-    text: str | os.PathLike[str] | None = None,
-    data: str | os.PathLike[str] | None = None,
-    split: str = "val",
-    batch_size: int = 16,
-    max_batches: int | None = None,
-    dtype: str = "float32",
-    device: str = "cpu",
-    progress: bool = False,
-    context: int | None = None,
-) -> tuple[EvalResult, str]:
-    """Evaluate a checkpoint (or a run directory's latest) on a text file or a dataset split, in windows
-    of ``context`` tokens (``EvalResult.context`` says which).
-
-    The default is the context the model loads at: its own, and for a fine-tuning run (full or LoRA,
-    merged or not) its base model's, which it keeps even when trained on shorter windows. So a base
-    model, its LoRA run and their merge are scored on the same windows, and a text shorter than the
-    context is one window for all three. Encoders and encoder–decoders score their own objective and
-    take no ``context``."""
-    import numpy as np
-
-    from gptlab.checkpoint import load, resolve_checkpoint
-
-    if batch_size < 1 or (max_batches is not None and max_batches < 1):
-        raise GptlabError("--batch-size and --max-batches must be at least 1")
-    if (text is None) == (data is None):
-        raise GptlabError("give exactly one of --text FILE or --data DATA_DIR")
-    directory = resolve_checkpoint(checkpoint)
-    model, tok = load(directory, device=device)
-    autocast = (
-        torch.autocast(torch.device(device).type, dtype=torch.bfloat16) if dtype == "bfloat16" else None
-    )
-    if model.config.arch != "decoder":  # an encoder (masked tokens) or an encoder–decoder (pairs)
-        if context is not None:
-            raise GptlabError(f"--context is for decoder models; {directory} is an {model.config.arch}")
-        from gptlab.train.objectives import evaluate_objective
-
-        return evaluate_objective(model, text, data, split, batch_size, max_batches, device, autocast), (
-            f"{directory} on {data} ({split})"
-        )
-    rows: dict[str, Any] | None = None
-    if text is not None:
-        from gptlab.tokenizers.loading import read_text_file
-
-        if tok is None:
-            raise GptlabError(
-                f"{directory}: has no tokenizer.json, so a text cannot be tokenized; use --data"
-            )
-        content = read_text_file(text)
-        ids = tok.encode(content)
-        if len(ids) < 2:
-            raise GptlabError(f"{text}: too short to evaluate (fewer than 2 tokens)")
-        tokens = np.asarray(ids, dtype=np.int64)
-        bpt = len(content.encode("utf-8")) / len(ids)
-        source = str(text)
-    else:
-        from gptlab.data import TokenDataset
-
-        ds = TokenDataset(data)
-        if tok is not None and ds.tokenizer.to_dict() != tok.to_dict():
-            raise GptlabError(
-                f"{data} was tokenized with a different tokenizer than {directory}; "
-                f"evaluate on a dataset prepared with the checkpoint's tokenizer.json"
-            )
-        if ds.vocab_size > model.config.vocab_size:
-            raise GptlabError(
-                f"{data} has a vocabulary of {ds.vocab_size}, larger than the model's "
-                f"{model.config.vocab_size}"
-            )
-        tokens = ds.split(split)
-        bpt = ds.bytes_per_token(split)
-        if ds.meta.get("row_tokens"):  # instruction data: whole rows, assistant tokens only
-            rows = {**ds.arrays(split), "block_size": ds.meta["row_tokens"] - 1}
-        source = f"{data} ({split})"
-    if max_batches is None and len(tokens) > 50_000_000:
-        max_batches = 1000
-    result = evaluate_tokens(
-        model,
-        tokens,
-        batch_size,
-        bpt,
-        device=device,
-        max_batches=max_batches,
-        autocast=autocast,
-        progress=progress,
-        rows=rows,
-        context=context,
-    )
-    return result, f"{directory} on {source}"

@@ -1,7 +1,7 @@
 """``init = SRC``: start training from pretrained weights instead of random ones.
 
 ``SRC`` is a gptlab checkpoint or run directory, a Hugging Face model folder, or a GGUF
-file (``SOURCES``). The model config and the tokenizer come from ``SRC``; the weights are
+file, opened by ``gptlab.sources``. The model config and the tokenizer come from ``SRC``; the weights are
 copied unchanged, so the loss at step 0 is the pretrained model's loss on that batch:
 
     θ₀ = θ_pretrained,   L(θ₀; batch₀) = L_pretrained(batch₀)
@@ -9,166 +9,29 @@ copied unchanged, so the loss at step 0 is the pretrained model's loss on that b
 Only settings that keep every weight's shape may be overridden (``model.dropout=0.1``,
 or a shorter ``model.block_size`` where positions are computed, not looked up: RoPE,
 ALiBi). ``finetune`` then chooses what trains (``FINETUNE``): every weight (``full``), or
-low-rank adapters on a frozen base (``lora``, see ``gptlab.train.lora``).
+low-rank adapters on a frozen base (``lora``, see ``gptlab.model.lora``).
 """
 
 from __future__ import annotations
 
-import hashlib
-import importlib
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import torch
 
 from gptlab.errors import GptlabError
 from gptlab.model import GPT, GPTConfig
+from gptlab.model.state_dict import load_model_state, model_state
+from gptlab.sources import load_source, resolve_source, source_kind, source_sha256
 
 PathLike = str | os.PathLike[str]
-_SKIP_HASH = ("train_state",)  # a training checkpoint's optimizer state is not part of the weights
-
-
-def _is_gptlab(path: Path) -> bool:
-    from gptlab.checkpoint import CONFIG_FILE, list_checkpoints, read_json
-
-    if (path / CONFIG_FILE).is_file():
-        data = read_json(path / CONFIG_FILE)
-        return isinstance(data, dict) and "gptlab_format" in data
-    return bool(list_checkpoints(path))
-
-
-def source_path(src: PathLike) -> Path:
-    """``src`` as a path; a short name of a GGUF file that a package carries (``smollm2``) that names
-    nothing here becomes that file (``gptlab.interop.gguf.resolve``). An existing path always wins."""
-    path = Path(src)
-    if path.exists():
-        return path
-    try:
-        gguf = _gguf_module()
-    except GptlabError:  # no GGUF support here, so no short names either
-        return path
-    return Path(gguf.resolve(path))
-
-
-def source_kind(src: PathLike) -> str:
-    """``gguf`` (a ``.gguf`` file), ``gptlab`` (checkpoint or run directory) or ``hf`` (a folder with config.json)."""
-    path = source_path(src)
-    if not path.exists():
-        raise GptlabError(f"init={src}: no such checkpoint, run directory, Hugging Face folder or GGUF file")
-    if path.is_file() and path.suffix.lower() == ".gguf":
-        return "gguf"
-    if path.is_dir() and _is_gptlab(path):
-        return "gptlab"
-    if path.is_dir() and (path / "config.json").is_file():
-        return "hf"
-    raise GptlabError(
-        f"init={src}: not a gptlab checkpoint or run, a Hugging Face folder (config.json) or a .gguf file"
-    )
-
-
-def is_model_source(spec: str) -> bool:
-    """True when ``spec`` names a model that carries a tokenizer (for ``prepare --tokenizer SRC``)."""
-    try:
-        source_kind(spec)
-    except GptlabError:
-        return False
-    return True
-
-
-def _gguf_module() -> Any:
-    try:
-        return importlib.import_module("gptlab.interop.gguf")
-    except ModuleNotFoundError as exc:
-        if exc.name not in ("gptlab.interop.gguf", "gguf"):
-            raise
-        raise GptlabError(
-            f"reading GGUF files needs gptlab.interop.gguf and the gguf package ({exc.name} is missing)"
-        ) from None
-
-
-def _load_gptlab(path: Path) -> tuple[GPT, Any | None]:
-    from gptlab.checkpoint import load, stored_format
-
-    if stored_format(path) is not None:  # int8 inference weights: nothing to train, nothing to adapt in float
-        raise GptlabError(
-            f"{path}: holds int8 inference weights, which cannot be trained; start from the float "
-            "checkpoint (for QLoRA-like fine-tuning: lora with base_format int8 on the float checkpoint)"
-        )
-    return load(path)
-
-
-def _load_hf(path: Path) -> tuple[GPT, Any | None]:
-    from gptlab.interop.hf import from_hf, tokenizer_from_hf
-
-    return from_hf(path), tokenizer_from_hf(path)
-
-
-def _load_gguf(path: Path) -> tuple[GPT, Any | None]:
-    gguf = _gguf_module()
-    return gguf.from_gguf(path), gguf.tokenizer_from_gguf(path)
-
-
-#: Source kind → reader returning ``(model in float32, tokenizer or None)``.
-SOURCES: dict[str, Callable[[Path], tuple[GPT, Any | None]]] = {
-    "gptlab": _load_gptlab,
-    "hf": _load_hf,
-    "gguf": _load_gguf,
-}
-
-
-def resolve_source(src: PathLike) -> Path:
-    """The exact weights ``src`` names: a run directory resolves to its latest checkpoint."""
-    from gptlab.checkpoint import resolve_checkpoint
-
-    path = source_path(src).resolve()
-    return resolve_checkpoint(path) if source_kind(path) == "gptlab" else path
-
-
-def load_source(src: PathLike) -> tuple[GPT, Any | None]:
-    """``(model, tokenizer)`` from a gptlab checkpoint/run, a Hugging Face folder or a GGUF file."""
-    path = source_path(src)
-    model, tokenizer = SOURCES[source_kind(path)](path)
-    return model.float(), tokenizer
-
-
-def source_tokenizer(src: PathLike) -> Any:
-    """The tokenizer that comes with a model (``prepare --tokenizer SRC``)."""
-    path = source_path(src)
-    kind = source_kind(path)
-    if kind == "gptlab":
-        from gptlab.checkpoint import load_tokenizer, resolve_checkpoint
-
-        tok = load_tokenizer(resolve_checkpoint(path))
-    else:
-        tok = _gguf_module().tokenizer_from_gguf(path) if kind == "gguf" else SOURCES[kind](path)[1]
-    if tok is None:
-        raise GptlabError(f"{src}: this model carries no tokenizer gptlab can read")
-    return tok
-
-
-def source_sha256(src: PathLike) -> str:
-    """sha256 of a source's content: the file itself, or a folder's files (names and bytes, sorted)."""
-    path = resolve_source(src)
-    h = hashlib.sha256()
-    files = [path] if path.is_file() else sorted(p for p in path.iterdir() if p.is_file())
-    for p in files:
-        if p.name.startswith(_SKIP_HASH):
-            continue
-        h.update(p.name.encode() + b"\0")
-        with open(p, "rb") as f:
-            while block := f.read(1 << 22):
-                h.update(block)
-    return h.hexdigest()
 
 
 # ------------------------------------------------------------------ config overrides
 def finetune_config(base: GPTConfig, overrides: dict[str, Any], src: PathLike) -> GPTConfig:
     """``base`` with the ``model.*`` overrides that keep every weight's shape; anything else is refused."""
-    from gptlab.checkpoint import model_state
-
     if "preset" in overrides:
         raise GptlabError(f"model.preset cannot be combined with init={src}: the model config comes from it")
     with torch.device("meta"):
@@ -234,8 +97,6 @@ def start(cfg: Any, data: Any) -> Start | None:
     check_tokenizer(tokenizer, data, src, model.config.vocab_size)
     config = finetune_config(model.config, dict(cfg.model), src)
     if config != model.config:
-        from gptlab.checkpoint import load_model_state, model_state
-
         state = model_state(model)
         pretrained_context = model.config.block_size
         model = GPT(config)
@@ -252,7 +113,8 @@ def _full(model: GPT, cfg: Any, base: dict[str, Any]) -> GPT:
 
 
 def _lora(model: GPT, cfg: Any, base: dict[str, Any]) -> GPT:
-    from gptlab.train.lora import LoRASpec, apply_lora, set_lr_ratio
+    from gptlab.model.lora import LoRASpec, apply_lora
+    from gptlab.train.lora import set_lr_ratio
 
     spec = LoRASpec(
         rank=cfg.lora_rank,
@@ -276,24 +138,18 @@ def finetune_model(begin: Start, cfg: Any) -> GPT:
 
 __all__ = [
     "FINETUNE",
-    "SOURCES",
     "Start",
+    "check_settings",
     "check_tokenizer",
     "finetune_config",
     "finetune_model",
-    "is_model_source",
-    "load_source",
-    "resolve_source",
-    "source_kind",
-    "source_sha256",
-    "source_tokenizer",
     "start",
 ]
 
 
 def check_settings(cfg: Any, need: Callable[[bool, str], None]) -> None:
     """Validate the fine-tuning fields of a ``TrainConfig`` (``need(ok, message)`` raises)."""
-    from gptlab.train.lora import BASE_FORMATS
+    from gptlab.model.lora import BASE_FORMATS
 
     need(cfg.finetune in FINETUNE, f"finetune must be one of {', '.join(FINETUNE)}; got {cfg.finetune!r}")
     need(cfg.lora_rank >= 1, f"lora_rank must be at least 1, got {cfg.lora_rank}")

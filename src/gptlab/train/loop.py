@@ -36,7 +36,7 @@ from gptlab.inspect.flops import peak_flops, training_flops_per_token
 from gptlab.model import build_model
 from gptlab.model.fp8 import enable_fp8
 from gptlab.train import distributed, init
-from gptlab.train.config import TrainConfig, resolve_run
+from gptlab.train.config import TrainConfig
 from gptlab.train.evaluate import EvalResult
 from gptlab.train.metrics import MetricsLog, Progress
 from gptlab.train.objectives import make_objective
@@ -44,6 +44,7 @@ from gptlab.train.optim import build_optimizer
 from gptlab.train.precision import announce, device_memory, loss_impl
 from gptlab.train.precision import resolve as resolve_precision
 from gptlab.train.resume import load_latest
+from gptlab.train.runs import resolve_run
 from gptlab.train.runtime import (
     StopFlag,
     autocast,

@@ -242,28 +242,3 @@ def make_objective(cfg: Any, data_dir: Path, rank: int = 0, world_size: int = 1)
 
 #: the objective a trained model is evaluated with, by ``config.arch``
 ARCH_OBJECTIVES = {"decoder": "causal", "encoder": "mlm", "encoder-decoder": "seq2seq"}
-
-
-def evaluate_objective(
-    model: Any,
-    text: Any,
-    data: Any,
-    split: str,
-    batch_size: int,
-    max_batches: int | None,
-    device: str,
-    autocast: Any = None,
-) -> Any:
-    """``gptlab eval`` of an encoder (masked-token loss) or an encoder–decoder (target-token loss) on ``data``."""
-    from gptlab.train.config import TrainConfig
-    from gptlab.train.evaluate import EvalResult
-
-    name = ARCH_OBJECTIVES[model.config.arch]
-    if text is not None:
-        raise GptlabError(f"a {model.config.arch} model is evaluated on a dataset: use --data DATA_DIR")
-    cfg = TrainConfig(objective=name, batch_size=batch_size, model=model.config.to_dict())
-    objective = make_objective(cfg, data)
-    total, count = objective.eval_sum(model, split, max_batches or 1 << 30, device, autocast)
-    if count == 0:
-        raise GptlabError(f"{data}: the {split} split has nothing to evaluate")
-    return EvalResult(float(total) / count, count, objective.data.bytes_per_token(split))

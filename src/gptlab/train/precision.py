@@ -26,11 +26,9 @@ from gptlab import hardware
 from gptlab.compiling import can_compile
 from gptlab.errors import GptlabError
 from gptlab.model.fp8 import check_choice
-from gptlab.model.loss import HEAD_LOSSES
 from gptlab.train.config import TrainConfig
 
 AUTO_FIELDS = ("dtype", "attention", "compile", "loss_impl")  # kept as first resolved when a run resumes
-LOSS_IMPLS = ("auto", *HEAD_LOSSES)
 CHUNKED_FROM = 256 * 2**20  # bytes of one micro-batch's float32 logits
 
 

@@ -244,7 +244,7 @@ def _int8_embedding(model: nn.Module, act: torch.dtype) -> None:
 def activation_dtype(device: torch.device | str) -> torch.dtype:
     """What an int8 model computes in: bf16 where bf16 is native on ``device``, else float32.
 
-    A model being built on the meta device (``gptlab.generate.load_quantized``) is for the CPU.
+    A model being built on the meta device (``gptlab.model.load_quantized``) is for the CPU.
     """
     kind = torch.device(device).type
     return torch.bfloat16 if hardware.native_bf16("cpu" if kind == "meta" else kind) else torch.float32

@@ -22,14 +22,15 @@ import torch
 from torch import nn
 
 from gptlab.errors import GptlabError
-from gptlab.generate.quantization import (
+from gptlab.model import GPT, GPTConfig, build_model
+from gptlab.model.quantized import (
     QUANTIZERS,
     activation_dtype,
     map_large_blocks,
     quantize,
     release_memory,
 )
-from gptlab.model import GPT, GPTConfig, build_model
+from gptlab.model.state_dict import check_state, load_model_state, model_state, pad_vocab
 
 #: Formats built while loading (fp32 needs no conversion: it loads as it is stored).
 STREAMED = ("bf16", "int8")
@@ -52,8 +53,6 @@ def build_quantized(
     config: GPTConfig, tensors: Mapping[str, torch.Tensor], mode: str, source: str | os.PathLike[str]
 ) -> GPT:
     """A ``GPT`` in ``mode`` (``"bf16"``, ``"int8"``) from float tensors under gptlab names, read one at a time."""
-    from gptlab.checkpoint.model import _pad_vocab, check_state, model_state
-
     if mode not in STREAMED:
         raise GptlabError(f"weights are converted while loading to {' or '.join(STREAMED)}, not {mode!r}")
     map_large_blocks()  # each float weight is freed back to the system, not kept in the heap
@@ -64,7 +63,7 @@ def build_quantized(
     def take(name: str) -> torch.Tensor:
         one = {name: tensors[name]}
         check_state({name: expected[name]}, one, source)  # its shape
-        return _pad_vocab(model, {name: one[name].float()})[name]
+        return pad_vocab(model, {name: one[name].float()})[name]
 
     tied = config.tie_embeddings
     done: set[str] = set()
@@ -99,8 +98,6 @@ def build_quantized(
 
 def load_int8(config: GPTConfig, state: Mapping[str, torch.Tensor], source: str | os.PathLike[str]) -> GPT:
     """A model saved in int8 (``gptlab.save`` of an int8 model): its int8 weights and scales as stored."""
-    from gptlab.checkpoint.model import load_model_state
-
     map_large_blocks()
     model = _meta_model(config)
     quantize(model, "int8")  # the int8 modules, on the meta device

@@ -1,0 +1,238 @@
+"""Opening any model: a checkpoint or run directory, a LoRA run, a Hugging Face folder or a GGUF file.
+
+    model, tokenizer = load_source(SRC)      # any of them, in float32
+    model, tokenizer = load(CKPT_OR_RUN)     # a gptlab checkpoint or run; a LoRA run merged into its base
+
+``SRC`` is a gptlab checkpoint or run directory, a Hugging Face model folder, or a GGUF file
+(``SOURCES``); a short name of a GGUF file that a package carries (``smollm2``) names that file. A
+LoRA run holds only its adapters and a reference to its base (``gptlab.checkpoint.lora``); ``load``
+reads the base (itself any source), checks its sha256, re-applies the adapters and merges them
+(``W ← W + (α/r)·B·A``), so every command that loads a checkpoint accepts a LoRA run and sees a plain
+model. This module sits above ``checkpoint`` and ``interop`` because it dispatches to both.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from gptlab import checkpoint
+from gptlab.checkpoint import lora as lora_files
+from gptlab.errors import GptlabError
+from gptlab.model import GPT
+from gptlab.model.lora import apply_lora, load_adapter_state, merge_lora
+from gptlab.model.quantized import quantize as quantize_model
+
+PathLike = str | os.PathLike[str]
+SKIP_HASH = ("train_state",)  # a training checkpoint's optimizer state is not part of the weights
+
+
+def is_gptlab(path: Path) -> bool:
+    """True for a gptlab checkpoint directory, or a run directory holding checkpoints."""
+    if (path / checkpoint.CONFIG_FILE).is_file():
+        data = checkpoint.read_json(path / checkpoint.CONFIG_FILE)
+        return isinstance(data, dict) and "gptlab_format" in data
+    return bool(checkpoint.list_checkpoints(path))
+
+
+def gguf_module() -> Any:
+    """``gptlab.interop.gguf``, or a ``GptlabError`` saying what is missing (the gguf package)."""
+    try:
+        return importlib.import_module("gptlab.interop.gguf")
+    except ModuleNotFoundError as exc:
+        if exc.name not in ("gptlab.interop.gguf", "gguf"):
+            raise
+        raise GptlabError(
+            f"reading GGUF files needs gptlab.interop.gguf and the gguf package ({exc.name} is missing)"
+        ) from None
+
+
+def source_path(src: PathLike) -> Path:
+    """``src`` as a path; a short name of a GGUF file that a package carries (``smollm2``) that names
+    nothing here becomes that file (``gptlab.interop.gguf.resolve``). An existing path always wins."""
+    path = Path(src)
+    if path.exists():
+        return path
+    try:
+        gguf = gguf_module()
+    except GptlabError:  # no GGUF support here, so no short names either
+        return path
+    return Path(gguf.resolve(path))
+
+
+def source_kind(src: PathLike) -> str:
+    """``gguf`` (a ``.gguf`` file), ``gptlab`` (checkpoint or run directory) or ``hf`` (a folder with config.json)."""
+    path = source_path(src)
+    if not path.exists():
+        raise GptlabError(f"init={src}: no such checkpoint, run directory, Hugging Face folder or GGUF file")
+    if path.is_file() and path.suffix.lower() == ".gguf":
+        return "gguf"
+    if path.is_dir() and is_gptlab(path):
+        return "gptlab"
+    if path.is_dir() and (path / "config.json").is_file():
+        return "hf"
+    raise GptlabError(
+        f"init={src}: not a gptlab checkpoint or run, a Hugging Face folder (config.json) or a .gguf file"
+    )
+
+
+def is_model_source(spec: str) -> bool:
+    """True when ``spec`` names a model that carries a tokenizer (for ``prepare --tokenizer SRC``)."""
+    try:
+        source_kind(spec)
+    except GptlabError:
+        return False
+    return True
+
+
+def load_gptlab(path: Path) -> tuple[GPT, Any | None]:
+    """A gptlab checkpoint, run or LoRA run in float (int8 inference weights are refused: nothing to train)."""
+    if checkpoint.stored_format(path) is not None:  # int8 inference weights: nothing to train or adapt
+        raise GptlabError(
+            f"{path}: holds int8 inference weights, which cannot be trained; start from the float "
+            "checkpoint (for QLoRA-like fine-tuning: lora with base_format int8 on the float checkpoint)"
+        )
+    return load(path)
+
+
+def load_hf(path: Path) -> tuple[GPT, Any | None]:
+    from gptlab.interop.hf import from_hf, tokenizer_from_hf
+
+    return from_hf(path), tokenizer_from_hf(path)
+
+
+def load_gguf(path: Path) -> tuple[GPT, Any | None]:
+    gguf = gguf_module()
+    return gguf.from_gguf(path), gguf.tokenizer_from_gguf(path)
+
+
+#: Source kind → reader returning ``(model in float32, tokenizer or None)``.
+SOURCES: dict[str, Callable[[Path], tuple[GPT, Any | None]]] = {
+    "gptlab": load_gptlab,
+    "hf": load_hf,
+    "gguf": load_gguf,
+}
+
+
+def resolve_source(src: PathLike) -> Path:
+    """The exact weights ``src`` names: a run directory resolves to its latest checkpoint."""
+    path = source_path(src).resolve()
+    return checkpoint.resolve_checkpoint(path) if source_kind(path) == "gptlab" else path
+
+
+def load_source(src: PathLike) -> tuple[GPT, Any | None]:
+    """``(model, tokenizer)`` from a gptlab checkpoint/run, a Hugging Face folder or a GGUF file."""
+    path = source_path(src)
+    model, tokenizer = SOURCES[source_kind(path)](path)
+    return model.float(), tokenizer
+
+
+def source_tokenizer(src: PathLike) -> Any:
+    """The tokenizer that comes with a model (``prepare --tokenizer SRC``)."""
+    path = source_path(src)
+    kind = source_kind(path)
+    if kind == "gptlab":
+        tok = checkpoint.load_tokenizer(checkpoint.resolve_checkpoint(path))
+    else:
+        tok = gguf_module().tokenizer_from_gguf(path) if kind == "gguf" else SOURCES[kind](path)[1]
+    if tok is None:
+        raise GptlabError(f"{src}: this model carries no tokenizer gptlab can read")
+    return tok
+
+
+def model_tokenizer(spec: str) -> Any | None:
+    """The tokenizer of the model ``spec`` names, or None when ``spec`` names no model
+    (``gptlab.data.prepare``'s ``model_tokenizer``: ``prepare --tokenizer SRC``)."""
+    return source_tokenizer(spec) if is_model_source(spec) else None
+
+
+def source_sha256(src: PathLike) -> str:
+    """sha256 of a source's content: the file itself, or a folder's files (names and bytes, sorted)."""
+    path = resolve_source(src)
+    h = hashlib.sha256()
+    files = [path] if path.is_file() else sorted(p for p in path.iterdir() if p.is_file())
+    for p in files:
+        if p.name.startswith(SKIP_HASH):
+            continue
+        h.update(p.name.encode() + b"\0")
+        with open(p, "rb") as f:
+            while block := f.read(1 << 22):
+                h.update(block)
+    return h.hexdigest()
+
+
+def load_merged(
+    directory: PathLike, device: str | torch.device = "cpu", dtype: torch.dtype | None = None
+) -> tuple[GPT, Any | None]:
+    """A LoRA checkpoint's base with the adapters merged in (float32 while merging), as a plain ``GPT``."""
+    directory = Path(directory)
+    spec = lora_files.read_spec(directory)
+    base_path = spec.base.get("path")
+    if not base_path or not Path(base_path).exists():
+        raise GptlabError(
+            f"{directory}: the base model of these adapters ({base_path}) is missing; "
+            f"restore it at that path to load the run"
+        )
+    lora_files.check_base(spec, source_sha256(base_path), directory)
+    model, _ = load_source(base_path)
+    model.float()
+    float_spec = type(spec).from_dict({**spec.to_dict(), "base_format": "float32", "dropout": 0.0})
+    apply_lora(model, float_spec)
+    adapters = directory / lora_files.ADAPTERS_FILE
+    load_adapter_state(model, checkpoint.read_tensors(adapters), str(adapters))
+    merge_lora(model)
+    for p in model.parameters():
+        p.requires_grad_(True)
+    if dtype is not None:
+        model.to(dtype=dtype)
+    tokenizer = checkpoint.load_tokenizer(directory)
+    checkpoint.check_tokenizer_fits(tokenizer, model.config.vocab_size, directory / checkpoint.TOKENIZER_FILE)
+    return model.to(device).eval(), tokenizer
+
+
+def load(
+    path: PathLike,
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype | None = None,
+    quantize: str | None = None,
+) -> tuple[GPT, Any | None]:
+    """``gptlab.load``: a checkpoint directory (or a run directory: its latest checkpoint) →
+    ``(model, tokenizer_or_None)``; a LoRA run's adapters merged into their base.
+
+    ``quantize`` (``"fp32"``, ``"bf16"``, ``"int8"``): the model for inference in that format
+    (``gptlab.checkpoint.load``).
+    """
+    directory = checkpoint.resolve_checkpoint(path)
+    if lora_files.is_lora_checkpoint(directory):  # the one place LoRA adapters are merged on load
+        checkpoint.verify_checksums(directory)
+        model, tokenizer = load_merged(directory, device, dtype)
+        if quantize:
+            quantize_model(model, quantize)  # in place
+        return model, tokenizer
+    return checkpoint.load(directory, device, dtype, quantize)
+
+
+__all__ = [
+    "SOURCES",
+    "gguf_module",
+    "is_gptlab",
+    "is_model_source",
+    "load",
+    "load_gguf",
+    "load_gptlab",
+    "load_hf",
+    "load_merged",
+    "load_source",
+    "model_tokenizer",
+    "resolve_source",
+    "source_kind",
+    "source_path",
+    "source_sha256",
+    "source_tokenizer",
+]
