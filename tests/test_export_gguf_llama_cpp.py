@@ -154,9 +154,9 @@ def test_architecture_greedy_equal(llama_cpp, tmp_path, shakespeare_path, option
 def test_default_model_in_llama_cpp(llama_cpp, tmp_path, shakespeare_path, capsys):
     """char-best (RoPE, RMSNorm, ReLU², QK-norm) trained briefly → apertus GGUF: 40 greedy f32 tokens equal."""
     from gptlab.data import prepare
+    from gptlab.sources import load_source
     from gptlab.train import train
     from gptlab.train.config import DEFAULT_RECIPE, build_config
-    from gptlab.sources import load_source
 
     data = tmp_path / "ds"
     prepare([shakespeare_path], data, block_size=64)
