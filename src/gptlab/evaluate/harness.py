@@ -31,6 +31,7 @@ from gptlab.evaluate.opening import open_model
 from gptlab.generate import SampleConfig, generate_batch
 from gptlab.generate.scoring import Score, loglikelihoods, rolling_windows
 from gptlab.tokenizers.chat import stop_ids, template_for
+from gptlab.tokenizers.pretrained import encode_text
 
 CHUNK = 64  # requests scored per call (one progress-bar step)
 
@@ -89,15 +90,14 @@ class GptlabLM(TemplateLM):
         return self._max_gen_toks
 
     def tok_encode(
-        self, string: str, add_special_tokens: bool | None = None, left_truncate_len: int | None = None, **_: object
+        self,
+        string: str,
+        add_special_tokens: bool | None = None,
+        left_truncate_len: int | None = None,
+        **_: object,
     ) -> list[int]:
         """Token ids of ``string``, special tokens matched, BOS first only with ``add_bos_token``."""
-        ids = list(self.tokenizer.encode(string, allowed_special="all"))
-        bos = getattr(self.tokenizer, "bos_id", None)
-        if getattr(self.tokenizer, "add_bos", False) and ids and ids[0] == bos:
-            ids = ids[1:]  # the source's own BOS: lm-eval encodes without special tokens
-        if (add_special_tokens or self.add_bos_token) and bos is not None:
-            ids = [bos, *ids]
+        ids = encode_text(self.tokenizer, string, bool(add_special_tokens or self.add_bos_token))
         return ids[-left_truncate_len:] if left_truncate_len else ids
 
     def tok_decode(self, ids: Sequence[int]) -> str:
@@ -111,7 +111,9 @@ class GptlabLM(TemplateLM):
     def chat_template(self, chat_template: bool | str = False) -> str | None:
         return self.template.source
 
-    def apply_chat_template(self, chat_history: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
+    def apply_chat_template(
+        self, chat_history: list[dict[str, str]], add_generation_prompt: bool = True
+    ) -> str:
         return self.template.render(chat_history, add_generation_prompt=add_generation_prompt)
 
     # ------------------------------------------------------------ scoring
@@ -125,7 +127,10 @@ class GptlabLM(TemplateLM):
         return out
 
     def _loglikelihood_tokens(
-        self, requests: list[tuple[tuple[str, str], list[int], list[int]]], disable_tqdm: bool = False, **_: object
+        self,
+        requests: list[tuple[tuple[str, str], list[int], list[int]]],
+        disable_tqdm: bool = False,
+        **_: object,
     ) -> list[tuple[float, bool]]:
         pairs = [(ctx, cont) for _, ctx, cont in requests]
         scores = self._scores(pairs, "Running loglikelihood requests", disable_tqdm)
@@ -141,11 +146,15 @@ class GptlabLM(TemplateLM):
         windows: list[tuple[list[int], list[int]]] = []
         owner: list[int] = []
         for i, req in enumerate(requests):
-            for window in rolling_windows(self.tok_encode(req.args[0]), self.prefix_token_id, self.max_length):
+            for window in rolling_windows(
+                self.tok_encode(req.args[0]), self.prefix_token_id, self.max_length
+            ):
                 windows.append(window)
                 owner.append(i)
         totals = [0.0] * len(requests)
-        for i, score in zip(owner, self._scores(windows, "Running loglikelihood_rolling", disable_tqdm), strict=True):
+        for i, score in zip(
+            owner, self._scores(windows, "Running loglikelihood_rolling", disable_tqdm), strict=True
+        ):
             totals[i] += score.logprob
         for req, total in zip(requests, totals, strict=True):
             self.cache_hook.add_partial("loglikelihood_rolling", (req.args[0],), total)
@@ -190,7 +199,9 @@ class GptlabLM(TemplateLM):
                 for start in range(0, len(members), self.batch_rows):
                     rows = members[start : start + self.batch_rows]
                     prompts = [self._prompt(requests[i].args[0], room) for i in rows]
-                    for i, text in zip(rows, generate_batch(self.model, self.tokenizer, prompts, config), strict=True):
+                    for i, text in zip(
+                        rows, generate_batch(self.model, self.tokenizer, prompts, config), strict=True
+                    ):
                         out[i] = postprocess_generated_text(text, until, None)
                         self.cache_hook.add_partial("generate_until", requests[i].args, out[i])
                     bar.update(len(rows))

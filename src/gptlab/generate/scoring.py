@@ -177,7 +177,9 @@ def loglikelihoods(
     return [r for r in results if r is not None]
 
 
-def rolling_windows(tokens: Sequence[int], prefix_token: int, max_len: int) -> list[tuple[list[int], list[int]]]:
+def rolling_windows(
+    tokens: Sequence[int], prefix_token: int, max_len: int
+) -> list[tuple[list[int], list[int]]]:
     """Disjoint ``(context, continuation)`` windows covering ``tokens``, as lm-eval's rolling loglikelihood.
 
     The first window predicts ``tokens[:max_len]`` from ``[prefix_token] ⧺ tokens[:max_len-1]``; each

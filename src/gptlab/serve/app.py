@@ -25,7 +25,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
-from gptlab.serve import errors, gptlab_routes, openai_routes
+from gptlab.serve import echo, errors, gptlab_routes, openai_routes
 from gptlab.serve.errors import error_response
 from gptlab.serve.service import Service
 
@@ -70,6 +70,7 @@ def create_app(
         app.middleware("http")(_auth(api_key))
     app.include_router(openai_routes.router(service))
     app.include_router(gptlab_routes.router(service))
+    app.include_router(echo.router(service))  # /tokenizer_info, /tokenize, /detokenize
     gptlab_routes.mount_static(app)
     return app
 
@@ -78,7 +79,7 @@ def _auth(api_key: str) -> Callable[[Request, Callable[[Request], Any]], Any]:
     """A middleware asking every ``/v1/`` request for ``Authorization: Bearer KEY``."""
 
     async def check(request: Request, call_next: Callable[[Request], Any]) -> Response:
-        if request.url.path.startswith("/v1/"):
+        if request.url.path.startswith("/v1/") or request.url.path in echo.PATHS:
             header = request.headers.get("authorization", "")
             given = header[7:].strip() if header.lower().startswith("bearer ") else ""
             if not given:

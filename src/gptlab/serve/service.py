@@ -296,13 +296,6 @@ class Service:
         if not items:
             raise APIError(400, "prompt is an empty list; give a string or a list of strings", param="prompt")
         self.check_choices(len(items), req.n)  # before any encoding
-        if req.echo and req.logprobs is not None:
-            raise APIError(
-                400,
-                "echo with logprobs would need the prompt's log-probabilities, which this server does not "
-                "compute; drop echo or logprobs",
-                param="echo",
-            )
         max_tokens = self.max_tokens(req, self.default_max_tokens()["completions"])
         warnings: list[str] = []
         prompts = []
