@@ -97,9 +97,7 @@ def test_bad_requests_are_one_error(model):
 def test_rolling_windows_are_lm_evals(n, max_len):
     utils = pytest.importorskip("lm_eval.utils", reason="lm-eval (the eval extra) is not installed")
     tokens = list(range(100, 100 + n))
-    expected = [
-        utils.make_disjoint_window(w) for w in utils.get_rolling_token_windows(tokens, 7, max_len, 1)
-    ]
+    expected = [utils.make_disjoint_window(w) for w in utils.get_rolling_token_windows(tokens, 7, max_len, 1)]
     assert rolling_windows(tokens, 7, max_len) == [(list(a), list(b)) for a, b in expected]
 
 

@@ -67,7 +67,14 @@ def test_echo_with_logprobs_scores_the_prompt(client, model, tok, max_tokens):
 def test_lm_evals_loglikelihood_request(client, model, tok):
     """lm-eval's request: token ids of context ⧺ continuation, max_tokens 1; it sums [ctxlen:-1]."""
     ctx, cont = tok.encode("the cat"), tok.encode(" sat")
-    body = {"prompt": [ctx + cont], "max_tokens": 1, "logprobs": 1, "echo": True, "temperature": 0, "seed": 1234}
+    body = {
+        "prompt": [ctx + cont],
+        "max_tokens": 1,
+        "logprobs": 1,
+        "echo": True,
+        "temperature": 0,
+        "seed": 1234,
+    }
     lp = client.post("/v1/completions", json=body).json()["choices"][0]["logprobs"]
     logp = raw_logprobs(model, ctx + cont)
     expected = sum(float(logp[len(ctx) - 1 + t, cont[t]]) for t in range(len(cont)))
@@ -78,13 +85,24 @@ def test_a_stop_token_is_reported(client, model, tok):
     """A prompt whose greedy next token is <|endoftext|>: logprobs has it, as usage counts it."""
     eot = tok.encode(EOT, allowed_special="all")[0]
     prompt = tok.encode("hello")
-    body = {"prompt": [prompt], "max_tokens": 1, "logprobs": 5, "temperature": 0, "logit_bias": {str(eot): 100}}
+    body = {
+        "prompt": [prompt],
+        "max_tokens": 1,
+        "logprobs": 5,
+        "temperature": 0,
+        "logit_bias": {str(eot): 100},
+    }
     reply = client.post("/v1/completions", json=body).json()
     choice = reply["choices"][0]
     assert choice["finish_reason"] == "stop" and choice["text"] == ""
     assert choice["logprobs"]["tokens"] == [EOT]
     assert len(choice["logprobs"]["token_logprobs"]) == reply["usage"]["completion_tokens"] == 1
-    chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "logprobs": True, "temperature": 0}
+    chat = {
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": 2,
+        "logprobs": True,
+        "temperature": 0,
+    }
     content = client.post("/v1/chat/completions", json={**chat, "logit_bias": {str(eot): 100}}).json()
     assert content["choices"][0]["logprobs"]["content"] == []  # chat never reports the end-of-turn token
 
@@ -109,3 +127,17 @@ def test_tokenizer_routes_need_the_key(model, tok):
         assert c.get("/tokenizer_info").status_code == 401
         ok = c.post("/tokenize", json={"prompt": "ab"}, headers={"Authorization": "Bearer sesame"})
         assert ok.status_code == 200 and ok.json()["count"] == 2
+
+
+def test_echo_scores_a_prompt_that_fills_the_context(client, model, tok):
+    """A prompt of the whole context with max_tokens 1 is scored whole (the generation slides on)."""
+    ids = (tok.encode("the quick brown fox jumps over the lazy dog ") * 3)[:64]
+    body = {"prompt": [ids], "max_tokens": 1, "logprobs": 1, "echo": True, "temperature": 0}
+    lp = client.post("/v1/completions", json=body).json()["choices"][0]["logprobs"]
+    logp = raw_logprobs(model, ids)
+    assert len(lp["tokens"]) == 65
+    assert lp["token_logprobs"][1:64] == pytest.approx(
+        [float(logp[t - 1, ids[t]]) for t in range(1, 64)], abs=1e-5
+    )
+    too_long = client.post("/v1/completions", json={**body, "prompt": [ids + ids[:1]]})
+    assert_error(too_long, 400, "prompt")

@@ -20,8 +20,13 @@ def main() -> None:
         print(f"error: {INSTALL}", file=sys.stderr)
         raise SystemExit(2) from None
     import gptlab.evaluate.harness  # noqa: F401  (registers "gptlab")
+    from gptlab.errors import GptlabError
 
-    cli_evaluate()
+    try:
+        cli_evaluate()
+    except GptlabError as exc:  # bad input (a checkpoint, a dtype …): one line, no traceback
+        print(f"error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 if __name__ == "__main__":

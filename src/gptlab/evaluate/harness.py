@@ -18,6 +18,7 @@ are added, special tokens written in the text are matched), so the figures equal
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 
 from lm_eval.api.instance import Instance
@@ -55,7 +56,11 @@ class GptlabLM(TemplateLM):
         super().__init__()
         from gptlab.hardware import resolve_device
 
-        device = resolve_device(device or "auto")
+        try:
+            device = resolve_device(device or "auto")
+        except GptlabError as exc:  # lm_eval's --device defaults to cuda:0: fall back as its HF backend does
+            warnings.warn(f"{exc}; using device=auto", stacklevel=2)
+            device = resolve_device("auto")
         self.model, self.tokenizer = open_model(str(pretrained), str(dtype), device)
         self.name = str(pretrained)
         self._device = device
@@ -122,7 +127,9 @@ class GptlabLM(TemplateLM):
         with tqdm(total=len(pairs), desc=desc, disable=disable_tqdm) as bar:
             for start in range(0, len(pairs), CHUNK):
                 chunk = pairs[start : start + CHUNK]
-                out += loglikelihoods(self.model, chunk, batch_tokens=self.batch_tokens)
+                out += loglikelihoods(
+                    self.model, chunk, batch_tokens=self.batch_tokens, max_len=self.max_length
+                )
                 bar.update(len(chunk))
         return out
 

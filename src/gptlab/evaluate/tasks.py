@@ -13,7 +13,9 @@ from pathlib import Path
 
 from gptlab.errors import GptlabError
 
-INSTALL = "lm-evaluation-harness is not installed; `pip install 'gptlab[eval]'` installs it (lm-eval==0.4.13)"
+INSTALL = (
+    "lm-evaluation-harness is not installed; `pip install 'gptlab[eval]'` installs it (lm-eval[api]==0.4.13)"
+)
 #: The offline tasks shipped with gptlab (``evals/`` at the repository root).
 SHIPPED = Path(__file__).resolve().parents[3] / "evals"
 

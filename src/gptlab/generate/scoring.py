@@ -144,14 +144,17 @@ def loglikelihoods(
     requests: Sequence[tuple[Sequence[int], Sequence[int]]],
     *,
     batch_tokens: int = BATCH_TOKENS,
+    max_len: int | None = None,
 ) -> list[Score]:
     """``log p(continuation | context)`` and greediness for each ``(context ids, continuation ids)``.
 
     Results come back in the order of ``requests``. Contexts shared by several requests run once.
+    ``max_len`` (default and at most: the model's context) is the longest input: ``max_len + 1`` tokens
+    of ``x ⧺ y`` are kept.
     """
     if batch_tokens < 1:
         raise GptlabError(f"batch_tokens must be at least 1, got {batch_tokens}")
-    block = model.config.block_size
+    block = min(max_len or model.config.block_size, model.config.block_size)
     fitted = [_fit(ctx, cont, block) for ctx, cont in requests]
     groups: dict[tuple[int, ...], list[int]] = {}
     for i, (ctx, _) in enumerate(fitted):
