@@ -47,9 +47,10 @@ def requests(seed: int) -> list[tuple[list[int], list[int]]]:
     return out
 
 
-def test_loglikelihoods_equal_one_forward_pass_each(model):
+@pytest.mark.parametrize("batch_tokens", [1, 60, 4096])  # a context per batch, several, all in one
+def test_loglikelihoods_equal_one_forward_pass_each(model, batch_tokens):
     reqs = requests(1)
-    got = loglikelihoods(model, reqs, batch_tokens=60)  # several batches of unshared contexts
+    got = loglikelihoods(model, reqs, batch_tokens=batch_tokens)
     assert len(got) == len(reqs)
     for (ctx, cont), score in zip(reqs, got, strict=True):
         logprob, greedy = reference(model, ctx, cont)
@@ -69,7 +70,8 @@ def test_greedy_continuation_is_recognised(model):
 
 
 def test_shared_context_runs_once(model, monkeypatch):
-    """Four choices of one context: the context's forward pass, then one batch of continuations."""
+    """Four choices of one context, and two other contexts: the contexts' forward pass (each once,
+    left-padded), then one batch of every continuation."""
     calls = []
     run = model.run
 
@@ -79,8 +81,8 @@ def test_shared_context_runs_once(model, monkeypatch):
 
     monkeypatch.setattr(model, "run", counted)
     ctx = list(range(10))
-    loglikelihoods(model, [(ctx, [1, 2]), (ctx, [3]), (ctx, [4, 5, 6]), (ctx, [7, 8])])
-    assert calls == [(1, 10), (4, 2)]
+    loglikelihoods(model, [(ctx, [1, 2]), (ctx, [3]), ([5, 6], [4, 5, 6]), (ctx, [7, 8]), ([1], [2])])
+    assert calls == [(3, 10), (5, 2)]
 
 
 def test_bad_requests_are_one_error(model):

@@ -6,11 +6,12 @@
 where ``l_i`` are the logits at position ``i`` of the single sequence ``x ⧺ y`` (teacher forcing:
 one forward pass scores every token of ``y``). This is lm-evaluation-harness's ``loglikelihood``.
 
-Requests that share a context share its forward pass: the context is run once and its keys/values
-are kept (``_PrefixCache``); then every continuation of that context runs as one row of a batch over
-that cache, ``y_1..y_{m-1}``, right-padded (causal attention: padding after a token never changes it).
-Requests with a context of their own are batched together, longest first (length-aware batching:
-rows of similar lengths, little padding), up to ``batch_tokens`` positions per forward pass.
+Requests that share a context share its forward pass. A batch is two forward passes: the distinct
+contexts, left-padded (padding hidden by the mask, positions counted from each context's first token),
+whose keys/values are kept (``_PrefixCache``); then every continuation of every context as one row,
+``y_1..y_{m-1}``, right-padded, attending to its own context's keys and causally to itself. Contexts are
+sorted longest first (length-aware batching: little padding) and batched up to ``batch_tokens``
+positions.
 
 A sequence longer than the context window keeps its last ``block_size + 1`` tokens, as lm-eval's
 Hugging Face backend does (the continuation is kept whole; the context loses its oldest tokens).
@@ -47,28 +48,27 @@ class Score:
 
 
 class _PrefixLayer:
-    """One layer's keys/values of the shared context, then ``[K_context; k_new]`` for each row."""
+    """One layer's keys/values of the contexts, then ``[K_context(row's group); k_new]`` for each row."""
 
-    def __init__(self) -> None:
-        self.k: torch.Tensor | None = None  # (1, H_kv, n, d_k)
+    def __init__(self, rows: list[torch.Tensor]) -> None:
+        self.rows = rows  # [group of each continuation row], set before the continuation pass
+        self.k: torch.Tensor | None = None  # (G, H_kv, Lc, d_k)
         self.v: torch.Tensor | None = None
 
     def update(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        if self.k is None or self.v is None:  # the context's own forward pass records it
+        if self.k is None or self.v is None:  # the contexts' own forward pass records them
             self.k, self.v = k, v
             return k, v
-        rows = k.size(0)
-        return (
-            torch.cat([self.k.expand(rows, -1, -1, -1), k], dim=2),
-            torch.cat([self.v.expand(rows, -1, -1, -1), v], dim=2),
-        )
+        rows = self.rows[0]
+        return torch.cat([self.k[rows], k], dim=2), torch.cat([self.v[rows], v], dim=2)
 
 
 class _PrefixCache:
-    """What ``GPT.run`` calls ``cache``: per-layer ``update`` and the number of cached positions."""
+    """What ``GPT.run`` calls ``cache``: per-layer ``update`` (positions are always passed explicitly)."""
 
     def __init__(self, n_layer: int) -> None:
-        self.layers = [_PrefixLayer() for _ in range(n_layer)]
+        self.rows: list[torch.Tensor] = []
+        self.layers = [_PrefixLayer(self.rows) for _ in range(n_layer)]
         self.length = 0
 
 
@@ -101,41 +101,52 @@ def _score_rows(logits: torch.Tensor, targets: Sequence[Sequence[int]]) -> list[
     return out
 
 
-def _padded(rows: Sequence[Sequence[int]], device: torch.device) -> torch.Tensor:
-    """Right-padded ``(R, max len)`` ids (the padding id is 0: causal attention never looks ahead)."""
-    width = max(len(r) for r in rows)
-    return torch.tensor([list(r) + [0] * (width - len(r)) for r in rows], dtype=torch.long, device=device)
+Group = tuple[list[int], list[list[int]]]  # a context and the continuations scored against it
 
 
-def _shared(model: nn.Module, context: list[int], continuations: list[list[int]]) -> list[Score]:
-    """One context's continuations: the context once (its keys/values kept), then every row over it."""
+def _batch(model: nn.Module, groups: list[Group]) -> list[list[Score]]:
+    """Several contexts in one pass (left-padded, their keys/values kept), then every continuation of
+    every context in a second pass over them (right-padded): two forward passes for the whole batch.
+
+    Context ``g`` of ``n_g`` tokens sits at the right of ``L = max n_g`` columns; its positions are
+    ``0..n_g-1`` and its padding is hidden from every real query. A continuation row of group ``g``
+    sees the ``n_g`` real keys of its context and its own earlier tokens (causal), at positions ``n_g…``.
+    """
     device = model.device
+    lengths = torch.tensor([len(ctx) for ctx, _ in groups], device=device)
+    width = int(lengths.max())
+    cols = torch.arange(width, device=device)
+    pad = width - lengths  # (G,)
+    valid = cols[None, :] >= pad[:, None]  # (G, L): real context keys
+    ids = torch.zeros(len(groups), width, dtype=torch.long, device=device)
+    for g, (ctx, _) in enumerate(groups):
+        ids[g, width - len(ctx) :] = torch.tensor(ctx, device=device)
+    causal = torch.ones(width, width, dtype=torch.bool, device=device).tril()
+    eye = torch.eye(width, dtype=torch.bool, device=device)  # a padding query sees itself: no empty row
+    mask = (causal[None] & valid[:, None, :]) | eye[None]  # (G, L, L)
     cache = _PrefixCache(model.config.n_layer)
-    first = model.run(torch.tensor([context], device=device), cache=cache, last_only=True).logits  # (1,1,V)
-    cache.length = len(context)
-    longest = max(len(c) for c in continuations)
-    rest = None
+    pos = (cols[None, :] - pad[:, None]).clamp(min=0)
+    first = model.run(ids, pos=pos, cache=cache, attn_mask=mask[:, None], last_only=True).logits  # (G, 1, V)
+
+    rows = [(g, cont) for g, (_, conts) in enumerate(groups) for cont in conts]
+    owner = torch.tensor([g for g, _ in rows], device=device)
+    logits = first[owner]  # (R, 1, V): predicts each continuation's first token
+    longest = max(len(cont) for _, cont in rows)
     if longest > 1:
-        rows = [c[:-1] or [0] for c in continuations]  # y_1..y_{m-1}: the inputs that predict y_2..y_m
-        rest = model.run(_padded(rows, device), cache=cache).logits  # (R, longest-1, V)
-    logits = first.expand(len(continuations), -1, -1)
-    if rest is not None:
+        steps = longest - 1
+        new = torch.zeros(len(rows), steps, dtype=torch.long, device=device)
+        for r, (_, cont) in enumerate(rows):
+            new[r, : len(cont) - 1] = torch.tensor(cont[:-1], device=device)
+        cache.rows.append(owner)
+        new_pos = lengths[owner][:, None] + torch.arange(steps, device=device)[None, :]
+        new_pos = new_pos.clamp(max=model.config.block_size - 1)  # only a padding column can pass the end
+        seen = valid[owner][:, None, :].expand(-1, steps, -1)  # (R, M, L)
+        own = torch.ones(steps, steps, dtype=torch.bool, device=device).tril()[None].expand(len(rows), -1, -1)
+        rest_mask = torch.cat([seen, own], dim=2)[:, None]  # (R, 1, M, L + M)
+        rest = model.run(new, pos=new_pos, cache=cache, attn_mask=rest_mask).logits  # (R, M, V)
         logits = torch.cat([logits, rest], dim=1)
-    return _score_rows(logits, continuations)
-
-
-def _alone(model: nn.Module, pairs: list[tuple[list[int], list[int]]]) -> list[Score]:
-    """Pairs with contexts of their own, in one batch: row ``x ⧺ y_1..y_{m-1}``, logits of the last m."""
-    rows = [(ctx + cont)[:-1] for ctx, cont in pairs]
-    logits = model.run(_padded(rows, model.device)).logits  # (R, T, V)
-    width = max(len(cont) for _, cont in pairs)
-    picked = torch.stack(
-        [
-            F.pad(logits[r, len(ctx) - 1 : len(ctx) - 1 + len(cont)], (0, 0, 0, width - len(cont)))
-            for r, (ctx, cont) in enumerate(pairs)
-        ]
-    )
-    return _score_rows(picked, [cont for _, cont in pairs])
+    scores = iter(_score_rows(logits, [cont for _, cont in rows]))
+    return [[next(scores) for _ in conts] for _, conts in groups]
 
 
 @torch.inference_mode()
@@ -150,32 +161,35 @@ def loglikelihoods(
 
     Results come back in the order of ``requests``. Contexts shared by several requests run once.
     ``max_len`` (default and at most: the model's context) is the longest input: ``max_len + 1`` tokens
-    of ``x ⧺ y`` are kept.
+    of ``x ⧺ y`` are kept. A batch holds contexts of similar lengths (longest first), as many as fit in
+    ``batch_tokens`` positions counted over both passes.
     """
     if batch_tokens < 1:
         raise GptlabError(f"batch_tokens must be at least 1, got {batch_tokens}")
     block = min(max_len or model.config.block_size, model.config.block_size)
     fitted = [_fit(ctx, cont, block) for ctx, cont in requests]
-    groups: dict[tuple[int, ...], list[int]] = {}
+    members: dict[tuple[int, ...], list[int]] = {}
     for i, (ctx, _) in enumerate(fitted):
-        groups.setdefault(tuple(ctx), []).append(i)
+        members.setdefault(tuple(ctx), []).append(i)
+    order = sorted(members, key=lambda ctx: -len(ctx))  # length-aware: little padding per batch
     results: list[Score | None] = [None] * len(fitted)
-    singles = []
-    for ctx, members in groups.items():
-        if len(members) == 1:
-            singles.append(members[0])
-            continue
-        scores = _shared(model, list(ctx), [fitted[i][1] for i in members])
-        for i, score in zip(members, scores, strict=True):
-            results[i] = score
-    singles.sort(key=lambda i: -(len(fitted[i][0]) + len(fitted[i][1])))  # longest first
     start = 0
-    while start < len(singles):
-        width = len(fitted[singles[start]][0]) + len(fitted[singles[start]][1]) - 1
-        stop = start + max(1, batch_tokens // max(width, 1))
-        chunk = singles[start:stop]
-        for i, score in zip(chunk, _alone(model, [fitted[i] for i in chunk]), strict=True):
-            results[i] = score
+    while start < len(order):
+        width, steps, rows, stop = len(order[start]), 0, 0, start
+        while stop < len(order):  # grow the batch while both passes fit in batch_tokens positions
+            conts = [len(fitted[i][1]) for i in members[order[stop]]]
+            grown_steps, grown_rows = max(steps, max(conts) - 1), rows + len(conts)
+            if (
+                stop > start
+                and (stop - start + 1) * width + grown_rows * (width + grown_steps) > batch_tokens
+            ):
+                break
+            steps, rows, stop = grown_steps, grown_rows, stop + 1
+        chunk = order[start:stop]
+        groups = [(list(ctx), [fitted[i][1] for i in members[ctx]]) for ctx in chunk]
+        for ctx, scores in zip(chunk, _batch(model, groups), strict=True):
+            for i, score in zip(members[ctx], scores, strict=True):
+                results[i] = score
         start = stop
     return [r for r in results if r is not None]
 
