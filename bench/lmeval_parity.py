@@ -33,17 +33,25 @@ def responses(sample: dict) -> list:
     return [r[0] for r in sample["resps"]]
 
 
+def number(value: object) -> float | None:
+    """A saved log-likelihood (``--log_samples`` writes them as strings), or None for a generation."""
+    try:
+        return float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return None
+
+
 def compare_task(a: list[dict], b: list[dict]) -> dict:
     worst, greedy_same, texts_same = 0.0, True, True
     for sa, sb in zip(a, b, strict=True):
         for ra, rb in zip(responses(sa), responses(sb), strict=True):
-            if isinstance(ra, str):
-                texts_same &= ra == rb
-            elif isinstance(ra, list):  # (loglikelihood, greedy)
+            if isinstance(ra, list):  # (loglikelihood, greedy)
                 worst = max(worst, abs(float(ra[0]) - float(rb[0])))
-                greedy_same &= bool(ra[1]) == bool(rb[1])
-            else:  # a rolling loglikelihood
-                worst = max(worst, abs(float(ra) - float(rb)))
+                greedy_same &= str(ra[1]) == str(rb[1])
+            elif number(ra) is not None and number(rb) is not None:  # a rolling loglikelihood
+                worst = max(worst, abs(number(ra) - number(rb)))
+            else:  # a generation
+                texts_same &= ra == rb
     return {"items": len(a), "max_abs_diff": worst, "greedy_same": greedy_same, "texts_same": texts_same}
 
 
