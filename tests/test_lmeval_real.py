@@ -89,7 +89,7 @@ def test_gptlab_serve_equals_the_hf_backend(converted, hf):
     import serve_load
 
     with serve_load.serve(
-        str(converted), 4, ["--model-name", "smol", "--device", "cpu", "--dtype", "fp32"]
+        str(converted), 4, ["--model-name", "smol", "--device", "cpu", "--dtype", "fp32", "--compile", "off"]
     ) as url:
         served = run(
             "local-completions",
