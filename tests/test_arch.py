@@ -249,12 +249,16 @@ def test_encoder_decoder_learns_to_copy_in_a_few_steps() -> None:
     assert loss.item() < 0.3
 
 
-def test_hugging_face_export_refuses_other_architectures(tmp_path) -> None:
-    from gptlab.interop.hf import to_hf
+def test_hugging_face_export_writes_other_architectures_as_remote_code(tmp_path) -> None:
+    import json
 
-    for arch in ("encoder", "encoder-decoder"):
-        with pytest.raises(GptlabError, match=f"arch='{arch}'"):
-            to_hf(build_model(tiny(arch=arch)), tmp_path / arch)
+    from gptlab.interop.hf import export_family, to_hf
+
+    for arch, name in (("encoder", "GptlabForMaskedLM"), ("encoder-decoder", "GptlabForSeq2SeqLM")):
+        with pytest.raises(GptlabError, match=f"arch='{arch}'"):  # no native transformers class
+            export_family(tiny(arch=arch))
+        to_hf(build_model(tiny(arch=arch)), tmp_path / arch)  # tests/test_export_hf.py loads these
+        assert json.loads((tmp_path / arch / "config.json").read_text())["architectures"] == [name]
 
 
 def test_dropout_composes_with_both_stacks_and_an_encoder_cannot_generate() -> None:

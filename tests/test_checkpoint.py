@@ -12,6 +12,7 @@ import torch
 import gptlab
 from gptlab import GPT, GPTConfig, GptlabError
 from gptlab.checkpoint import list_checkpoints, resolve_checkpoint
+from gptlab.checkpoint.integrity import write_checksums
 from gptlab.tokenizers import CharTokenizer
 
 
@@ -28,6 +29,7 @@ def test_save_and_load_round_trip_with_a_tokenizer(tmp_path: Path, options: dict
     tok = CharTokenizer.from_text("abcdefghijklmnopqrstuvwxyz .,\n")
     gptlab.save(model, tok, tmp_path / "ckpt")
     assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == [
+        "checksums.json",
         "config.json",
         "model.safetensors",
         "tokenizer.json",
@@ -54,6 +56,9 @@ def test_files_are_safetensors_and_json_never_pickle(tmp_path: Path) -> None:
 def test_a_missing_file_is_named(tmp_path: Path) -> None:
     gptlab.save(tiny(), None, tmp_path)
     (tmp_path / "model.safetensors").unlink()
+    with pytest.raises(GptlabError, match=r"model\.safetensors: missing, but checksums\.json lists it"):
+        gptlab.load(tmp_path)
+    write_checksums(tmp_path)  # a record made after the loss: the reader's own check names the file
     with pytest.raises(GptlabError, match=r"model\.safetensors: file not found"):
         gptlab.load(tmp_path)
 
@@ -62,6 +67,9 @@ def test_a_truncated_weights_file_is_named(tmp_path: Path) -> None:
     gptlab.save(tiny(), None, tmp_path)
     path = tmp_path / "model.safetensors"
     path.write_bytes(path.read_bytes()[:-100])
+    with pytest.raises(GptlabError, match=r"model\.safetensors: SHA-256 differs"):
+        gptlab.load(tmp_path)
+    write_checksums(tmp_path)
     with pytest.raises(GptlabError, match=r"model\.safetensors: not a valid safetensors file"):
         gptlab.load(tmp_path)
 
@@ -69,6 +77,7 @@ def test_a_truncated_weights_file_is_named(tmp_path: Path) -> None:
 def test_a_corrupt_config_is_named(tmp_path: Path) -> None:
     gptlab.save(tiny(), None, tmp_path)
     (tmp_path / "config.json").write_text('{"gptlab_format": 1, "model": {')
+    write_checksums(tmp_path)
     with pytest.raises(GptlabError, match=r"config\.json: not valid JSON"):
         gptlab.load(tmp_path)
 
@@ -79,10 +88,12 @@ def test_weights_that_do_not_match_the_config_are_named(tmp_path: Path) -> None:
     config["model"]["n_embd"] = 32
     config["model"]["d_ff"] = 128
     (tmp_path / "config.json").write_text(json.dumps(config))
+    write_checksums(tmp_path)
     with pytest.raises(GptlabError, match=r"model\.safetensors: tensor .* has shape"):
         gptlab.load(tmp_path)
     config["model"].update(n_embd=16, d_ff=64, n_layer=3)
     (tmp_path / "config.json").write_text(json.dumps(config))
+    write_checksums(tmp_path)
     with pytest.raises(
         GptlabError, match=r"model\.safetensors: weights do not match config\.json .*missing: blocks\.2"
     ):

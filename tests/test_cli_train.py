@@ -115,7 +115,10 @@ def test_eval_on_a_run_dir(capsys, dataset, trained, tmp_path):
 def test_eval_context_sets_the_window_length_and_refuses_what_the_model_cannot_see(capsys, dataset, trained):
     code, out, _ = _cli(capsys, "eval", trained, "--data", dataset, "--json")
     full = json.loads(out)
-    code, out, _ = _cli(capsys, "eval", trained, "--data", dataset, "--json", "--context", 4)
+    # float32, like the reference below (auto autocasts to bf16 on a native-bf16 CPU)
+    code, out, _ = _cli(
+        capsys, "eval", trained, "--data", dataset, "--json", "--context", 4, "--dtype", "float32"
+    )
     short = json.loads(out)
     assert code == 0 and short["loss"] != full["loss"]
     model, _ = ckpt.load(trained)

@@ -117,8 +117,6 @@ def test_option_names_are_the_registries_keys() -> None:
             GPTConfig(**{option: "no-such-variant"})
 
 
-def test_old_preset_name_still_works_with_a_notice() -> None:
-    with pytest.warns(FutureWarning, match="'shakespeare-char' is now called 'char-tiny'"):
-        old = GPTConfig.preset("shakespeare-char")
-    assert old == GPTConfig.preset("char-tiny")
-    assert "shakespeare-char" not in GPTConfig.preset_names()
+def test_an_unknown_preset_is_one_error_naming_the_presets() -> None:
+    with pytest.raises(GptlabError, match="unknown preset 'shakespeare-char'; choose one of .*char-tiny"):
+        GPTConfig.preset("shakespeare-char")

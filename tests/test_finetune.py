@@ -13,6 +13,7 @@ from _tiny import TINY_TRAIN, interrupted_copy
 from gptlab import checkpoint as ckpt
 from gptlab.checkpoint.lora import ADAPTERS_FILE
 from gptlab.cli import main
+from gptlab.cli.options import resolve_dtype
 from gptlab.data import TokenDataset, prepare
 from gptlab.errors import GptlabError
 from gptlab.model import GPT, GPTConfig
@@ -31,6 +32,7 @@ SETTINGS = [t for t in TINY_TRAIN if not t.startswith("model.")] + [
     "batch_size=4",
     "eval_every=100",
     "device=cpu",
+    "dtype=float32",  # the losses below are compared in float32 (auto is bf16 autocast on a native-bf16 CPU)
 ]
 
 
@@ -312,11 +314,12 @@ def test_lora_checkpoints_hold_adapters_and_load_merged(base, tmp_path):
 
 
 @pytest.mark.parametrize("finetune", ["lora", "full"])
-def test_a_run_trained_on_shorter_windows_keeps_the_base_context_and_evals_at_its_own(
+def test_a_run_trained_on_shorter_windows_keeps_the_base_context_and_evals_at_it(
     finetune, base, tmp_path, capsys
 ):
     """Fine-tuned on 16-token windows of a 32-token RoPE base: it loads at 32 tokens (sample, chat,
-    export see the base's context), resumes, and is evaluated on 16-token windows by default."""
+    export see the base's context), resumes, and is evaluated on 32-token windows by default, as its
+    base and its merge are (one default context for all three, printed with the result)."""
     run = tmp_path / "run"
     _train(base, run, "max_steps=2", f"finetune={finetune}", "model.block_size=16", "ckpt_every=2")
     assert ckpt.load(run)[0].config.block_size == 32
@@ -326,11 +329,24 @@ def test_a_run_trained_on_shorter_windows_keeps_the_base_context_and_evals_at_it
     )
     capsys.readouterr()
 
-    def loss(*extra):
-        assert main(["eval", str(run), "--data", str(base / "ds"), "--json", *extra]) == 0
-        return json.loads(capsys.readouterr().out)["loss"]
+    def scored(source, *extra):
+        assert (
+            main(["eval", str(source), "--data", str(base / "ds"), "--json", "--dtype", "float32", *extra])
+            == 0
+        )
+        out = json.loads(capsys.readouterr().out)
+        return out["loss"], out["context"], out["dtype"]
 
-    assert loss() == loss("--context", "16") != loss("--context", "32")
+    assert scored(run) == scored(run, "--context", "32") != scored(run, "--context", "16")
+    assert scored(run)[1:] == (32, "float32") == scored(base / "base")[1:]  # the base's context
+    assert scored(run, "--context", "16")[1] == 16
+    if finetune == "lora":
+        assert main(["merge", str(run), "--out", str(tmp_path / "merged")]) == 0
+        capsys.readouterr()
+        assert scored(tmp_path / "merged")[1] == 32
+    assert main(["eval", str(run), "--data", str(base / "ds")]) == 0
+    dtype = resolve_dtype("auto", "cpu", "bfloat16", "float32")  # what --dtype auto picks on this machine
+    assert capsys.readouterr().out.rstrip().endswith(f"tokens (context 32, dtype {dtype})")
 
 
 def test_a_changed_base_is_refused(base, tmp_path):

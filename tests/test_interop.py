@@ -19,6 +19,7 @@ from safetensors.torch import save_file
 import gptlab
 from gptlab import GPT, GPTConfig, GptlabError
 from gptlab.cli import main
+from gptlab.interop import export_family
 
 VOCAB = 101
 TOL = 1e-4
@@ -237,21 +238,23 @@ def test_native_model_round_trips_through_transformers(preset, overrides, idx, t
         dict(bias=False),
     ],
 )
-def test_options_without_a_transformers_equivalent_are_refused(option, tmp_path):
+def test_options_without_a_transformers_class_are_exported_as_remote_code(option, tmp_path):
     model = GPT(GPTConfig(vocab_size=VOCAB, block_size=16, n_layer=1, n_head=4, n_embd=32, **option))
-    with pytest.raises(GptlabError) as err:
-        gptlab.to_hf(model, tmp_path / "out")
+    with pytest.raises(GptlabError) as err:  # no native class: the reason names every family's needs
+        export_family(model.config)
     msg = str(err.value)
-    assert "GPT2LMHeadModel" in msg and "LlamaForCausalLM" in msg
+    assert "GPT2LMHeadModel" in msg and "LlamaForCausalLM" in msg and "Qwen3ForCausalLM" in msg
     name = next(iter(option))
     assert f"{name}=" in msg
-    assert not (tmp_path / "out").exists()
+    gptlab.to_hf(model, tmp_path / "out")  # the model's own code instead (tests/test_export_hf.py loads it)
+    config = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert config["model_type"] == "gptlab" and config["auto_map"]["AutoModelForCausalLM"]
 
 
-def test_llama_options_without_equivalent_are_refused(tmp_path):
+def test_llama_with_qk_norm_exports_as_qwen3(tmp_path):
     model = _native("llama-tiny", n_head=4, qk_norm=True)
-    with pytest.raises(GptlabError, match="qk_norm=False"):
-        gptlab.to_hf(model, tmp_path / "out")
+    gptlab.to_hf(model, tmp_path / "out")
+    assert json.loads((tmp_path / "out" / "config.json").read_text())["architectures"] == ["Qwen3ForCausalLM"]
 
 
 # ---------------------------------------------------------------- bad input
@@ -381,9 +384,9 @@ def test_cli_bad_input_is_one_error_line(argv, saved, tmp_path, capsys):
     assert not (tmp_path / "out").exists()
 
 
-def test_cli_refuses_an_unexportable_checkpoint(tmp_path, capsys):
+def test_cli_exports_a_model_without_a_transformers_class_as_remote_code(tmp_path, capsys):
     model = GPT(GPTConfig(vocab_size=VOCAB, block_size=16, n_layer=1, n_head=4, n_embd=32, pos="alibi"))
     gptlab.save(model, None, tmp_path / "ckpt")
-    assert main(["convert", "--to-hf", str(tmp_path / "ckpt"), "--out", str(tmp_path / "out")]) == 2
-    err = capsys.readouterr().err
-    assert err.startswith("error: ") and "pos='learned'" in err and "pos='rope'" in err
+    assert main(["convert", "--to-hf", str(tmp_path / "ckpt"), "--out", str(tmp_path / "out")]) == 0
+    assert "GptlabForCausalLM remote code" in capsys.readouterr().out
+    assert (tmp_path / "out" / "modeling_gptlab.py").is_file()

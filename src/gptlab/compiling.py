@@ -96,7 +96,7 @@ class Compiled:
 
     def _settings(self) -> contextlib.AbstractContextManager:
         """The settings held while the compiled function runs (and compiles, at its first call and
-        whenever dynamo recompiles it). Each costs ~40–60 µs a call: only steps ask for them."""
+        whenever dynamo recompiles it). Each costs time on every call: only steps ask for them."""
         if not (self.patch or self.distinct_sizes):
             return contextlib.nullcontext()
         import torch._inductor.config

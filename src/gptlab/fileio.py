@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any
 
 
-def _fsync_dir(path: Path) -> None:
+def fsync_dir(path: Path) -> None:
+    """fsync a directory, so that the renames and creations inside it are on disk (where supported)."""
     try:
         fd = os.open(path, os.O_RDONLY)
     except OSError:
@@ -26,6 +27,9 @@ def _fsync_dir(path: Path) -> None:
         pass
     finally:
         os.close(fd)
+
+
+_fsync_dir = fsync_dir  # the former name
 
 
 def _default_mode() -> int:
@@ -55,7 +59,7 @@ def atomic_write(path: str | os.PathLike[str], write: Callable[[Path], None]) ->
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
-    _fsync_dir(path.parent)
+    fsync_dir(path.parent)
     return path
 
 

@@ -2,7 +2,7 @@
 
 ``plan(machine, device, dtype)`` is a pure function of a ``Machine`` — the CPU's flags,
 ``torch.backends.cpu.get_cpu_capability()``, CUDA's device count and bf16 support, MPS —
-and ``detect()`` reads those reports once per process. The rules (README, "Hardware"):
+and ``detect()`` reads those reports once per process. The rules (docs/guide/hardware.md):
 
     device = auto     cuda:0 if CUDA works, else mps (Apple's GPU), else cpu
     dtype  = auto     cuda: bfloat16 autocast if the GPU supports it, else float16 with a GradScaler
@@ -16,12 +16,13 @@ and ``detect()`` reads those reports once per process. The rules (README, "Hardw
     compile = auto    torch.compile the training forward on CUDA, and on a CPU under bf16/fp16
                       autocast, where it was measured to pay; a CPU in float32 (where the cold
                       compilation cost more than it saved) and MPS train eagerly
-    Muon              Newton–Schulz in bfloat16 where bf16 is native (torch.optim.Muon), else float32
+    Muon              Newton–Schulz in bfloat16 where bf16 is native (torch.optim.Muon), else float32;
+                      float32 wherever dtype is float32
     inference         bf16 weights where bf16 is native, else fp32; bf16 weights are prepacked for
                       oneDNN only with native bf16, and otherwise multiply in float32
 
-A bf16 matrix product on a CPU without native bf16 is emulated: on an AVX2 EPYC a
-(1536×128)·(128×512) product is 14× (2 threads) to 60× (1 thread) slower than in float32.
+A bf16 matrix product on a CPU without native bf16 is emulated, and many times slower than in
+float32 (docs/benchmarks.md#precision).
 """
 
 from __future__ import annotations
@@ -196,10 +197,9 @@ def inference_weights(device: str, sequences: int = 1, machine: Machine | None =
 
     bf16 where bf16 is native (activations bf16 too). On a CPU that only emulates bf16, bf16
     matrices with float32 activations (``gptlab.quantize``) for **one** sequence: its decode step
-    streams every weight once, and half the bytes decode faster (gpt2 on an AVX2 EPYC: 54.2 against
-    28.7 tokens/s compiled; bf16 layer by layer, 40.6, beats fp32 compiled); fp32 for several, whose
-    products of many rows convert each bf16 matrix to float32 first (36.9 against 64.8 tokens/s at
-    batch 8 layer by layer).
+    streams every weight once, and half the bytes decode faster; fp32 for several, whose products of
+    many rows convert each bf16 matrix to float32 first, which costs more than it saves
+    (docs/benchmarks.md#decoding).
     Elsewhere (MPS, GPUs without bf16): fp32.
     """
     m = machine or detect()
@@ -215,9 +215,9 @@ def attention_path(device: str, dtype: str, requested: str = "auto", context: in
     """``plain`` on a CPU for bf16 (its bf16 matmuls beat the fused kernel's bf16 backward) or for a
     context of at most ``PLAIN_CONTEXT`` tokens (whose ``T×T`` scores are small); else ``sdpa``.
 
-    On the AVX2 EPYC, float32, the plain path's step was 0.95× sdpa's for ``reference`` (T = 64,
-    compiled) and 0.96× for ``char-best`` (T = 64, eager); at T = 128 the two were level, and
-    longer contexts are where the fused kernel saves the ``B·H·T²`` scores' memory.
+    On an AVX2 CPU in float32 the plain path's step was the shorter at T = 64 and level at T = 128
+    (docs/benchmarks.md#training); longer contexts are where the fused kernel saves the
+    ``B·H·T²`` scores' memory.
     """
     if requested != "auto":
         return requested
@@ -231,12 +231,10 @@ def compile_training(device: str, dtype: str, requested: bool | str = "auto") ->
     """Whether a training forward is ``torch.compile``'d: ``requested``, or for ``auto``, on CUDA
     always, and on a CPU only under bf16/fp16 autocast; MPS trains eagerly.
 
-    Measured with the ``reference`` recipe (docs/benchmarks.md): under bf16 autocast on the
-    AVX-512-BF16 EPYC a step took 33 ms eager and 27 ms compiled. In float32 on the AVX2 EPYC,
-    compile saved 9 % of a step (per-block ratio to the nanoGPT-style yardstick 0.85 against 0.93)
-    and its compilation took that back: 2,000 steps took 0.93× the yardstick's time eager, 0.93×
-    compiled from a warm inductor cache and 1.16× (1.15–1.20×) from a cold one. On a GPU, fusion
-    saves kernel launches and memory traffic at any precision.
+    Measured with the ``reference`` recipe (docs/benchmarks.md#training): under bf16 autocast on a
+    CPU with native bf16 the compiled step is clearly shorter; in float32 on an AVX2 CPU compiling
+    saves a little of each step, and a cold compilation takes that back within the recipe's run.
+    On a GPU, fusion saves kernel launches and memory traffic at any precision.
     """
     if requested != "auto":
         return bool(requested)
@@ -262,7 +260,7 @@ def plan(
         device=dev,
         dtype=chosen,
         attention=attention_path(dev, chosen, attention, context),
-        newton_schulz="bfloat16" if native else "float32",
+        newton_schulz="bfloat16" if native and chosen != "float32" else "float32",
         weights="bf16" if native else "fp32",
         bf16_matmul=("packed" if native else "float32") if dev == "cpu" else "plain",
         compile=compile_training(dev, chosen, compile),

@@ -5,12 +5,14 @@ A checkpoint is a directory::
     config.json         {"gptlab_format": 1, "model": GPTConfig.to_dict()}
     model.safetensors   the weights (a tied head is stored once, as wte.weight)
     tokenizer.json      optional: the tokenizer (JSON, see gptlab.tokenizers)
+    checksums.json      the SHA-256 of the files above, written last; verified by every load
 
 A run directory (written by ``gptlab train``) holds checkpoints ``ckpt-<step>/``;
 each is written under a temporary name and renamed into place when complete, so a
 ``ckpt-*`` directory that exists is complete. ``load(RUN_DIR)`` takes the latest.
 
     files.py   file names, safetensors and JSON reads/writes, resolving a path to a checkpoint
+    integrity.py  the SHA-256 of a checkpoint's files: recorded (checksums.json) and verified
     model.py   one checkpoint: ``save``/``load`` a model (and its tokenizer)
     run.py     training checkpoints in a run directory: state, cleaning, pruning
     rundir.py  a run directory as a whole: its settings, new or resumed, clearing a run
@@ -31,6 +33,7 @@ from gptlab.checkpoint.files import (
     resolve_checkpoint,
     write_tensors,
 )
+from gptlab.checkpoint.integrity import CHECKSUMS_FILE, verify_checksums, write_checksums
 from gptlab.checkpoint.model import (
     check_tokenizer_fits,
     load,
@@ -67,6 +70,9 @@ from gptlab.checkpoint.rundir import (
 )
 
 __all__ = [
+    "CHECKSUMS_FILE",
+    "verify_checksums",
+    "write_checksums",
     "BEST_FILE",
     "RUN_CONFIG_FILE",
     "check_new_run",

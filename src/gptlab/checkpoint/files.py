@@ -3,6 +3,7 @@ and where a checkpoint is: a directory itself, or the latest complete ``ckpt-<st
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -32,7 +33,17 @@ def write_tensors(
         k: v.detach().contiguous().clone() if _shares_storage(v, tensors) else v.detach().contiguous()
         for k, v in tensors.items()
     }
-    atomic_write(path, lambda tmp: save_file(clean, str(tmp), metadata=metadata))
+    atomic_write(path, lambda tmp: _save_file(clean, tmp, metadata))
+
+
+def _save_file(tensors: dict[str, torch.Tensor], tmp: Path, metadata: dict[str, str] | None) -> None:
+    """``safetensors.save_file``, whose I/O errors (``File too large (os error 27)``) become ``OSError``."""
+    try:
+        save_file(tensors, str(tmp), metadata=metadata)
+    except SafetensorError as exc:
+        found = re.search(r"os error (\d+)", str(exc))
+        code = int(found.group(1)) if found else errno.EIO
+        raise OSError(code, os.strerror(code) if found else str(exc), str(tmp)) from None
 
 
 def _shares_storage(t: torch.Tensor, tensors: dict[str, torch.Tensor]) -> bool:

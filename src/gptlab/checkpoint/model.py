@@ -28,6 +28,7 @@ from gptlab.checkpoint.files import (
     resolve_checkpoint,
     write_tensors,
 )
+from gptlab.checkpoint.integrity import verify_checksums, write_checksums
 from gptlab.errors import GptlabError
 from gptlab.fileio import atomic_write_json
 from gptlab.model import GPT, GPTConfig, build_model
@@ -135,12 +136,33 @@ def usable_config(path: str | os.PathLike[str]) -> GPTConfig:
 
 
 def save(model: GPT, tokenizer: Any | None, directory: str | os.PathLike[str]) -> Path:
-    """Write ``model`` (and ``tokenizer``, if given) as a checkpoint directory."""
+    """Write ``model`` (and ``tokenizer``, if given) as a checkpoint directory, then the SHA-256 of its
+    files (``checksums.json``, ``gptlab.checkpoint.integrity``). An I/O error (a full disk, a quota, a
+    permission) is a ``GptlabError``; each file is written atomically, so none is left half-written."""
+    directory = Path(directory)
+    try:
+        write_files(model, tokenizer, directory)
+        write_checksums(directory, (WEIGHTS_FILE, lora.ADAPTERS_FILE, CONFIG_FILE, TOKENIZER_FILE))
+    except OSError as exc:
+        raise write_error(exc, directory) from None
+    return directory
+
+
+def write_error(exc: OSError, where: str | os.PathLike[str]) -> GptlabError:
+    """One line for an I/O error while writing (``No space left on device``, ``File too large`` …)."""
+    reason = exc.strerror or str(exc) or type(exc).__name__
+    return GptlabError(f"cannot write {where}: {reason}")
+
+
+def write_files(model: GPT, tokenizer: Any | None, directory: str | os.PathLike[str]) -> None:
+    """The files of a checkpoint (weights or LoRA adapters, config, tokenizer) without checksums; an I/O
+    error is raised as the ``OSError`` it is (``save`` and the training checkpoints turn it into one line)."""
     directory = Path(directory)
     if directory.exists() and not directory.is_dir():
         raise GptlabError(f"{directory}: exists and is not a directory")
     if lora.is_lora_model(model):  # a LoRA run's checkpoints hold only the adapters
-        return lora.save_adapters(model, tokenizer, directory)
+        lora.save_adapters(model, tokenizer, directory)
+        return
     fmt = getattr(model, "quantization", None)
     if fmt == "bf16":
         raise GptlabError(
@@ -158,7 +180,6 @@ def save(model: GPT, tokenizer: Any | None, directory: str | os.PathLike[str]) -
     if tokenizer is not None:
         tokenizer.save(directory / TOKENIZER_FILE)
     write_config(directory / CONFIG_FILE, model.config, **extra)
-    return directory
 
 
 def stored_format(path: str | os.PathLike[str]) -> str | None:
@@ -187,6 +208,7 @@ def load(
     An int8 checkpoint loads as int8 (``quantize`` None or ``"int8"``).
     """
     directory = resolve_checkpoint(path)
+    verify_checksums(directory)  # a changed byte is refused, naming its file
     from gptlab.checkpoint.sharded import require_consolidated
     from gptlab.generate import load_quantized, quantization
 

@@ -3,7 +3,9 @@ under a temporary name and renamed into place, so a ``ckpt-*`` directory that ex
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -11,9 +13,10 @@ import torch
 
 from gptlab.checkpoint.files import FORMAT_VERSION, read_json, read_tensors, write_tensors
 from gptlab.checkpoint.files import list_checkpoints as list_checkpoints
-from gptlab.checkpoint.model import save
+from gptlab.checkpoint.integrity import write_checksums
+from gptlab.checkpoint.model import write_files
 from gptlab.errors import GptlabError
-from gptlab.fileio import atomic_write_json
+from gptlab.fileio import atomic_write_json, fsync_dir
 from gptlab.model import GPT
 
 TRAIN_TENSORS_FILE = "train_state.safetensors"
@@ -80,27 +83,56 @@ def save_training_checkpoint(
     so a ``ckpt-<step>`` directory that exists is complete.
     """
     run_dir = Path(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
     final = run_dir / f"ckpt-{step}"
     tmp = run_dir / f"{_TMP_PREFIX}ckpt-{step}-{os.getpid()}"
-    if tmp.exists():
-        _remove_tree(tmp)
-    save(model, tokenizer, tmp)
-    tensors: dict[str, torch.Tensor] = {}
-    flat = flatten_state(state, "s", tensors)
-    write_tensors(tmp / TRAIN_TENSORS_FILE, tensors, metadata={"format": "pt"})
-    atomic_write_json(
-        tmp / TRAIN_STATE_FILE,
-        {"gptlab_format": FORMAT_VERSION, "step": step, "state": flat, **(extra or {})},
-    )
-    from gptlab.fileio import _fsync_dir
+    with saving_checkpoint(run_dir, step, tmp):
+        run_dir.mkdir(parents=True, exist_ok=True)
+        if tmp.exists():
+            _remove_tree(tmp)
+        write_files(model, tokenizer, tmp)
+        tensors: dict[str, torch.Tensor] = {}
+        flat = flatten_state(state, "s", tensors)
+        write_tensors(tmp / TRAIN_TENSORS_FILE, tensors, metadata={"format": "pt"})
+        atomic_write_json(
+            tmp / TRAIN_STATE_FILE,
+            {"gptlab_format": FORMAT_VERSION, "step": step, "state": flat, **(extra or {})},
+        )
+        write_checksums(tmp)  # last: every file above, as written
+        publish(tmp, final)
+    return final
 
-    _fsync_dir(tmp)
+
+def publish(tmp: Path, final: Path) -> None:
+    """fsync the finished ``tmp`` directory and rename it to ``final`` (an older ``final`` is swapped out)."""
+    fsync_dir(tmp)
     if final.exists():  # re-saving a step (e.g. after a resume): swap the old one out first
         _discard(final)
     os.replace(tmp, final)
-    _fsync_dir(run_dir)
-    return final
+    fsync_dir(final.parent)
+
+
+@contextlib.contextmanager
+def saving_checkpoint(run_dir: Path, step: int, tmp: Path) -> Iterator[None]:
+    """An I/O error while writing ``ckpt-<step>`` (a full disk, a quota, a permission) becomes one
+    ``GptlabError`` line; the half-written ``tmp`` is removed and the earlier checkpoints stay as they were."""
+    try:
+        yield
+    except OSError as exc:
+        _remove_tree(tmp)
+        raise io_stop(exc, run_dir, f"cannot write checkpoint ckpt-{step} in {run_dir}") from None
+
+
+def io_stop(exc: OSError, run_dir: str | os.PathLike[str], what: str) -> GptlabError:
+    """One line for a run stopped by an I/O error: ``what``, the reason, and where to go on from."""
+    latest = list_checkpoints(run_dir)
+    kept = (
+        f"the latest checkpoint, {latest[-1][1].name}, is intact; free space and continue with "
+        f"gptlab train --out {run_dir} --resume"
+        if latest
+        else "no checkpoint was written yet"
+    )
+    reason = exc.strerror or str(exc) or type(exc).__name__
+    return GptlabError(f"{what}: {reason}; {kept}")
 
 
 def read_training_checkpoint(directory: str | os.PathLike[str]) -> tuple[dict[str, Any], dict[str, Any]]:

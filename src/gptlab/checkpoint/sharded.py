@@ -6,6 +6,7 @@ and optimizer state live in ``sharded/`` instead of ``model.safetensors``::
     config.json           the model (as every checkpoint)
     tokenizer.json
     train_state.json      step, counters, and the optimizer's non-tensor state (JSON)
+    checksums.json        the SHA-256 of every file above and of every rank's shard (verified on load)
     sharded/shard-0000R-model-00001-of-00001.safetensors   rank R's shards, with their offsets
 
 The files are safetensors (DCP's ``HuggingFaceStorageWriter``): no pickle, and each tensor
@@ -15,19 +16,24 @@ Each rank's RNG state is stored under ``rng.rank<r>``; a rank that did not exist
 checkpoint was written is seeded from ``seed + step + rank``.
 
 The whole directory is written under ``.tmp-ckpt-<step>-sharded`` by every rank, fsynced,
-and renamed by rank 0 once all ranks have finished, so a crash mid-save leaves the previous
-checkpoint as the latest complete one. ``consolidate`` gathers one into a single-file
-checkpoint (``gptlab convert --consolidate RUN --out CKPT``) that every other command reads.
+and renamed by rank 0 once all ranks have finished and it has recorded every file's SHA-256, so a
+crash mid-save (or a SIGKILL of every rank) leaves the previous checkpoint as the latest complete one.
+An I/O error on any rank is agreed on by all of them and raised as one ``GptlabError``.
+``consolidate`` gathers one into a single-file checkpoint (``gptlab convert --consolidate RUN
+--out CKPT``) that every other command reads.
 """
 
 from __future__ import annotations
 
+import errno
 import os
+import shutil
 import warnings
 from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from gptlab.checkpoint.files import (
     CONFIG_FILE,
@@ -37,6 +43,7 @@ from gptlab.checkpoint.files import (
     read_json,
     resolve_checkpoint,
 )
+from gptlab.checkpoint.integrity import verify_checksums, write_checksums
 from gptlab.checkpoint.model import (
     context_extra,
     load_model_state,
@@ -47,9 +54,9 @@ from gptlab.checkpoint.model import (
     usable_config,
     write_config,
 )
-from gptlab.checkpoint.run import TRAIN_STATE_FILE, _discard, _remove_tree, unflatten_state
+from gptlab.checkpoint.run import TRAIN_STATE_FILE, publish, saving_checkpoint, unflatten_state
 from gptlab.errors import GptlabError
-from gptlab.fileio import _fsync_dir, atomic_write_json
+from gptlab.fileio import atomic_write_json, fsync_dir
 
 SHARDED_DIR = "sharded"
 _TMP_SUFFIX = "-sharded"
@@ -111,8 +118,6 @@ def _rng_keys(rank: int, device_type: str) -> dict[str, Any]:
 
 
 def _no_dist() -> bool:
-    import torch.distributed as dist
-
     return not (dist.is_available() and dist.is_initialized())
 
 
@@ -125,12 +130,43 @@ def save_training_checkpoint(
     info: Any,
     extra: dict[str, Any] | None = None,
 ) -> Path:
-    """Every rank calls this: write ``RUN_DIR/ckpt-<step>/`` with each rank's shards, atomically as a whole."""
+    """Every rank calls this: write ``RUN_DIR/ckpt-<step>/`` with each rank's shards, atomically as a whole.
+
+    An I/O error on any rank (a full disk …) is one ``GptlabError`` on every rank; the half-written
+    directory goes and the earlier checkpoints stay as they were."""
     import torch.distributed as dist
-    import torch.distributed.checkpoint as dcp
 
     run_dir = Path(run_dir)
     final, tmp = run_dir / f"ckpt-{step}", run_dir / f".tmp-ckpt-{step}{_TMP_SUFFIX}"
+    failure: OSError | None = None
+    try:
+        with saving_checkpoint(run_dir, step, tmp):
+            try:
+                skeleton = _write_shards(tmp, model, optimizer, info)
+                if info.is_main:
+                    _write_rest(
+                        tmp, model, tokenizer, {"world_size": info.world_size, "state": skeleton}, step, extra
+                    )
+                    write_checksums(tmp)  # every rank's shards and the files above, as written
+            except OSError as exc:
+                failure = exc
+            _agree(failure, info)  # every rank learns of one rank's failure (none waits in a collective)
+            if failure is not None:
+                raise failure
+            if info.is_main:
+                publish(tmp, final)
+    finally:
+        if not _no_dist():
+            dist.barrier()  # the rename is seen by every rank before any goes on
+    return final
+
+
+def _write_shards(tmp: Path, model: torch.nn.Module, optimizer: Any, info: Any) -> Any:
+    """Every rank writes its own shards (and RNG state) into ``tmp/sharded/`` through DCP; returns the
+    JSON skeleton of the state."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
+
     if info.is_main:
         _remove_tree(tmp)
         (tmp / SHARDED_DIR).mkdir(parents=True)
@@ -140,30 +176,50 @@ def save_training_checkpoint(
     device_type = torch.device(info.device).type
     tensors.update({k: get() for k, get in _rng_keys(info.rank, device_type).items()})
     writer = dcp.HuggingFaceStorageWriter(str(tmp / SHARDED_DIR), save_distributed=True)
-    with warnings.catch_warnings():  # one process: DCP warns that it assumes so
-        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-        dcp.save(tensors, storage_writer=writer, no_dist=_no_dist())  # returns once every rank has written
-    if info.is_main:
-        config = getattr(model, "config", None)
-        write_config(tmp / CONFIG_FILE, config, **context_extra(model))
-        if tokenizer is not None:
-            tokenizer.save(tmp / TOKENIZER_FILE)
-        atomic_write_json(
-            tmp / TRAIN_STATE_FILE,
-            {
-                "gptlab_format": FORMAT_VERSION,
-                "step": step,
-                "sharded": {"world_size": info.world_size, "state": skeleton},
-                **(extra or {}),
-            },
-        )
-        _fsync_dir(tmp / SHARDED_DIR)
-        _fsync_dir(tmp)
-        if final.exists():
-            _discard(final)
-        os.replace(tmp, final)
-        _fsync_dir(run_dir)
-    return final
+    try:
+        with warnings.catch_warnings():  # one process: DCP warns that it assumes so
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+            dcp.save(
+                tensors, storage_writer=writer, no_dist=_no_dist()
+            )  # returns once every rank has written
+    except CheckpointException as exc:  # DCP gathers each rank's failure (a full disk …) into one exception
+        lines = [line for line in str(exc).splitlines() if line.strip()]
+        raise OSError(errno.EIO, lines[-1].strip() if lines else "a rank failed to write its shard") from None
+    return skeleton
+
+
+def _write_rest(
+    tmp: Path,
+    model: torch.nn.Module,
+    tokenizer: Any | None,
+    layout: dict[str, Any],
+    step: int,
+    extra: dict[str, Any] | None,
+) -> None:
+    """The main rank writes the config, tokenizer and ``train_state.json`` beside the shards."""
+    write_config(tmp / CONFIG_FILE, getattr(model, "config", None), **context_extra(model))
+    if tokenizer is not None:
+        tokenizer.save(tmp / TOKENIZER_FILE)
+    atomic_write_json(
+        tmp / TRAIN_STATE_FILE,
+        {
+            "gptlab_format": FORMAT_VERSION,
+            "step": step,
+            "sharded": layout,
+            **(extra or {}),
+        },
+    )
+    fsync_dir(tmp / SHARDED_DIR)
+
+
+def _agree(failure: OSError | None, info: Any) -> None:
+    """All ranks agree on whether the save failed: a rank's ``failure`` is raised (as ``OSError``) on all."""
+    if _no_dist():
+        return
+    flag = torch.tensor([0.0 if failure is None else 1.0], device=info.device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    if failure is None and flag.item() > 0:
+        raise OSError(errno.EIO, "another rank failed to write its part")
 
 
 def read_info(directory: str | os.PathLike[str]) -> dict[str, Any]:
@@ -238,6 +294,10 @@ def load_training_state(
     return meta
 
 
+def _remove_tree(path: Path) -> None:
+    shutil.rmtree(path, ignore_errors=True)
+
+
 def _tensor_keys(skeleton: Any) -> set[str]:
     """The tensor keys a JSON skeleton refers to."""
     if isinstance(skeleton, dict):
@@ -254,6 +314,7 @@ def consolidate(source: str | os.PathLike[str], out: str | os.PathLike[str]) -> 
     from gptlab.model import GPT
 
     directory = resolve_checkpoint(source)
+    verify_checksums(directory)
     if not is_sharded(directory):
         raise GptlabError(
             f"{directory}: not a sharded checkpoint (it already has {WEIGHTS_FILE}); nothing to consolidate"

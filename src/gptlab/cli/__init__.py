@@ -99,6 +99,21 @@ def _parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespa
     return args
 
 
+#: Seconds a torchrun rank other than 0 waits before printing its error (``_said_once``).
+RANK_GRACE_S = 3.0
+
+
+def _said_once() -> None:
+    """Under torchrun every rank usually meets the same refusal; rank 0 says it. Another rank (``RANK``,
+    set by torchrun) waits ``RANK_GRACE_S`` first: when rank 0 fails too, torchrun stops this rank before
+    it prints, so the line appears once; an error of this rank alone is still printed after the wait."""
+    import os
+    import time
+
+    if os.environ.get("RANK", "0") != "0":
+        time.sleep(RANK_GRACE_S)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     try:
@@ -113,8 +128,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         result = args.func(args)
     except GptlabError as exc:
-        msg = " ".join(str(exc).split())
-        sys.stderr.write(f"error: {msg}\n")
+        _said_once()
+        sys.stderr.write(f"error: {' '.join(str(exc).split())}\n")
         return 2
     except KeyboardInterrupt:
         sys.stderr.write("error: interrupted\n")

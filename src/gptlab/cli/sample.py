@@ -111,7 +111,6 @@ def run(args: argparse.Namespace) -> int:
 
     import gptlab
     from gptlab.generate import SampleConfig, encode_prompt, seq2seq, stream_events
-    from gptlab.generate.quantization import quantize
 
     if args.num_samples < 1:
         raise GptlabError(f"--num-samples must be at least 1, got {args.num_samples}")
@@ -150,7 +149,6 @@ def run(args: argparse.Namespace) -> int:
     seq2seq.check_generative(model, str(args.checkpoint))  # a masked-language model cannot generate
     s2s = seq2seq.is_seq2seq(model)  # an encoder-decoder: the prompt is the source, the output its target
     (seq2seq.source_ids if s2s else encode_prompt)(tokenizer, prompt)  # fail before printing anything
-    quantize(model, weights)
     not_for = "beam search" if args.beam_width > 1 else "an encoder-decoder" if s2s else None
     apply_compile(args.compile, model, device, args.num_samples * args.max_new_tokens, not_for)
     cache_dtype = {"model": None, "fp32": torch.float32, "bf16": torch.bfloat16, "int8": torch.int8}[

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 
@@ -36,11 +37,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from gptlab.checkpoint import read_run_config
     from gptlab.train import resolve_run, train
-    from gptlab.train.config import config_changes
+    from gptlab.train.config import config_changes, finished
     from gptlab.train.precision import AUTO_FIELDS
 
     overrides = [*args.overrides, *([f"init={args.init}"] if args.init else [])]
     cfg, data = resolve_run(args.out, args.data, args.resume, args.config, overrides)
+    done = finished(args.out, cfg) if args.resume else None
+    if done is not None:  # resuming a finished run (a requeue) is a no-op, said once under torchrun
+        if os.environ.get("RANK", "0") == "0":
+            print(done)
+        return 0
     if args.resume:
         record = read_run_config(args.out) or {}
         saved = record.get("train")

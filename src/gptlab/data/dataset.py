@@ -17,7 +17,6 @@ from typing import Any
 
 import numpy as np
 
-from gptlab.data.corpus import sha256_file
 from gptlab.data.shards import open_split
 from gptlab.data.sources import PathLike
 from gptlab.errors import GptlabError
@@ -121,14 +120,6 @@ class TokenDataset:
                 if len(out[key]) != len(self.split(name)):
                     raise GptlabError(f"{path}: not as long as {name}.bin; prepare the dataset again")
         return out
-
-    def verify(self) -> None:
-        """Check every shard's sha256 against meta.json (reads the whole dataset once)."""
-        for split in SPLITS:
-            for entry in self.meta.get("shards", {}).get(split, []):
-                path = self.dir / entry["file"]
-                if "sha256" in entry and sha256_file(path) != entry["sha256"]:
-                    raise GptlabError(f"{path}: checksum differs from meta.json; prepare the dataset again")
 
     @property
     def tokenizer(self) -> Any:

@@ -90,9 +90,6 @@ class WindowSampler:
         starts = self.starts(np.arange(first, first + B, dtype=np.int64))
         return _window(self.tokens, self.mask, self.pos, starts[:, None] + self._offsets)
 
-    def epoch_of(self, step: int) -> float:
-        return (step * self.grad_accum * self.world_size * self.batch_size) / self.n
-
 
 def _window(
     tokens: np.ndarray, mask: np.ndarray | None, pos: np.ndarray | None, index: np.ndarray

@@ -53,7 +53,7 @@ def array_encoder(tok: Any, dtype: np.dtype) -> Callable[[str], np.ndarray]:
     """``text → ids`` as an array of ``dtype``: ``tok.encode(text)`` (ordinary text, no special tokens).
 
     With the tiktoken back-end the ids come from ``encode_to_numpy`` (the same ids, without a list
-    of Python ints, about 15 % faster than ``encode`` + ``np.asarray``).
+    of Python ints, faster than ``encode`` + ``np.asarray``: docs/benchmarks.md#data-preparation).
     """
     if getattr(tok, "backend", None) == "tiktoken":
         encoding = tok._encoding  # built by the ``backend`` property just above

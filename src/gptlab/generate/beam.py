@@ -16,7 +16,8 @@ each row's window slides like any other session row (``slide=False`` stops inste
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterator, Sequence
+import math
+from collections.abc import Generator, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -29,8 +30,10 @@ from gptlab.generate.textstream import TextStream
 
 
 def normalised(logp: float, length: int, alpha: float) -> float:
-    """``logp / length^α``."""
-    return logp / (max(length, 1) ** alpha)
+    """``logp / length^α``, computed as ``logp · exp(−α·ln length)`` with the exponent clamped to what
+    a float holds, so no ``α`` divides by zero or overflows."""
+    scale = min(max(-alpha * math.log(max(length, 1)), -700.0), 700.0)
+    return logp * math.exp(scale)
 
 
 def beam_search(
@@ -41,6 +44,26 @@ def beam_search(
     cache_dtype: torch.dtype | None = None,
 ) -> tuple[list[int], str]:
     """The best continuation of ``prompt`` → ``(token ids without the stop token, finish_reason)``."""
+    steps = beam_steps(model, prompt, config, tokenizer, cache_dtype)
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            return done.value
+
+
+def beam_steps(
+    model: Any,
+    prompt: Sequence[int],
+    config: SampleConfig,
+    tokenizer: Any | None = None,
+    cache_dtype: torch.dtype | None = None,
+) -> Generator[None, None, tuple[list[int], str]]:
+    """``beam_search`` one batched step at a time: yields after each step, returns its result.
+
+    A caller that interleaves beam search with other work (the server's scheduler) calls ``next``
+    once per turn and stops calling to cancel.
+    """
     width, alpha, limit = config.beam_width, config.length_penalty, config.max_new_tokens
     stops = stop_token_ids(config, tokenizer)
     session = BatchSession(model, width, session_len(model, [prompt], config), cache_dtype)
@@ -101,6 +124,7 @@ def beam_search(
             if s >= len(live):
                 session.remove(s)
         new_logits = session.step({i: tok for i, (_, _, _, tok) in enumerate(live)})
+        yield
         beams = [(score, tokens, i, new_logits[i]) for i, (score, tokens, _, _) in enumerate(live)]
     best = max(finished, key=lambda f: f[0])
     return best[1], best[2]
@@ -126,7 +150,13 @@ def beam_events(
 ) -> Iterator[TokenEvent]:
     """Beam search over ``prompt`` (token ids, never re-encoded text) as a stream: the best
     sequence's tokens once the search is done."""
-    tokens, reason = beam_search(model, prompt, config, tokenizer, cache_dtype)
+    yield from beam_stream(tokenizer, *beam_search(model, prompt, config, tokenizer, cache_dtype), config)
+
+
+def beam_stream(
+    tokenizer: Any, tokens: Sequence[int], reason: str, config: SampleConfig
+) -> Iterator[TokenEvent]:
+    """The events of a finished search's best sequence: its text, cut at a stop string."""
     text = TextStream(tokenizer, config.stop)
     for t in tokens:
         piece = text.push(t)

@@ -13,7 +13,7 @@ room for ``max_new_tokens`` (``step.fit_prompt``); past the context the window s
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -95,20 +95,12 @@ def _start(
     cache_dtype: torch.dtype | None,
     seeds: Sequence[int | None] | None = None,
     top_n: int | None = None,
-    make_session: Callable[..., Any] = BatchSession,
 ) -> tuple[BatchSession, list[_Row]]:
-    """Prefill every prompt (one left-padded pass) and make its row (on CUDA: the static path's).
-
-    ``make_session(model, max_batch, max_len, cache_dtype)`` builds the engine that runs the
-    model; anything with ``BatchSession``'s ``add_many``, ``step``, ``remove``, ``full``,
-    ``window_notice`` and ``tokens`` fits (e.g. a static cache with CUDA graphs).
-    """
+    """Prefill every prompt (one left-padded pass) and make its row (on CUDA: the static path's)."""
     prompts = fit_prompts(model, prompts, config)
-    if make_session is BatchSession and use_static(
-        model, config, cache_dtype, top_n is not None, len(prompts)
-    ):
+    if use_static(model, config, cache_dtype, top_n is not None, len(prompts)):
         return start_static(model, tokenizer, prompts, config, cache_dtype, seeds)  # type: ignore[return-value]
-    session = make_session(model, len(prompts), session_len(model, prompts, config), cache_dtype)
+    session = BatchSession(model, len(prompts), session_len(model, prompts, config), cache_dtype)
     rows = []
     for i, (slot, logits) in enumerate(session.add_many(prompts)):
         cfg = config if seeds is None else config.replace(seed=seeds[i])

@@ -2,13 +2,13 @@
 
 A decode step of ``b`` rows multiplies a ``(b, K)`` block by every weight matrix, ``Y = X·Wᵀ``.
 Called eagerly, MKL's ``sgemm`` re-packs W into its blocked layout on every call, and for a few
-rows that packing and its threading cost more than the arithmetic: gpt2's 49 matrices take 85 ms
-at 8 rows on a 2-core AVX2 EPYC, ~6 GB/s of weights (docs/benchmarks.md, "Generation").
+rows that packing and its threading cost more than the arithmetic: for a handful of rows the
+weights stream far below the memory's rate (docs/benchmarks.md#decoding).
 
 Compiled with inductor's ``freezing``, the weights become constants of the graph: inductor packs
 each one once, at compile time, and ``max_autotune`` with its ``CPP`` GEMM back-end generates a
 C++ micro-kernel per shape (``CppMicroGemmFP32Vec``: register blocks of rows × columns, W
-streamed once for all ``b`` rows). The same 49 matrices: 28 ms at 8 rows, 19 ms at one.
+streamed once for all ``b`` rows), several times faster for a few rows.
 ``b`` stays a symbol (the bucket), so one compilation serves every bucket, as on CUDA.
 
 Freezing holds only for parameters that the compiled *module* owns, so the step runs through
@@ -16,7 +16,7 @@ Freezing holds only for parameters that the compiled *module* owns, so the step 
 row state stay ordinary inputs (they change every step). Frozen weights are copies of the
 weights at compile time: ``FrozenStep.stale()`` notices a weight written in place since (its
 version counter moved), and the session then compiles again rather than decode with old weights.
-Cost: a compilation of ~1–2 minutes on 2 cores (the GEMM autotuning benchmarks each shape once;
+Cost: a compilation of minutes on a small CPU (the GEMM autotuning benchmarks each shape once;
 inductor keeps the choices on disk) and one more copy of the matrices, packed.
 """
 
@@ -36,9 +36,9 @@ if TYPE_CHECKING:
 
 #: inductor settings of the frozen step (``Compiled``'s ``patch``: held while it compiles)
 FROZEN = {"freezing": True, "max_autotune": True, "max_autotune_gemm_backends": "CPP,ATEN"}
-# A frozen graph is not in inductor's on-disk graph cache, so each process compiles it again:
-# ~90 s for gpt2 on 2 cores, which saves ~10 ms a token at batch 8 (136 → 53 ms a step;
-# docs/benchmarks.md): it pays from about 8,000 tokens, or in a long-lived process.
+# A frozen graph is not in inductor's on-disk graph cache, so each process compiles it again; the
+# time that costs is paid back from about this many tokens, or in a long-lived process
+# (docs/benchmarks.md#decoding).
 FROZEN_PAYBACK_TOKENS = 8192
 
 
@@ -49,7 +49,7 @@ def frozen_batches_pay(
 
     For float matrices with float32 activations, what the frozen GEMM was measured with: fp32
     weights, and bf16 ones on a CPU that emulates bf16 (frozen, ``W.float()`` folds into a packed
-    float32 constant: gpt2 at batch 8, 59 ms a step against 48–60 for fp32). int8 weights and bf16
+    float32 constant, as fast as fp32's: docs/benchmarks.md#decoding). int8 weights and bf16
     activations keep their own kernels. ``on`` then always; ``auto`` for a long-lived session
     (``planned_tokens`` None: the server, chat) or from ``FROZEN_PAYBACK_TOKENS`` planned tokens.
     """

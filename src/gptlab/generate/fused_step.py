@@ -2,8 +2,8 @@
 
 A decode step of gpt2 runs ~300 small operations: 48 one-row matrix products and, around
 them, norms, views, the cache write and read, attention and residual adds. Run one by one,
-the Python and dispatch between them cost as much as the products (≈ 6 of 14 ms per int8 step,
-docs/benchmarks.md). ``decode_step`` is that whole step,
+the Python and dispatch between them cost about as much as the products
+(docs/benchmarks.md#decoding). ``decode_step`` is that whole step,
 
     write k_t, v_t at cache index t = end − 1;   attend over K, V[0, end);   logits_t
 
@@ -16,9 +16,9 @@ into a dozen kernels per layer.
 ``decode_compile_pays`` (``--compile auto``, the default: on where it pays, see below).
 From then on ``BatchSession.step`` uses it for a session of one row on a CPU with a C++ compiler
 and a float KV cache; ``GPTLAB_COMPILE=0`` turns it off. Its logits equal the layer-by-layer
-path's (tested). The first step compiles: for gpt2 ≈ 40 s on a cold inductor cache and ≈ 15 s
-once inductor has it on disk, so it pays for long generations, repeated sampling and serving,
-not for one short sample. Every later step, in any session of the model, reuses the graph.
+path's (tested). The first step compiles, for tens of seconds on a cold inductor cache and less
+once inductor has it on disk (docs/benchmarks.md#decoding), so it pays for long generations,
+repeated sampling and serving, not for one short sample. Every later step, in any session of the model, reuses the graph.
 """
 
 from __future__ import annotations
@@ -70,11 +70,11 @@ def decode_step(
     return out.logits[:, -1].float()
 
 
-# Below this many generated tokens a compilation (≈ 15–40 s) costs more than it saves: a compiled
-# step saves ~10–25 ms of a large model's 30–60 ms step (docs/benchmarks.md, "Generation").
+# Below this many generated tokens a compilation costs more than the compiled step saves
+# (docs/benchmarks.md#decoding).
 PAYBACK_TOKENS = 1024
-# On CUDA the static path's CUDA graphs: 40–50 s to compile a step on an H100, then 817 tokens/s at
-# batch 1 against ~151 layer by layer (docs/benchmarks.md, "On a GPU"): even from about 9,000 tokens.
+# On CUDA the static path's CUDA graphs: a compilation of tens of seconds, paid back only by a long
+# generation (docs/benchmarks.md#gpu).
 CUDA_PAYBACK_TOKENS = 8192
 COMPILE_CHOICES = ("auto", "on", "off")
 
@@ -93,8 +93,7 @@ def decode_compile_pays(
     from memory (``weight_bytes ≥ STREAM_MIN_BYTES``: small models' steps are not bound by
     overhead the graph removes), and when enough tokens are planned to pay the compilation back
     (``planned_tokens`` None: a long-lived session such as chat). (bf16 weights on a CPU that only
-    emulates bf16 compute in float32, which compiles well: gpt2 on AVX2, 17.7 ms a step against
-    23.9 layer by layer; docs/benchmarks.md.) CUDA has its
+    emulates bf16 compute in float32, which compiles well: docs/benchmarks.md#decoding.) CUDA has its
     own static path: there the question is whether to capture its CUDA graphs, which ``auto`` does
     for a long-lived session or from ``CUDA_PAYBACK_TOKENS`` planned tokens (else the dynamic path,
     layer by layer). Other devices run layer by layer.

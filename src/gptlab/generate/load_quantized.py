@@ -105,7 +105,9 @@ def load_int8(config: GPTConfig, state: Mapping[str, torch.Tensor], source: str 
     model = _meta_model(config)
     quantize(model, "int8")  # the int8 modules, on the meta device
     act = activation_dtype("cpu")
-    loaded = {k: v.to(act) if v.is_floating_point() else v for k, v in state.items()}
+    # copies, not views into the file's memory map: a tensor there starts wherever the file puts it, and
+    # the fused int8 kernel's AVX-512 path faults on rows that are not 64-byte aligned (a fresh tensor is)
+    loaded = {k: v.to(act if v.is_floating_point() else v.dtype, copy=True) for k, v in state.items()}
     with torch.no_grad():
         load_model_state(model, loaded, source, assign=True)
         if config.tie_embeddings:  # stored once, as the token table

@@ -16,10 +16,10 @@ A decode step multiplies one row by every matrix, so it is bound by how fast the
 from memory. On a CPU that one-row product is ``gemv``, ``y_o = s_o·Σ_k x_k·w_ok``, written as one
 reduction that inductor compiles into a single pass over the weights, converting each one to float
 in registers (no (N, K) temporary), in models whose matrices total ``STREAM_MIN_BYTES`` or more.
-Measured on gpt2's matrices it reads 1.3–2.6× faster than the library kernels (docs/benchmarks.md). More rows (a prefill, a batch of sequences) use each format's
+On gpt2's matrices it reads them faster than the library kernels (docs/benchmarks.md#decoding). More rows (a prefill, a batch of sequences) use each format's
 batched kernel: ``F.linear``; bf16 weights prepacked for oneDNN's bf16 kernels where the CPU has
 native bf16, and multiplied in float32 where it only emulates bf16 (``gptlab.hardware``: an
-emulated bf16 product is 14–60× slower than a float32 one on an AVX2 CPU); int8
+emulated bf16 product is many times slower than a float32 one on an AVX2 CPU); int8
 through ``torch.ops.aten._weight_int8pack_mm`` (the CPU kernel gpt-fast uses), or dequantised on
 the fly where torch lacks it, with bf16 activations where bf16 is native and float32 elsewhere.
 Without a C++ compiler the one-row product uses those too.
@@ -67,8 +67,8 @@ _GEMV = {
 # library kernels are as fast there) and would only wait for its compilation.
 STREAM_MIN_BYTES = 32 * 2**20
 # Where bf16 is emulated (AVX2), a bf16 product of 1–2 rows reads W as fast as float32 does, and from
-# ~8 rows on it is compute-bound and 1.4–5× slower than converting W to float32 and multiplying there
-# (3072×768, 1 thread: 8 rows 40 vs 29 ms, 128 rows 554 vs 104 ms; docs/benchmarks.md).
+# ~8 rows on it is compute-bound and slower than converting W to float32 and multiplying there
+# (docs/benchmarks.md#precision).
 UPCAST_MIN_ROWS = 8
 
 
@@ -298,8 +298,8 @@ def _to_int8(model: nn.Module) -> None:
 def _to_bf16(model: nn.Module) -> None:
     """bf16 matrices; activations, embeddings and norms in bf16 where bf16 is native, else float32.
 
-    (Where bf16 is emulated, bf16 activations made a compiled decode step 3× slower than layer by
-    layer, while bf16 weights alone stream faster than float32 ones: docs/benchmarks.md.)
+    (Where bf16 is emulated, bf16 activations made a compiled decode step slower than layer by
+    layer, while bf16 weights alone stream faster than float32 ones: docs/benchmarks.md#decoding.)
     """
     _cast_params(model, torch.bfloat16)  # the matrices (a tied head shares the token table's copy)
     _replace_linears(model, PackedBF16Linear)

@@ -10,6 +10,11 @@
     min-p:       keep tokens with p_i ≥ min_p · max_j p_j
     sample:      next ~ Categorical(p)
 
+Extreme options cannot poison a draw: ``l − max l`` is divided by τ (the same softmax, no overflow);
+a τ too small for float32 is greedy; top-p always keeps the most probable token; a row left with
+no finite logit, or with NaN, falls back to ``argmax`` of the finite logits; any integer seed is
+taken modulo 2⁶⁴ (what ``torch.Generator`` accepts).
+
 Each step is one small function; ``Sampler`` applies them in that order with its
 own ``torch.Generator``, so a seed makes a request reproducible on its own.
 """
@@ -71,7 +76,8 @@ def top_p_filter(logits: torch.Tensor, p: float) -> torch.Tensor:
     sorted_logits, order = torch.sort(logits, descending=True)
     probs = torch.softmax(sorted_logits, dim=-1)
     before = torch.cumsum(probs, dim=-1) - probs  # mass of the strictly more probable tokens
-    drop_sorted = before >= p  # the first token always stays (before = 0 < p)
+    drop_sorted = before >= p
+    drop_sorted[0] = False  # the most probable token always stays (p may round to 0 in float32)
     drop = torch.zeros_like(drop_sorted).scatter(0, order, drop_sorted)
     return logits.masked_fill(drop, float("-inf"))
 
@@ -95,18 +101,21 @@ class Sampler:
     def __init__(self, config: SampleConfig, vocab_size: int) -> None:
         self.config = config
         self.vocab_size = vocab_size
+        # a temperature that float32 cannot divide by is the limit τ → 0: greedy
+        self.greedy = config.greedy or float(torch.tensor(config.temperature, dtype=torch.float32)) == 0.0
         seed = config.seed if config.seed is not None else int(torch.randint(0, 2**62, (1,)).item())
-        self.generator = torch.Generator().manual_seed(seed)
+        self.generator = torch.Generator().manual_seed(seed % 2**64)  # negative seeds: same as torch's
 
     def process(self, logits: torch.Tensor, history: Sequence[int]) -> torch.Tensor:
         """Penalised, biased, temperature-scaled, truncated logits (vocab,), float32 on the CPU."""
         c = self.config
         logits = logits[: self.vocab_size].float().cpu()
         logits = apply_logit_bias(apply_penalties(logits, history, c), c.logit_bias)
-        if c.greedy:
+        logits = torch.nan_to_num(logits, nan=float("-inf"), posinf=torch.finfo(logits.dtype).max)
+        if self.greedy:
             return logits
         if c.temperature != 1.0:
-            logits = logits / c.temperature
+            logits = (logits - logits.max()) / c.temperature  # ≤ 0: never overflows to +inf
         if c.top_k is not None:
             logits = top_k_filter(logits, c.top_k)
         if c.top_p is not None:
@@ -116,10 +125,12 @@ class Sampler:
         return logits
 
     def choose(self, logits: torch.Tensor) -> int:
-        """Argmax when greedy, else a draw from ``softmax(logits)``."""
-        if self.config.greedy:
+        """Argmax when greedy, else a draw from ``softmax(logits)``; argmax when no draw is possible."""
+        if self.greedy:
             return int(torch.argmax(logits).item())
         probs = torch.softmax(logits, dim=-1)
+        if not bool(torch.isfinite(probs).all()) or float(probs.sum()) <= 0.0:
+            return int(torch.argmax(torch.nan_to_num(logits, nan=float("-inf"))).item())
         return int(torch.multinomial(probs, 1, generator=self.generator).item())
 
     def __call__(self, logits: torch.Tensor, history: Sequence[int]) -> int:

@@ -1,4 +1,6 @@
-"""See inside the model: the pipeline trace, attention maps, and a size and cost calculator.
+"""See inside the model: the pipeline trace, attention maps, the logit lens, and a size and cost calculator.
+
+The playground's Inside view reads ``gptlab.inspect.inside.inside`` (every stage of one pass).
 
 >>> from gptlab.inspect import trace, attention_maps, size_report
 >>> print(trace(model, tokenizer, "The cat sat on").render())        # doctest: +SKIP
@@ -8,6 +10,7 @@ torch.Size([L, H, T, T])
 """
 
 from gptlab.inspect.attention import attention_maps
+from gptlab.inspect.lens import logit_lens
 from gptlab.inspect.plots import plot_head, plot_layer, plot_overview
 from gptlab.inspect.size import SizeReport, count_parameters, size_report
 from gptlab.inspect.tracing import Trace, trace
@@ -17,6 +20,7 @@ __all__ = [
     "Trace",
     "attention_maps",
     "count_parameters",
+    "logit_lens",
     "plot_head",
     "plot_layer",
     "plot_overview",

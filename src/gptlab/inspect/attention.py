@@ -20,6 +20,7 @@ import torch
 
 from gptlab.errors import GptlabError
 from gptlab.inspect.inputs import token_ids
+from gptlab.inspect.recording import ModelInput, record
 from gptlab.model import GPT
 
 
@@ -34,15 +35,7 @@ def attention_maps(model: GPT, tokenizer_or_ids: Any, text: str | None = None) -
         ids = token_ids(model, None, tokenizer_or_ids)
     else:
         ids = token_ids(model, tokenizer_or_ids, text if text is not None else "")
-    was_training = model.training
-    model.eval()
-    try:
-        idx = torch.tensor([ids], dtype=torch.long, device=model.device)
-        out = model.run(idx, output_attentions=True)
-    finally:
-        model.train(was_training)
-    assert out.attentions is not None
-    return torch.stack([a[0].float() for a in out.attentions]).cpu()  # (L, H, T, T)
+    return record(model, ModelInput(ids, [])).attentions["self"]  # (L, H, T, T)
 
 
 @torch.no_grad()
@@ -67,26 +60,13 @@ def seq2seq_maps(
     else:
         tgt = token_ids(model, tokenizer, target) if isinstance(target, str) else list(target)
     ids = [bos, *tgt][: model.config.block_size]
-    was_training = model.training
-    model.eval()
-    try:
-        out = model.run(
-            torch.tensor([ids], device=model.device),
-            source=torch.tensor([src], device=model.device),
-            output_attentions=True,
-        )
-    finally:
-        model.train(was_training)
-
-    def stack(maps: list[torch.Tensor]) -> torch.Tensor:
-        return torch.stack([a[0].float() for a in maps]).cpu()
-
+    maps = record(model, ModelInput(ids, [], src)).attentions
     return {
         "source_ids": src,
         "target_ids": ids,
-        "encoder": stack(out.encoder_attentions),  # (L_enc, H, S, S)
-        "decoder": stack(out.attentions),  # (L, H, T, T)
-        "cross": stack(out.cross_attentions),  # (L, H, T, S)
+        "encoder": maps["encoder"],  # (L_enc, H, S, S)
+        "decoder": maps["self"],  # (L, H, T, T)
+        "cross": maps["cross"],  # (L, H, T, S)
     }
 
 

@@ -30,7 +30,7 @@ def _added_table(
         "shape": [T, table.size(1)],
         "table": name,
         "table_shape": list(table.shape),
-        "rows": _rows(table[:T], labels),
+        "rows": first_values(table[:T], labels),
     }
 
 
@@ -60,9 +60,9 @@ def _rope(model: GPT, T: int, labels: list[str]) -> dict[str, Any]:
         "where": "inside every attention layer: q and k are rotated; nothing is added to h⁽⁰⁾",
         "formula": f"rotate feature pairs of q, k by angle pos·θ_i, θ_i = {c.rope_theta:g}^(−2i/d_k), d_k = {d}",
         "values": {
-            "theta_first": _round(theta[:N_VALUES]),
-            "theta_last": _round(theta[-1:]),
-            f"angles_at_pos_{T - 1}": _round([(T - 1) * t for t in theta[:N_VALUES]]),
+            "theta_first": round_list(theta[:N_VALUES]),
+            "theta_last": round_list(theta[-1:]),
+            f"angles_at_pos_{T - 1}": round_list([(T - 1) * t for t in theta[:N_VALUES]]),
         },
     }
 
@@ -72,7 +72,7 @@ def _alibi(model: GPT, T: int, labels: list[str]) -> dict[str, Any]:
     return {
         "where": "inside every attention layer: a distance penalty on the scores; nothing is added to h⁽⁰⁾",
         "formula": "score_ij += −m_h·(i − j),  m_h = 2^(−8h/H)",
-        "values": {"slopes": _round(slopes)},
+        "values": {"slopes": round_list(slopes)},
     }
 
 
@@ -89,13 +89,13 @@ POSITION_STAGES: dict[str, Callable[[GPT, int, list[str]], dict[str, Any]]] = {
 }
 
 
-def _round(values: Sequence[float], digits: int = 4) -> list[float]:
+def round_list(values: Sequence[float], digits: int = 4) -> list[float]:
     return [round(float(v), digits) for v in values]
 
 
-def _rows(matrix: torch.Tensor, labels: list[str]) -> list[dict[str, Any]]:
+def first_values(matrix: torch.Tensor, labels: list[str]) -> list[dict[str, Any]]:
     """First ``N_VALUES`` numbers of each row of a ``(T, d)`` matrix."""
     return [
-        {"position": i, "token": labels[i], "values": _round(row[:N_VALUES].tolist())}
+        {"position": i, "token": labels[i], "values": round_list(row[:N_VALUES].tolist())}
         for i, row in enumerate(matrix.float())
     ]

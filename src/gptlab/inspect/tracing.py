@@ -25,8 +25,9 @@ from typing import Any
 import torch
 
 from gptlab.errors import GptlabError
-from gptlab.inspect.inputs import token_ids, token_label, token_labels
-from gptlab.inspect.trace_positions import N_VALUES, POSITION_STAGES, _round, _rows
+from gptlab.inspect.inputs import token_label
+from gptlab.inspect.recording import model_input, record
+from gptlab.inspect.trace_positions import N_VALUES, POSITION_STAGES, first_values, round_list
 from gptlab.model import GPT
 
 TOP_ATTENTION = 3  # earlier tokens shown per head
@@ -75,50 +76,34 @@ def trace(
         raise GptlabError(f"temperature must be a number ≥ 0 (0 = greedy), got {temperature!r}")
     if not isinstance(top, int) or top < 1:
         raise GptlabError(f"top must be a positive integer, got {top!r}")
-    ids = token_ids(model, tokenizer, text)
-    labels = token_labels(tokenizer, ids)
+    inp = model_input(model, tokenizer, text, target)
+    ids, labels, src, src_labels = inp.ids, inp.labels, inp.source or [], inp.source_labels
     c = model.config
-    extra: dict[str, Any] = {}
-    if c.arch == "encoder-decoder":  # the text is the source; the decoder reads BOS + target
-        src, src_labels = ids, labels
-        extra["source"] = torch.tensor([src], dtype=torch.long, device=model.device)
-        ids = [
-            getattr(tokenizer, "eot_id", None) or 0,
-            *(token_ids(model, tokenizer, target) if target else []),
-        ]
-        labels = token_labels(tokenizer, ids)
     T = len(ids)
-    was_training = model.training
-    model.eval()
-    try:
-        idx = torch.tensor([ids], dtype=torch.long, device=model.device)
-        out = model.run(idx, output_attentions=True, output_hidden_states=True, **extra)
-        tok_emb = model.wte(idx)[0]  # (T, d_model)
-        hidden = out.hidden_states or []
-        final = model.norm_f(hidden[-1])[0]  # (T, d_model)
-    finally:
-        model.train(was_training)
-    logits = out.logits[0].float()  # (T, V)
+    rec = record(model, inp)
+    tok_emb, hidden, final = rec.embeddings, rec.hidden, rec.final
+    logits = rec.logits  # (T, V)
     last = logits[-1]  # (V,)
     probs = _probabilities(last, temperature)
     k = min(top, last.numel())
     top_p, top_i = probs.topk(k)
 
     layers = []
-    for layer, (h, attn) in enumerate(zip(hidden[1:], out.attentions or [])):
-        norms = _round(h[0].float().norm(dim=-1).tolist())
+    cross = rec.attentions.get("cross")
+    for layer, (h, attn) in enumerate(zip(hidden[1:], rec.attentions["self"])):
+        norms = round_list(h.float().norm(dim=-1).tolist())
         layers.append({"layer": layer, "residual_norms": norms, "attention": _heads(attn, labels, c.n_rep)})
-        if out.cross_attentions:  # the last target position over the source tokens
-            layers[-1]["cross_attention"] = _heads(out.cross_attentions[layer], src_labels, c.n_rep)
+        if cross is not None:  # the last target position over the source tokens
+            layers[-1]["cross_attention"] = _heads(cross[layer], src_labels, c.n_rep)
     encoder = None
-    if out.encoder_attentions:
+    if "encoder" in rec.attentions:
         encoder = {
             "tokens": [
                 {"position": i, "id": t, "token": lab} for i, (t, lab) in enumerate(zip(src, src_labels))
             ],
             "layers": [
                 {"layer": i, "attention": _heads(a, src_labels, c.n_rep)}
-                for i, a in enumerate(out.encoder_attentions)
+                for i, a in enumerate(rec.attentions["encoder"])
             ],
         }
     position = {"kind": c.pos, **POSITION_STAGES[c.pos](model, T, labels)}
@@ -146,25 +131,18 @@ def trace(
         embedding={
             "shape": list(tok_emb.shape),
             "table_shape": list(model.wte.weight.shape),
-            "rows": _rows(tok_emb, labels),
+            "rows": first_values(tok_emb, labels),
         },
         position=position,
-        input_norms=_round(hidden[0][0].float().norm(dim=-1).tolist()),
+        input_norms=round_list(hidden[0].float().norm(dim=-1).tolist()),
         layers=layers,
         final={
             "shape": list(final.shape),
             "norm": round(float(final[-1].float().norm()), 4),
-            "values": _round(final[-1][:N_VALUES].tolist()),
+            "values": round_list(final[-1][:N_VALUES].tolist()),
             "where": "after the final norm" if c.norm_placement == "pre" else "the last block's output",
         },
-        logits={
-            "shape": list(logits.shape),
-            "min": round(float(last.min()), 4),
-            "max": round(float(last.max()), 4),
-            "mean": round(float(last.mean()), 4),
-            "std": round(float(last.std()), 4) if last.numel() > 1 else 0.0,
-            "softcap": c.logit_softcap,
-        },
+        logits={"shape": list(logits.shape), **logit_stats(last), "softcap": c.logit_softcap},
         temperature=float(temperature),
         next_tokens=[
             {"id": int(i), "token": token_label(tokenizer, int(i)), "logit": float(last[i]), "prob": float(p)}
@@ -174,11 +152,21 @@ def trace(
     )
 
 
+def logit_stats(last: torch.Tensor) -> dict[str, float]:
+    """Minimum, maximum, mean and standard deviation of one position's logits ``(V,)``, to 4 decimals."""
+    return {
+        "min": round(float(last.min()), 4),
+        "max": round(float(last.max()), 4),
+        "mean": round(float(last.mean()), 4),
+        "std": round(float(last.std()), 4) if last.numel() > 1 else 0.0,
+    }
+
+
 def _heads(attn: torch.Tensor, labels: list[str], n_rep: int) -> list[dict[str, Any]]:
-    """Per head, the ``TOP_ATTENTION`` keys the last query attends to most. attn: (1, H, T_q, T_k)."""
+    """Per head, the ``TOP_ATTENTION`` keys the last query attends to most. attn: (H, T_q, T_k)."""
     heads = []
-    for head in range(attn.size(1)):
-        w, j = attn[0, head, -1].float().topk(min(TOP_ATTENTION, attn.size(-1)))
+    for head in range(attn.size(0)):
+        w, j = attn[head, -1].float().topk(min(TOP_ATTENTION, attn.size(-1)))
         top = [
             {"position": int(p), "token": labels[int(p)], "weight": round(float(x), 4)} for x, p in zip(w, j)
         ]
@@ -328,4 +316,4 @@ def _sup(n: int) -> str:
     return str(n).translate(_SUP)
 
 
-__all__ = ["POSITION_STAGES", "Trace", "trace"]
+__all__ = ["POSITION_STAGES", "Trace", "logit_stats", "trace"]

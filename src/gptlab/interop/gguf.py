@@ -70,7 +70,7 @@ def resolve(path: str | os.PathLike[str]) -> Path:
     """A path, or a short name of ``KNOWN_FILES`` (``"smollm2"``) → the file inside its installed package.
 
     A file of that name wins; a folder does not (the checkpoint ``convert --out smollm2`` wrote is not
-    a GGUF file, and the README's next ``convert --from-gguf smollm2`` means the model).
+    a GGUF file, and the guide's next ``convert --from-gguf smollm2`` means the model).
     """
     if Path(path).is_file() or str(path) not in KNOWN_FILES:
         return Path(path)
@@ -101,7 +101,7 @@ def read_gguf(path: str | os.PathLike[str] | GgufFile) -> GgufFile:
 
     class Reader(GGUFReader):
         """``GGUFReader`` over a plain array view of its memory map: slicing a ``np.memmap`` runs Python
-        code per slice, which made reading the 100k tokenizer strings of a real model 3× slower."""
+        code per slice, which made reading a real model's tokenizer strings several times slower."""
 
         @property
         def data(self) -> np.ndarray:

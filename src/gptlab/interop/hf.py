@@ -1,12 +1,14 @@
 """``from_hf`` / ``to_hf``: Hugging Face transformers model directories ↔ gptlab models, offline.
 
-    model = gptlab.from_hf("path/to/gpt2")          # GPT2LMHeadModel or LlamaForCausalLM folder
+    model = gptlab.from_hf("path/to/gpt2")          # GPT2LMHeadModel, LlamaForCausalLM or Qwen3ForCausalLM
     gptlab.to_hf(model, "out/")                      # AutoModelForCausalLM.from_pretrained("out/") loads it
 
 The architecture is chosen by ``model_type`` (import) or by the model's options
 (export) from ``FAMILIES``; each family is a config mapping plus a tensor-name
-table (``gptlab.interop.gpt2``, ``gptlab.interop.llama``). ``transformers`` is not
-imported: only ``config.json`` and the weight files are read and written.
+table (``gptlab.interop.gpt2``, ``llama``, ``qwen3``). A model no family computes
+exactly is exported as a remote-code folder (``gptlab.interop.hf_remote``): the
+model's own code, generated from ``gptlab.model``, beside its weights.
+``transformers`` is not imported: only files are read and written.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import torch
 from gptlab.checkpoint import load_model_state, model_state, write_tensors
 from gptlab.errors import GptlabError
 from gptlab.fileio import atomic_write_json
-from gptlab.interop import gpt2, llama
+from gptlab.interop import gpt2, hf_remote, llama, qwen3
 from gptlab.interop.common import (
     BIN_FILE,
     BIN_INDEX,
@@ -39,9 +41,10 @@ from gptlab.interop.common import (
     read_hf_weights,
 )
 from gptlab.model import GPT, GPTConfig
+from gptlab.tokenizers.base import Tokenizer
 
 #: Hugging Face ``model_type`` → converter. ``to_hf`` tries them in this order.
-FAMILIES: dict[str, Family] = {"gpt2": gpt2.FAMILY, "llama": llama.FAMILY}
+FAMILIES: dict[str, Family] = {"gpt2": gpt2.FAMILY, "llama": llama.FAMILY, "qwen3": qwen3.FAMILY}
 
 
 def family_for_hf(hf: dict[str, Any], path: Path) -> Family:
@@ -70,6 +73,8 @@ def hf_config_to_gptlab(directory: str | os.PathLike[str]) -> GPTConfig:
 
 
 def _config(hf: dict[str, Any], path: Path) -> GPTConfig:
+    if hf.get("model_type") == hf_remote.MODEL_TYPE:
+        return hf_remote.config_from_remote(hf, path)
     family = family_for_hf(hf, path)
     try:
         return family.config_from_hf(hf, path)
@@ -81,7 +86,7 @@ def _config(hf: dict[str, Any], path: Path) -> GPTConfig:
 def from_hf(
     directory: str | os.PathLike[str], dtype: torch.dtype | None = None, quantize: str | None = None
 ) -> GPT:
-    """Read a ``GPT2LMHeadModel`` or ``LlamaForCausalLM`` directory into a ``GPT`` (eval mode, CPU).
+    """Read a ``GPT2LMHeadModel``, ``LlamaForCausalLM`` or ``Qwen3ForCausalLM`` directory into a ``GPT``.
 
     Reads ``config.json`` and ``model.safetensors`` (or its sharded index, or
     ``pytorch_model.bin`` with ``weights_only=True``). The weights keep full
@@ -91,6 +96,10 @@ def from_hf(
     """
     directory = Path(directory)
     hf = read_hf_config(directory)
+    if hf.get("model_type") == hf_remote.MODEL_TYPE:  # gptlab's own remote-code export: read back as data
+        if quantize is not None:
+            raise GptlabError(f"{directory}: convert this gptlab folder first, then quantize the checkpoint")
+        return hf_remote.read_remote(directory, hf, dtype)
     config = _config(hf, directory / CONFIG_FILE)
     family = family_for_hf(hf, directory / CONFIG_FILE)
     hf_state, source = read_hf_weights(directory)
@@ -160,9 +169,11 @@ def tokenizer_from_hf(directory: str | os.PathLike[str]) -> Any | None:
 
 
 def export_family(config: GPTConfig) -> Family:
-    """The first family of ``FAMILIES`` that can represent ``config``, or a ``GptlabError`` saying why none can."""
-    if config.arch != "decoder":  # the exported families are causal decoders
-        raise GptlabError(f"this model has no Hugging Face transformers equivalent: arch={config.arch!r}")
+    """The first family of ``FAMILIES`` that computes ``config``'s function, or a ``GptlabError`` saying why none does."""
+    if config.arch != "decoder" or not config.causal:  # the native families are causal decoders
+        raise GptlabError(
+            f"this model has no Hugging Face transformers equivalent: arch={config.arch!r}, causal={config.causal}"
+        )
     problems = {}
     for key, family in FAMILIES.items():
         problems[key] = family.export_problems(config)
@@ -172,17 +183,45 @@ def export_family(config: GPTConfig) -> Family:
     raise GptlabError(f"this model has no Hugging Face transformers equivalent: {why}")
 
 
+def native_family(config: GPTConfig) -> Family | None:
+    """``export_family(config)``, or ``None`` when no transformers class computes the model's function."""
+    try:
+        return export_family(config)
+    except GptlabError:
+        return None
+
+
+def export_description(model: GPT, remote_code: bool = False) -> str:
+    """What ``to_hf`` writes for ``model`` and how to load it, e.g. ``"Qwen3ForCausalLM (AutoModelForCausalLM)"``."""
+    family = None if remote_code else native_family(model.config)
+    if family is not None:
+        return f"{family.architecture} (AutoModelForCausalLM)"
+    return (
+        f"{hf_remote.remote_architecture(model)} remote code "
+        f"({hf_remote.auto_class(model)}, trust_remote_code=True)"
+    )
+
+
 #: Files that would make a Hugging Face directory ambiguous if left beside ours.
 _STALE = (SAFETENSORS_INDEX, BIN_FILE, BIN_INDEX)
 
 
-def to_hf(model: GPT, directory: str | os.PathLike[str]) -> Path:
+def to_hf(
+    model: GPT,
+    directory: str | os.PathLike[str],
+    tokenizer: Tokenizer | None = None,
+    remote_code: bool = False,
+) -> Path:
     """Write ``model`` as a Hugging Face directory: ``config.json`` + ``model.safetensors``.
 
-    ``transformers.AutoModelForCausalLM.from_pretrained(directory)`` loads it as a
-    ``GPT2LMHeadModel`` (learned positions, pre-LayerNorm, GELU/ReLU MLP, MHA,
-    biases) or a ``LlamaForCausalLM`` (RoPE, pre-RMSNorm, SwiGLU, MHA/GQA/MQA).
-    Other options raise ``GptlabError`` naming what to change. Files are written atomically.
+    Where a transformers class computes the same function, the folder names it, and
+    ``transformers.AutoModelForCausalLM.from_pretrained(directory)`` loads it: ``GPT2LMHeadModel``
+    (learned positions, pre-LayerNorm, GELU/ReLU MLP, MHA, biases), ``LlamaForCausalLM`` (RoPE,
+    pre-RMSNorm, SwiGLU, MHA/GQA/MQA) or ``Qwen3ForCausalLM`` (Llama + QK-norm, no biases).
+    Every other model (``remote_code=True``: every model) is written with its own code
+    (``gptlab.interop.hf_remote``) and loads with ``trust_remote_code=True``. ``tokenizer`` gives the
+    bos/eos ids of the config (the tokenizer files are ``gptlab.tokenizers.hf_files``' job).
+    Files are written atomically.
     """
     if not isinstance(model, GPT):
         raise GptlabError(f"to_hf needs a gptlab GPT model, got {type(model).__name__}")
@@ -191,12 +230,19 @@ def to_hf(model: GPT, directory: str | os.PathLike[str]) -> Path:
             f"a {model.quantization} inference model cannot be exported; export the float checkpoint"
         )
     config = model.config
-    family = export_family(config)
+    family = None if remote_code else native_family(config)
     directory = Path(directory)
     _check_out_dir(directory)
+    if family is None:
+        return hf_remote.write_remote(model, directory, tokenizer)
     tensors = export_state(family, config, model_state(model))
     hf_config = family.config_to_hf(config)
     hf_config["dtype"] = str(model.dtype).removeprefix("torch.")
+    for key, value in hf_remote.token_ids(
+        model, tokenizer
+    ).items():  # the tokenizer's, where the config has none
+        if hf_config.get(key) is None and value is not None and key != "decoder_start_token_id":
+            hf_config[key] = value
     directory.mkdir(parents=True, exist_ok=True)
     write_tensors(directory / SAFETENSORS_FILE, tensors, metadata={"format": "pt"})
     atomic_write_json(directory / CONFIG_FILE, hf_config)
@@ -227,4 +273,13 @@ def _check_out_dir(directory: Path) -> None:
         )
 
 
-__all__ = ["FAMILIES", "from_hf", "to_hf", "tokenizer_from_hf", "hf_config_to_gptlab", "export_family"]
+__all__ = [
+    "FAMILIES",
+    "export_description",
+    "export_family",
+    "from_hf",
+    "hf_config_to_gptlab",
+    "native_family",
+    "to_hf",
+    "tokenizer_from_hf",
+]

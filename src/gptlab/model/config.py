@@ -12,7 +12,6 @@ import dataclasses
 import importlib
 import json
 import math
-import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -247,13 +246,6 @@ class GPTConfig:
     @classmethod
     def preset(cls, name: str, **overrides: Any) -> GPTConfig:
         """A named configuration, e.g. ``GPTConfig.preset("gpt2")``; overrides change fields."""
-        if name in PRESET_ALIASES:
-            warnings.warn(
-                f"preset {name!r} is now called {PRESET_ALIASES[name]!r}; the old name will go away",
-                FutureWarning,
-                stacklevel=2,
-            )
-            name = PRESET_ALIASES[name]
         try:
             base = PRESETS[name]
         except KeyError:
@@ -315,5 +307,3 @@ PRESETS: dict[str, dict[str, Any]] = {
         dropout=0.0,
     ),
 }
-
-PRESET_ALIASES = {"shakespeare-char": "char-tiny"}  # old name -> new name

@@ -115,7 +115,7 @@ def _wgrad_bf16(
 
 #: ``wgrad``: how ∂L/∂W = gᵀ·x is computed: ``(what the forward keeps, the product)``. ``fp8`` needs
 #: g₈ transposed in memory (one more pass over g, which for the head is B·T × V); ``bf16`` keeps x
-#: as nn.Linear does and skips that copy (measured faster on GPT-2 124M, docs/benchmarks.md)
+#: as nn.Linear does and skips that copy, so it is the default (docs/benchmarks.md#precision)
 WGRAD = {"fp8": (_keep_fp8, _wgrad_fp8), "bf16": (_keep_bf16, _wgrad_bf16)}
 
 

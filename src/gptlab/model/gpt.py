@@ -206,7 +206,7 @@ class GPT(nn.Module):
         )
 
     def _aux_loss(self) -> torch.Tensor | None:
-        if "_moe_layers" not in self.__dict__:  # found once: walking every module costs ~1 ms per decode step
+        if "_moe_layers" not in self.__dict__:  # found once, not on every decode step
             self.__dict__["_moe_layers"] = [m for m in self.modules() if isinstance(m, MixtureOfExperts)]
         losses = [m.aux_loss for m in self.__dict__["_moe_layers"] if m.aux_loss is not None]
         return torch.stack(losses).sum() if losses else None

@@ -79,11 +79,6 @@ class KVStore:
     def _names(self) -> tuple[str, ...]:
         return ("k", "v")
 
-    def copy_rows(self, dst: torch.Tensor, src: torch.Tensor) -> None:
-        """Row ``dst[i]`` becomes a copy of row ``src[i]`` (beam search reorders its beams)."""
-        for t in self._tensors():
-            t[dst] = t[src]
-
     def _tensors(self) -> list[torch.Tensor]:
         return [getattr(self, name) for name in self._names()]
 
@@ -138,9 +133,9 @@ def _scatter(store: torch.Tensor, rows: Rows, positions: Positions, x: torch.Ten
 def default_cache_dtype(model_dtype: torch.dtype, device: torch.device | str) -> torch.dtype:
     """The model's dtype, except float32 for half-precision weights on a CPU.
 
-    There a decode step's bf16 attention is 5× slower than converting the new query to float32
-    and attending over a float32 cache (125 vs 24 µs per layer at 160 cached tokens, gpt2
-    shapes; docs/benchmarks.md), at twice the cache memory. Pass a cache dtype to choose.
+    There a decode step's bf16 attention is slower than converting the new query to float32 and
+    attending over a float32 cache (docs/benchmarks.md#decoding), so speed is chosen over the
+    cache's memory, which doubles. Pass a cache dtype to choose.
     """
     half = model_dtype in (torch.bfloat16, torch.float16)
     return torch.float32 if half and torch.device(device).type == "cpu" else model_dtype
@@ -223,10 +218,6 @@ class KVCache:
     @property
     def length(self) -> int:
         return self.layers[0].length
-
-    def reset(self) -> None:
-        for layer in self.layers:
-            layer.length = 0
 
     def nbytes(self) -> int:
         """Bytes held: ``2·L·B·H_kv·T_max·d_k·bytes_per_number`` (+ the int8 scales)."""

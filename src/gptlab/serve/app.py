@@ -8,26 +8,38 @@ Endpoints (``openai_routes.py`` and ``gptlab_routes.py``):
     GET  /v1/gptlab/limits        every limit a request must respect
     POST /v1/gptlab/generate      one prompt, SSE per token: text, probability, top alternatives
     POST /v1/gptlab/attention     one layer's attention weights (plain path) for a text
+    POST /v1/gptlab/inside        the Inside view: every stage of one pass (inside_routes.py)
     GET  /health                  liveness and scheduler load
     GET  /                        the web playground (static/index.html)
 
-Every error is OpenAI's error object (``errors.py``). Generation never runs on the event
-loop: the ``Scheduler`` thread owns the model.
+Every error is OpenAI's error object (``errors.py``); every request body is a declared model
+(``schemas.py``) and ``GET /openapi.json`` describes them with this server's limits, every
+status code and the streamed media types (``openapi.py``). The API key and the body limit are
+plain ASGI middleware (``middleware.py``), so a client's disconnect always reaches its route.
+Generation never runs on the event loop: the ``Scheduler`` thread owns the model.
+
+A new group of routes is one ``APIRouter`` module and one line in ``ROUTERS``.
 """
 
 from __future__ import annotations
 
 import contextlib
-import hmac
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-from fastapi import FastAPI, Request
-from fastapi.responses import Response
+from fastapi import APIRouter, FastAPI
 
-from gptlab.serve import echo, errors, gptlab_routes, openai_routes
-from gptlab.serve.errors import error_response
+from gptlab.serve import echo, errors, gptlab_routes, inside_routes, openai_routes, openapi
+from gptlab.serve.middleware import APIKey, BodyLimit
 from gptlab.serve.service import Service
+
+#: the route groups, each ``router(service) -> APIRouter``
+ROUTERS: list[Callable[[Service], APIRouter]] = [
+    openai_routes.router,
+    gptlab_routes.router,
+    inside_routes.router,
+    echo.router,  # /tokenizer_info, /tokenize, /detokenize (lm-eval's tokenizer_backend=remote)
+]
 
 
 def create_app(
@@ -61,38 +73,28 @@ def create_app(
         yield
         service.close()
 
-    app = FastAPI(title="gptlab", version=_version(), lifespan=lifespan, docs_url="/docs", redoc_url=None)
+    app = FastAPI(
+        title="gptlab",
+        version=_version(),
+        lifespan=lifespan,
+        docs_url="/docs",
+        redoc_url=None,
+        strict_content_type=False,  # a body without Content-Type is read as JSON (curl -d ... without -H)
+    )
     app.state.service = service
     app.state.scheduler = service.scheduler
     app.state.model_name = model_name
     errors.install(app)
+    app.add_middleware(BodyLimit, limit=max_body_bytes)
     if api_key:
-        app.middleware("http")(_auth(api_key))
-    app.include_router(openai_routes.router(service))
-    app.include_router(gptlab_routes.router(service))
-    app.include_router(echo.router(service))  # /tokenizer_info, /tokenize, /detokenize
+        app.add_middleware(
+            APIKey, api_key=api_key, paths=echo.PATHS
+        )  # outermost: nothing is read before the key
+    for router in ROUTERS:
+        app.include_router(router(service))
     gptlab_routes.mount_static(app)
+    openapi.document(app, service, api_key=bool(api_key))
     return app
-
-
-def _auth(api_key: str) -> Callable[[Request, Callable[[Request], Any]], Any]:
-    """A middleware asking every ``/v1/`` request for ``Authorization: Bearer KEY``."""
-
-    async def check(request: Request, call_next: Callable[[Request], Any]) -> Response:
-        if request.url.path.startswith("/v1/") or request.url.path in echo.PATHS:
-            header = request.headers.get("authorization", "")
-            given = header[7:].strip() if header.lower().startswith("bearer ") else ""
-            if not given:
-                return error_response(
-                    401,
-                    "missing API key: send it as the header 'Authorization: Bearer KEY'",
-                    code="invalid_api_key",
-                )
-            if not hmac.compare_digest(given.encode(), api_key.encode()):
-                return error_response(401, "incorrect API key", code="invalid_api_key")
-        return await call_next(request)
-
-    return check
 
 
 def _version() -> str:

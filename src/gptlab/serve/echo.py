@@ -24,17 +24,16 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from fastapi import APIRouter, Request
-from pydantic import BaseModel, ConfigDict, Field
+from fastapi import APIRouter
+from pydantic import Field
 
 from gptlab.errors import GptlabError
 from gptlab.generate.scoring import prompt_logprobs
 from gptlab.generate.step import token_text
 from gptlab.serve.errors import APIError
 from gptlab.serve.generation import Generation
-from gptlab.serve.schemas import CompletionRequest
+from gptlab.serve.schemas import CompletionRequest, Strict, whole
 from gptlab.serve.service import Service
-from gptlab.serve.transport import read_request
 from gptlab.tokenizers.pretrained import encode_text
 
 #: Routes outside ``/v1`` that still need the API key when the server has one.
@@ -77,23 +76,19 @@ async def prompt_scores(service: Service, gen: Generation, req: CompletionReques
         raise
 
 
-class TokenizeRequest(BaseModel):
+class TokenizeRequest(Strict):
     """``POST /tokenize``: text → ids (``add_special_tokens``: put the model's BOS first, if it has one)."""
-
-    model_config = ConfigDict(strict=True, extra="ignore")
 
     model: str | None = None
     prompt: str
     add_special_tokens: bool = False
 
 
-class DetokenizeRequest(BaseModel):
+class DetokenizeRequest(Strict):
     """``POST /detokenize``: ids → text."""
 
-    model_config = ConfigDict(strict=True, extra="ignore")
-
     model: str | None = None
-    tokens: list[int] = Field(max_length=MAX_DETOKENIZE)
+    tokens: list[whole(ge=0)] = Field(max_length=MAX_DETOKENIZE)
 
 
 def tokenizer_info(service: Service) -> dict[str, Any]:
@@ -121,8 +116,8 @@ def router(service: Service) -> APIRouter:
         return tokenizer_info(service)
 
     @r.post("/tokenize")
-    async def tokenize(request: Request) -> dict[str, Any]:
-        req = await read_request(request, service, TokenizeRequest)
+    async def tokenize(body: TokenizeRequest) -> dict[str, Any]:
+        req = service.check_model(body)
         try:
             ids = encode_text(service.tokenizer, req.prompt, add_special_tokens=req.add_special_tokens)
         except GptlabError as exc:
@@ -130,8 +125,8 @@ def router(service: Service) -> APIRouter:
         return {"tokens": ids, "count": len(ids), "max_model_len": service.context}
 
     @r.post("/detokenize")
-    async def detokenize(request: Request) -> dict[str, Any]:
-        req = await read_request(request, service, DetokenizeRequest)
+    async def detokenize(body: DetokenizeRequest) -> dict[str, Any]:
+        req = service.check_model(body)
         vocab = service.tokenizer.vocab_size
         bad = next((i for i in req.tokens if not 0 <= i < vocab), None)
         if bad is not None:

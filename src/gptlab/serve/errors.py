@@ -17,6 +17,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from gptlab.errors import GptlabError
+from gptlab.serve.schemas import MAX_PROMPTS
 
 log = logging.getLogger("gptlab.serve")
 
@@ -73,10 +74,31 @@ def not_found_model(name: str, served: str) -> APIError:
 
 # What a field with several accepted types must be (pydantic reports each alternative separately).
 UNION_FIELDS = {
-    "prompt": "a string, a list of strings, a list of token ids, or a list of lists of token ids",
+    "prompt": (
+        f"a string, a list of 1 to {MAX_PROMPTS} strings, a list of token ids, "
+        f"or a list of 1 to {MAX_PROMPTS} lists of token ids"
+    ),
     "stop": "a string, a list of strings, or null",
     "content": "a string, a list of content parts, or null",
 }
+
+
+def body_error(errors: Sequence[Any]) -> APIError | None:
+    """A 400 ``invalid_json`` when the body as a whole is not a JSON object (malformed, missing, a list)."""
+    first = errors[0] if errors else {}
+    if first.get("type") == "json_invalid":
+        return APIError(400, f"malformed JSON in the request body: {first.get('msg')}", code="invalid_json")
+    if tuple(first.get("loc", ())) == ("body",):
+        got = first.get("input")
+        if isinstance(got, bytes):  # FastAPI reads JSON only under a JSON Content-Type
+            return APIError(
+                400,
+                "the request body must be JSON: send 'Content-Type: application/json'",
+                code="invalid_json",
+            )
+        kind = "nothing" if got is None else type(got).__name__
+        return APIError(400, f"the request body must be a JSON object, got {kind}", code="invalid_json")
+    return None
 
 
 def validation_error(errors: Sequence[Any]) -> APIError:
@@ -110,6 +132,13 @@ def _jsonable(value: Any) -> bool:
     return True
 
 
+#: why a body could not be read as JSON, by the exception FastAPI's 400 was raised from
+PARSE_ERRORS = {
+    RecursionError: "the request body is nested too deeply to be a request",
+    UnicodeDecodeError: "the request body is not JSON text (UTF-8)",
+}
+
+
 def install(app: FastAPI) -> None:
     """Answer every error of ``app`` in OpenAI's shape."""
 
@@ -123,13 +152,16 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        codes = {404: "not_found", 405: "method_not_allowed"}
-        message = f"{request.method} {request.url.path}: {exc.detail}"
-        return error_response(exc.status_code, message, code=codes.get(exc.status_code))
+        codes = {400: "invalid_json", 404: "not_found", 405: "method_not_allowed", 413: "request_too_large"}
+        detail = PARSE_ERRORS.get(type(exc.__cause__), exc.detail)  # FastAPI's "error parsing the body"
+        message = f"{request.method} {request.url.path}: {detail}"
+        response = error_response(exc.status_code, message, code=codes.get(exc.status_code))
+        response.headers.update(exc.headers or {})  # a 405's Allow
+        return response
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
-        return validation_error(exc.errors()).response()
+        return (body_error(exc.errors()) or validation_error(exc.errors())).response()
 
     @app.exception_handler(Exception)
     async def _internal_error(request: Request, exc: Exception) -> JSONResponse:

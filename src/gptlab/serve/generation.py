@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from gptlab.generate.step import TokenEvent
 from gptlab.serve.errors import generation_error
-from gptlab.serve.scheduler import Channel, EndEvent, Job
+from gptlab.serve.jobs import Channel, EndEvent, Job
 
 
 @dataclass

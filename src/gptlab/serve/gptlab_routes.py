@@ -19,10 +19,10 @@ from fastapi.responses import FileResponse, Response
 from fastapi.staticfiles import StaticFiles
 
 from gptlab.serve.errors import APIError
-from gptlab.serve.scheduler import EndEvent
+from gptlab.serve.jobs import EndEvent
 from gptlab.serve.schemas import AttentionRequest, GenerateRequest
 from gptlab.serve.service import Service
-from gptlab.serve.transport import DONE, read_request, sse, sse_response, watched
+from gptlab.serve.transport import DONE, sse, sse_response, watched
 
 STATIC = Path(__file__).parent / "static"
 
@@ -39,9 +39,9 @@ def router(service: Service) -> APIRouter:
         return service.limits()
 
     @r.post("/v1/gptlab/generate")
-    async def generate(request: Request) -> Response:
+    async def generate(request: Request, body: GenerateRequest) -> Response:
         """One prompt, streamed token by token with its probability and the top alternatives."""
-        req = await read_request(request, service, GenerateRequest)
+        req = service.check_model(body)
         gen = service.generate(req)
         prompt = {
             "type": "prompt",
@@ -81,9 +81,9 @@ def router(service: Service) -> APIRouter:
         return sse_response(lines())
 
     @r.post("/v1/gptlab/attention")
-    async def attention(request: Request) -> dict[str, Any]:
+    async def attention(body: AttentionRequest) -> dict[str, Any]:
         """The last (or chosen) layer's attention weights ``(H, T, T)`` for ``text`` (plain path)."""
-        req = await read_request(request, service, AttentionRequest)
+        req = service.check_model(body)
         n_layer = service.model.config.n_layer
         if not -n_layer <= req.layer < n_layer:
             raise APIError(

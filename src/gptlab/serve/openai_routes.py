@@ -20,11 +20,11 @@ from gptlab.generate.step import TokenEvent, token_text
 from gptlab.serve import echo
 from gptlab.serve.errors import APIError, not_found_model
 from gptlab.serve.generation import Generation
+from gptlab.serve.jobs import EndEvent
 from gptlab.serve.logprobs import chat_logprobs, completion_logprobs
-from gptlab.serve.scheduler import EndEvent
 from gptlab.serve.schemas import ChatCompletionRequest, CompletionRequest
 from gptlab.serve.service import Service
-from gptlab.serve.transport import DONE, read_request, sse, sse_response, watched
+from gptlab.serve.transport import DONE, sse, sse_response, watched
 
 
 class _Shape(ABC):
@@ -205,8 +205,9 @@ def router(service: Service) -> APIRouter:
         return service.model_card()
 
     @r.post("/v1/completions")
-    async def completions(request: Request) -> Response:
-        req = await read_request(request, service, CompletionRequest)
+    async def completions(request: Request, body: CompletionRequest) -> Response:
+        """OpenAI's completions; ``stream: true`` answers server-sent events."""
+        req = service.check_model(body)
         gen = service.completion(req)
         scored = await echo.prompt_scores(service, gen, req)  # echo with logprobs: the prompt's own
         return await respond(
@@ -214,8 +215,9 @@ def router(service: Service) -> APIRouter:
         )
 
     @r.post("/v1/chat/completions")
-    async def chat_completions(request: Request) -> Response:
-        req = await read_request(request, service, ChatCompletionRequest)
+    async def chat_completions(request: Request, body: ChatCompletionRequest) -> Response:
+        """OpenAI's chat completions; ``stream: true`` answers server-sent events."""
+        req = service.check_model(body)
         gen = service.chat(req)
         return await respond(request, service, gen, _Chat(service, gen, req), req.stream, req.include_usage())
 

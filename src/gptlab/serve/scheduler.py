@@ -9,38 +9,47 @@ Continuous batching over ``gptlab.generate.BatchSession`` (on CUDA with a static
         logits = session.step(feed)          one batched decode step, (n_active, vocab)
         per job: event = TokenStep.advance(logits) -> its channel
 
+Admission is fair (``admission.py``): free slots go round-robin between requests, and one
+request holds at most all but ``max(1, max_batch // 8)`` of them (one request alone: all), so a small request
+starts at the next step beside a large one. Anything a job's own step raises (a bad option that
+slipped past validation, a bug in sampling) ends that job alone with an error event; only a
+failure of the shared batched forward pass fails the jobs in the batch.
+
 The scheduler manages slots, batching and channels only: each job's per-token step
 (sampling with its own seed, penalties, stops, UTF-8-safe text, finish reason) is
-``gptlab.generate.TokenStep``, the same step the library's decoding loop uses. Output goes to a bounded per-request ``Channel`` read by an asyncio
-coroutine; a job whose channel is full is skipped by the decode step until its client
+``gptlab.generate.TokenStep``, the same step the library's decoding loop uses. Output goes to a
+bounded per-request ``Channel`` (``jobs.py``) read by an asyncio coroutine; a job whose channel is full is skipped by the decode step until its client
 catches up, so one slow client never blocks the others. A cancelled job (the client
 went away) leaves its slot at the next iteration. The KV cache is sized to the requests, not to
 the model's context: it starts at ``KV_START_TOKENS`` positions per row, doubles when a row needs
 more (up to the context) and shrinks back when the server is idle. Past the context a row's window slides
-(a notice goes to the job's warnings once). Beam search (``beam_width > 1``) does not fit
-the one-token-per-step batch and runs ``gptlab.generate.beam.beam_events`` on the job's
-prompt ids on a worker thread instead.
+(a notice goes to the job's warnings once). Beam search (``beam_width > 1``, and every job of an
+encoder–decoder model) does not fit the one-token-per-step batch: each such job is an iterator
+(``gptlab.generate.beam.beam_steps``, then its text) advanced by one step per iteration of the
+same loop, with its own fair queue of ``beam_slots`` places, so it is cancelled within one step
+and never runs beside the loop on another thread.
 """
 
 from __future__ import annotations
 
-import asyncio
-import itertools
 import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future
 from typing import Any
 
 import torch
 
 from gptlab.errors import GptlabError
-from gptlab.generate.beam import beam_events
+from gptlab.generate.beam import beam_steps, beam_stream
 from gptlab.generate.lanes import Lanes
 from gptlab.generate.step import TokenEvent, TokenStep
+from gptlab.serve.admission import FairQueue, per_request_cap
+from gptlab.serve.jobs import Channel, EndEvent, Job
+
+__all__ = ["KV_START_TOKENS", "Channel", "EndEvent", "Job", "Scheduler"]
 
 log = logging.getLogger("gptlab.serve")
 
@@ -48,104 +57,29 @@ log = logging.getLogger("gptlab.serve")
 KV_START_TOKENS = 64
 
 
-# ------------------------------------------------------------------ events
-@dataclass
-class EndEvent:
-    """A choice is finished: ``finish_reason`` is ``"stop"``, ``"length"`` or ``"error"``.
+# --------------------------------------------------------------- scheduler
+class Scheduler:
+    """Owns the model: admits jobs fairly up to ``max_batch`` and runs one batched decode step per iteration.
 
-    Text and tokens travel as ``gptlab.generate.TokenEvent`` (``index``: the choice).
+    ``beam_slots`` (default ``max(2, max_batch // 4)``) beam-search jobs advance one step each per
+    iteration beside the batch.
     """
-
-    index: int
-    finish_reason: str
-    completion_tokens: int
-    warnings: list[str] = field(default_factory=list)
-    error: str | None = None
-    status: int = 500  # the HTTP status an error maps to: 400 for bad input, 500 for a bug
-
-
-class Channel:
-    """A bounded queue from the scheduler thread to one request's asyncio coroutine.
-
-    ``put`` never blocks (the scheduler checks ``full`` before producing more); ``get``
-    waits on the event loop for the next batch of events.
-    """
-
-    def __init__(self, loop: asyncio.AbstractEventLoop, limit: int = 64) -> None:
-        self._loop = loop
-        self._items: deque[TokenEvent | EndEvent] = deque()
-        self._ready = asyncio.Event()
-        self.limit = limit
-
-    def full(self) -> bool:
-        return len(self._items) >= self.limit
-
-    def put(self, item: TokenEvent | EndEvent) -> None:
-        self._items.append(item)  # deque.append is atomic
-        try:
-            self._loop.call_soon_threadsafe(self._ready.set)
-        except RuntimeError:  # the loop is closed: nobody is listening any more
-            pass
-
-    async def get(self) -> list[TokenEvent | EndEvent]:
-        """Every event available now (waits for at least one)."""
-        while not self._items:
-            self._ready.clear()
-            if self._items:
-                break
-            await self._ready.wait()
-        out = []
-        while self._items:
-            out.append(self._items.popleft())
-        return out
-
-
-class Job:
-    """One choice of one request: a prompt, a ``SampleConfig`` and the channel its events go to."""
-
-    _ids = itertools.count()
 
     def __init__(
         self,
-        prompt_ids: list[int],
-        config: Any,
-        channel: Channel,
-        index: int = 0,
-        top_n: int | None = None,
+        model: Any,
+        tokenizer: Any,
+        max_batch: int = 8,
+        max_len: int | None = None,
+        beam_slots: int | None = None,
     ) -> None:
-        self.id = next(Job._ids)
-        self.prompt_ids = list(prompt_ids)
-        self.config = config
-        self.channel = channel
-        self.index = index
-        self.top_n = top_n  # None: no probabilities; N: the chosen token's and the N most likely
-        self.cancelled = threading.Event()
-        self.ended = False
-        # decoding state, owned by the scheduler thread
-        self.slot: int | None = None
-        self.step: TokenStep | None = None
-        self.pending: int | None = None
-        self.warnings: list[str] = []
-
-    @property
-    def generated(self) -> int:
-        return self.step.sampled if self.step is not None else 0
-
-    def cancel(self) -> None:
-        self.cancelled.set()
-
-
-# --------------------------------------------------------------- scheduler
-class Scheduler:
-    """Owns the model: admits jobs up to ``max_batch`` and runs one batched decode step per iteration."""
-
-    def __init__(self, model: Any, tokenizer: Any, max_batch: int = 8, max_len: int | None = None) -> None:
         if max_batch < 1:
             raise GptlabError(f"max_batch must be at least 1, got {max_batch}")
         self.model = model
         self.tokenizer = tokenizer
         self.max_batch = max_batch
         self.max_len = max_len or model.config.block_size
+        self.beam_slots = beam_slots or max(2, max_batch // 4)
         from gptlab.generate import seq2seq
 
         self.seq2seq = seq2seq.is_seq2seq(model)  # each source has its own encoding: one job at a time
@@ -159,13 +93,13 @@ class Scheduler:
         )
         self.session = self._new_session()
         self._cond = threading.Condition()
-        self._waiting: deque[Job] = deque()
+        self._waiting = FairQueue(per_request_cap(max_batch))
+        self._beam_waiting = FairQueue(per_request_cap(self.beam_slots))
         self._calls: deque[tuple[Callable[[], Any], Future]] = deque()
         self._active: dict[int, Job] = {}  # slot -> job
-        self._beam_jobs: set[Job] = set()
+        self._beams: dict[Job, Iterator[TokenEvent | None]] = {}  # beam job -> its steps
         self._starting: list[Job] = []  # taken from the queue, not yet in a slot
         self._closed = False
-        self._beam_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gptlab-beam")
         self.steps = 0
         self.tokens = 0
         self._thread = threading.Thread(target=self._run, name="gptlab-scheduler", daemon=True)
@@ -174,10 +108,11 @@ class Scheduler:
     # ------------------------------------------------------------ public
     def submit(self, job: Job) -> None:
         """Queue a job; its events arrive on ``job.channel``."""
+        stepped = job.config.beam_width > 1 or self.seq2seq
         with self._cond:
             if self._closed:
                 raise GptlabError("the server is shutting down")
-            self._waiting.append(job)
+            (self._beam_waiting if stepped else self._waiting).put(job)
             self._cond.notify()
 
     def call(self, fn: Callable[[], Any]) -> Future:
@@ -189,9 +124,11 @@ class Scheduler:
         return fut
 
     def stats(self) -> dict[str, int]:
+        with self._cond:  # the queues change on the scheduler thread, under this lock
+            waiting = len(self._waiting) + len(self._beam_waiting)
         return {
-            "active": len(self._active) + len(self._beam_jobs),
-            "waiting": len(self._waiting),
+            "active": len(self._active) + len(self._beams),
+            "waiting": waiting,
             "max_batch": self.max_batch,
             "steps": self.steps,
             "tokens": self.tokens,
@@ -202,14 +139,16 @@ class Scheduler:
             self._closed = True
             self._cond.notify()
         self._thread.join(timeout=10)
-        self._beam_pool.shutdown(wait=False, cancel_futures=True)
 
     # ------------------------------------------------------------ the loop
+    def _idle(self) -> bool:
+        return not (self._calls or self._waiting or self._beam_waiting or self._active or self._beams)
+
     def _run(self) -> None:
         with torch.inference_mode():
             while True:
                 with self._cond:
-                    while not self._closed and not self._calls and not self._waiting and not self._active:
+                    while not self._closed and self._idle():
                         self._cond.wait()
                     if self._closed:
                         break
@@ -220,7 +159,9 @@ class Scheduler:
                 except Exception as exc:  # never let the thread die: fail what was running, start afresh
                     log.exception("scheduler iteration failed")
                     self._fail_all(f"internal error during generation: {exc}")
-        for job in list(self._active.values()) + list(self._waiting):
+        with self._cond:
+            left = [*self._active.values(), *self._beams, *self._waiting.drain(), *self._beam_waiting.drain()]
+        for job in left:
             self._end(job, "error", error="the server is shutting down")
 
     def _iteration(self, calls: list[tuple[Callable[[], Any], Future]]) -> None:
@@ -230,17 +171,18 @@ class Scheduler:
                     fut.set_result(fn())
                 except BaseException as exc:  # noqa: BLE001 - handed to the caller
                     fut.set_exception(exc)
-        for job in list(self._active.values()):
+        for job in [*self._active.values(), *self._beams]:
             if job.cancelled.is_set():
-                self._release(job)
+                self._end(job, "cancelled")  # the client has gone: nobody reads the event
         self._admit()
+        stepped = self._step_beams()
         feed = {
             slot: job.pending
             for slot, job in self._active.items()
             if job.pending is not None and not job.channel.full()
         }
         if not feed:
-            if self._active:  # every active client is behind: let them catch up
+            if (self._active or self._beams) and not stepped:  # every client is behind: let them catch up
                 time.sleep(0.005)
             return
         out = self.session.step(feed)
@@ -248,24 +190,25 @@ class Scheduler:
         for slot, logits in out.items():
             job = self._active.get(slot)
             if job is not None:
-                self._advance(job, logits)
+                self._guarded(job, self._advance, logits)
+
+    def _guarded(self, job: Job, fn: Callable[..., None], *args: Any) -> None:
+        """``fn(job, *args)``; what it raises ends ``job`` alone (400 for bad input, else 500)."""
+        try:
+            fn(job, *args)
+        except GptlabError as exc:
+            self._end(job, "error", error=str(exc), status=400)
+        except Exception as exc:  # noqa: BLE001 - this job's failure is this job's alone
+            log.exception("job %s failed", job.id)
+            self._end(job, "error", error=f"internal error during generation: {type(exc).__name__}: {exc}")
 
     def _admit(self) -> None:
-        """Move waiting jobs into free slots; jobs admitted together share one prefill pass."""
-        batch: list[Job] = []
+        """Give free slots to waiting jobs, fairly; jobs admitted together share one prefill pass."""
         with self._cond:
-            while self._waiting:
-                job = self._waiting[0]
-                if job.cancelled.is_set():
-                    self._waiting.popleft()
-                elif job.config.beam_width > 1 or self.seq2seq:
-                    self._waiting.popleft()
-                    self._beam_jobs.add(job)
-                    self._beam_pool.submit(self._run_beam, job)
-                elif len(batch) < self.session.free_slots:
-                    batch.append(self._waiting.popleft())
-                else:
-                    break
+            batch = self._waiting.take(self.session.free_slots, self._active.values())
+            beams = self._beam_waiting.take(self.beam_slots - len(self._beams), self._beams)
+        for job in beams:
+            self._guarded(job, self._start_beam)
         if batch:
             self._starting = batch
             self._start(batch)
@@ -274,14 +217,9 @@ class Scheduler:
     def _start(self, jobs: list[Job]) -> None:
         ready = []
         for job in jobs:
-            try:
-                job.step = TokenStep(
-                    job.config, self.tokenizer, self.model, job.prompt_ids, index=job.index, top_n=job.top_n
-                )
-            except GptlabError as exc:
-                self._end(job, "error", error=str(exc), status=400)
-                continue
-            ready.append(job)
+            self._guarded(job, self._new_step)
+            if job.step is not None and not job.ended:
+                ready.append(job)
         if not ready:
             return
         try:
@@ -300,7 +238,12 @@ class Scheduler:
             slot, logits = result
             job.slot = slot
             self._active[slot] = job
-            self._advance(job, logits)
+            self._guarded(job, self._advance, logits)
+
+    def _new_step(self, job: Job) -> None:
+        job.step = TokenStep(
+            job.config, self.tokenizer, self.model, job.prompt_ids, index=job.index, top_n=job.top_n
+        )
 
     def _advance(self, job: Job, logits: torch.Tensor) -> None:
         """The job's per-token step on ``logits``: its event to the channel, then feed or finish."""
@@ -333,6 +276,9 @@ class Scheduler:
             self.session.remove(job.slot)
         job.slot = None
         job.pending = None
+        steps = self._beams.pop(job, None)
+        if steps is not None and hasattr(steps, "close"):
+            steps.close()
 
     def _fail_all(self, message: str) -> None:
         jobs = list(self._active.values()) + [j for j in self._starting if j.slot is None]
@@ -343,42 +289,43 @@ class Scheduler:
             self._end(job, "error", error=message)
         self.session = self._new_session()
 
-    # ------------------------------------------------------------ beam search
-    def _run_beam(self, job: Job) -> None:
-        """Beam search (or an encoder–decoder's job: its prompt is the source) on a worker thread."""
-        from gptlab.generate import seq2seq
+    # ------------------------------------------------------------ beam search, one step per iteration
+    def _start_beam(self, job: Job) -> None:
+        self._beams[job] = stepped_events(
+            self.model, self.tokenizer, job.prompt_ids, job.config, self.seq2seq
+        )
 
-        run = seq2seq.stream_ids if self.seq2seq else beam_events
-        reason = "length"
-        try:
-            with torch.inference_mode():
-                events = run(self.model, self.tokenizer, job.prompt_ids, job.config)
-                n = 0
-                try:
-                    for event in events:
-                        if job.cancelled.is_set():
-                            break
-                        while job.channel.full() and not job.cancelled.is_set():
-                            time.sleep(0.005)
-                        n += event.token_id is not None
-                        reason = event.finish_reason or reason
-                        if event.text:
-                            event.index = job.index
-                            job.channel.put(event)
-                finally:
-                    events.close()
-            self._end_beam(job, reason, completion_tokens=n)
-        except Exception as exc:  # noqa: BLE001 - reported to the client as an error event
-            if isinstance(exc, GptlabError):
-                self._end_beam(job, "error", str(exc), 400)
-            else:
-                log.exception("beam search failed")
-                self._end_beam(job, "error", f"internal error during beam search: {exc}")
+    def _step_beams(self) -> int:
+        """One step of every beam job whose client keeps up → how many stepped."""
+        ready = [(job, steps) for job, steps in self._beams.items() if not job.channel.full()]
+        for job, steps in ready:
+            self._guarded(job, self._step_beam, steps)
+        return len(ready)
 
-    def _end_beam(
-        self, job: Job, reason: str, error: str | None = None, status: int = 500, completion_tokens: int = 0
-    ) -> None:
-        self._beam_jobs.discard(job)
-        if not job.ended:
-            job.ended = True
-            job.channel.put(EndEvent(job.index, reason, completion_tokens, job.warnings, error, status))
+    def _step_beam(self, job: Job, steps: Iterator[TokenEvent | None]) -> None:
+        event = next(steps)
+        if event is None:  # a step of the search, nothing to show yet
+            return
+        job.beam_tokens += event.token_id is not None
+        if event.text:
+            event.index = job.index
+            job.channel.put(event)
+        if event.finish_reason is not None:
+            self._beams.pop(job, None)
+            if not job.ended:
+                job.ended = True
+                job.channel.put(EndEvent(job.index, event.finish_reason, job.beam_tokens, job.warnings))
+
+
+def stepped_events(
+    model: Any, tokenizer: Any, prompt: list[int], config: Any, seq2seq: bool
+) -> Iterator[TokenEvent | None]:
+    """A beam-search job (or an encoder–decoder's) as an iterator: None per search step, then its
+    events; each ``next`` runs the model at most once."""
+    if seq2seq:
+        from gptlab.generate import seq2seq as s2s
+
+        yield from s2s.stream_ids(model, tokenizer, prompt, config)
+        return
+    tokens, reason = yield from beam_steps(model, prompt, config, tokenizer)
+    yield from beam_stream(tokenizer, tokens, reason, config)

@@ -1,15 +1,19 @@
 """Request bodies of the HTTP API, as pydantic models (OpenAI's field names and defaults).
 
-Validation is strict (``"5"`` is not an int, ``true`` is not a number), as in OpenAI's
-API; a bad value becomes a 400 with the OpenAI error object naming the field. Fields
-the API does not know are ignored, so clients that send extra OpenAI options work.
+Validation is strict (``"5"`` is not an int, ``true`` is not a number, NaN and ±inf are
+not numbers), as in OpenAI's API, except that a whole float is an integer (``"n": 1.0``,
+as JSON clients send it); a bad value becomes a 400 with the OpenAI error object naming
+the field. Fields the API does not know are ignored, so clients that send extra OpenAI
+options work. Every number has the bounds it is checked against, stated in the OpenAPI
+schema: none of them can make a NaN, an infinity, an overflow or a division by zero in
+the generation loop. A new field is one line here: the routes and the schema follow.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema
 
 # The limits of a request body (also reported by GET /v1/gptlab/limits).
 MAX_N = 16  # choices per prompt
@@ -17,9 +21,82 @@ MAX_LOGPROBS = 5  # completions: logprobs
 MAX_TOP_LOGPROBS = 20  # chat: top_logprobs
 MAX_TOP_N = 20  # the playground's alternatives per token
 MAX_ATTENTION_TOKENS = 512
+MAX_INSIDE_TOKENS = 128  # the Inside view (serve/inside_routes.py) keeps every layer's T×T weights
+MAX_PROMPTS = 64  # prompts in one completions request
+MAX_STOP = 16  # stop strings
+TEMPERATURE_RANGE = (1e-4, 100.0)  # or exactly 0 (greedy): below 1e-4 sampling is greedy in all but name
+MIN_TOP_P = 1e-4  # a smaller nucleus is the single most probable token: ask for top_k 1
+PENALTY_RANGE = (0.01, 100.0)  # repetition_penalty (1 = off)
+LENGTH_PENALTY_RANGE = (-10.0, 10.0)  # beam search's α
+SEED_RANGE = (-(2**53 - 1), 2**53 - 1)  # JSON's exact integers (I-JSON): every client and validator agrees
+MAX_TOP_K = 2**31 - 1
 
 
-class SamplingFields(BaseModel):
+def _whole(value: Any) -> Any:
+    """A float with no fractional part is that integer (JSON has one number type)."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+def whole(ge: int | None = None, le: int | None = None) -> Any:
+    """An integer type in ``[ge, le]`` that also accepts a whole float (``1.0``)."""
+    return Annotated[int, Field(ge=ge, le=le), BeforeValidator(_whole)]
+
+
+def _greedy_or_sampled(value: float) -> float:
+    low, high = TEMPERATURE_RANGE
+    if value != 0 and not low <= value <= high:
+        raise ValueError(f"must be 0 (greedy) or between {low:g} and {high:g}")
+    return value
+
+
+#: 0, or a temperature in ``TEMPERATURE_RANGE``
+Temperature = Annotated[
+    float,
+    AfterValidator(_greedy_or_sampled),
+    WithJsonSchema(
+        {
+            "anyOf": [
+                {"type": "number", "const": 0},
+                {"type": "number", "minimum": TEMPERATURE_RANGE[0], "maximum": TEMPERATURE_RANGE[1]},
+            ],
+            "description": "0 = greedy",
+        }
+    ),
+]
+StopString = Annotated[str, Field(min_length=1)]
+TokenIds = Annotated[list[whole(ge=0)], Field(min_length=1)]  # each < the vocabulary (the server's schema)
+
+
+def either(*alternatives: dict[str, Any]) -> dict[str, Any]:
+    """A rule across fields, for the schema: the body matches one of ``alternatives`` (JSON schemas)."""
+    return {"anyOf": list(alternatives)}
+
+
+def fields(required: tuple[str, ...] = (), **properties: dict[str, Any]) -> dict[str, Any]:
+    """A JSON schema constraining some fields of a body (the others are free)."""
+    return {"properties": properties, **({"required": list(required)} if required else {})}
+
+
+#: beam search is deterministic: no truncation (their "off" values are fine) and no logprobs
+NO_BEAM = fields(beam_width={"maximum": 1})
+TRUNCATION_OFF = {"top_k": {"enum": [0, None]}, "top_p": {"const": 1}, "min_p": {"const": 0}}
+
+
+class Strict(BaseModel):
+    """The configuration of every request body: strict types, finite numbers, unknown fields ignored."""
+
+    model_config = ConfigDict(strict=True, extra="ignore", allow_inf_nan=False)
+
+
+class StreamOptions(Strict):
+    """OpenAI's ``stream_options``."""
+
+    include_usage: bool = False
+
+
+class SamplingFields(Strict):
     """The sampling options shared by every generating endpoint.
 
     OpenAI's: ``max_tokens``, ``temperature``, ``top_p``, ``n``, ``stop``, ``seed``,
@@ -28,27 +105,25 @@ class SamplingFields(BaseModel):
     ``logit_bias`` maps token ids (as strings, like OpenAI) to a bias in [-100, 100].
     """
 
-    model_config = ConfigDict(strict=True, extra="ignore")
-
     model: str | None = None
-    max_tokens: int | None = Field(default=None, ge=0)
-    temperature: float = Field(default=1.0, ge=0.0)
-    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
-    top_k: int | None = Field(default=None, ge=0)
+    max_tokens: whole(ge=0) | None = None  # ≤ the server's cap (its schema says which)
+    temperature: Temperature = 1.0
+    top_p: float = Field(default=1.0, ge=MIN_TOP_P, le=1.0)
+    top_k: whole(ge=0, le=MAX_TOP_K) | None = None
     min_p: float = Field(default=0.0, ge=0.0, le=1.0)
-    n: int = Field(default=1, ge=1, le=MAX_N)
-    stop: str | list[str] | None = None
-    seed: int | None = None
+    n: whole(ge=1, le=MAX_N) = 1
+    stop: StopString | Annotated[list[StopString], Field(max_length=MAX_STOP)] | None = None
+    seed: whole(ge=SEED_RANGE[0], le=SEED_RANGE[1]) | None = None
     stream: bool = False
-    stream_options: dict[str, Any] | None = None
+    stream_options: StreamOptions | None = None
     frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
     presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
-    repetition_penalty: float = Field(default=1.0, gt=0.0)
-    beam_width: int = Field(default=1, ge=1, le=16)
-    length_penalty: float = 1.0
+    repetition_penalty: float = Field(default=1.0, ge=PENALTY_RANGE[0], le=PENALTY_RANGE[1])
+    beam_width: whole(ge=1, le=MAX_N) = 1
+    length_penalty: float = Field(default=1.0, ge=LENGTH_PENALTY_RANGE[0], le=LENGTH_PENALTY_RANGE[1])
     early_stopping: bool = True
     user: str | None = None
-    logit_bias: dict[str, float] | None = None
+    logit_bias: dict[str, Annotated[float, Field(ge=-100, le=100)]] | None = None  # keys: token ids
 
     def stop_list(self) -> list[str]:
         """``stop`` as a list (OpenAI allows a string, a list of up to 4, or null)."""
@@ -57,22 +132,42 @@ class SamplingFields(BaseModel):
         return [self.stop] if isinstance(self.stop, str) else list(self.stop)
 
     def include_usage(self) -> bool:
-        return bool((self.stream_options or {}).get("include_usage", False))
+        return self.stream_options is not None and self.stream_options.include_usage
 
 
 class CompletionRequest(SamplingFields):
     """``POST /v1/completions``: ``prompt`` is a string, a list of strings, or token ids."""
 
-    prompt: str | list[str] | list[int] | list[list[int]] = ""
+    model_config = ConfigDict(
+        json_schema_extra={
+            "allOf": [
+                either(NO_BEAM, fields(**TRUNCATION_OFF, logprobs={"type": "null"})),
+            ]
+        }
+    )
+
+    prompt: (
+        str
+        | Annotated[list[str], Field(min_length=1, max_length=MAX_PROMPTS)]
+        | TokenIds
+        | Annotated[list[TokenIds], Field(min_length=1, max_length=MAX_PROMPTS)]
+    ) = ""
     echo: bool = False
-    logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
+    logprobs: whole(ge=0, le=MAX_LOGPROBS) | None = None
 
 
-class ChatMessage(BaseModel):
-    model_config = ConfigDict(strict=True, extra="ignore")
+class ContentPart(Strict):
+    """One of OpenAI's content parts: a text-only model takes ``{"type": "text", "text": ...}``."""
+
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(Strict):
+    """One message of a chat: its role and its text (a string or OpenAI's content parts)."""
 
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[dict[str, Any]] | None = None
+    content: str | list[ContentPart] | None = None
     name: str | None = None
 
     def text(self) -> str:
@@ -81,31 +176,41 @@ class ChatMessage(BaseModel):
             return ""
         if isinstance(self.content, str):
             return self.content
-        return "".join(str(p.get("text", "")) for p in self.content if p.get("type") == "text")
+        return "".join(p.text for p in self.content)
 
 
 class ChatCompletionRequest(SamplingFields):
     """``POST /v1/chat/completions``."""
 
+    model_config = ConfigDict(
+        json_schema_extra={
+            "allOf": [
+                either(
+                    fields(top_logprobs={"type": "null"}), fields(("logprobs",), logprobs={"const": True})
+                ),
+                either(NO_BEAM, fields(**TRUNCATION_OFF, logprobs={"const": False})),
+            ]
+        }
+    )
+
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(default=None, ge=0)
+    max_completion_tokens: whole(ge=0) | None = None
     logprobs: bool = False
-    top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
+    top_logprobs: whole(ge=0, le=MAX_TOP_LOGPROBS) | None = None
 
 
 class GenerateRequest(SamplingFields):
     """``POST /v1/gptlab/generate``: one prompt, streamed token by token with probabilities."""
 
     prompt: str = ""
-    top_n: int = Field(default=5, ge=0, le=MAX_TOP_N)
+    top_n: whole(ge=0, le=MAX_TOP_N) = 5
+    beam_width: whole(ge=1, le=1) = 1  # the playground shows each token as it is drawn: no beam search
 
 
-class AttentionRequest(BaseModel):
+class AttentionRequest(Strict):
     """``POST /v1/gptlab/attention``: the attention weights of one layer for ``text``."""
-
-    model_config = ConfigDict(strict=True, extra="ignore")
 
     model: str | None = None
     text: str = Field(min_length=1)
-    layer: int = -1
-    max_tokens: int = Field(default=128, ge=1, le=MAX_ATTENTION_TOKENS)  # keep the last this many tokens
+    layer: whole() = -1  # in [-n_layer, n_layer) (the server's schema says which)
+    max_tokens: whole(ge=1, le=MAX_ATTENTION_TOKENS) = 128  # keep the last this many tokens

@@ -40,8 +40,12 @@ M = TypeVar("M", bound=BaseModel)
 
 # Models without a chat template of their own: role-tagged lines (tokenizers/chat.py's "plain").
 CHAT_STOP = FALLBACK_STOPS["plain"]  # a base model continues the dialogue by itself; these end the turn
-MAX_CHOICES = 64  # prompts × n per request
+MAX_CHOICES = schemas.MAX_PROMPTS * schemas.MAX_N  # prompts × n per request (each bounded in the schema)
 DEFAULT_CAP = 1024  # max_tokens allowed by default (or the context, if larger): the window slides
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
 
 
 def _dicts(messages: Sequence[ChatMessage]) -> list[dict[str, str]]:
@@ -109,11 +113,13 @@ class Service:
             "default_max_tokens": self.default_max_tokens(),
             "sliding_window": True,
             "max_choices": MAX_CHOICES,
+            "max_prompts": schemas.MAX_PROMPTS,
             "max_n": schemas.MAX_N,
             "max_logprobs": schemas.MAX_LOGPROBS,
             "max_top_logprobs": schemas.MAX_TOP_LOGPROBS,
             "max_top_n": schemas.MAX_TOP_N,
             "max_attention_tokens": min(schemas.MAX_ATTENTION_TOKENS, self.context),
+            "max_inside_tokens": min(schemas.MAX_INSIDE_TOKENS, self.context),
             "max_body_bytes": self.max_body_bytes,
             "vocab_size": self.tokenizer.vocab_size,
             "n_layer": self.model.config.n_layer,
@@ -139,25 +145,22 @@ class Service:
 
     # ------------------------------------------------------------ requests
     def parse(self, raw: bytes, cls: type[M]) -> M:
-        """A request body → a validated ``cls``; bad JSON, deep nesting or bad fields are a 400."""
+        """A request body → a validated ``cls`` (what the routes get from FastAPI, without HTTP)."""
         try:
-            data = json.loads(raw)
+            data = json.loads(raw, parse_constant=_no_constant)
         except (ValueError, UnicodeDecodeError) as exc:
             raise APIError(400, f"malformed JSON in the request body: {exc}", code="invalid_json") from None
         except RecursionError:
             raise APIError(
                 400, "the request body is nested too deeply to be a request", code="invalid_json"
             ) from None
-        if not isinstance(data, dict):
-            raise APIError(
-                400, f"the request body must be a JSON object, got {type(data).__name__}", code="invalid_json"
-            )
         try:
-            req = cls.model_validate(data)
+            return self.check_model(cls.model_validate(data))
         except ValidationError as exc:
             raise validation_error(exc.errors()) from None
-        except RecursionError:
-            raise APIError(400, "a field of the request is nested too deeply", code="invalid_json") from None
+
+    def check_model(self, req: M) -> M:
+        """``req`` if its ``model`` is absent or the one served, else a 404."""
         if getattr(req, "model", None) not in (None, self.model_name):
             raise not_found_model(req.model, self.model_name)
         return req
@@ -186,24 +189,29 @@ class Service:
         return ids
 
     def max_tokens(self, req: SamplingFields, default: int) -> int:
-        value = req.max_tokens
-        if isinstance(req, ChatCompletionRequest) and req.max_completion_tokens is not None:
-            value = req.max_completion_tokens
-        value = default if value is None else value
-        if value > self.cap:
-            raise APIError(
-                400,
-                f"max_tokens={value} is more than this server allows ({self.cap}); "
-                f"ask for at most {self.cap} tokens (GET /v1/gptlab/limits lists every limit)",
-                param="max_tokens",
-            )
-        return value
+        """The tokens to generate: chat's ``max_completion_tokens``, else ``max_tokens``; each ≤ the cap."""
+        given = {
+            "max_tokens": req.max_tokens,
+            "max_completion_tokens": getattr(req, "max_completion_tokens", None),
+        }
+        for name, value in given.items():
+            if value is not None and value > self.cap:
+                raise APIError(
+                    400,
+                    f"{name}={value} is more than this server allows ({self.cap}); "
+                    f"ask for at most {self.cap} tokens (GET /v1/gptlab/limits lists every limit)",
+                    param="max_tokens",
+                )
+        chosen = (
+            given["max_completion_tokens"] if given["max_completion_tokens"] is not None else req.max_tokens
+        )
+        return default if chosen is None else chosen
 
     def logit_bias(self, req: SamplingFields) -> dict[int, float]:
         """OpenAI's ``{"token id": bias}`` → ``{id: bias}``, each id in the vocabulary, each bias in [-100, 100]."""
         out = {}
         for key, bias in (req.logit_bias or {}).items():
-            if not key.isdigit() or int(key) >= self.tokenizer.vocab_size:
+            if not (key.isascii() and key.isdigit()) or int(key) >= self.tokenizer.vocab_size:
                 raise APIError(
                     400,
                     f"logit_bias: {key!r} is not a token id of this model (0..{self.tokenizer.vocab_size - 1})",
@@ -249,7 +257,6 @@ class Service:
         warnings: list[str] | None = None,
     ) -> Generation:
         """One job per prompt × ``n`` on the scheduler (choice ``p·n + i``, seed ``seed + i``)."""
-        self.check_choices(len(prompts), req.n)
         if top_n is not None and req.beam_width > 1:
             raise APIError(
                 400, "logprobs are not available with beam search (beam_width > 1)", param="logprobs"
@@ -274,15 +281,6 @@ class Service:
             self.scheduler.submit(job)
         return gen
 
-    def check_choices(self, n_prompts: int, n: int) -> None:
-        if n_prompts * n > MAX_CHOICES:
-            raise APIError(
-                400,
-                f"{n_prompts} prompt(s) × n={n} is more than {MAX_CHOICES} choices per request; "
-                f"split the request",
-                param="n" if n > 1 else "prompt",
-            )
-
     # ------------------------------------------------------------ the three generating endpoints
     def completion(self, req: CompletionRequest) -> Generation:
         """``/v1/completions``: prompt as text, texts, token ids, or lists of token ids."""
@@ -295,7 +293,6 @@ class Service:
             items = list(raw)  # type: ignore[arg-type]
         if not items:
             raise APIError(400, "prompt is an empty list; give a string or a list of strings", param="prompt")
-        self.check_choices(len(items), req.n)  # before any encoding
         max_tokens = self.max_tokens(req, self.default_max_tokens()["completions"])
         warnings: list[str] = []
         prompts = []

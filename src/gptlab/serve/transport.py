@@ -1,44 +1,21 @@
-"""HTTP plumbing shared by the routes: a size-limited body, server-sent events, and a
-generation that stops when its client leaves."""
+"""HTTP plumbing shared by the routes: server-sent events, and a generation that stops when its
+client leaves."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 from collections.abc import AsyncIterator
-from typing import Any, TypeVar
+from typing import Any
 
 from fastapi import Request
 from fastapi.responses import StreamingResponse
-from pydantic import BaseModel
 
 from gptlab.generate.step import TokenEvent
-from gptlab.serve.errors import APIError
 from gptlab.serve.generation import Generation
-from gptlab.serve.scheduler import EndEvent
-from gptlab.serve.service import Service
+from gptlab.serve.jobs import EndEvent
 
-M = TypeVar("M", bound=BaseModel)
 DONE = "data: [DONE]\n\n"
-
-
-async def read_request(request: Request, service: Service, cls: type[M]) -> M:
-    """Read the body (at most ``service.max_body_bytes``) and parse it as ``cls``."""
-    limit = service.max_body_bytes
-    length = request.headers.get("content-length", "")
-    if length.isdigit() and int(length) > limit:
-        raise APIError(
-            413,
-            f"request body of {length} bytes exceeds the limit of {limit} bytes",
-            code="request_too_large",
-        )
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise APIError(413, f"request body exceeds the limit of {limit} bytes", code="request_too_large")
-        chunks.append(chunk)
-    return service.parse(b"".join(chunks), cls)
 
 
 def sse(payload: Any) -> str:

@@ -1,7 +1,8 @@
 """Hugging Face tokenizer files (``tokenizer.json`` + ``tokenizer_config.json``) ↔ gptlab tokenizers.
 
 Reading: a byte-level BPE ``tokenizer.json`` (vocabulary, merges, added tokens, pre-tokenizer) and
-its ``tokenizer_config.json`` (bos/eos, chat template) become a ``PretrainedTokenizer``.
+its ``tokenizer_config.json`` (bos/eos, chat template) become a ``PretrainedTokenizer``; the
+``WordLevel`` form written for a ``char`` tokenizer (below) becomes that ``CharTokenizer`` again.
 
 Writing: every gptlab tokenizer that transformers has a form for, so that
 ``transformers.pipeline("text-generation", model=DIR)`` runs with no other input:
@@ -10,7 +11,10 @@ Writing: every gptlab tokenizer that transformers has a form for, so that
   the merges in rank order, the split pattern as ``ByteLevel`` (GPT-2's) or ``Split`` + ``ByteLevel``;
 * ``char``: a ``WordLevel`` model over single characters, ``Split`` into characters, ``Fuse`` to decode.
 
-Special tokens are added tokens matched whole. No ``tokenizers`` import: the JSON is written by hand.
+Special tokens are added tokens matched whole, and each is also an entry of the model's vocabulary at its
+own id: ``tokenizers`` gives an added token that is not in the vocabulary a new id after the largest
+one (SmolLM2's ``<|im_start|>``, id 1, would become 49,152 + …), so only an entry in both keeps gptlab's
+ids. No ``tokenizers`` import: the JSON is written by hand.
 """
 
 from __future__ import annotations
@@ -25,11 +29,13 @@ from gptlab.errors import GptlabError
 from gptlab.fileio import atomic_write_json
 from gptlab.tokenizers.base import Tokenizer
 from gptlab.tokenizers.byte_unicode import bytes_to_token
+from gptlab.tokenizers.char import CharTokenizer
 from gptlab.tokenizers.patterns import PATTERNS
 from gptlab.tokenizers.pretrained import PretrainedTokenizer
 
 TOKENIZER_JSON = "tokenizer.json"
 TOKENIZER_CONFIG = "tokenizer_config.json"
+MASK_TOKEN = "[MASK]"  # the special token gptlab's masked-LM objective adds (train/objectives.py)
 
 # Hugging Face's spelling (Oniguruma: no possessive quantifiers) of the split patterns that are not GPT-2's.
 HF_SPLITS = {
@@ -39,6 +45,7 @@ HF_SPLITS = {
 }
 _BYTE_LEVEL = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True}
 _DIGITS = {"type": "Digits", "individual_digits": True}
+_CHAR_SPLIT = {"type": "Split", "pattern": {"Regex": r"[\s\S]"}, "behavior": "Isolated", "invert": False}
 
 
 # ------------------------------------------------------------------ reading
@@ -87,7 +94,7 @@ def _adds_bos(config: dict[str, Any], data: dict[str, Any], bos: str | None) -> 
     return False
 
 
-def read_hf_tokenizer(directory: str | os.PathLike[str]) -> PretrainedTokenizer | None:
+def read_hf_tokenizer(directory: str | os.PathLike[str]) -> PretrainedTokenizer | CharTokenizer | None:
     """The byte-level BPE of a folder's ``tokenizer.json`` (+ ``tokenizer_config.json``), or ``None`` without one."""
     directory = Path(directory)
     path = directory / TOKENIZER_JSON
@@ -95,6 +102,12 @@ def read_hf_tokenizer(directory: str | os.PathLike[str]) -> PretrainedTokenizer 
         return None
     data = _read(path)
     model = data.get("model") if isinstance(data, dict) else None
+    if (
+        isinstance(model, dict)
+        and model.get("type") == "WordLevel"
+        and data.get("pre_tokenizer") == _CHAR_SPLIT
+    ):
+        return _read_char(model, data.get("added_tokens", []), path)
     if not isinstance(model, dict) or model.get("type") != "BPE":
         kind = model.get("type") if isinstance(model, dict) else None
         raise GptlabError(f"{path}: tokenizer model {kind!r} is not supported; gptlab reads byte-level BPE")
@@ -127,6 +140,22 @@ def read_hf_tokenizer(directory: str | os.PathLike[str]) -> PretrainedTokenizer 
         raise GptlabError(f"{path}: {exc}") from None
 
 
+def _read_char(model: dict[str, Any], added: list[Any], path: Path) -> CharTokenizer:
+    """The ``char`` tokenizer that ``write_hf_tokenizer`` wrote as a ``WordLevel`` model (ids checked)."""
+    vocab: dict[str, int] = model.get("vocab", {})
+    specials = {a["content"]: int(a["id"]) for a in added if isinstance(a, dict) and a.get("special")}
+    unk = model.get("unk_token") if model.get("unk_token") in vocab else None
+    pieces = sorted((i, t) for t, i in vocab.items() if t not in specials and t != unk)
+    try:
+        tok = CharTokenizer([t for _, t in pieces], unk=unk, special_tokens=specials)
+    except GptlabError as exc:
+        raise GptlabError(f"{path}: {exc}") from None
+    ids = {c: i for i, c in enumerate(tok.chars)} | specials | ({unk: tok.unk_id} if unk is not None else {})
+    if ids != vocab:
+        raise GptlabError(f"{path}: this WordLevel vocabulary is not a gptlab character tokenizer's")
+    return tok
+
+
 # ------------------------------------------------------------------ writing
 def _split_by_rank(token: bytes, ranks: Mapping[bytes, int]) -> tuple[bytes, bytes]:
     """The merge that made ``token``: BPE over its bytes with only the ranks below its own, down to two parts."""
@@ -148,7 +177,7 @@ def _bpe_model(tok: Any) -> dict[str, Any]:
     vocab = {bytes_to_token(t): i for t, i in sorted(ranks.items(), key=lambda kv: kv[1])}
     if isinstance(tok, PretrainedTokenizer):
         merges = list(tok.merges)
-        vocab = {t: i for i, t in enumerate(tok.tokens) if i not in tok.special_tokens.values()}
+        vocab = {t: i for i, t in enumerate(tok.tokens)}
     else:
         merged = sorted((i, t) for t, i in ranks.items() if len(t) > 1)
         merges = [" ".join(map(bytes_to_token, _split_by_rank(t, ranks))) for _, t in merged]
@@ -188,12 +217,7 @@ def _char_model(tok: Any) -> dict[str, Any]:
         vocab[tok.unk] = tok.unk_id
     return {
         "model": {"type": "WordLevel", "vocab": vocab, "unk_token": tok.unk or "<unk>"},
-        "pre_tokenizer": {
-            "type": "Split",
-            "pattern": {"Regex": r"[\s\S]"},
-            "behavior": "Isolated",
-            "invert": False,
-        },
+        "pre_tokenizer": dict(_CHAR_SPLIT),
         "decoder": {"type": "Fuse"},
     }
 
@@ -214,8 +238,10 @@ def hf_tokenizer_json(tok: Tokenizer) -> dict[str, Any]:
          "special": True}
         for s, i in sorted(tok.special_tokens.items(), key=lambda kv: kv[1])
     ]  # fmt: skip
+    data = form(tok)
+    data["model"]["vocab"].update(tok.special_tokens)  # in the vocabulary too, so that they keep their ids
     return {"version": "1.0", "truncation": None, "padding": None, "added_tokens": added, "normalizer": None,
-            "post_processor": None, **form(tok)}  # fmt: skip
+            "post_processor": None, **data}  # fmt: skip
 
 
 def write_hf_tokenizer(tok: Tokenizer, directory: str | os.PathLike[str], model_max_length: int) -> None:
@@ -235,6 +261,8 @@ def write_hf_tokenizer(tok: Tokenizer, directory: str | os.PathLike[str], model_
     config.update({k: v for k, v in (("bos_token", bos), ("eos_token", eos)) if v is not None})
     if tok.kind == "char":
         config["unk_token"] = data["model"]["unk_token"]
+    if MASK_TOKEN in tok.special_tokens:  # a masked-LM's tokenizer: pipeline("fill-mask") looks for it
+        config["mask_token"] = MASK_TOKEN
     if tok.chat_template is not None:
         from gptlab.tokenizers.chat import FALLBACKS
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import sys
 import tomllib
 from dataclasses import dataclass, field
 from importlib import resources
@@ -29,7 +28,6 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")
 DEFAULT_PRESET = "char-tiny"
 DEFAULT_RECIPE = "char-best"  # what `gptlab train` trains without --config
 FINETUNE_RECIPE = "finetune"  # ... and what it trains from pretrained weights (init=SRC)
-RECIPE_ALIASES = {"shakespeare-char": "char-best"}  # old name -> new name
 
 
 @dataclass
@@ -238,11 +236,6 @@ def read_config_file(name: str) -> dict[str, Any]:
         data = path.read_bytes()
         source = str(path)
     else:
-        if name in RECIPE_ALIASES:
-            sys.stderr.write(
-                f"note: recipe {name!r} is now called {RECIPE_ALIASES[name]!r}; the old name will go away\n"
-            )
-            name = RECIPE_ALIASES[name]
         recipe = resources.files("gptlab.train") / "recipes" / f"{name}.toml"
         if not recipe.is_file():
             raise GptlabError(
@@ -314,7 +307,8 @@ def resolve_run(
     overrides: list[str],
 ) -> tuple[TrainConfig, Path]:
     """The config and dataset of a new run (``config`` or the default recipe, then overrides) or of a
-    resumed one (its saved settings, then ``config`` and overrides); refuses a finished run."""
+    resumed one (its saved settings, then ``config`` and overrides). A finished run resolves too:
+    ``finished`` says so, and resuming it trains no step."""
     from gptlab import checkpoint as ckpt
 
     if not resume:
@@ -332,10 +326,19 @@ def resolve_run(
     cfg = keep_resolved(
         build_config(config, overrides, base=saved.get("train")), saved
     )  # auto as first resolved
-    step = ckpt.latest_step(run_dir)
-    if step is not None and step >= cfg.max_steps:
-        raise GptlabError(
-            f"{run_dir}: this run is finished (step {step} of max_steps={cfg.max_steps}); to train further "
-            f"raise max_steps: gptlab train --out {run_dir} --resume max_steps={2 * step}"
-        )
     return cfg, Path(data)
+
+
+def finished(run_dir: str | os.PathLike[str], cfg: TrainConfig) -> str | None:
+    """For a run whose newest verified checkpoint reached ``cfg.max_steps``: one line saying it is finished
+    and how to extend it (a scheduler's requeue of a finished run is then a no-op, not an error); else None."""
+    from gptlab.train.resume import newest_verified
+
+    found = newest_verified(Path(run_dir), announce=False)  # a corrupt last checkpoint is not "finished"
+    step = found[0] if found else None
+    if step is None or step < cfg.max_steps:
+        return None
+    return (
+        f"{run_dir}: this run is finished (step {step} of max_steps={cfg.max_steps}); nothing to do. "
+        f"To train further raise max_steps: gptlab train --out {run_dir} --resume max_steps={2 * step}"
+    )

@@ -12,7 +12,6 @@ import math
 import os
 from collections.abc import Iterable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -25,6 +24,7 @@ class EvalResult:
     loss: float
     tokens: int
     bytes_per_token: float
+    context: int | None = None  # the window length scored (None: rows at their own length, or not a decoder)
 
     @property
     def perplexity(self) -> float:
@@ -141,7 +141,12 @@ def evaluate_tokens(
     )
     with batches:
         total, count = loss_sum(model, batches, device, autocast)
-    return EvalResult(loss=float(total) / max(count, 1), tokens=count, bytes_per_token=bytes_per_token)
+    return EvalResult(
+        loss=float(total) / max(count, 1),
+        tokens=count,
+        bytes_per_token=bytes_per_token,
+        context=None if rows else T,  # instruction rows: each at its own length
+    )
 
 
 def evaluate_path(
@@ -157,9 +162,13 @@ def evaluate_path(
     context: int | None = None,
 ) -> tuple[EvalResult, str]:
     """Evaluate a checkpoint (or a run directory's latest) on a text file or a dataset split, in windows
-    of ``context`` tokens: by default the context it was trained at (a fine-tuning run's training
-    context, which may be shorter than its base model's). Encoders and encoder–decoders score their
-    own objective and take no ``context``."""
+    of ``context`` tokens (``EvalResult.context`` says which).
+
+    The default is the context the model loads at: its own, and for a fine-tuning run (full or LoRA,
+    merged or not) its base model's, which it keeps even when trained on shorter windows. So a base
+    model, its LoRA run and their merge are scored on the same windows, and a text shorter than the
+    context is one window for all three. Encoders and encoder–decoders score their own objective and
+    take no ``context``."""
     import numpy as np
 
     from gptlab.checkpoint import load, resolve_checkpoint
@@ -217,8 +226,6 @@ def evaluate_path(
         source = f"{data} ({split})"
     if max_batches is None and len(tokens) > 50_000_000:
         max_batches = 1000
-    if context is None and rows is None:
-        context = trained_context(directory, model.config.block_size)
     result = evaluate_tokens(
         model,
         tokens,
@@ -232,13 +239,3 @@ def evaluate_path(
         context=context,
     )
     return result, f"{directory} on {source}"
-
-
-def trained_context(directory: Path, limit: int) -> int:
-    """The context a checkpoint was trained at: its config as trained (a fine-tuning run may have
-    trained on shorter windows than its base model's, ``model.block_size=256`` on SmolLM2's 8,192;
-    it loads at the base's), at most ``limit``."""
-    from gptlab.checkpoint import CONFIG_FILE
-    from gptlab.checkpoint.model import read_config
-
-    return min(read_config(directory / CONFIG_FILE).block_size, limit)

@@ -17,6 +17,7 @@ clipping factor stay tensors, and the losses, norms and the nan/inf check are re
 
 from __future__ import annotations
 
+import errno
 import math
 import os
 import time
@@ -28,6 +29,7 @@ import torch
 
 from gptlab import checkpoint as ckpt
 from gptlab.checkpoint import BEST_FILE, RUN_CONFIG_FILE, read_run_config, sharded
+from gptlab.checkpoint.run import io_stop
 from gptlab.errors import GptlabError
 from gptlab.fileio import atomic_write_json
 from gptlab.inspect.flops import peak_flops, training_flops_per_token
@@ -41,16 +43,19 @@ from gptlab.train.objectives import make_objective
 from gptlab.train.optim import build_optimizer
 from gptlab.train.precision import announce, device_memory, loss_impl
 from gptlab.train.precision import resolve as resolve_precision
+from gptlab.train.resume import load_latest
 from gptlab.train.runtime import (
     StopFlag,
     autocast,
     compile_forward,
     rng_state,
-    set_rng_state,
     threads,
 )
 from gptlab.train.schedule import learning_rate
 from gptlab.train.strategy import prepare_model, total_norm
+
+#: I/O errors that stop a run with one line (a full disk, a quota, a file-size limit, a read-only disk, permissions)
+WRITE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EACCES, errno.EPERM}
 
 # (step, loss, gradient norm, learning rate) of steps whose loss is not read yet (reading it is a sync)
 Pending = list[tuple[int, torch.Tensor, torch.Tensor, float]]
@@ -93,7 +98,12 @@ def train(
             if info.is_main and not resume:
                 ckpt.discard_failed_start(run_dir, existed)
             raise
-        return trainer.run()
+        try:
+            return trainer.run()
+        except OSError as exc:  # a full disk while writing metrics, a plot or best.json: one line
+            if exc.errno not in WRITE_ERRNOS:
+                raise
+            raise io_stop(exc, run_dir, f"cannot write {exc.filename or run_dir}") from None
     finally:
         distributed.teardown(info)
 
@@ -155,37 +165,13 @@ class _Trainer:
 
     # ------------------------------------------------------------- resume
     def _load_latest(self) -> int | None:
-        ckpts = ckpt.list_checkpoints(self.run_dir)
-        if not ckpts:
+        """The newest checkpoint that verifies (``gptlab.train.resume``): state restored, step returned."""
+        resumed = load_latest(self)
+        if resumed is None:
             return None
-        step, path = ckpts[-1]
-        is_sharded = sharded.is_sharded(path)
-        state, meta = ({}, sharded.read_info(path)) if is_sharded else ckpt.read_training_checkpoint(path)
-        if meta.get("data_fingerprint") not in (None, self.data.fingerprint):
-            raise GptlabError(
-                f"{path} was trained on a different dataset than {self.data_dir}; "
-                f"resume with the run's own --data"
-            )
-        config = ckpt.read_config(path / ckpt.CONFIG_FILE)
-        if config.to_dict() != self.model_config.to_dict():
-            raise GptlabError(
-                f"{path}: the model settings differ from this run's; model.* overrides cannot change "
-                f"when resuming"
-            )
-        if is_sharded:  # every rank reads its shards (any number of ranks) and its own RNG
-            sharded.load_training_state(path, self.model, self.optimizer, self.info, self.cfg.seed + step)
-        else:
-            ckpt.restore_weights(self.model, path)
-            self.optimizer.load_state_dict(state["optimizer"])
-            if self.scaler is not None and "scaler" in state:
-                self.scaler.load_state_dict(state["scaler"])
-            if self.info.is_main:
-                set_rng_state(state["rng"], self.device_type)
-            else:
-                torch.manual_seed(self.cfg.seed + self.info.rank + step)
-        self.step = int(meta["step"])
-        self.best = meta.get("best", self.best)
-        self.train_wall_s = float(meta.get("train_wall_s", 0.0))
+        self.step = resumed.step
+        self.best = resumed.meta.get("best", self.best)
+        self.train_wall_s = float(resumed.meta.get("train_wall_s", 0.0))
         return self.step
 
     def save(self, val_loss: float | None) -> Path | None:

@@ -9,10 +9,10 @@ and NS orthogonalises U by five quintic Newton–Schulz steps on X = U/‖U‖ (
     G = X·Xᵀ,   X ← a·X + (b·G + c·G²)·X,   (a, b, c) = (3.4445, −4.7750, 2.0315)
 
 ``torch.optim.Muon`` runs NS in bfloat16 (``grad.bfloat16()``). On a CPU without native bf16 those
-matrix products are emulated and cost about 1 s a step for the best recipe's 12 matrices;
-``muon_class(device_type)`` then returns ``Float32Muon``, the same update with NS in float32,
-run once per stack of same-shaped matrices (``bmm``) rather than matrix by matrix (the best
-recipe's NS: 42 → 28 ms a step on a 2-core AVX2 CPU). Where bf16 is native it returns
+matrix products are emulated and cost many times the float32 iteration (docs/benchmarks.md#precision);
+``muon_class(device_type, dtype)`` then returns ``Float32Muon`` (as it does under ``dtype=float32``),
+the same update with NS in float32, run once per stack of same-shaped matrices (``bmm``) rather
+than matrix by matrix (the best recipe's NS is markedly shorter that way on an AVX2 CPU). Where bf16 is native it returns
 ``torch.optim.Muon`` itself. Both keep the same state (``momentum_buffer``), so a checkpoint
 resumes under either.
 """
@@ -63,7 +63,7 @@ def same_shapes(tensors: list[torch.Tensor]) -> list[list[int]]:
     return list(groups.values())
 
 
-def _lr_ratio(adjust_lr_fn: str | None, shape: torch.Size) -> float:
+def lr_ratio(adjust_lr_fn: str | None, shape: torch.Size) -> float:
     """torch.optim.Muon's learning-rate adjustment for an A×C matrix."""
     rows, cols = shape[:2]
     if adjust_lr_fn in (None, "original"):
@@ -106,12 +106,18 @@ class Float32Muon(torch.optim.Muon):
                 for i, oi in zip(idx, [o] if len(idx) == 1 else o.unbind(0), strict=True):
                     p = params[i]
                     p.mul_(1 - lr * group["weight_decay"])
-                    p.add_(oi.to(p.dtype), alpha=-lr * _lr_ratio(group["adjust_lr_fn"], p.shape))
+                    p.add_(oi.to(p.dtype), alpha=-lr * lr_ratio(group["adjust_lr_fn"], p.shape))
         return loss
 
 
-def muon_class(device_type: str) -> type[torch.optim.Optimizer]:
-    """``torch.optim.Muon`` where bf16 is native on ``device_type``, else ``Float32Muon``."""
+def muon_class(device_type: str, dtype: str = "auto") -> type[torch.optim.Optimizer]:
+    """``torch.optim.Muon`` where NS runs in bfloat16 (``ns_dtype``), else ``Float32Muon``."""
+    return torch.optim.Muon if ns_dtype(device_type, dtype) == torch.bfloat16 else Float32Muon
+
+
+def ns_dtype(device_type: str, dtype: str = "auto") -> torch.dtype:
+    """The precision of Newton–Schulz: bfloat16 where it is native on ``device_type``, else float32; and
+    float32 wherever training is pinned to ``dtype="float32"`` (all of its arithmetic in float32)."""
     from gptlab.hardware import native_bf16
 
-    return torch.optim.Muon if native_bf16(device_type) else Float32Muon
+    return torch.bfloat16 if native_bf16(device_type) and dtype != "float32" else torch.float32

@@ -17,7 +17,8 @@ import torch
 from torch import nn
 
 from gptlab.errors import GptlabError
-from gptlab.train.muon import muon_class
+from gptlab.train.muon import muon_class, ns_dtype
+from gptlab.train.muon_sharded import ShardedMuon
 
 EMBEDDING_PREFIXES = ("wte.", "positional.", "lm_head.")
 
@@ -33,6 +34,7 @@ class OptimizerSettings(Protocol):
     muon_lr: float
     muon_momentum: float
     muon_weight_decay: float
+    dtype: str  # float32 pins Muon's Newton–Schulz to float32 too
 
 
 class Optimizers:
@@ -158,13 +160,13 @@ def _muon_and_adamw(model: nn.Module, cfg: OptimizerSettings, device_type: str) 
             f"{torch.__version__}: upgrade torch or use optimizer=adamw"
         )
     hidden, matrices, rest = _split(model)
-    muon = muon_class(device_type)(  # Newton–Schulz in float32 where bf16 is emulated
-        hidden,
-        lr=cfg.muon_lr,
-        momentum=cfg.muon_momentum,
-        weight_decay=cfg.muon_weight_decay,
-        adjust_lr_fn="original",
-    )
+    settings = {"lr": cfg.muon_lr, "momentum": cfg.muon_momentum, "weight_decay": cfg.muon_weight_decay}
+    if _ranks() > 1:  # under torchrun (DDP or FSDP): one owner rank orthogonalises each whole matrix
+        muon: torch.optim.Optimizer = ShardedMuon(
+            hidden, ns_dtype=ns_dtype(device_type, cfg.dtype), adjust_lr_fn="original", **settings
+        )
+    else:  # Newton–Schulz in float32 where bf16 is emulated
+        muon = muon_class(device_type, cfg.dtype)(hidden, adjust_lr_fn="original", **settings)
     for group in muon.param_groups:
         group["base_lr"] = cfg.muon_lr
     groups = [
@@ -174,6 +176,13 @@ def _muon_and_adamw(model: nn.Module, cfg: OptimizerSettings, device_type: str) 
     if not matrices and not rest:  # every trainable tensor is a hidden matrix (LoRA adapters)
         return Optimizers({"muon": muon})
     return Optimizers({"muon": muon, "adamw": _adamw(groups, cfg, device_type)})
+
+
+def _ranks() -> int:
+    """The number of processes training together (1 outside torchrun)."""
+    import torch.distributed as dist
+
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
 
 
 OPTIMIZERS: dict[str, Callable[[nn.Module, OptimizerSettings, str], Optimizers]] = {

@@ -10,8 +10,8 @@ machine where ``auto`` would now choose otherwise.
 head + loss (``gptlab.model.chunked_loss``) once a micro-batch's float32 logits,
 ``4·B·T·V_pad`` bytes, would reach ``CHUNKED_FROM`` (GPT-2's vocabulary at B·T = 1,334 tokens);
 the plain path below that, where the logits are small and one fused kernel is simplest. On a GPU
-the threshold is also at least ⅛ of the device's memory: on an H100 the plain path was 3 % faster
-at GPT-2's 16 × 1,024 tokens (it costs 1.5 GB more there), so memory alone decides for chunking.
+the threshold is also at least ⅛ of the device's memory: on an H100 the plain path was the faster
+at GPT-2's shapes (docs/benchmarks.md#memory-and-fsdp), so memory alone decides for chunking.
 An FP8 head (``fp8`` naming ``head``) takes the plain path: its product forms the logits whole.
 So does a compiled run on torch < 2.13 (``chunked_compiles_correctly``).
 """

@@ -32,8 +32,8 @@ def compile_forward(forward: Any, device_type: str) -> Any:
     """``torch.compile`` the training forward (the model, or its DDP wrapper), or return it unchanged.
 
     The whole model is one graph: the forward and backward each run as a handful of fused
-    kernels around the matrix products (a step of the reference recipe: 27 ms compiled, 33 ms
-    eager; compiling block by block costs half the cold compile but runs ~10 % slower).
+    kernels around the matrix products (docs/benchmarks.md#precision; compiling block by block
+    halves the cold compile but runs slower).
     The graph runs from the token ids to the scalar loss: the head and the cross-entropy
     (plain, or ``loss_impl = "chunked"``, whose autograd.Function dynamo traces in, unbroken)
     are inside it, and AOTAutograd compiles the matching backward. Outside it: the gradient

@@ -16,6 +16,8 @@ head and embedding are one parameter in one group, gathered once). A mixed-preci
 follows ``dtype``: parameters are gathered in bf16/fp16 and gradients reduced in fp32.
 ``reshard_after_forward`` frees the gathered weights after each block's forward (less memory,
 one more all-gather in the backward). The same code runs with gloo on CPUs and nccl on GPUs.
+Muon, which orthogonalises whole matrices, runs across the ranks as ``gptlab.train.muon_sharded``
+(each matrix gathered to one owner rank, orthogonalised there, its rows scattered back).
 """
 
 from __future__ import annotations
@@ -76,11 +78,6 @@ def _wrap_fsdp(model: nn.Module, cfg: Any, info: Any) -> nn.Module:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
-    if cfg.optimizer != "adamw":
-        raise GptlabError(
-            f"strategy=fsdp supports optimizer=adamw (Muon orthogonalises whole matrices, which "
-            f"FSDP shards); got optimizer={cfg.optimizer!r}"
-        )
     if cfg.compile:
         raise GptlabError("strategy=fsdp runs uncompiled here; set compile=false")
     if getattr(model, "blocks", None) is None or getattr(cfg, "objective", "causal") != "causal":

@@ -1,0 +1,180 @@
+"""The playground's Inside view: one forward pass, stage by stage (``gptlab.inspect.inside``).
+
+POST /v1/gptlab/inside             the pipeline's stages, the logit lens, the last position's logits
+                                   and one layer's attention
+POST /v1/gptlab/inside/attention   one layer's attention (every head) of the same pass
+
+The pass runs on the scheduler thread (the one owner of the model) and its result is kept in a
+small cache keyed by the token ids, so that picking another layer costs a lookup, not a pass.
+It is sent compactly:
+
+    attention   w ∈ [0, 1] as q = round(w·65535), uint16 little-endian, base64: |w − q/65535| ≤ 1/131070
+    logits      z as float32 little-endian, base64 (the whole vocabulary: the page applies
+                temperature, top-k, top-p and min-p itself, as ``gptlab.generate.sampling`` does)
+
+Inputs longer than ``max_inside_tokens`` (``GET /v1/gptlab/limits``) keep their last tokens.
+Serve imports inspect: both sit at layer 7, as ``train`` imports ``inspect.flops``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+from collections import OrderedDict
+from typing import Any, Literal
+
+import torch
+from fastapi import APIRouter, Depends, Request
+from pydantic import Field
+
+from gptlab.inspect.inside import MAX_TOP, Inside, inside
+from gptlab.serve.errors import APIError, not_found_model
+from gptlab.serve.schemas import MAX_INSIDE_TOKENS, Strict, whole
+from gptlab.serve.service import Service
+
+WEIGHT_SCALE = 65535  # attention weights travel as round(w·WEIGHT_SCALE), uint16
+CACHE_ENTRIES = 4  # passes kept (each holds L·H·T² float32 weights)
+MAX_TEXT_CHARS = 1 << 16
+
+ERRORS: dict[int | str, dict[str, Any]] = {
+    400: {"description": "a field out of bounds, a layer the model lacks, or text that encodes to no tokens"},
+    404: {"description": "the model named is not the one served"},
+    413: {"description": "a body larger than the server's max_body_bytes"},
+}
+
+
+class InsideAttentionRequest(Strict):
+    """``POST /v1/gptlab/inside/attention``: one layer's attention weights for ``text``."""
+
+    model: str | None = None
+    text: str = Field(
+        min_length=1, max_length=MAX_TEXT_CHARS, description="the input (an encoder–decoder's source)"
+    )
+    max_tokens: whole(ge=1, le=MAX_INSIDE_TOKENS) = Field(
+        default=MAX_INSIDE_TOKENS, description="keep the last this many tokens"
+    )
+    layer: whole(ge=-64, le=1024) = Field(
+        default=0, description="layer, from 0; negative counts from the last"
+    )
+    kind: Literal["self", "cross", "encoder"] = Field(
+        default="self", description="self-attention; an encoder–decoder also has cross and encoder"
+    )
+
+
+class InsideRequest(InsideAttentionRequest):
+    """``POST /v1/gptlab/inside``: every stage of one forward pass, and the attention of ``layer``."""
+
+    top: whole(ge=1, le=MAX_TOP) = Field(default=10, description="tokens per logit-lens layer and bars")
+
+
+def encode_weights(weights: torch.Tensor) -> str:
+    """Attention weights in [0, 1] → base64 of ``round(w·65535)`` as little-endian uint16."""
+    q = (weights.double() * WEIGHT_SCALE).round().clamp(0, WEIGHT_SCALE).to(torch.int32)
+    return base64.b64encode(q.numpy().astype("<u2").tobytes()).decode()
+
+
+def encode_floats(values: torch.Tensor) -> str:
+    """Values → base64 of little-endian float32."""
+    return base64.b64encode(values.float().numpy().astype("<f4").tobytes()).decode()
+
+
+class InsideCache:
+    """The last ``CACHE_ENTRIES`` passes, by token ids (used on the event loop only)."""
+
+    def __init__(self) -> None:
+        self.entries: OrderedDict[tuple[int, ...], tuple[int, Inside]] = OrderedDict()
+
+    def get(self, ids: tuple[int, ...], top: int | None) -> Inside | None:
+        found = self.entries.get(ids)
+        if found is None or (top is not None and found[0] != top):
+            return None
+        self.entries.move_to_end(ids)
+        return found[1]
+
+    def put(self, ids: tuple[int, ...], top: int, result: Inside) -> None:
+        self.entries[ids] = (top, result)
+        self.entries.move_to_end(ids)
+        while len(self.entries) > CACHE_ENTRIES:
+            self.entries.popitem(last=False)
+
+
+def router(service: Service) -> APIRouter:
+    async def body_limit(request: Request) -> None:
+        """A declared Content-Length over ``max_body_bytes`` is a 413 before the body is read."""
+        length = request.headers.get("content-length", "")
+        if length.isdigit() and int(length) > service.max_body_bytes:
+            raise APIError(
+                413,
+                f"request body of {length} bytes exceeds the limit of {service.max_body_bytes} bytes",
+                code="request_too_large",
+            )
+
+    r = APIRouter(dependencies=[Depends(body_limit)])
+    cache = InsideCache()
+    limit = min(MAX_INSIDE_TOKENS, service.context)
+
+    async def computed(req: InsideAttentionRequest, top: int | None) -> tuple[list[int], int, Inside]:
+        if req.model not in (None, service.model_name):
+            raise not_found_model(req.model, service.model_name)
+        ids = service.encode(req.text, "text")
+        if not ids:
+            raise APIError(400, "text: encodes to no tokens; give some text", param="text")
+        kept = ids[-min(req.max_tokens, limit) :]
+        found = cache.get(tuple(kept), top)
+        if found is None:
+            n = top or 10
+            future = service.scheduler.call(lambda: inside(service.model, service.tokenizer, kept, top=n))
+            found = await asyncio.wrap_future(future)
+            cache.put(tuple(kept), n, found)
+        return kept, len(ids) - len(kept), found
+
+    def layer_of(result: Inside, req: InsideAttentionRequest) -> dict[str, Any]:
+        maps = result.attentions.get(req.kind)
+        if maps is None:
+            raise APIError(
+                400,
+                f"kind={req.kind!r}: this model has {', '.join(result.attentions)} attention only",
+                param="kind",
+            )
+        n = maps.size(0)
+        if not -n <= req.layer < n:
+            raise APIError(
+                400,
+                f"layer={req.layer} does not exist; the {req.kind} attention has {n} layers "
+                f"(0..{n - 1}, or negative from the last)",
+                param="layer",
+            )
+        weights = maps[req.layer]  # (H, T_q, T_k)
+        return {
+            "kind": req.kind,
+            "layer": req.layer % n,
+            "n_head": weights.size(0),
+            "shape": list(weights.shape),
+            "scale": WEIGHT_SCALE,
+            "data": encode_weights(weights),
+        }
+
+    @r.post("/v1/gptlab/inside", responses=ERRORS)
+    async def inside_view(req: InsideRequest) -> dict[str, Any]:
+        """Every stage of the blueprint's pipeline for ``text``, the logit lens, and one layer's attention."""
+        ids, dropped, result = await computed(req, req.top)
+        return {
+            "object": "gptlab.inside",
+            "model": service.model_name,
+            "dropped_tokens": dropped,
+            "max_inside_tokens": limit,
+            **result.overview,
+            "next_logits": {"dtype": "float32", "data": encode_floats(result.next_logits)},
+            "attention_layer": layer_of(result, req),
+        }
+
+    @r.post("/v1/gptlab/inside/attention", responses=ERRORS)
+    async def inside_attention(req: InsideAttentionRequest) -> dict[str, Any]:
+        """One layer's attention weights ``(H, T_q, T_k)`` for ``text``, from the cached pass when there is one."""
+        ids, dropped, result = await computed(req, None)
+        return {"object": "gptlab.inside.attention", "model": service.model_name, **layer_of(result, req)}
+
+    return r
+
+
+__all__ = ["InsideAttentionRequest", "InsideRequest", "encode_floats", "encode_weights", "router"]

@@ -1,0 +1,81 @@
+"""Plain ASGI middleware: the API key and the body-size limit.
+
+Both wrap the app at the ASGI level rather than through Starlette's ``BaseHTTPMiddleware``,
+which runs the route in a task of its own and hides the client's disconnect from it: behind
+it, a streaming request whose client hung up kept its jobs in their slots for ever. Here the
+route reads the client's own ``receive``, so a disconnect reaches it (``transport.watched``)
+whether a key is set or not.
+"""
+
+from __future__ import annotations
+
+import hmac
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+
+from fastapi import HTTPException
+
+from gptlab.serve.errors import error_response
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+TOO_LARGE = "request_too_large"
+
+
+def _header(scope: Scope, name: bytes) -> str:
+    for key, value in scope.get("headers", ()):
+        if key.lower() == name:
+            return value.decode("latin-1")
+    return ""
+
+
+class APIKey:
+    """Every ``/v1/`` request, and one to ``paths``, needs ``Authorization: Bearer KEY`` (else a 401 in
+    OpenAI's shape)."""
+
+    def __init__(self, app: ASGIApp, api_key: str, paths: tuple[str, ...] = ()) -> None:
+        self.app, self.key, self.paths = app, api_key.encode(), paths
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and (scope["path"].startswith("/v1/") or scope["path"] in self.paths):
+            header = _header(scope, b"authorization")
+            given = header[7:].strip() if header.lower().startswith("bearer ") else ""
+            if not given:
+                message = "missing API key: send it as the header 'Authorization: Bearer KEY'"
+                return await error_response(401, message, code="invalid_api_key")(scope, receive, send)
+            if not hmac.compare_digest(given.encode(), self.key):
+                return await error_response(401, "incorrect API key", code="invalid_api_key")(
+                    scope, receive, send
+                )
+        await self.app(scope, receive, send)
+
+
+class BodyLimit:
+    """A request body over ``limit`` bytes is a 413: at once from ``Content-Length``, else while read."""
+
+    def __init__(self, app: ASGIApp, limit: int) -> None:
+        self.app, self.limit = app, limit
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        length = _header(scope, b"content-length")
+        if length.isascii() and length.isdigit() and int(length) > self.limit:
+            message = f"request body of {length} bytes exceeds the limit of {self.limit} bytes"
+            return await error_response(413, message, code=TOO_LARGE)(scope, receive, send)
+        seen = 0
+
+        async def counted() -> Message:
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > self.limit:  # the route reading the body answers 413 (errors.install)
+                    raise HTTPException(413, f"request body exceeds the limit of {self.limit} bytes")
+            return message
+
+        await self.app(scope, counted, send)
