@@ -1,7 +1,8 @@
 """Open any model gptlab reads for scoring: a checkpoint or run directory (LoRA runs merged, int8 kept),
 a Hugging Face folder, a GGUF file, or ``smollm2`` (the packaged GGUF file), in the weight format asked.
 
-    fp32 | bf16 | int8    as ``gptlab.quantize`` makes them (bf16 on a CPU: bf16 matrices, float32 math)
+    fp32                  the plain float32 model
+    bf16 | int8           as ``gptlab.quantize`` makes them (bf16 on a CPU: bf16 matrices, float32 math)
     auto                  an int8 checkpoint stays int8; otherwise what ``gptlab.hardware.inference_weights``
                           picks for several sequences at once
 """
@@ -47,7 +48,7 @@ def open_model(spec: str, dtype: str = "fp32", device: str = "cpu") -> tuple[GPT
     path = resolve_source(spec)
     if source_kind(path) == "gptlab":
         fmt = weight_format(dtype, device, stored_format(path))
-        model, tokenizer = gptlab.load(path, device=device, quantize=fmt)
+        model, tokenizer = gptlab.load(path, device=device, quantize=None if fmt == "fp32" else fmt)
     else:  # a Hugging Face folder or a GGUF file: read in float32, then converted
         fmt = weight_format(dtype, device, None)
         model, tokenizer = load_source(path)
@@ -57,4 +58,6 @@ def open_model(spec: str, dtype: str = "fp32", device: str = "cpu") -> tuple[GPT
     from gptlab.generate.seq2seq import check_generative
 
     check_generative(model, str(spec))
-    return gptlab.quantize(model, fmt).eval(), tokenizer
+    # fp32 stays the plain model: scoring runs wide batches (no one-row kernels to gain), and generation
+    # with the plain layers is faster here than with the inference layers of gptlab.quantize
+    return (model.float() if fmt == "fp32" else gptlab.quantize(model, fmt)).eval(), tokenizer
