@@ -35,6 +35,7 @@ from gptlab.tokenizers.chat import stop_ids, template_for
 from gptlab.tokenizers.pretrained import encode_text
 
 CHUNK = 64  # requests scored per call (one progress-bar step)
+GEN_ROWS = 16  # generate_until: prompts decoded together at least
 
 
 @register_model("gptlab")
@@ -46,7 +47,7 @@ class GptlabLM(TemplateLM):
         pretrained: str,
         dtype: str = "fp32",
         device: str | None = None,
-        batch_size: int | str | None = 8,
+        batch_size: int | str | None = None,
         max_batch_size: int | None = None,
         max_length: int | None = None,
         max_gen_toks: int = 256,
@@ -67,7 +68,9 @@ class GptlabLM(TemplateLM):
         block = self.model.config.block_size
         self._max_length = min(int(max_length), block) if max_length else block
         self._max_gen_toks = int(max_gen_toks)
-        self.batch_rows = int(batch_size) if str(batch_size).isdigit() else 8  # "auto": 8 rows
+        # rows decoded together by generate_until (each row's text equals its own generation, so this is speed
+        # only): lm-eval's batch_size when larger, else GEN_ROWS (its command line's default batch_size is 1)
+        self.batch_rows = max(GEN_ROWS, int(batch_size) if str(batch_size).isdigit() else 0)
         self.add_bos_token = bool(add_bos_token)
         self.batch_tokens = int(batch_tokens)
         self.template = template_for(self.tokenizer)
