@@ -1,4 +1,5 @@
-"""``gptlab eval CKPT --text FILE | --data DATA_DIR``: loss, perplexity and bits per byte."""
+"""``gptlab eval CKPT --text FILE | --data DATA_DIR``: loss, perplexity and bits per byte;
+``gptlab eval CKPT --tasks NAMES``: lm-evaluation-harness tasks (``gptlab.evaluate``)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--text", help="a UTF-8 text file, tokenized with the checkpoint's tokenizer")
     src.add_argument("--data", help="a dataset directory made by `gptlab prepare`")
+    src.add_argument(
+        "--tasks",
+        help="lm-evaluation-harness tasks, comma-separated (gptlab's own in evals/: gptlab_choice, "
+        "gptlab_rolling, gptlab_gen); needs `pip install 'gptlab[eval]'`",
+    )
+    add_task_arguments(p)
     p.add_argument("--split", default="val", choices=["train", "val"], help="dataset split (default val)")
     p.add_argument("--batch-size", type=int, default=16, help="windows per batch (default 16)")
     p.add_argument(
@@ -44,10 +51,42 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
+def add_task_arguments(p: argparse.ArgumentParser) -> None:
+    """The options of ``--tasks`` (lm-eval's, spelled with dashes)."""
+    p.add_argument(
+        "--include-path", action="append", default=[], metavar="DIR", help="more task YAMLs (repeatable)"
+    )
+    p.add_argument("--num-fewshot", type=int, default=None, metavar="K", help="few-shot examples per prompt")
+    p.add_argument("--limit", type=float, default=None, metavar="N", help="at most N documents per task")
+    p.add_argument(
+        "--apply-chat-template", action="store_true", help="prompt through the model's chat template"
+    )
+
+
+def run_tasks(args: argparse.Namespace, device: str) -> int:
+    from gptlab.evaluate.tasks import TaskRun, require_lm_eval, run_tasks, table
+
+    require_lm_eval()
+    run = TaskRun(
+        tasks=[t.strip() for t in args.tasks.split(",") if t.strip()],
+        include_path=args.include_path,
+        num_fewshot=args.num_fewshot,
+        limit=args.limit,
+        apply_chat_template=args.apply_chat_template,
+        batch_size=args.batch_size,
+    )
+    weights = {"auto": "auto", "float32": "fp32", "bfloat16": "bf16"}[args.dtype]
+    results = run_tasks(args.checkpoint, run, dtype=weights, device=device)
+    print(json.dumps(results["results"], default=str) if args.json else table(results))
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
     from gptlab.train.eval_checkpoint import evaluate_path
 
     device = resolve_device(args)
+    if args.tasks:
+        return run_tasks(args, device)
 
     dtype = resolve_dtype(args.dtype, device, "bfloat16", "float32")
     result, source = evaluate_path(

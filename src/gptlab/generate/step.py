@@ -59,6 +59,7 @@ class TokenEvent:
     index: int = 0  # which prompt (or choice) of a batch
     logprob: float | None = None  # log(prob), computed as a log-softmax
     notice: str | None = None
+    stop: bool = False  # the stop token that ended the request (text "": never shown, only reported)
 
 
 def stop_token_ids(config: SampleConfig, tokenizer: Any | None) -> frozenset[int]:
@@ -140,13 +141,16 @@ class TokenStep:
         self.token: int | None = None
         self.reason: str | None = "length" if config.max_new_tokens == 0 else None
         self._noticed = False
+        self.stop_event: TokenEvent | None = None  # the stop token drawn, with its probabilities if asked
 
     def advance(self, logits: torch.Tensor | int, full: str | None = None) -> TokenEvent | None:
         """Choose the next token from ``logits`` (vocab,) → its event, or None for a stop token.
 
         On the static path the token was already chosen inside the graph: ``logits`` is that token
         id (the request's seed seeded the graph's sampler). ``full`` is None while the context has
-        room, else the sentence saying how the window slides.
+        room, else the sentence saying how the window slides. A stop token is kept as
+        ``stop_event`` (``stop=True``), for a caller that reports every sampled token (OpenAI's
+        completions ``logprobs``: ``completion_tokens`` counts it too).
         """
         processed: torch.Tensor | None = None
         if isinstance(logits, int):
@@ -157,6 +161,9 @@ class TokenStep:
         self.sampled += 1
         if token in self.stops:
             self.reason = "stop"
+            self.stop_event = TokenEvent("", token, index=self.index, stop=True)
+            if self.top_n is not None and processed is not None:
+                self._probabilities(self.stop_event, processed)
             return None
         self.history.append(token)
         self.n_new += 1

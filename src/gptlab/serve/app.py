@@ -29,7 +29,7 @@ from typing import Any
 
 from fastapi import APIRouter, FastAPI
 
-from gptlab.serve import errors, gptlab_routes, inside_routes, openai_routes, openapi
+from gptlab.serve import echo, errors, gptlab_routes, inside_routes, openai_routes, openapi
 from gptlab.serve.middleware import APIKey, BodyLimit
 from gptlab.serve.service import Service
 
@@ -38,6 +38,7 @@ ROUTERS: list[Callable[[Service], APIRouter]] = [
     openai_routes.router,
     gptlab_routes.router,
     inside_routes.router,
+    echo.router,  # /tokenizer_info, /tokenize, /detokenize (lm-eval's tokenizer_backend=remote)
 ]
 
 
@@ -86,7 +87,9 @@ def create_app(
     errors.install(app)
     app.add_middleware(BodyLimit, limit=max_body_bytes)
     if api_key:
-        app.add_middleware(APIKey, api_key=api_key)  # outermost: nothing is read before the key
+        app.add_middleware(
+            APIKey, api_key=api_key, paths=echo.PATHS
+        )  # outermost: nothing is read before the key
     for router in ROUTERS:
         app.include_router(router(service))
     gptlab_routes.mount_static(app)

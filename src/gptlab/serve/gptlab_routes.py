@@ -63,7 +63,7 @@ def router(service: Service) -> APIRouter:
                                 "usage": gen.usage([event]),
                             }
                         )
-                    else:
+                    elif not event.stop:  # a stop token is never shown
                         yield sse(
                             {
                                 "type": "token",

@@ -4,7 +4,9 @@
                                       logit_bias, temperature and truncation) — the same
                                       probability the playground shades, p = exp(log p)
 
-Completions (``logprobs: N``)::
+Completions (``logprobs: N``) report every sampled token, the stop token that ended the choice included
+(its text is never shown; ``usage.completion_tokens`` counts it); with ``echo`` the prompt's tokens come
+first, scored by the model's raw distribution, the first with ``null`` (``serve/echo.py``)::
 
     {"tokens": [...], "token_logprobs": [...], "top_logprobs": [{text: logprob}, ...], "text_offset": [...]}
 
@@ -55,7 +57,7 @@ def chat_logprobs(tokenizer: Any, events: Sequence[TokenEvent]) -> dict[str, Any
     """The chat shape for ``events`` (tokens only)."""
     content = []
     for e in events:
-        if e.token_id is None or e.logprob is None:
+        if e.token_id is None or e.logprob is None or e.stop:  # chat never reports the end-of-turn token
             continue
         item = _chat_token(tokenizer, e.token_id, e.logprob)
         item["top_logprobs"] = [_chat_token(tokenizer, alt.token_id, alt.logprob) for alt in e.top]

@@ -34,13 +34,14 @@ def _header(scope: Scope, name: bytes) -> str:
 
 
 class APIKey:
-    """Every ``/v1/`` request needs ``Authorization: Bearer KEY`` (else a 401 in OpenAI's shape)."""
+    """Every ``/v1/`` request, and one to ``paths``, needs ``Authorization: Bearer KEY`` (else a 401 in
+    OpenAI's shape)."""
 
-    def __init__(self, app: ASGIApp, api_key: str) -> None:
-        self.app, self.key = app, api_key.encode()
+    def __init__(self, app: ASGIApp, api_key: str, paths: tuple[str, ...] = ()) -> None:
+        self.app, self.key, self.paths = app, api_key.encode(), paths
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["path"].startswith("/v1/"):
+        if scope["type"] == "http" and (scope["path"].startswith("/v1/") or scope["path"] in self.paths):
             header = _header(scope, b"authorization")
             given = header[7:].strip() if header.lower().startswith("bearer ") else ""
             if not given:

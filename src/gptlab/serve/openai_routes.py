@@ -17,6 +17,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from gptlab.generate.step import TokenEvent, token_text
+from gptlab.serve import echo
 from gptlab.serve.errors import APIError, not_found_model
 from gptlab.serve.generation import Generation
 from gptlab.serve.jobs import EndEvent
@@ -58,16 +59,24 @@ class _Completion(_Shape):
     object = chunk_object = "text_completion"
     prefix = "cmpl"
 
-    def __init__(self, service: Service, gen: Generation, req: CompletionRequest) -> None:
+    def __init__(
+        self, service: Service, gen: Generation, req: CompletionRequest, scored: dict[int, dict] | None = None
+    ) -> None:
         super().__init__(service, gen, req.logprobs is not None)
         self.echo = {job.index: gen.texts[job.index // req.n] if req.echo else "" for job in gen.jobs}
         self.offset = {i: len(text) for i, text in self.echo.items()}  # text_offset of the next token
+        # echo with logprobs: the prompt's own tokens first (serve/echo.py), per choice
+        self.scored = {job.index: (scored or {}).get(job.index // req.n) for job in gen.jobs}
 
     def _choice(self, index: int, text: str, logprobs: Any, finish: str | None) -> dict[str, Any]:
         return {"text": text, "index": index, "logprobs": logprobs, "finish_reason": finish}
 
     def opening(self) -> list[dict[str, Any]]:
-        return [self._choice(i, text, None, None) for i, text in self.echo.items() if text]
+        return [
+            self._choice(i, text, self.scored[i], None)
+            for i, text in self.echo.items()
+            if text or self.scored[i] is not None
+        ]
 
     def piece(self, event: TokenEvent) -> dict[str, Any] | None:
         logprobs = None
@@ -84,6 +93,8 @@ class _Completion(_Shape):
     def choice(self, index: int, events: Sequence[TokenEvent], end: EndEvent) -> dict[str, Any]:
         echo = self.echo[index]
         logprobs = completion_logprobs(self.tokenizer, events, len(echo)) if self.logprobs else None
+        if logprobs is not None and self.scored[index] is not None:
+            logprobs = {key: self.scored[index][key] + values for key, values in logprobs.items()}
         return self._choice(index, echo + "".join(e.text for e in events), logprobs, end.finish_reason)
 
 
@@ -101,6 +112,9 @@ class _Chat(_Shape):
         return [
             self._choice(job.index, {"role": "assistant", "content": ""}, None, None) for job in self.gen.jobs
         ]
+
+    def wants_logprobs(self, event: TokenEvent) -> bool:
+        return super().wants_logprobs(event) and not event.stop  # the end-of-turn token is not reported
 
     def piece(self, event: TokenEvent) -> dict[str, Any] | None:
         text = event.text if self.started[event.index] else event.text.lstrip()
@@ -195,8 +209,9 @@ def router(service: Service) -> APIRouter:
         """OpenAI's completions; ``stream: true`` answers server-sent events."""
         req = service.check_model(body)
         gen = service.completion(req)
+        scored = await echo.prompt_scores(service, gen, req)  # echo with logprobs: the prompt's own
         return await respond(
-            request, service, gen, _Completion(service, gen, req), req.stream, req.include_usage()
+            request, service, gen, _Completion(service, gen, req, scored), req.stream, req.include_usage()
         )
 
     @r.post("/v1/chat/completions")

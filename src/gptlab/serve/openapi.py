@@ -136,6 +136,7 @@ def _texts(components: dict[str, Any], pattern: str) -> None:
         "AttentionRequest": ["text"],
         "InsideAttentionRequest": ["text"],
         "InsideRequest": ["text"],
+        "TokenizeRequest": ["prompt"],
     }
     for name, names in fields.items():
         for field in names:
@@ -160,6 +161,7 @@ def server_limits(components: dict[str, Any], service: Service) -> None:
             if service.tokenizer.eot_id is None:  # nothing to start an empty prompt from
                 _set(schema, "prompt", "string", minLength=1)
                 schema["required"] = sorted({*schema.get("required", []), "prompt"})
+    _token_ids(components.get("DetokenizeRequest", {}).get("properties", {}).get("tokens", {}), vocab)
     n_layer = service.model.config.n_layer
     for name in ("AttentionRequest", "InsideAttentionRequest", "InsideRequest"):
         _set(components.get(name, {}), "layer", minimum=-n_layer, maximum=n_layer - 1)

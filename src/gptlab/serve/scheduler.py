@@ -254,6 +254,8 @@ class Scheduler:
             if event.notice:
                 job.warnings.append(event.notice)
             job.channel.put(event)
+        elif job.top_n is not None and job.step.stop_event is not None:
+            job.channel.put(job.step.stop_event)  # reported in logprobs, never shown as text
         if job.step.reason is None:
             job.pending = job.step.token
             return

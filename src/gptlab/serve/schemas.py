@@ -141,7 +141,6 @@ class CompletionRequest(SamplingFields):
     model_config = ConfigDict(
         json_schema_extra={
             "allOf": [
-                either(fields(echo={"const": False}), fields(logprobs={"type": "null"})),
                 either(NO_BEAM, fields(**TRUNCATION_OFF, logprobs={"type": "null"})),
             ]
         }

@@ -293,20 +293,21 @@ class Service:
             items = list(raw)  # type: ignore[arg-type]
         if not items:
             raise APIError(400, "prompt is an empty list; give a string or a list of strings", param="prompt")
-        if req.echo and req.logprobs is not None:
-            raise APIError(
-                400,
-                "echo with logprobs would need the prompt's log-probabilities, which this server does not "
-                "compute; drop echo or logprobs",
-                param="echo",
-            )
         max_tokens = self.max_tokens(req, self.default_max_tokens()["completions"])
         warnings: list[str] = []
         prompts = []
+        scored = req.echo and req.logprobs is not None  # every prompt token is reported: none may be cut
         for p, item in enumerate(items):
             label = "prompt" if len(items) == 1 else f"prompt[{p}]"
             ids = self.encode(item, "prompt") if isinstance(item, str) else item
-            prompts.append(self.prompt_ids(ids, label, max_tokens, warnings))
+            if scored and len(ids) > self.context:
+                raise APIError(
+                    400,
+                    f"{label}: echo with logprobs scores every prompt token, and {len(ids)} tokens are more "
+                    f"than the context of {self.context}; shorten the prompt",
+                    param="prompt",
+                )
+            prompts.append(self.prompt_ids(ids, label, 0 if scored else max_tokens, warnings))
         gen = self.start(req, prompts, max_tokens, req.stop_list(), top_n=req.logprobs, warnings=warnings)
         gen.texts = [
             item if isinstance(item, str) else self.tokenizer.decode(ids)

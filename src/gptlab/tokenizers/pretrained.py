@@ -245,3 +245,17 @@ class PretrainedTokenizer(RankedTokenizer):
 
 
 __all__ = ["END_OF_TURN", "PRE_TOKENIZERS", "PretrainedTokenizer", "bytes_to_token", "pattern_for"]
+
+
+def encode_text(tokenizer: Tokenizer, text: str, add_special_tokens: bool = False) -> list[int]:
+    """``text`` → ids, special tokens written in it matched, as transformers' ``tokenizer(text,
+    add_special_tokens=…)``: BOS first exactly when ``add_special_tokens`` and the model has one
+    (whatever its source says about adding it by default, ``add_bos``).
+
+    >>> encode_text(tok, "<|im_start|>hi")  # SmolLM2: [1, 6004]
+    """
+    ids = list(tokenizer.encode(text, allowed_special="all"))
+    bos = getattr(tokenizer, "bos_id", None)
+    if getattr(tokenizer, "add_bos", False) and ids and ids[0] == bos:
+        ids = ids[1:]
+    return [bos, *ids] if add_special_tokens and bos is not None else ids
