@@ -23,25 +23,8 @@ CODE_SPAN = re.compile(r"(`+)(.+?)\1")
 HEADING = re.compile(r"^(#{1,6})\s+(.*?)\s*#*\s*$")
 HTML_ID = re.compile(r"<a\s+(?:id|name)=\"([^\"]+)\"")
 
-# Guides and benchmark pages that other branches of the same issue (#32) add: a link to one may
-# come before the file does. Once a file exists its anchors are checked like any other's; empty
-# this set when they have all landed.
-PENDING = {
-    f"docs/{name}.md"
-    for name in (
-        "guide/run-elsewhere",
-        "guide/transformers-export",
-        "guide/evaluation",
-        "guide/reliability",
-        "guide/serving-robustness",
-        "guide/inside",
-        "benchmarks/export",
-        "benchmarks/evaluation",
-        "benchmarks/reliability",
-        "benchmarks/serving",
-        "benchmarks/inside",
-    )
-}
+# Files a link may name before they exist (a guide written on another branch): none now.
+PENDING: set[str] = set()  # files a link may name before they exist (none now)
 
 
 # github-slugger keeps letters, marks, digits and `_`; it drops other numbers (²), punctuation but `-`, symbols
