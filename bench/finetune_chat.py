@@ -30,6 +30,7 @@ import time
 from pathlib import Path
 
 from gptlab.generate import generate_ids
+from gptlab.sources import model_tokenizer
 
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 ALPHABET = "abcdefghijklmnopqrstuvwxyzA+.: \n"
@@ -138,7 +139,12 @@ def run_task(root: Path, masked: bool, steps: int, seed: int = 0) -> dict:
     name = "masked" if masked else "unmasked"
     options = ChatOptions(prompt_loss=not masked)
     prepare_chat(
-        [root / "chat.jsonl"], root / f"ds-{name}", tokenizer=str(base), block_size=63, options=options
+        [root / "chat.jsonl"],
+        root / f"ds-{name}",
+        tokenizer=str(base),
+        block_size=63,
+        options=options,
+        model_tokenizer=model_tokenizer,
     )
     before = exact_match(base, held)
     settings = [
@@ -177,7 +183,13 @@ def run_lora(root: Path, init: str, steps: int, n_val: int, overrides: list[str]
 
     records, held = make_task(seed, n_val=n_val, vocab=NOUNS)
     write_jsonl(root / "chat.jsonl", records)
-    prepare_chat([root / "chat.jsonl"], root / "ds", tokenizer=init, block_size=REAL_BLOCK)
+    prepare_chat(
+        [root / "chat.jsonl"],
+        root / "ds",
+        tokenizer=init,
+        block_size=REAL_BLOCK,
+        model_tokenizer=model_tokenizer,
+    )
     t0 = time.perf_counter()
     before = greedy_replies(init, held)
     score_s = time.perf_counter() - t0

@@ -55,7 +55,7 @@ def main() -> int:
 
     import gptlab
     from gptlab.data import TokenDataset, prepare
-    from gptlab.sources import load_source
+    from gptlab.sources import load_source, model_tokenizer
     from gptlab.train import train
     from gptlab.train.config import build_config
     from gptlab.train.metrics import METRICS_FILE, read_metrics
@@ -64,7 +64,13 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         ds = Path(args.work or tmp) / "ds"
         if not (ds / "meta.json").exists():
-            prepare([args.data], ds, tokenizer=args.init, block_size=max(args.context, args.eval_context))
+            prepare(
+                [args.data],
+                ds,
+                tokenizer=args.init,
+                block_size=max(args.context, args.eval_context),
+                model_tokenizer=model_tokenizer,
+            )
         data = TokenDataset(ds)
         # the same number of held-out tokens at --eval-context and at the training context
         windows = {

@@ -201,3 +201,13 @@ def test_pyproject_declares_the_eval_extra():
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     assert project["optional-dependencies"]["eval"] == ["lm-eval[api]==0.4.13"]
     assert project["scripts"]["gptlab-lm-eval"] == "gptlab.evaluate.__main__:main"
+
+
+def test_a_setting_in_model_args_and_lm_evals_options_is_taken_once(checkpoint):
+    """``--model_args device=cpu`` beside lm-eval's own ``--device``: model_args win, no TypeError."""
+    from gptlab.evaluate.harness import GptlabLM
+
+    lm = GptlabLM.create_from_arg_string(
+        f"pretrained={checkpoint},dtype=fp32,device=cpu", {"device": "cuda:0", "batch_size": None}
+    )
+    assert next(lm.model.parameters()).device.type == "cpu"

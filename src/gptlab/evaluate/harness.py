@@ -42,6 +42,18 @@ GEN_ROWS = 16  # generate_until: prompts decoded together at least
 class GptlabLM(TemplateLM):
     """A gptlab model for lm-eval: any checkpoint ``gptlab`` opens (``pretrained=``), in ``dtype`` on ``device``."""
 
+    @classmethod
+    def create_from_arg_string(
+        cls, arg_string: str, additional_config: dict[str, object] | None = None
+    ) -> GptlabLM:
+        """``--model_args`` plus lm-eval's own settings (``--device``, ``--batch_size``); a setting given
+        in both is taken from ``--model_args`` (lm-eval's base class passes it twice and fails)."""
+        from lm_eval.utils import simple_parse_args_string
+
+        given = simple_parse_args_string(arg_string)
+        extra = {k: v for k, v in (additional_config or {}).items() if v is not None and k not in given}
+        return cls(**given, **extra)
+
     def __init__(
         self,
         pretrained: str,
