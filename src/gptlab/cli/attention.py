@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from gptlab.cli.options import add_device_argument, resolve_device
+from gptlab.cli.options import add_device_argument, device_from_args
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -43,7 +43,7 @@ def run(args: argparse.Namespace) -> int:
         raise GptlabError("--head needs --layer (for every layer's heads, leave out both)")
     image_format(args.output)  # a bad file name fails before the model is loaded
     text = cli_input(args.text, args.ids)
-    model, tokenizer = load_checkpoint(args.checkpoint, resolve_device(args))
+    model, tokenizer = load_checkpoint(args.checkpoint, device_from_args(args))
     ids = token_ids(model, tokenizer, text)
     cols, causal = None, model.config.causal
     if model.config.arch == "encoder-decoder":  # the text is the source

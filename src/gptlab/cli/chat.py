@@ -15,8 +15,8 @@ from gptlab.cli.options import (
     add_compile_argument,
     add_device_argument,
     add_weights_argument,
+    device_from_args,
     prepare_decode,
-    resolve_device,
     weights_format,
 )
 from gptlab.errors import GptlabError
@@ -80,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
 
     if args.threads is not None:
         torch.set_num_threads(max(1, args.threads))
-    device = resolve_device(args)
+    device = device_from_args(args)
     weights = weights_format(args.dtype, device, args.checkpoint)
     model, tokenizer = gptlab.load(args.checkpoint, device=device, quantize=weights)  # converted while read
     if tokenizer is None:

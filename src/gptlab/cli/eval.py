@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from gptlab.cli.options import add_device_argument, resolve_device, resolve_dtype
+from gptlab.cli.options import add_device_argument, device_from_args, resolve_dtype
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -84,7 +84,7 @@ def run_tasks(args: argparse.Namespace, device: str) -> int:
 def run(args: argparse.Namespace) -> int:
     from gptlab.train.eval_checkpoint import evaluate_path
 
-    device = resolve_device(args)
+    device = device_from_args(args)
     if args.tasks:
         return run_tasks(args, device)
 

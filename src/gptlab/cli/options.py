@@ -37,7 +37,7 @@ def add_device_argument(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="auto", help=DEVICE_HELP)
 
 
-def resolve_device(args: argparse.Namespace) -> str:
+def device_from_args(args: argparse.Namespace) -> str:
     """``args.device`` checked against this machine (one ``error:`` line for a bad one) → cpu, cuda:N or mps."""
     from gptlab.hardware import resolve_device as resolve
 

@@ -17,9 +17,9 @@ from gptlab.cli.options import (
     add_compile_argument,
     add_device_argument,
     add_weights_argument,
+    device_from_args,
     prepare_decode,
     print_plan,
-    resolve_device,
     weights_format,
 )
 from gptlab.errors import GptlabError
@@ -141,7 +141,7 @@ def run(args: argparse.Namespace) -> int:
         seed=args.seed,
     )
     prompt = _prompt(args)
-    device = resolve_device(args)
+    device = device_from_args(args)
     weights = weights_format(args.dtype, device, args.checkpoint, args.num_samples * args.beam_width)
     model, tokenizer = gptlab.load(args.checkpoint, device=device, quantize=weights)  # converted while read
     if args.tokenizer:

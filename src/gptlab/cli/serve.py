@@ -12,9 +12,9 @@ from gptlab.cli.options import (
     add_compile_argument,
     add_device_argument,
     add_weights_argument,
+    device_from_args,
     prepare_decode,
     print_plan,
-    resolve_device,
     weights_format,
 )
 
@@ -89,7 +89,7 @@ def run(args: argparse.Namespace) -> int:
     if args.max_tokens_cap is not None and args.max_tokens_cap < 1:
         raise GptlabError(f"--max-tokens-cap must be at least 1, got {args.max_tokens_cap}")
     check_bind(args.host, args.port)
-    device = resolve_device(args)
+    device = device_from_args(args)
     model, tokenizer = load_for_serving(
         args.checkpoint, weights_format(args.dtype, device, args.checkpoint, args.max_batch), device
     )

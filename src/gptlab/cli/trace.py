@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from gptlab.cli.options import add_device_argument, resolve_device
+from gptlab.cli.options import add_device_argument, device_from_args
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -32,7 +32,7 @@ def run(args: argparse.Namespace) -> int:
     from gptlab.inspect.tracing import trace
 
     text = cli_input(args.text, args.ids)
-    model, tokenizer = load_checkpoint(args.checkpoint, resolve_device(args))
+    model, tokenizer = load_checkpoint(args.checkpoint, device_from_args(args))
     result = trace(model, tokenizer, text, temperature=args.temperature, top=args.top, target=args.target)
     if args.json:
         print(json.dumps(result.to_dict(), ensure_ascii=False, indent=2))

@@ -52,7 +52,7 @@ def _sinusoidal(model: GPT, T: int, labels: list[str]) -> dict[str, Any]:
     )
 
 
-def _rope(model: GPT, T: int, labels: list[str]) -> dict[str, Any]:
+def _rope_angles(model: GPT, T: int, labels: list[str]) -> dict[str, Any]:
     c = model.config
     d = c.head_dim
     theta = [c.rope_theta ** (-2 * i / d) for i in range(d // 2)]
@@ -83,7 +83,7 @@ def _none(model: GPT, T: int, labels: list[str]) -> dict[str, Any]:
 POSITION_STAGES: dict[str, Callable[[GPT, int, list[str]], dict[str, Any]]] = {
     "learned": _learned,
     "sinusoidal": _sinusoidal,
-    "rope": _rope,
+    "rope": _rope_angles,
     "alibi": _alibi,
     "none": _none,
 }

@@ -349,14 +349,14 @@ def from_gguf(
     ``gptlab.quantize`` makes it), each tensor dequantized and converted in turn, so the float32
     model is never whole in memory.
     """
-    from gptlab.interop.hf import build_model, config_from_hf
+    from gptlab.interop.hf import config_from_hf, model_from_hf_state
 
     f = read_gguf(path)
     arch = architecture_of(f)
     hf = arch.hf_config(f, {t.name for t in f.tensors})
     config = config_from_hf(hf, f.path)
     config.extra.update({"source": f"gguf:{f.path.name}", "gguf_name": f.fields.get("general.name")})
-    return build_model(arch.family, config, hf_state(f, arch, hf), f.path, dtype, quantize)
+    return model_from_hf_state(arch.family, config, hf_state(f, arch, hf), f.path, dtype, quantize)
 
 
 def tokenizer_from_gguf(path: str | os.PathLike[str] | GgufFile) -> Any:

@@ -104,7 +104,7 @@ def from_hf(
     config = config_from_hf(hf, directory / CONFIG_FILE)
     family = family_for_hf(hf, directory / CONFIG_FILE)
     hf_state, source = read_hf_weights(directory)
-    return build_model(family, config, normalise_names(hf_state, family), source, dtype, quantize)
+    return model_from_hf_state(family, config, normalise_names(hf_state, family), source, dtype, quantize)
 
 
 @contextlib.contextmanager
@@ -121,7 +121,7 @@ def _skip_init() -> Iterator[None]:
             setattr(torch.nn.init, name, fn)
 
 
-def build_model(
+def model_from_hf_state(
     family: Family,
     config: GPTConfig,
     hf_state: dict[str, torch.Tensor],
