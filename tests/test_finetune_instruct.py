@@ -2,24 +2,17 @@
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
+from conftest import load_bench
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _bench():
-    spec = importlib.util.spec_from_file_location("finetune_chat", ROOT / "bench" / "finetune_chat.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.mark.slow
 def test_masked_instruction_finetune_reaches_90_percent_exact_match(tmp_path):
-    bench = _bench()
+    bench = load_bench("finetune_chat")
     records, held = bench.make_task()
     prompts = {r["messages"][0]["content"] for r in records}
     assert not prompts & {p for p, _ in held}  # held-out word pairs are never trained on

@@ -7,12 +7,11 @@ Free slots go round-robin between requests and no request holds all of them
 from __future__ import annotations
 
 import asyncio
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+from conftest import load_bench
 
 from gptlab import GPT, GPTConfig
 from gptlab.errors import GptlabError
@@ -162,16 +161,8 @@ def test_beam_search_shares_the_loop_and_its_queue_is_fair(model, tok):
 
 
 # ------------------------------------------------------------------ live, with an API key
-def _bench(name: str):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "bench" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_one_token_beside_64_choices_of_1024_tokens_is_served_within_2_s(tmp_path):
-    robustness = _bench("serve_robustness")
+    robustness = load_bench("serve_robustness")
     ckpt = robustness.tiny_checkpoint(tmp_path)
     extra = ["--api-key", robustness.KEY, "--device", "cpu"]
     with robustness.serve_load.serve(str(ckpt), max_batch=8, extra=extra, timeout=120) as url:

@@ -15,7 +15,6 @@ is in docs/guide/serving-robustness.md.
 
 from __future__ import annotations
 
-import importlib.util
 import re
 import shutil
 import subprocess
@@ -23,21 +22,14 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import load_bench
 from fastapi.testclient import TestClient
 
 ROOT = Path(__file__).resolve().parents[1]
 KEY = "bench-key"  # the key bench/serve_robustness.py serves with
 
 
-def _bench(name: str):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "bench" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-robustness = _bench("serve_robustness")
+robustness = load_bench("serve_robustness")
 
 
 def schemathesis_cli() -> str:

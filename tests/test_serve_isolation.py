@@ -10,13 +10,12 @@ sampling or beam search, with an API key) leaves nothing running. The live scena
 from __future__ import annotations
 
 import asyncio
-import importlib.util
-import sys
 from pathlib import Path
 
 import httpx
 import pytest
 import torch
+from conftest import load_bench
 from fastapi.testclient import TestClient
 
 from gptlab import GPT, GPTConfig
@@ -31,15 +30,7 @@ from gptlab.tokenizers import CharTokenizer
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _bench(name: str):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "bench" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-robustness = _bench("serve_robustness")
+robustness = load_bench("serve_robustness")
 AUTH = robustness.AUTH
 
 

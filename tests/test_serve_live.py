@@ -5,17 +5,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib.util
 import json
 import os
 import shutil
-import sys
 import time
 from pathlib import Path
 
 import httpx
 import pytest
 import torch
+from conftest import load_bench
 
 import gptlab
 from gptlab import GPT, GPTConfig
@@ -35,15 +34,7 @@ CHROMIUM_ARGS = [
 ]
 
 
-def _load_bench():
-    spec = importlib.util.spec_from_file_location("serve_load", ROOT / "bench" / "serve_load.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["serve_load"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-serve_load = _load_bench()
+serve_load = load_bench("serve_load")
 
 
 @pytest.fixture(scope="module")
