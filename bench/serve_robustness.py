@@ -146,14 +146,31 @@ async def beam_hangup(url: str) -> dict[str, Any]:
         }
 
 
-async def fairness(url: str, tokens: int = 1024) -> dict[str, Any]:
+async def admitted(c: httpx.AsyncClient, url: str, jobs: int, cap: int, timeout: float = 20.0) -> dict[str, Any]:
+    """``/health`` once all ``jobs`` of one request are known and ``cap`` of them run (or at ``timeout``).
+
+    The server admits a request's jobs over its first steps, so the first streamed chunk can come
+    while only some of them run; a cap that is not kept shows as more than ``cap`` active.
+    """
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        h = await health(c, url)
+        if h["active"] + h["waiting"] >= jobs and h["active"] >= min(cap, jobs):
+            return h
+        await asyncio.sleep(0.02)
+    return await health(c, url)
+
+
+async def fairness(url: str, tokens: int = 1024, max_batch: int = 8) -> dict[str, Any]:
     """A one-token request beside a 4-prompt × n 16 × ``tokens``-token request → its latency."""
+    from gptlab.serve.admission import per_request_cap
+
     big = {"prompt": ["ROMEO:", "JULIET:", "a", "b"], "n": 16, "max_tokens": tokens, "stream": True}
     async with httpx.AsyncClient(timeout=120, headers=AUTH) as c:
         async with c.stream("POST", f"{url}/v1/completions", json=big) as r:
             lines = r.aiter_lines()
             await anext(lines)  # the big request runs
-            busy = await health(c, url)
+            busy = await admitted(c, url, jobs=4 * 16, cap=per_request_cap(max_batch))
             t0 = time.monotonic()
             small = await c.post(f"{url}/v1/completions", json={"prompt": "a", "max_tokens": 1})
             latency = time.monotonic() - t0
@@ -181,7 +198,7 @@ def main() -> None:
                 "bad_numbers": asyncio.run(bad_numbers(url)),
                 "hangups": asyncio.run(hangups(url, args.hangups)),
                 "beam_hangup": asyncio.run(beam_hangup(url)),
-                "fairness": asyncio.run(fairness(url)),
+                "fairness": asyncio.run(fairness(url, max_batch=args.max_batch)),
                 "max_batch": args.max_batch,
             }
     print(json.dumps(result))
