@@ -24,7 +24,8 @@ def register(subparsers: Any) -> None:
         "serve",
         help="serve a checkpoint over an OpenAI-compatible HTTP API, with a web playground",
         description="Serve CKPT over HTTP: POST /v1/completions, /v1/chat/completions (OpenAI's wire format, "
-        "streaming with SSE), GET /v1/models, /v1/gptlab/limits, /health, and the playground at /.",
+        "streaming with SSE), GET /v1/models, /v1/gptlab/limits, /health, and the playground at /. "
+        "A masked-language encoder is served with the playground's Inside view and POST /v1/gptlab/fill.",
     )
     p.add_argument(
         "checkpoint",
@@ -81,6 +82,7 @@ def run(args: argparse.Namespace) -> int:
     from gptlab.errors import GptlabError
     from gptlab.serve import create_app
     from gptlab.serve.launch import check_bind, is_loopback, load_for_serving
+    from gptlab.serve.tasks import task_of
 
     if not 0 <= args.port <= 65535:
         raise GptlabError(f"--port must be between 0 and 65535, got {args.port}")
@@ -93,7 +95,13 @@ def run(args: argparse.Namespace) -> int:
     model, tokenizer = load_for_serving(
         args.checkpoint, weights_format(args.dtype, device, args.checkpoint, args.max_batch), device
     )
-    print_plan(prepare_decode(args.compile, model, None), args.max_batch)  # a server: a long session
+    if task_of(model) == "generate":
+        print_plan(prepare_decode(args.compile, model, None), args.max_batch)  # a server: a long session
+    else:
+        sys.stderr.write(
+            "a masked-language encoder does not generate: the playground shows Inside and fills [MASK]s "
+            "(POST /v1/gptlab/fill); the generating routes answer 400\n"
+        )
     name = args.model_name or Path(args.checkpoint).resolve().name
     app = create_app(
         model,

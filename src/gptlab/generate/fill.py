@@ -27,6 +27,18 @@ class MaskPrediction:
 @torch.no_grad()
 def fill_masks(model: Any, tokenizer: Any, text: str, top_k: int = 5) -> tuple[list[MaskPrediction], str]:
     """Top-``k`` predictions for every ``[MASK]`` in ``text``, and the text with each mask's best guess."""
+    mask_id = mask_token_id(model, tokenizer)
+    ids = tokenizer.encode(text, allowed_special={MASK})
+    if mask_id not in ids:
+        raise GptlabError(
+            f'the text has no {MASK}; write one where a token is missing, e.g. "The cat {MASK}"'
+        )
+    predictions, filled = fill_ids(model, tokenizer, ids, top_k)
+    return predictions, tokenizer.decode(filled)
+
+
+def mask_token_id(model: Any, tokenizer: Any) -> int:
+    """The id of ``[MASK]``; refuses a causal model and a tokenizer without the token."""
     if getattr(model.config, "causal", True):
         raise GptlabError(
             "this model is causal (a decoder): it predicts the next token, not masked ones; "
@@ -35,18 +47,25 @@ def fill_masks(model: Any, tokenizer: Any, text: str, top_k: int = 5) -> tuple[l
     mask_id = tokenizer.special_tokens.get(MASK)
     if mask_id is None:
         raise GptlabError(f"the tokenizer has no {MASK} token; was the model trained with objective=mlm?")
+    return int(mask_id)
+
+
+@torch.no_grad()
+def fill_ids(
+    model: Any, tokenizer: Any, ids: list[int], top_k: int = 5
+) -> tuple[list[MaskPrediction], list[int]]:
+    """Top-``k`` predictions at every ``[MASK]`` of ``ids`` (none: no predictions), and ``ids`` with
+    each mask replaced by its best guess; ``[MASK]`` itself is never an answer."""
+    mask_id = mask_token_id(model, tokenizer)
     if top_k < 1:
         raise GptlabError(f"--top-k must be at least 1, got {top_k}")
-    ids = tokenizer.encode(text, allowed_special={MASK})
-    where = [i for i, t in enumerate(ids) if t == mask_id]
-    if not where:
-        raise GptlabError(
-            f'the text has no {MASK}; write one where a token is missing, e.g. "The cat {MASK}"'
-        )
     if len(ids) > model.config.block_size:
         raise GptlabError(
             f"the text has {len(ids)} tokens, more than the context of {model.config.block_size}"
         )
+    where = [i for i, t in enumerate(ids) if t == mask_id]
+    if not where:
+        return [], list(ids)
     logits = model(torch.tensor([ids], device=model.device))[0].float()  # (T, vocab)
     logits[:, mask_id] = float("-inf")  # [MASK] is never an answer
     probs = torch.softmax(logits, dim=-1)
@@ -55,4 +74,4 @@ def fill_masks(model: Any, tokenizer: Any, text: str, top_k: int = 5) -> tuple[l
         p, top = torch.topk(probs[i], min(top_k, probs.size(-1)))
         out.append(MaskPrediction(i, [(tokenizer.decode([int(t)]), float(q)) for q, t in zip(p, top)]))
         filled[i] = int(top[0])
-    return out, tokenizer.decode(filled)
+    return out, filled

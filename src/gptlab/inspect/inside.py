@@ -12,9 +12,14 @@ One recorded forward pass (``recording.record``) gives every stage, in the bluep
 
 and two views across the stack: the attention weights ``A = softmax(Q·Kᵀ/√d_k + M)`` of every
 layer and head (``attentions``, left as tensors: a server sends one layer at a time), and the
-logit lens ``softmax(head(norm_f(h⁽ˡ⁾_T)))`` of every layer (``lens.logit_lens``). Each stage
+logit lens ``softmax(head(norm_f(h⁽ˡ⁾_i)))`` of every layer (``lens.logit_lens``). Each stage
 carries its equation, its shape and the section of ``docs/guide/inside.md`` that explains it.
-The next-token logits are kept whole (``next_logits``) so that a client can apply the sampling
+
+The lens, the logits' statistics and the distribution are read at one position ``i``. By default
+it is the one whose prediction the model is for (``DEFAULT_POSITIONS``, by architecture): the last
+for a decoder (the next token) and an encoder–decoder (the next target token); for a masked-language
+encoder, the first ``[MASK]`` (else the last), where ``p = P(x_i | x̃)`` is the missing token.
+The logits at ``i`` are kept whole (``next_logits``) so that a client can apply the sampling
 filters itself (``gptlab.generate.sampling`` defines them) without asking again.
 """
 
@@ -27,6 +32,7 @@ from typing import Any
 import torch
 
 from gptlab.errors import GptlabError
+from gptlab.generate.fill import MASK
 from gptlab.inspect.inputs import token_label
 from gptlab.inspect.lens import logit_lens
 from gptlab.inspect.recording import ModelInput, Recording, model_input, record
@@ -50,11 +56,17 @@ FINAL_EQUATIONS = {
     "pre": "h_out = norm_f(h⁽ᴺ⁾)",
     "post": "h_out = h⁽ᴺ⁾  (post-norm: every block already ends with its norm)",
 }
-#: What the last position's distribution predicts, by architecture.
+#: What the distribution at the chosen position i predicts, by architecture.
 PREDICTS = {
-    "decoder": "the next token",
-    "encoder-decoder": "the next target token",
-    "encoder": "the token at the last position (a masked-language model predicts each position)",
+    "decoder": "the next token, after position i",
+    "encoder-decoder": "the next target token, after position i",
+    "encoder": "the token at position i, as a masked-language model sees it from both sides: P(x_i | x̃) (at a [MASK], the missing token)",
+}
+#: The distribution stage's equation, by architecture.
+DISTRIBUTION_EQUATIONS = {
+    "decoder": "p = softmax(z_i/τ); then top-k, top-p, min-p keep a prefix of the tokens by probability",
+    "encoder-decoder": "p = softmax(z_i/τ); then top-k, top-p, min-p keep a prefix of the tokens by probability",
+    "encoder": "P(x_i | x̃) = softmax(z_i/τ); top-k, top-p, min-p shown as a sampler would apply them",
 }
 ATTENTION_KINDS = {  # kind → (title, equation, rows, columns)
     "self": ("self-attention", "A = softmax(Q·Kᵀ/√d_k + M)", "tokens", "tokens"),
@@ -65,11 +77,39 @@ ATTENTION_KINDS = {  # kind → (title, equation, rows, columns)
 
 @dataclass
 class Inside:
-    """The Inside view of one input: ``overview`` (JSON-ready), attention tensors and the last logits."""
+    """The Inside view of one input: ``overview`` (JSON-ready), attention tensors and the logits at ``position``."""
 
     overview: dict[str, Any]
     attentions: dict[str, torch.Tensor]  # kind → (L, H, T_q, T_k) float32
-    next_logits: torch.Tensor  # (V,) float32: the logits of the last position
+    next_logits: torch.Tensor  # (V,) float32: the logits at ``position``
+    position: int  # the position the lens and the distribution are read at (0 … T − 1)
+    top: int  # tokens per lens row and bars
+
+
+def _last(ids: Sequence[int], mask_id: int | None) -> int:
+    return len(ids) - 1
+
+
+def _first_mask(ids: Sequence[int], mask_id: int | None) -> int:
+    return next((i for i, t in enumerate(ids) if t == mask_id), len(ids) - 1)
+
+
+#: Where the lens and the distribution are read when no position is given, by architecture.
+DEFAULT_POSITIONS: dict[str, Callable[[Sequence[int], int | None], int]] = {
+    "decoder": _last,
+    "encoder-decoder": _last,
+    "encoder": _first_mask,
+}
+
+
+def resolve_position(model: GPT, tokenizer: Any | None, ids: Sequence[int], position: int | None) -> int:
+    """``position`` in ``0 … T − 1`` (negative counts from the end, and a position past either end is
+    that end), or the architecture's default (``DEFAULT_POSITIONS``) when None."""
+    if position is None:
+        mask_id = (getattr(tokenizer, "special_tokens", None) or {}).get(MASK)
+        return DEFAULT_POSITIONS[model.config.arch](ids, mask_id)
+    found = position if position >= 0 else len(ids) + position
+    return min(max(found, 0), len(ids) - 1)
 
 
 def stage(name: str, title: str, equation: str, shape: Sequence[int], **data: Any) -> dict[str, Any]:
@@ -97,29 +137,34 @@ def inside(
     text: str | Sequence[int] | torch.Tensor,
     top: int = 10,
     target: str | None = None,
+    position: int | None = None,
 ) -> Inside:
     """Run ``text`` once and gather every stage, the attention weights and the logit lens.
 
-    ``top`` tokens per lens layer and bars of the next-token distribution (1..``MAX_TOP``).
-    An encoder–decoder reads ``text`` as its source and BOS + ``target`` as its decoder input.
+    ``top`` tokens per lens layer and bars of the distribution (1..``MAX_TOP``), read at
+    ``position`` (``resolve_position``: by default the last, or an encoder's first ``[MASK]``).
+    An encoder–decoder reads ``text`` as its source and BOS + ``target`` as its decoder input;
+    its positions are the target's.
     """
     if not isinstance(top, int) or not 1 <= top <= MAX_TOP:
         raise GptlabError(f"top must be an integer in 1..{MAX_TOP}, got {top!r}")
     inp = model_input(model, tokenizer, text, target)
+    pos = resolve_position(model, tokenizer, inp.ids, position)
     rec = record(model, inp, sublayers=True)
     c = model.config
     V = rec.logits.size(-1)
-    last = rec.logits[-1]
-    top_i = last.topk(min(top, V)).indices.tolist()
+    at = rec.logits[pos]
+    top_i = at.topk(min(top, V)).indices.tolist()
     overview = {
         "arch": c.arch,
         "causal": c.causal,
+        "position": pos,
         "config": {
             k: getattr(c, k) for k in ("n_layer", "n_head", "n_kv_head", "n_embd", "d_ff", "vocab_size")
         },
         "tokens": _tokens(inp.ids, inp.labels),
         "source_tokens": _tokens(inp.source, inp.source_labels) if inp.source is not None else None,
-        "stages": [builder(model, inp, rec) for builder in STAGES],
+        "stages": [builder(model, inp, rec, pos) for builder in STAGES],
         "attention": {
             kind: {
                 "title": ATTENTION_KINDS[kind][0],
@@ -133,13 +178,18 @@ def inside(
         },
         "lens": {
             "title": "Logit lens",
-            "equation": "p⁽ˡ⁾ = softmax(head(norm_f(h⁽ˡ⁾_T)))",
+            "equation": "p⁽ˡ⁾ = softmax(head(norm_f(h⁽ˡ⁾_i)))",
             "guide": f"{GUIDE}#logit-lens",
-            "layers": logit_lens(model, tokenizer, rec.hidden, -1, top),
+            "position": pos,
+            "layers": logit_lens(model, tokenizer, rec.hidden, pos, top),
         },
-        "distribution": {"top": [{"id": i, "token": token_label(tokenizer, i)} for i in top_i]},
+        "distribution": {
+            "position": pos,
+            "predicts": PREDICTS[c.arch],
+            "top": [{"id": i, "token": token_label(tokenizer, i)} for i in top_i],
+        },
     }
-    return Inside(overview, rec.attentions, last)
+    return Inside(overview, rec.attentions, at, pos, top)
 
 
 def _tokens(ids: Sequence[int], labels: Sequence[str]) -> list[dict[str, Any]]:
@@ -147,11 +197,11 @@ def _tokens(ids: Sequence[int], labels: Sequence[str]) -> list[dict[str, Any]]:
 
 
 # ------------------------------------------------------------------ the stages, in order
-def _tokens_stage(model: GPT, inp: ModelInput, rec: Recording) -> dict[str, Any]:
+def _tokens_stage(model: GPT, inp: ModelInput, rec: Recording, pos: int) -> dict[str, Any]:
     return stage("tokens", "Tokens", "x = T(text)", [len(inp.ids)])
 
 
-def _embedding_stage(model: GPT, inp: ModelInput, rec: Recording) -> dict[str, Any]:
+def _embedding_stage(model: GPT, inp: ModelInput, rec: Recording, pos: int) -> dict[str, Any]:
     return stage(
         "embedding",
         "Token embeddings",
@@ -162,7 +212,7 @@ def _embedding_stage(model: GPT, inp: ModelInput, rec: Recording) -> dict[str, A
     )
 
 
-def _position_stage(model: GPT, inp: ModelInput, rec: Recording) -> dict[str, Any]:
+def _position_stage(model: GPT, inp: ModelInput, rec: Recording, pos: int) -> dict[str, Any]:
     found = POSITION_STAGES[model.config.pos](model, len(inp.ids), inp.labels)
     for key in ("rows", "shape"):  # the table's numbers (the trace prints them); the view shows norms
         found.pop(key, None)
@@ -177,7 +227,7 @@ def _position_stage(model: GPT, inp: ModelInput, rec: Recording) -> dict[str, An
     )
 
 
-def _blocks_stage(model: GPT, inp: ModelInput, rec: Recording) -> dict[str, Any]:
+def _blocks_stage(model: GPT, inp: ModelInput, rec: Recording, pos: int) -> dict[str, Any]:
     placement = model.config.norm_placement
     equations = CROSS_EQUATIONS if "cross_attention" in rec.sublayers else BLOCK_EQUATIONS
     layers = []
@@ -195,28 +245,31 @@ def _blocks_stage(model: GPT, inp: ModelInput, rec: Recording) -> dict[str, Any]
     )
 
 
-def _final_stage(model: GPT, inp: ModelInput, rec: Recording) -> dict[str, Any]:
+def _final_stage(model: GPT, inp: ModelInput, rec: Recording, pos: int) -> dict[str, Any]:
     placement = model.config.norm_placement
     return stage("final", "Final norm", FINAL_EQUATIONS[placement], rec.final.shape, norms=norms(rec.final))
 
 
-def _logits_stage(model: GPT, inp: ModelInput, rec: Recording) -> dict[str, Any]:
+def _logits_stage(model: GPT, inp: ModelInput, rec: Recording, pos: int) -> dict[str, Any]:
     cap = model.config.logit_softcap
     equation = "z = h_out·W_eᵀ" + (f",  z ← {cap:g}·tanh(z/{cap:g})" if cap else "")
-    return stage("logits", "Logits", equation, rec.logits.shape, last=logit_stats(rec.logits[-1]))
+    return stage(
+        "logits", "Logits", equation, rec.logits.shape, position=pos, at=logit_stats(rec.logits[pos])
+    )
 
 
-def _distribution_stage(model: GPT, inp: ModelInput, rec: Recording) -> dict[str, Any]:
+def _distribution_stage(model: GPT, inp: ModelInput, rec: Recording, pos: int) -> dict[str, Any]:
     return stage(
         "distribution",
         "Next token",
-        "p = softmax(z_T/τ); then top-k, top-p, min-p keep a prefix of the tokens by probability",
+        DISTRIBUTION_EQUATIONS[model.config.arch],
         [rec.logits.size(-1)],
+        position=pos,
         predicts=PREDICTS[model.config.arch],
     )
 
 
-STAGES: list[Callable[[GPT, ModelInput, Recording], dict[str, Any]]] = [
+STAGES: list[Callable[[GPT, ModelInput, Recording, int], dict[str, Any]]] = [
     _tokens_stage,
     _embedding_stage,
     _position_stage,
@@ -226,4 +279,14 @@ STAGES: list[Callable[[GPT, ModelInput, Recording], dict[str, Any]]] = [
     _distribution_stage,
 ]
 
-__all__ = ["ATTENTION_KINDS", "GUIDE", "MAX_TOP", "STAGES", "Inside", "inside", "stage"]
+__all__ = [
+    "ATTENTION_KINDS",
+    "DEFAULT_POSITIONS",
+    "GUIDE",
+    "MAX_TOP",
+    "STAGES",
+    "Inside",
+    "inside",
+    "resolve_position",
+    "stage",
+]

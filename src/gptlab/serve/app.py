@@ -9,6 +9,7 @@ Endpoints (``openai_routes.py`` and ``gptlab_routes.py``):
     POST /v1/gptlab/generate      one prompt, SSE per token: text, probability, top alternatives
     POST /v1/gptlab/attention     one layer's attention weights (plain path) for a text
     POST /v1/gptlab/inside        the Inside view: every stage of one pass (inside_routes.py)
+    POST /v1/gptlab/fill          a masked-language encoder's predictions per [MASK] (fill_routes.py)
     GET  /health                  liveness and scheduler load
     GET  /                        the web playground (static/index.html)
 
@@ -18,7 +19,9 @@ status code and the streamed media types (``openapi.py``). The API key and the b
 plain ASGI middleware (``middleware.py``), so a client's disconnect always reaches its route.
 Generation never runs on the event loop: the ``Scheduler`` thread owns the model.
 
-A new group of routes is one ``APIRouter`` module and one line in ``ROUTERS``.
+A new group of routes is one ``APIRouter`` module and one line in ``ROUTERS`` (every server) or
+``TASK_ROUTERS`` (the servers of one task, ``tasks.py``, placed first): a masked-language encoder's
+fill route, and its refusals of the generating routes (a 400, and out of its schema).
 """
 
 from __future__ import annotations
@@ -29,7 +32,16 @@ from typing import Any
 
 from fastapi import APIRouter, FastAPI
 
-from gptlab.serve import echo, errors, gptlab_routes, inside_routes, openai_routes, openapi
+from gptlab.serve import (
+    echo,
+    errors,
+    fill_routes,
+    gptlab_routes,
+    inside_routes,
+    openai_routes,
+    openapi,
+    tasks,
+)
 from gptlab.serve.middleware import APIKey, BodyLimit
 from gptlab.serve.service import Service
 
@@ -40,6 +52,11 @@ ROUTERS: list[Callable[[Service], APIRouter]] = [
     inside_routes.router,
     echo.router,  # /tokenizer_info, /tokenize, /detokenize (lm-eval's tokenizer_backend=remote)
 ]
+#: the route groups of one task only
+TASK_ROUTERS: dict[str, list[Callable[[Service], APIRouter]]] = {
+    "generate": [],
+    "fill-mask": [tasks.refusals, fill_routes.router],
+}
 
 
 def create_app(
@@ -90,7 +107,7 @@ def create_app(
         app.add_middleware(
             APIKey, api_key=api_key, paths=echo.PATHS
         )  # outermost: nothing is read before the key
-    for router in ROUTERS:
+    for router in [*TASK_ROUTERS[service.task], *ROUTERS]:  # the first route that matches answers
         app.include_router(router(service))
     gptlab_routes.mount_static(app)
     openapi.document(app, service, api_key=bool(api_key))

@@ -1,11 +1,13 @@
 """The playground's Inside view: one forward pass, stage by stage (``gptlab.inspect.inside``).
 
-POST /v1/gptlab/inside             the pipeline's stages, the logit lens, the last position's logits
+POST /v1/gptlab/inside             the pipeline's stages, the logit lens and the logits at one
+                                   position (the last, or a masked-language model's first [MASK]),
                                    and one layer's attention
 POST /v1/gptlab/inside/attention   one layer's attention (every head) of the same pass
 
 The pass runs on the scheduler thread (the one owner of the model) and its result is kept in a
-small cache keyed by the token ids, so that picking another layer costs a lookup, not a pass.
+small cache keyed by the token ids, so that picking another layer costs a lookup, not a pass
+(another position or ``top`` is another pass).
 It is sent compactly:
 
     attention   w ∈ [0, 1] as q = round(w·65535), uint16 little-endian, base64: |w − q/65535| ≤ 1/131070
@@ -27,7 +29,7 @@ import torch
 from fastapi import APIRouter, Depends, Request
 from pydantic import Field
 
-from gptlab.inspect.inside import MAX_TOP, Inside, inside
+from gptlab.inspect.inside import MAX_TOP, Inside, inside, resolve_position
 from gptlab.serve.errors import APIError, not_found_model
 from gptlab.serve.schemas import MAX_INSIDE_TOKENS, Strict, whole
 from gptlab.serve.service import Service
@@ -65,6 +67,11 @@ class InsideRequest(InsideAttentionRequest):
     """``POST /v1/gptlab/inside``: every stage of one forward pass, and the attention of ``layer``."""
 
     top: whole(ge=1, le=MAX_TOP) = Field(default=10, description="tokens per logit-lens layer and bars")
+    position: whole(ge=-MAX_INSIDE_TOKENS, le=MAX_INSIDE_TOKENS - 1) | None = Field(
+        default=None,
+        description="where the lens and the distribution are read, in the kept tokens; negative counts "
+        "from the end, past an end is that end; default: the last, or a masked-language model's first [MASK]",
+    )
 
 
 def encode_weights(weights: torch.Tensor) -> str:
@@ -82,17 +89,20 @@ class InsideCache:
     """The last ``CACHE_ENTRIES`` passes, by token ids (used on the event loop only)."""
 
     def __init__(self) -> None:
-        self.entries: OrderedDict[tuple[int, ...], tuple[int, Inside]] = OrderedDict()
+        self.entries: OrderedDict[tuple[int, ...], Inside] = OrderedDict()
 
-    def get(self, ids: tuple[int, ...], top: int | None) -> Inside | None:
+    def get(self, ids: tuple[int, ...], top: int | None, position: int | None) -> Inside | None:
+        """The pass of ``ids``, if its ``top`` and ``position`` are these (None: any)."""
         found = self.entries.get(ids)
-        if found is None or (top is not None and found[0] != top):
+        if found is None or any(
+            want not in (None, got) for want, got in ((top, found.top), (position, found.position))
+        ):
             return None
         self.entries.move_to_end(ids)
-        return found[1]
+        return found
 
-    def put(self, ids: tuple[int, ...], top: int, result: Inside) -> None:
-        self.entries[ids] = (top, result)
+    def put(self, ids: tuple[int, ...], result: Inside) -> None:
+        self.entries[ids] = result
         self.entries.move_to_end(ids)
         while len(self.entries) > CACHE_ENTRIES:
             self.entries.popitem(last=False)
@@ -114,18 +124,25 @@ def router(service: Service) -> APIRouter:
     limit = min(MAX_INSIDE_TOKENS, service.context)
 
     async def computed(req: InsideAttentionRequest, top: int | None) -> tuple[list[int], int, Inside]:
+        """The pass for ``req.text`` (cached); ``top`` None (the attention route): any cached pass."""
         if req.model not in (None, service.model_name):
             raise not_found_model(req.model, service.model_name)
         ids = service.encode(req.text, "text")
         if not ids:
             raise APIError(400, "text: encodes to no tokens; give some text", param="text")
         kept = ids[-min(req.max_tokens, limit) :]
-        found = cache.get(tuple(kept), top)
+        position = None
+        if isinstance(req, InsideRequest):
+            position = resolve_position(service.model, service.tokenizer, kept, req.position)
+        found = cache.get(tuple(kept), top, position)
         if found is None:
-            n = top or 10
-            future = service.scheduler.call(lambda: inside(service.model, service.tokenizer, kept, top=n))
-            found = await asyncio.wrap_future(future)
-            cache.put(tuple(kept), n, found)
+            n, at = top or 10, position
+
+            def run() -> Inside:
+                return inside(service.model, service.tokenizer, kept, top=n, position=at)
+
+            found = await asyncio.wrap_future(service.scheduler.call(run))
+            cache.put(tuple(kept), found)
         return kept, len(ids) - len(kept), found
 
     def layer_of(result: Inside, req: InsideAttentionRequest) -> dict[str, Any]:

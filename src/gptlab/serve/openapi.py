@@ -10,7 +10,8 @@ what only the running server knows and what FastAPI does not say by itself:
 * every status code a route answers, each error in OpenAI's shape (``ErrorResponse``), and
   FastAPI's unused 422 removed (a bad body is a 400 here);
 * the media types of the streamed routes (``text/event-stream``);
-* the bearer-key security scheme when the server has a key.
+* the bearer-key security scheme when the server has a key;
+* for a masked-language encoder, no generating routes (``NOT_SERVED``): they only answer a 400.
 
 A route added elsewhere (``app.include_router``) gets the same error responses; ``RESPONSES``
 names the status codes per kind of route.
@@ -26,6 +27,7 @@ from pydantic import BaseModel
 
 from gptlab.generate.seq2seq import is_seq2seq
 from gptlab.serve.service import Service
+from gptlab.serve.tasks import GENERATING
 
 
 class ErrorDetail(BaseModel):
@@ -58,6 +60,8 @@ STREAMED = {
     "/v1/chat/completions": "optional",
     "/v1/gptlab/generate": "always",
 }
+#: the routes left out of the schema, by the server's task (``tasks.py``)
+NOT_SERVED = {"generate": (), "fill-mask": GENERATING}
 #: one server-sent event (OpenAPI 3.1: the schema of a text/event-stream describes each event)
 SSE = {
     "text/event-stream": {
@@ -118,12 +122,16 @@ def alphabet(tokenizer: Any) -> str | None:
     """A ``pattern`` for the texts ``tokenizer`` can encode: None when it encodes any text.
 
     A character tokenizer (``chars``) without an unknown-character token (``unk``) refuses any
-    other character.
+    other character; its special tokens (``[MASK]``, ``<|endoftext|>``) are read whole.
     """
     chars = getattr(tokenizer, "chars", None)
     if chars is None or getattr(tokenizer, "unk", None) is not None:
         return None
-    return "^[" + "".join("\\" + c if c in "\\]^-[" else c for c in chars) + "]*$"
+    one = "[" + "".join("\\" + c if c in "\\]^-[" else c for c in chars) + "]"
+    specials = [
+        "".join("\\" + c if c in "\\^$.|?*+()[]{}" else c for c in t) for t in tokenizer.special_tokens
+    ]
+    return f"^(?:{'|'.join([one, *specials])})*$" if specials else f"^{one}*$"
 
 
 def _texts(components: dict[str, Any], pattern: str) -> None:
@@ -136,6 +144,7 @@ def _texts(components: dict[str, Any], pattern: str) -> None:
         "AttentionRequest": ["text"],
         "InsideAttentionRequest": ["text"],
         "InsideRequest": ["text"],
+        "FillRequest": ["text"],
         "TokenizeRequest": ["prompt"],
     }
     for name, names in fields.items():
@@ -184,6 +193,8 @@ def document(app: FastAPI, service: Service, api_key: bool) -> None:
             components.pop(name, None)
         server_limits(components, service)
         error = {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorResponse"}}}
+        for path in NOT_SERVED[service.task]:
+            spec.get("paths", {}).pop(path, None)
         for path, item in spec.get("paths", {}).items():
             for method, op in item.items():
                 for param in op.get("parameters", []):

@@ -7,7 +7,8 @@
 
 Chat prompts are built in one place, ``Service.chat_prompt``, with the model's own chat template
 (or a fallback: ``tokenizers/chat.py``); a chat that does not fit
-the context drops its oldest turns first (the system message stays).
+the context drops its oldest turns first (the system message stays). A masked-language encoder
+is served too, but does not generate (``tasks.py``).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from gptlab.serve.schemas import (
     GenerateRequest,
     SamplingFields,
 )
+from gptlab.serve.tasks import cannot_generate, mask_token, task_of
 from gptlab.tokenizers.chat import FALLBACK_STOPS, ChatTemplate, stop_ids, template_for
 
 M = TypeVar("M", bound=BaseModel)
@@ -78,10 +80,8 @@ class Service:
             raise GptlabError(
                 "the checkpoint has no tokenizer.json; serving needs a tokenizer to turn text into ids"
             )
-        from gptlab.generate.seq2seq import check_generative
-
-        check_generative(model)  # a masked-language encoder cannot generate
         self.model, self.tokenizer, self.model_name = model, tokenizer, model_name
+        self.task = task_of(model)  # "generate", or "fill-mask" for a masked-language encoder
         self.context = model.config.block_size
         self.cap = max_tokens_cap if max_tokens_cap is not None else max(self.context, DEFAULT_CAP)
         if self.cap < 1:
@@ -123,6 +123,8 @@ class Service:
             "max_body_bytes": self.max_body_bytes,
             "vocab_size": self.tokenizer.vocab_size,
             "n_layer": self.model.config.n_layer,
+            "task": self.task,
+            "mask_token": mask_token(self.tokenizer),
         }
 
     def model_card(self) -> dict[str, Any]:
@@ -257,6 +259,8 @@ class Service:
         warnings: list[str] | None = None,
     ) -> Generation:
         """One job per prompt × ``n`` on the scheduler (choice ``p·n + i``, seed ``seed + i``)."""
+        if self.task != "generate":  # a masked-language encoder: every generating endpoint comes here
+            raise cannot_generate(self.model_name)
         if top_n is not None and req.beam_width > 1:
             raise APIError(
                 400, "logprobs are not available with beam search (beam_width > 1)", param="logprobs"
