@@ -119,6 +119,7 @@ def test_inside_reads_the_first_mask_and_shows_the_full_matrix(client, encoder, 
     mask_at = ids.index(tok.special_tokens[MASK])
     body = client.post("/v1/gptlab/inside", json={"text": TEXT, "layer": 1, "top": 4}).json()
     assert body["position"] == mask_at == 5 and body["causal"] is False
+    assert body["attention"]["self"]["title"] == "bidirectional self-attention"
     with torch.no_grad():
         out = encoder.run(torch.tensor([ids]), output_hidden_states=True)
     np.testing.assert_allclose(floats(body["next_logits"]["data"]), out.logits[0, mask_at].numpy(), atol=1e-5)

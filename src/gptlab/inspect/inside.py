@@ -60,12 +60,17 @@ FINAL_EQUATIONS = {
 PREDICTS = {
     "decoder": "the next token, after position i",
     "encoder-decoder": "the next target token, after position i",
-    "encoder": "the token at position i, as a masked-language model sees it from both sides: P(x_i | x̃) (at a [MASK], the missing token)",
+    "encoder": (
+        "the token at position i, as a masked-language model sees it from both sides: P(x_i | x̃) "
+        "(at a [MASK], the missing token; the raw distribution: [MASK] itself keeps its probability, "
+        "which Fill leaves out)"
+    ),
 }
 #: The distribution stage's equation, by architecture.
+SAMPLED = "p = softmax(z_i/τ); then top-k, top-p, min-p keep a prefix of the tokens by probability"
 DISTRIBUTION_EQUATIONS = {
-    "decoder": "p = softmax(z_i/τ); then top-k, top-p, min-p keep a prefix of the tokens by probability",
-    "encoder-decoder": "p = softmax(z_i/τ); then top-k, top-p, min-p keep a prefix of the tokens by probability",
+    "decoder": SAMPLED,
+    "encoder-decoder": SAMPLED,
     "encoder": "P(x_i | x̃) = softmax(z_i/τ); top-k, top-p, min-p shown as a sampler would apply them",
 }
 ATTENTION_KINDS = {  # kind → (title, equation, rows, columns)
@@ -73,6 +78,8 @@ ATTENTION_KINDS = {  # kind → (title, equation, rows, columns)
     "cross": ("cross-attention", "A = softmax(Q_dec·K_encᵀ/√d_k)", "tokens", "source_tokens"),
     "encoder": ("encoder self-attention", "A = softmax(Q·Kᵀ/√d_k)", "source_tokens", "source_tokens"),
 }
+#: a masked-language encoder's own self-attention: no mask, every position sees every other
+BIDIRECTIONAL = ("bidirectional self-attention", "A = softmax(Q·Kᵀ/√d_k)  (no mask)", "tokens", "tokens")
 
 
 @dataclass
@@ -166,14 +173,11 @@ def inside(
         "source_tokens": _tokens(inp.source, inp.source_labels) if inp.source is not None else None,
         "stages": [builder(model, inp, rec, pos) for builder in STAGES],
         "attention": {
-            kind: {
-                "title": ATTENTION_KINDS[kind][0],
-                "equation": ATTENTION_KINDS[kind][1],
-                "rows": ATTENTION_KINDS[kind][2],
-                "columns": ATTENTION_KINDS[kind][3],
-                "shape": list(maps.shape),
-                "guide": f"{GUIDE}#attention",
-            }
+            kind: dict(
+                zip(("title", "equation", "rows", "columns"), _attention_kind(c.causal, kind)),
+                shape=list(maps.shape),
+                guide=f"{GUIDE}#attention",
+            )
             for kind, maps in rec.attentions.items()
         },
         "lens": {
@@ -190,6 +194,11 @@ def inside(
         },
     }
     return Inside(overview, rec.attentions, at, pos, top)
+
+
+def _attention_kind(causal: bool, kind: str) -> tuple[str, str, str, str]:
+    """(title, equation, rows, columns) of an attention kind; a bidirectional model's "self" has no mask."""
+    return {**ATTENTION_KINDS, "self": {True: ATTENTION_KINDS["self"], False: BIDIRECTIONAL}[causal]}[kind]
 
 
 def _tokens(ids: Sequence[int], labels: Sequence[str]) -> list[dict[str, Any]]:

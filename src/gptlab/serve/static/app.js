@@ -3,6 +3,8 @@
 // Generate streams POST /v1/gptlab/generate (server-sent events, one per token with its probability
 // and top alternatives); Chat streams POST /v1/chat/completions with logprobs (the same probabilities);
 // both shade each token, and POST /v1/gptlab/attention is drawn as a heads × positions heatmap.
+// A masked-language encoder (limits.task "fill-mask") does not generate: the page hides what generates
+// (class gen-only) and offers Fill (POST /v1/gptlab/fill: the top tokens at each [MASK]) instead.
 "use strict";
 
 const $ = (id) => document.getElementById(id);
@@ -59,6 +61,10 @@ function applyLimits(l) {  // never offer what the server refuses
   if (!(parseInt(mt.value, 10) <= l.max_tokens)) mt.value = String(Math.min(l.default_max_tokens.generate, l.max_tokens));
   $("max_tokens_limit").textContent = `(at most ${l.max_tokens})`;
   state.nLayer = l.n_layer;
+  document.body.dataset.task = l.task || "generate";
+  if (l.task === "fill-mask" && l.mask_token && !$("prompt").value.includes(l.mask_token)) {
+    $("prompt").value = `The ${l.mask_token} sat on the mat.`;
+  }
 }
 
 async function loadModel() {
@@ -196,6 +202,34 @@ async function generate() {
   }));
 }
 
+// ----------------------------------------------------------------- fill masks (a masked-language encoder)
+async function fill() {
+  const text = $("prompt").value;
+  const out = $("output");
+  out.innerHTML = "";
+  state.text = text;
+  $("status").textContent = "filling…";
+  try {
+    const r = await fetch("/v1/gptlab/fill", { method: "POST", headers: headers(), body: JSON.stringify({ text, top: 5 }) });
+    const body = await r.json();
+    if (!r.ok) throw new Error(body.error ? body.error.message : r.statusText);
+    const masks = new Map(body.masks.map((m) => [m.position, m]));
+    body.filled_tokens.forEach((t, i) => {  // each filled mask: its best guess, shaded, with the top 5 on hover
+      const m = masks.get(i);
+      const alts = m ? m.top.map((a) => ({ text: a.token, prob: a.prob })) : null;
+      const span = m ? tokenSpan(t, m.top[0].prob, alts) : document.createTextNode(t);
+      if (m) { span.classList.add("filled"); span.dataset.position = String(i); }
+      out.appendChild(span);
+    });
+    $("status").textContent = body.masks.length ? `${body.masks.length} [MASK] filled with the most likely token (hover for the top 5)`
+      : "no [MASK] in the text: write [MASK] where a token is missing";
+  } catch (e) {
+    showError(e.message);
+    $("status").textContent = "";
+  }
+  await loadAttention(true);
+}
+
 // ----------------------------------------------------------------- chat
 function turnDiv(role, text) {
   const div = document.createElement("div");
@@ -306,9 +340,10 @@ function drawAttention() {
     g.textAlign = "right";
     g.fillText("h" + h, LEFT - 5, h * CELL_H + CELL_H - 4);
     for (let j = 0; j < T; j++) {
-      const v = j <= q ? row[j] / max : 0;
+      const seen = j <= q || document.body.dataset.task === "fill-mask";  // an encoder sees both sides
+      const v = seen ? row[j] / max : 0;
       const light = Math.round(97 - 62 * v);
-      g.fillStyle = j <= q ? `hsl(222, 70%, ${light}%)` : "#eef0f4";
+      g.fillStyle = seen ? `hsl(222, 70%, ${light}%)` : "#eef0f4";
       g.fillRect(LEFT + j * cw, h * CELL_H, cw - 1, CELL_H - 1);
     }
   }
@@ -339,13 +374,17 @@ $("query").addEventListener("input", drawAttention);
 $("layer").addEventListener("change", () => loadAttention(false));
 $("attn-refresh").addEventListener("click", () => { state.text = state.text || $("prompt").value; loadAttention(false); });
 $("generate").addEventListener("click", generate);
+$("fill").addEventListener("click", fill);
 $("send").addEventListener("click", chat);
 $("newchat").addEventListener("click", () => { state.messages = []; renderChat(); $("status").textContent = ""; });
 $("tab-generate").addEventListener("click", () => setMode("generate"));
 $("tab-chat").addEventListener("click", () => setMode("chat"));
 $("message").addEventListener("keydown", (e) => { if (e.key === "Enter" && (e.ctrlKey || e.metaKey)) chat(); });
 $("stopbtn").addEventListener("click", () => state.controller && state.controller.abort());
-$("prompt").addEventListener("keydown", (e) => { if (e.key === "Enter" && (e.ctrlKey || e.metaKey)) generate(); });
+const RUN_BY_TASK = { generate: () => generate(), "fill-mask": () => fill() };  // Ctrl+Enter in the prompt
+$("prompt").addEventListener("keydown", (e) => {
+  if (e.key === "Enter" && (e.ctrlKey || e.metaKey)) RUN_BY_TASK[document.body.dataset.task || "generate"]();
+});
 $("api_key").value = localStorage.getItem("gptlab_api_key") || "";
 $("api_key").addEventListener("change", () => { localStorage.setItem("gptlab_api_key", $("api_key").value); loadModel(); });
 window.addEventListener("resize", drawAttention);

@@ -3,12 +3,20 @@
 // the last position's logits (float32, base64) and one layer's attention (uint16 w·65535, base64);
 // POST /v1/gptlab/inside/attention sends another layer on demand (kept here once fetched).
 // The sliders (inside_sampling.js) reshape the next-token distribution with no request.
+// The lens and the distribution are read at one position i (the response's `position`: the last, or a
+// masked-language encoder's first [MASK]); picking another position (the select, or a token chip) asks again.
 // Uses app.js's globals: $, headers, showTip, hideTip, esc, showable, state.
 "use strict";
 
 const DOCS_BASE = "";  // a URL ending in "/" under which docs/guide/inside.md is found; "": the path is shown
 const inside = {
   view: null, text: "", attn: {}, logits: null, order: null, timing: {}, kind: "self",
+};
+//: what the distribution at position i is, by the model's architecture
+const DIST_TITLES = {
+  decoder: "Next token under the decoding settings",
+  "encoder-decoder": "Next target token under the decoding settings",
+  encoder: "Masked-language prediction P(x_i | x̃), reshaped by the settings",
 };
 window.gptlabInside = inside;  // the browser tests and bench/inside.py read inside.timing
 
@@ -73,7 +81,9 @@ const STAGE_BODY = {  // stage name → what its card shows below the equation
   tokens: (s, v) => {
     const box = el("div", "chips");
     for (const t of v.tokens) {
-      const chip = el("span", "chip");
+      const chip = el("span", "chip" + (t.position === v.position ? " chosen" : ""));
+      chip.title = `position ${t.position}: click to read the lens and the distribution here`;
+      chip.addEventListener("click", () => pickPosition(t.position));
       chip.appendChild(el("span", "chip-text", label(t.token)));
       chip.appendChild(el("sub", "", String(t.id)));
       box.appendChild(chip);
@@ -108,15 +118,16 @@ const STAGE_BODY = {  // stage name → what its card shows below the equation
     return [el("div", "muted small", `${s.placement}-norm; each sublayer's contribution to the residual stream, as norms per position (hover a cell)`), grid];
   },
   final: (s, v) => [el("div", "muted small", "‖h_out_i‖ per position:"), strip(s.norms, labels(v), "‖h_out_i‖", 210)],
-  logits: (s) => [el("div", "small mono", `last position: min ${s.last.min.toFixed(3)}, max ${s.last.max.toFixed(3)}, mean ${s.last.mean.toFixed(3)}, std ${s.last.std.toFixed(3)}`)],
-  distribution: (s) => [el("div", "muted small", `predicts ${s.predicts}; the sliders below reshape it`)],
+  logits: (s) => [el("div", "small mono", `position ${s.position}: min ${s.at.min.toFixed(3)}, max ${s.at.max.toFixed(3)}, mean ${s.at.mean.toFixed(3)}, std ${s.at.std.toFixed(3)}`)],
+  distribution: (s) => [el("div", "muted small", `at position i = ${s.position}: ${s.predicts}; the sliders below reshape it`)],
 };
 
 function labels(v) { return v.tokens.map((t) => t.token); }
 
 // ----------------------------------------------------------------- request and first paint
-async function openInside() {
-  const text = state.mode === "chat" ? (state.text || $("message").value) : $("prompt").value;
+async function openInside(position) {
+  const again = typeof position === "number";  // another position of the text shown: its attention is kept
+  const text = again ? inside.text : state.mode === "chat" ? (state.text || $("message").value) : $("prompt").value;
   const section = $("inside");
   section.hidden = false;
   if (!text) { $("inside-status").textContent = "type a prompt first"; return; }
@@ -126,7 +137,10 @@ async function openInside() {
   try {
     const r = await fetch("/v1/gptlab/inside", {
       method: "POST", headers: headers(),
-      body: JSON.stringify({ text, layer: 0, top: 12, ...(maxTokens ? { max_tokens: maxTokens } : {}) }),
+      body: JSON.stringify({
+        text, layer: again ? parseInt($("inside-layer").value, 10) : 0, kind: again ? inside.kind : "self", top: 12,
+        ...(again ? { position } : {}), ...(maxTokens ? { max_tokens: maxTokens } : {}),
+      }),
     });
     const raw = await r.text();
     const body = JSON.parse(raw);
@@ -135,19 +149,19 @@ async function openInside() {
     inside.bytes = raw.length;
     inside.text = text;
     inside.view = body;
-    inside.attn = {};
-    inside.kind = "self";
+    if (!again) { inside.attn = {}; inside.kind = "self"; }
     storeLayer(body.attention_layer);
     inside.logits = new Float32Array(b64bytes(body.next_logits.data));
     inside.order = sortedOrder(inside.logits);
-    renderInside();
+    renderInside(again);
     await new Promise((done) => requestAnimationFrame(() => done()));
     inside.timing.first_paint_ms = performance.now() - t0;
     const cut = body.dropped_tokens ? ` · first ${body.dropped_tokens} tokens left out (limit ${body.max_inside_tokens})` : "";
     $("inside-status").textContent = `${body.tokens.length} tokens · ${(inside.bytes / 1024).toFixed(0)} KiB · ` +
       `${inside.timing.first_paint_ms.toFixed(0)} ms${cut}`;
     section.dataset.ready = "1";
-    section.scrollIntoView({ block: "start" });
+    section.dataset.position = String(body.position);
+    if (!again) section.scrollIntoView({ block: "start" });
   } catch (e) {
     $("inside-status").textContent = "Inside unavailable: " + e.message;
   }
@@ -166,7 +180,11 @@ function sortedOrder(logits) {  // token ids by logit, largest first (τ > 0 kee
   return order.sort((a, b) => logits[b] - logits[a] || a - b);
 }
 
-function renderInside() {
+function pickPosition(position) {
+  if (inside.view && position !== inside.view.position) openInside(position);
+}
+
+function renderInside(again) {
   const v = inside.view;
   const list = $("inside-stages");
   list.innerHTML = "";
@@ -177,10 +195,16 @@ function renderInside() {
     for (const part of STAGE_BODY[s.name](s, v)) li.appendChild(part);
     list.appendChild(li);
   });
-  const kinds = Object.keys(v.attention);
-  fillSelect($("inside-kind"), kinds.map((k) => [k, v.attention[k].title]));
-  $("inside-kind-label").hidden = kinds.length < 2;
-  setKind("self");
+  fillSelect($("inside-position"), v.tokens.map((t) => [t.position, `${t.position}: ${label(t.token)}`]));
+  $("inside-position").value = String(v.position);
+  $("inside-dist-title").textContent = DIST_TITLES[v.arch];
+  $("inside-predicts").textContent = `position i = ${v.position} "${label(v.tokens[v.position].token)}": ${v.distribution.predicts}`;
+  if (!again) {
+    const kinds = Object.keys(v.attention);
+    fillSelect($("inside-kind"), kinds.map((k) => [k, v.attention[k].title]));
+    $("inside-kind-label").hidden = kinds.length < 2;
+    setKind("self");
+  }
   renderLens();
   renderDistribution();
 }
@@ -306,7 +330,7 @@ function showAttnCell(ev) {
 // ----------------------------------------------------------------- logit lens
 function renderLens() {
   const lens = inside.view.lens;
-  $("inside-lens-eq").textContent = lens.equation;
+  $("inside-lens-eq").textContent = `${lens.equation}, i = ${lens.position}`;
   $("inside-lens-guide").replaceChildren(guideLink(lens.guide));
   const table = $("inside-lens");
   table.innerHTML = "";
@@ -332,7 +356,8 @@ function renderLens() {
   }
 }
 
-$("inside-open").addEventListener("click", openInside);
+$("inside-open").addEventListener("click", () => openInside());
+$("inside-position").addEventListener("change", () => pickPosition(parseInt($("inside-position").value, 10)));
 $("inside-close").addEventListener("click", () => { $("inside").hidden = true; });
 $("inside-kind").addEventListener("change", () => setKind($("inside-kind").value));
 $("inside-layer").addEventListener("change", showLayer);
