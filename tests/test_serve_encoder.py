@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import re
 
+import httpx
 import numpy as np
 import pytest
 import torch
@@ -148,3 +149,19 @@ def test_a_decoders_lens_at_a_chosen_position(tok) -> None:
     np.testing.assert_allclose(floats(body["next_logits"]["data"]), out.logits[0, 2].numpy(), atol=1e-5)
     top = [t["id"] for t in body["lens"]["layers"][-1]["top"]]
     assert top == out.logits[0, 2].topk(3).indices.tolist()
+
+
+def test_fuzz_an_encoders_server(tok, tmp_path) -> None:
+    """Schemathesis on a live encoder's server: every route in its schema (fill and Inside included)
+    answers as documented, valid data is accepted, and nothing is a 5xx."""
+    from test_serve_fuzz import KEY, fuzz, robustness
+
+    import gptlab
+
+    ckpt = gptlab.save(tiny("encoder", tok), tok, tmp_path / "mlm")
+    extra = ["--api-key", KEY, "--device", "cpu", "--dtype", "fp32", "--model-name", "mlm"]
+    with robustness.serve_load.serve(str(ckpt), max_batch=2, extra=extra, timeout=120) as url:
+        paths = httpx.get(f"{url}/openapi.json").json()["paths"]
+        generated, out = fuzz(url, tmp_path, "--phases", "examples,fuzzing", "-n", "8", "--seed", "1")
+    assert generated >= 40 and "No issues found" in out
+    assert "/v1/gptlab/fill" in paths and f"Tested: {sum(map(len, paths.values()))}" in out
