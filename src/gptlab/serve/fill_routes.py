@@ -20,10 +20,9 @@ from gptlab.errors import GptlabError
 from gptlab.generate.fill import fill_ids
 from gptlab.generate.step import token_text
 from gptlab.serve.errors import APIError
-from gptlab.serve.schemas import Strict, whole
+from gptlab.serve.schemas import MAX_TEXT_CHARS, Strict, whole
 from gptlab.serve.service import Service
 
-MAX_TEXT_CHARS = 1 << 16
 MAX_FILL_TOP = 50
 
 

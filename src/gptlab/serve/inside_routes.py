@@ -31,12 +31,11 @@ from pydantic import Field
 
 from gptlab.inspect.inside import MAX_TOP, Inside, inside, resolve_position
 from gptlab.serve.errors import APIError, not_found_model
-from gptlab.serve.schemas import MAX_INSIDE_TOKENS, Strict, whole
+from gptlab.serve.schemas import MAX_INSIDE_TOKENS, MAX_TEXT_CHARS, Strict, whole
 from gptlab.serve.service import Service
 
 WEIGHT_SCALE = 65535  # attention weights travel as round(w·WEIGHT_SCALE), uint16
 CACHE_ENTRIES = 4  # passes kept (each holds L·H·T² float32 weights)
-MAX_TEXT_CHARS = 1 << 16
 
 ERRORS: dict[int | str, dict[str, Any]] = {
     400: {"description": "a field out of bounds, a layer the model lacks, or text that encodes to no tokens"},

@@ -21,6 +21,7 @@ MAX_LOGPROBS = 5  # completions: logprobs
 MAX_TOP_LOGPROBS = 20  # chat: top_logprobs
 MAX_TOP_N = 20  # the playground's alternatives per token
 MAX_ATTENTION_TOKENS = 512
+MAX_TEXT_CHARS = 1 << 16  # one text of the Inside and Fill routes
 MAX_INSIDE_TOKENS = 128  # the Inside view (serve/inside_routes.py) keeps every layer's T×T weights
 MAX_PROMPTS = 64  # prompts in one completions request
 MAX_STOP = 16  # stop strings
