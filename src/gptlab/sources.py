@@ -18,7 +18,7 @@ import importlib
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -28,6 +28,9 @@ from gptlab.errors import GptlabError
 from gptlab.model import GPT
 from gptlab.model.lora import apply_lora, load_adapter_state, merge_lora
 from gptlab.model.quantized import quantize as quantize_model
+
+if TYPE_CHECKING:
+    from gptlab.tokenizers.base import Tokenizer
 
 PathLike = str | os.PathLike[str]
 SKIP_HASH = ("train_state",)  # a training checkpoint's optimizer state is not part of the weights
@@ -133,7 +136,7 @@ def load_source(src: PathLike) -> tuple[GPT, Any | None]:
     return model.float(), tokenizer
 
 
-def source_tokenizer(src: PathLike) -> Any:
+def source_tokenizer(src: PathLike) -> Tokenizer:
     """The tokenizer that comes with a model (``prepare --tokenizer SRC``)."""
     path = source_path(src)
     kind = source_kind(path)
@@ -146,7 +149,7 @@ def source_tokenizer(src: PathLike) -> Any:
     return tok
 
 
-def model_tokenizer(spec: str) -> Any | None:
+def model_tokenizer(spec: str) -> Tokenizer | None:
     """The tokenizer of the model ``spec`` names, or None when ``spec`` names no model
     (``gptlab.data.prepare``'s ``model_tokenizer``: ``prepare --tokenizer SRC``)."""
     return source_tokenizer(spec) if is_model_source(spec) else None

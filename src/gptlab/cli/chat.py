@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gptlab.cli.options import (
     add_compile_argument,
@@ -20,6 +20,9 @@ from gptlab.cli.options import (
     weights_format,
 )
 from gptlab.errors import GptlabError
+
+if TYPE_CHECKING:
+    from gptlab.tokenizers.base import Tokenizer
 
 COMMANDS = {"/reset": "forget the conversation", "/exit": "quit"}
 
@@ -48,7 +51,7 @@ def register(subparsers: Any) -> None:
     p.set_defaults(func=run)
 
 
-def _template(tokenizer: Any, spec: str | None) -> Any:
+def _template(tokenizer: Tokenizer, spec: str | None) -> Any:
     from pathlib import Path
 
     from gptlab.tokenizers.chat import FALLBACKS, template_for
@@ -61,7 +64,9 @@ def _template(tokenizer: Any, spec: str | None) -> Any:
     return template_for(tokenizer, path.read_text(encoding="utf-8"))
 
 
-def reply(model: Any, tokenizer: Any, template: Any, messages: list[dict[str, str]], config: Any) -> Any:
+def reply(
+    model: Any, tokenizer: Tokenizer, template: Any, messages: list[dict[str, str]], config: Any
+) -> Any:
     """Stream the assistant's reply to ``messages``: yields text pieces, stops at an end-of-turn token."""
     from gptlab.generate import stream_events
 

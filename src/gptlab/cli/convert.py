@@ -12,9 +12,12 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gptlab.errors import GptlabError
+
+if TYPE_CHECKING:
+    from gptlab.tokenizers.base import Tokenizer
 
 #: --dtype → how the checkpoint's weights are stored: float32, bfloat16, or int8 (+ scales; for inference).
 DTYPES = ("fp32", "bf16", "int8")
@@ -187,6 +190,6 @@ def _describe(model: Any) -> str:
     return f"{c.n_layer} layers, d_model {c.n_embd}, {model.num_params()['total']:,} parameters"
 
 
-def _describe_tokenizer(tok: Any) -> str:
+def _describe_tokenizer(tok: Tokenizer) -> str:
     template = "its chat template" if getattr(tok, "chat_template", None) else "no chat template"
     return f"{type(tok).__name__}, {tok.vocab_size:,} ids, {len(tok.special_tokens)} special, {template}"

@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from gptlab.tokenizers.base import Tokenizer
 
 
-def model_tokenizer(spec: str) -> Any:
+def model_tokenizer(spec: str) -> Tokenizer | None:
     """``--tokenizer MODEL``: the tokenizer of the model ``spec`` names, or None when it names none."""
     from gptlab.sources import model_tokenizer as of_model
 

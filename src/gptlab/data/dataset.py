@@ -13,13 +13,16 @@ import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from gptlab.data.shards import open_split
 from gptlab.data.sources import PathLike
 from gptlab.errors import GptlabError
+
+if TYPE_CHECKING:
+    from gptlab.tokenizers.base import Tokenizer
 
 DATASET_FORMAT = 2
 META_FILE = "meta.json"
@@ -122,7 +125,7 @@ class TokenDataset:
         return out
 
     @property
-    def tokenizer(self) -> Any:
+    def tokenizer(self) -> Tokenizer:
         if self._tokenizer is None:
             from gptlab import tokenizers
 

@@ -9,11 +9,15 @@ predicted from the words on both sides. Predictions are independent per mask (BE
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
 from gptlab.errors import GptlabError
+
+if TYPE_CHECKING:
+    from gptlab.model import GPT
+    from gptlab.tokenizers.base import Tokenizer
 
 MASK = "[MASK]"
 
@@ -25,7 +29,9 @@ class MaskPrediction:
 
 
 @torch.no_grad()
-def fill_masks(model: Any, tokenizer: Any, text: str, top_k: int = 5) -> tuple[list[MaskPrediction], str]:
+def fill_masks(
+    model: GPT, tokenizer: Tokenizer, text: str, top_k: int = 5
+) -> tuple[list[MaskPrediction], str]:
     """Top-``k`` predictions for every ``[MASK]`` in ``text``, and the text with each mask's best guess."""
     if getattr(model.config, "causal", True):
         raise GptlabError(

@@ -14,7 +14,7 @@ target position × source position.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -22,6 +22,9 @@ from gptlab.errors import GptlabError
 from gptlab.inspect.inputs import token_ids
 from gptlab.inspect.recording import ModelInput, record
 from gptlab.model import GPT
+
+if TYPE_CHECKING:
+    from gptlab.tokenizers.base import Tokenizer
 
 
 @torch.no_grad()
@@ -40,7 +43,7 @@ def attention_maps(model: GPT, tokenizer_or_ids: Any, text: str | None = None) -
 
 @torch.no_grad()
 def seq2seq_maps(
-    model: Any, tokenizer: Any, source: str | Sequence[int], target: str | Sequence[int] | None = None
+    model: Any, tokenizer: Tokenizer, source: str | Sequence[int], target: str | Sequence[int] | None = None
 ) -> dict[str, Any]:
     """Encoder, decoder and cross-attention weights of an encoder–decoder, with the ids they read.
 

@@ -25,7 +25,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -35,6 +35,9 @@ from gptlab.errors import GptlabError
 from gptlab.interop import gpt2, llama
 from gptlab.interop.common import Family
 from gptlab.model import GPT
+
+if TYPE_CHECKING:
+    from gptlab.tokenizers.base import Tokenizer
 
 Fix = Callable[[np.ndarray, dict[str, Any]], np.ndarray]
 
@@ -359,7 +362,7 @@ def from_gguf(
     return model_from_hf_state(arch.family, config, hf_state(f, arch, hf), f.path, dtype, quantize)
 
 
-def tokenizer_from_gguf(path: str | os.PathLike[str] | GgufFile) -> Any:
+def tokenizer_from_gguf(path: str | os.PathLike[str] | GgufFile) -> Tokenizer:
     """The file's tokenizer (``PretrainedTokenizer``: its BPE, special tokens, bos/eos and chat template)."""
     from gptlab.tokenizers.pretrained import PretrainedTokenizer
 

@@ -150,7 +150,7 @@ def model_from_hf_state(
     return model.eval()
 
 
-def tokenizer_from_hf(directory: str | os.PathLike[str]) -> Any | None:
+def tokenizer_from_hf(directory: str | os.PathLike[str]) -> Tokenizer | None:
     """The directory's tokenizer, or ``None`` if it has none gptlab reads.
 
     ``tokenizer.json`` (a byte-level BPE, with its special tokens, bos/eos and the chat template of

@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from gptlab.errors import GptlabError
-from gptlab.model.quantized import Int8Linear, replace_linears
+from gptlab.model.quantized import InferenceLinear, Int8Linear, replace_linears
 
 TARGET_ALIASES: dict[str, tuple[str, ...]] = {
     "head": ("lm_head",),
@@ -89,7 +89,8 @@ class FrozenInt8Linear(Int8Linear):
         if not torch.is_grad_enabled():
             return super()._matmul(x2)
         assert self.scales is not None
-        return _Int8Matmul.apply(x2, self.weight, self.scales)
+        y: torch.Tensor = _Int8Matmul.apply(x2, self.weight, self.scales)  # type: ignore[no-untyped-call]  # torch: Function.apply is untyped
+        return y
 
 
 def _base_bf16(model: nn.Module) -> None:
@@ -109,7 +110,7 @@ BASE_FORMATS = {"float32": lambda model: None, "bfloat16": _base_bf16, "int8": _
 class LoRALinear(nn.Module):
     """``y = base(x) + (α/r)·B·A·dropout(x)``; ``base`` is frozen, ``A`` and ``B`` are float32."""
 
-    def __init__(self, base: nn.Module, rank: int, alpha: float, dropout: float) -> None:
+    def __init__(self, base: nn.Linear | InferenceLinear, rank: int, alpha: float, dropout: float) -> None:
         super().__init__()
         self.base = base
         d_in, d_out = base.in_features, base.out_features
@@ -126,7 +127,7 @@ class LoRALinear(nn.Module):
         return self.base.weight
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: (..., d_in)
-        y = self.base(x)  # (..., d_out)
+        y: torch.Tensor = self.base(x)  # (..., d_out)
         z = F.linear(self.dropout(x).to(self.lora_A.dtype), self.lora_A)  # A·x: (..., r)
         if y.dtype != z.dtype:  # a bf16/int8 base: the float32 update, then cast
             return y + (F.linear(z, self.lora_B) * self.scaling).to(y.dtype)
@@ -200,7 +201,7 @@ def lora_layers(model: nn.Module) -> dict[str, LoRALinear]:
 
 def adapter_state(model: nn.Module) -> dict[str, torch.Tensor]:
     """``{"<layer>.lora_A": A, "<layer>.lora_B": B}`` of every adapter."""
-    out = {}
+    out: dict[str, torch.Tensor] = {}
     for name, layer in lora_layers(model).items():
         out[f"{name}.lora_A"], out[f"{name}.lora_B"] = layer.lora_A, layer.lora_B
     return out
@@ -241,7 +242,7 @@ def merge_lora(model: nn.Module) -> nn.Module:
     return model
 
 
-def is_lora_model(model: Any) -> bool:
+def is_lora_model(model: object) -> bool:
     """True for a model prepared by ``apply_lora`` (it carries its ``lora_spec``)."""
     return "lora_spec" in getattr(model, "__dict__", {})
 

@@ -25,13 +25,16 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastapi import APIRouter, FastAPI
 
 from gptlab.serve import echo, errors, gptlab_routes, inside_routes, openai_routes, openapi
 from gptlab.serve.middleware import APIKey, BodyLimit
 from gptlab.serve.service import Service
+
+if TYPE_CHECKING:
+    from gptlab.tokenizers.base import Tokenizer
 
 #: the route groups, each ``router(service) -> APIRouter``
 ROUTERS: list[Callable[[Service], APIRouter]] = [
@@ -44,7 +47,7 @@ ROUTERS: list[Callable[[Service], APIRouter]] = [
 
 def create_app(
     model: Any,
-    tokenizer: Any,
+    tokenizer: Tokenizer,
     *,
     model_name: str = "gptlab",
     max_batch: int = 8,

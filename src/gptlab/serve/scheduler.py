@@ -38,7 +38,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -48,6 +48,9 @@ from gptlab.generate.lanes import Lanes
 from gptlab.generate.step import TokenEvent, TokenStep
 from gptlab.serve.admission import FairQueue, per_request_cap
 from gptlab.serve.jobs import Channel, EndEvent, Job
+
+if TYPE_CHECKING:
+    from gptlab.tokenizers.base import Tokenizer
 
 __all__ = ["KV_START_TOKENS", "Channel", "EndEvent", "Job", "Scheduler"]
 
@@ -68,7 +71,7 @@ class Scheduler:
     def __init__(
         self,
         model: Any,
-        tokenizer: Any,
+        tokenizer: Tokenizer,
         max_batch: int = 8,
         max_len: int | None = None,
         beam_slots: int | None = None,
@@ -318,7 +321,7 @@ class Scheduler:
 
 
 def stepped_events(
-    model: Any, tokenizer: Any, prompt: list[int], config: Any, seq2seq: bool
+    model: Any, tokenizer: Tokenizer, prompt: list[int], config: Any, seq2seq: bool
 ) -> Iterator[TokenEvent | None]:
     """A beam-search job (or an encoder–decoder's) as an iterator: None per search step, then its
     events; each ``next`` runs the model at most once."""

@@ -16,7 +16,7 @@ import asyncio
 import json
 import time
 from collections.abc import Sequence
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
@@ -35,6 +35,9 @@ from gptlab.serve.schemas import (
     SamplingFields,
 )
 from gptlab.tokenizers.chat import FALLBACK_STOPS, ChatTemplate, stop_ids, template_for
+
+if TYPE_CHECKING:
+    from gptlab.tokenizers.base import Tokenizer
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -67,7 +70,7 @@ class Service:
     def __init__(
         self,
         model: Any,
-        tokenizer: Any,
+        tokenizer: Tokenizer,
         *,
         model_name: str = "gptlab",
         max_batch: int = 8,

@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -25,6 +25,9 @@ from gptlab.errors import GptlabError
 from gptlab.model import GPT, GPTConfig
 from gptlab.model.state_dict import load_model_state, model_state
 from gptlab.sources import load_source, resolve_source, source_kind, source_sha256
+
+if TYPE_CHECKING:
+    from gptlab.tokenizers.base import Tokenizer
 
 PathLike = str | os.PathLike[str]
 
@@ -58,7 +61,7 @@ class Start:
     """The pretrained model a run starts from, its tokenizer and a reference to its weights."""
 
     model: GPT
-    tokenizer: Any | None
+    tokenizer: Tokenizer | None
     base: dict[str, Any] = field(default_factory=dict)  # {"path", "sha256", "kind"}
 
     @property
@@ -66,7 +69,7 @@ class Start:
         return self.model.config
 
 
-def check_tokenizer(tokenizer: Any | None, data: Any, src: PathLike, vocab_size: int) -> None:
+def check_tokenizer(tokenizer: Tokenizer | None, data: Any, src: PathLike, vocab_size: int) -> None:
     """The dataset must be tokenized by the model's own tokenizer."""
     if data.vocab_size > vocab_size:
         raise GptlabError(

@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from itertools import islice
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -31,11 +31,14 @@ from gptlab.model import GPTConfig
 from gptlab.train import init
 from gptlab.train.evaluate import target_loss_sum
 
+if TYPE_CHECKING:
+    from gptlab.tokenizers.base import Tokenizer
+
 MASK = "[MASK]"
 Batch = tuple[torch.Tensor, ...]
 
 
-def with_mask_token(tokenizer: Any) -> Any:
+def with_mask_token(tokenizer: Tokenizer) -> Any:
     """``tokenizer`` with a ``[MASK]`` special token (the next free id) unless it has one."""
     if MASK in tokenizer.special_tokens:
         return tokenizer
@@ -86,7 +89,7 @@ class CausalLM:
         self.model_config = self.start.config if self.start else self._model_config()
         self._setup()
 
-    def _tokenizer(self) -> Any:
+    def _tokenizer(self) -> Tokenizer:
         return self.data.tokenizer
 
     def _vocab_size(self) -> int:
@@ -151,7 +154,7 @@ class MaskedLM(CausalLM):
 
     arch = "encoder"
 
-    def _tokenizer(self) -> Any:
+    def _tokenizer(self) -> Tokenizer:
         return with_mask_token(self.data.tokenizer)
 
     def _vocab_size(self) -> int:
