@@ -95,7 +95,12 @@ def _dtype(args: argparse.Namespace) -> dict[str, Any]:
     """The import's keyword arguments for ``--dtype``: a float dtype, or int8 quantization."""
     import torch
 
-    return {"fp32": {}, "bf16": {"dtype": torch.bfloat16}, "int8": {"quantize": "int8"}}[args.dtype]
+    choices: dict[str, dict[str, Any]] = {
+        "fp32": {},
+        "bf16": {"dtype": torch.bfloat16},
+        "int8": {"quantize": "int8"},
+    }
+    return choices[args.dtype]
 
 
 def _from_hf(source: Path, out: Path, args: argparse.Namespace) -> int:

@@ -115,7 +115,7 @@ class TokenDataset:
                 f"{self.dir} holds examples in rows of {rows} tokens (prepared with --block-size {rows - 1}); "
                 f"train with model.block_size={rows - 1} or prepare it again"
             )
-        out = {}
+        out: dict[str, np.ndarray] = {}
         for key, dtype in (("mask", "uint8"), ("pos", self.meta.get("pos_dtype"))):
             path = self.dir / f"{name}.{key}.bin"
             if dtype and path.is_file():

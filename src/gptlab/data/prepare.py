@@ -165,6 +165,7 @@ def prepare(
             if saved is not None:
                 saved.result()
             described = described if hashed is None else hashed.result()
+        assert described is not None  # described first, or hashed beside the workers
         meta.update(
             _wanted(settings, described),
             sources=described,

@@ -32,6 +32,7 @@ import numpy as np
 from gptlab.data.dataset import EOT
 from gptlab.data.pieces import Piece, piece_bytes, read_piece
 from gptlab.tokenizers.base import check_text
+from gptlab.tokenizers.ranked import RankedTokenizer
 
 if TYPE_CHECKING:
     from gptlab.tokenizers.base import Tokenizer
@@ -58,7 +59,7 @@ def array_encoder(tok: Tokenizer, dtype: np.dtype) -> Callable[[str], np.ndarray
     With the tiktoken back-end the ids come from ``encode_to_numpy`` (the same ids, without a list
     of Python ints, faster than ``encode`` + ``np.asarray``: docs/benchmarks.md#data-preparation).
     """
-    if getattr(tok, "backend", None) == "tiktoken":
+    if isinstance(tok, RankedTokenizer) and tok.backend == "tiktoken":
         encoding = tok._encoding  # built by the ``backend`` property just above
 
         def encode(text: str) -> np.ndarray:

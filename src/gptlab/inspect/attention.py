@@ -24,11 +24,14 @@ from gptlab.inspect.recording import ModelInput, record
 from gptlab.model import GPT
 
 if TYPE_CHECKING:
+    from gptlab.model import EncoderDecoder
     from gptlab.tokenizers.base import Tokenizer
 
 
 @torch.no_grad()
-def attention_maps(model: GPT, tokenizer_or_ids: Any, text: str | None = None) -> torch.Tensor:
+def attention_maps(
+    model: GPT, tokenizer_or_ids: Tokenizer | Sequence[int] | torch.Tensor, text: str | None = None
+) -> torch.Tensor:
     """The attention weights of ``text``: a float tensor ``(L, H, T, T)``.
 
     ``attention_maps(model, tokenizer, "text")`` encodes the text;
@@ -43,7 +46,10 @@ def attention_maps(model: GPT, tokenizer_or_ids: Any, text: str | None = None) -
 
 @torch.no_grad()
 def seq2seq_maps(
-    model: Any, tokenizer: Tokenizer, source: str | Sequence[int], target: str | Sequence[int] | None = None
+    model: EncoderDecoder,
+    tokenizer: Tokenizer | None,
+    source: str | Sequence[int],
+    target: str | Sequence[int] | None = None,
 ) -> dict[str, Any]:
     """Encoder, decoder and cross-attention weights of an encoder–decoder, with the ids they read.
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -68,7 +68,7 @@ def cli_input(text: str | None, ids: str | None) -> str | list[int]:
     return text
 
 
-def load_checkpoint(path: str, device: str = "cpu") -> tuple[GPT, Any | None]:
+def load_checkpoint(path: str, device: str = "cpu") -> tuple[GPT, Tokenizer | None]:
     """``gptlab.load(path)`` onto ``device``, in eval mode."""
     from gptlab.sources import load
 

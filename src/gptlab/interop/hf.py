@@ -16,7 +16,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -124,7 +124,7 @@ def _skip_init() -> Iterator[None]:
 def model_from_hf_state(
     family: Family,
     config: GPTConfig,
-    hf_state: dict[str, torch.Tensor],
+    hf_state: Mapping[str, torch.Tensor],
     source: Path,
     dtype: torch.dtype | None,
     quantize: str | None = None,

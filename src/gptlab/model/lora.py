@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 import torch.nn.functional as F
@@ -30,6 +30,8 @@ from torch import nn
 
 from gptlab.errors import GptlabError
 from gptlab.model.quantized import InferenceLinear, Int8Linear, replace_linears
+
+M = TypeVar("M", bound=nn.Module)  # a model, returned as the type it came in as
 
 TARGET_ALIASES: dict[str, tuple[str, ...]] = {
     "head": ("lm_head",),
@@ -158,7 +160,7 @@ def linear_names(model: nn.Module) -> list[str]:
     return [n for n, m in model.named_modules() if isinstance(m, nn.Linear | Int8Linear)]
 
 
-def apply_lora(model: nn.Module, spec: LoRASpec) -> nn.Module:
+def apply_lora(model: M, spec: LoRASpec) -> M:
     """Freeze ``model``, hold its base as ``spec.base_format``, and add adapters on ``spec.targets`` (in place)."""
     if spec.rank < 1:
         raise GptlabError(f"lora_rank must be at least 1, got {spec.rank}")
@@ -227,7 +229,7 @@ def load_adapter_state(model: nn.Module, state: dict[str, torch.Tensor], source:
 
 
 @torch.no_grad()
-def merge_lora(model: nn.Module) -> nn.Module:
+def merge_lora(model: M) -> M:
     """Fold every adapter into its base (``W ← W + (α/r)·B·A``) and remove it; needs a float base."""
     for name, layer in lora_layers(model).items():
         base = layer.base

@@ -27,7 +27,9 @@ from gptlab.model.state_dict import load_model_state, model_state
 from gptlab.sources import load_source, resolve_source, source_kind, source_sha256
 
 if TYPE_CHECKING:
+    from gptlab.data.dataset import TokenDataset
     from gptlab.tokenizers.base import Tokenizer
+    from gptlab.train.config import TrainConfig
 
 PathLike = str | os.PathLike[str]
 
@@ -69,7 +71,7 @@ class Start:
         return self.model.config
 
 
-def check_tokenizer(tokenizer: Tokenizer | None, data: Any, src: PathLike, vocab_size: int) -> None:
+def check_tokenizer(tokenizer: Tokenizer | None, data: TokenDataset, src: PathLike, vocab_size: int) -> None:
     """The dataset must be tokenized by the model's own tokenizer."""
     if data.vocab_size > vocab_size:
         raise GptlabError(
@@ -83,7 +85,7 @@ def check_tokenizer(tokenizer: Tokenizer | None, data: Any, src: PathLike, vocab
         )
 
 
-def start(cfg: Any, data: Any) -> Start | None:
+def start(cfg: TrainConfig, data: TokenDataset) -> Start | None:
     """Load ``cfg.init``, check the dataset's tokenizer, apply the shape-neutral ``model.*`` overrides.
 
     None when the run starts from random weights (no ``init``), which only full training can.
@@ -109,13 +111,13 @@ def start(cfg: Any, data: Any) -> Start | None:
     return Start(model=model, tokenizer=tokenizer, base=base)
 
 
-def _full(model: GPT, cfg: Any, base: dict[str, Any]) -> GPT:
+def _full(model: GPT, cfg: TrainConfig, base: dict[str, Any]) -> GPT:
     for p in model.parameters():
         p.requires_grad_(True)
     return model
 
 
-def _lora(model: GPT, cfg: Any, base: dict[str, Any]) -> GPT:
+def _lora(model: GPT, cfg: TrainConfig, base: dict[str, Any]) -> GPT:
     from gptlab.model.lora import LoRASpec, apply_lora
     from gptlab.train.lora import set_lr_ratio
 
@@ -131,10 +133,10 @@ def _lora(model: GPT, cfg: Any, base: dict[str, Any]) -> GPT:
 
 
 #: ``finetune`` → what trains.
-FINETUNE: dict[str, Callable[[GPT, Any, dict[str, Any]], GPT]] = {"full": _full, "lora": _lora}
+FINETUNE: dict[str, Callable[[GPT, TrainConfig, dict[str, Any]], GPT]] = {"full": _full, "lora": _lora}
 
 
-def finetune_model(begin: Start, cfg: Any) -> GPT:
+def finetune_model(begin: Start, cfg: TrainConfig) -> GPT:
     """The model to train: ``FINETUNE[cfg.finetune]`` applied to the pretrained one."""
     return FINETUNE[cfg.finetune](begin.model, cfg, begin.base)
 
@@ -150,7 +152,7 @@ __all__ = [
 ]
 
 
-def check_settings(cfg: Any, need: Callable[[bool, str], None]) -> None:
+def check_settings(cfg: TrainConfig, need: Callable[[bool, str], None]) -> None:
     """Validate the fine-tuning fields of a ``TrainConfig`` (``need(ok, message)`` raises)."""
     from gptlab.model.lora import BASE_FORMATS
 
