@@ -14,7 +14,7 @@ target position × source position.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeGuard, cast
 
 import torch
 
@@ -40,7 +40,8 @@ def attention_maps(
     if text is None and _is_ids(tokenizer_or_ids):
         ids = token_ids(model, None, tokenizer_or_ids)
     else:
-        ids = token_ids(model, tokenizer_or_ids, text if text is not None else "")
+        tokenizer = cast("Tokenizer", tokenizer_or_ids)  # ids come without text
+        ids = token_ids(model, tokenizer, text if text is not None else "")
     return record(model, ModelInput(ids, [])).attentions["self"]  # (L, H, T, T)
 
 
@@ -79,7 +80,7 @@ def seq2seq_maps(
     }
 
 
-def _is_ids(obj: Any) -> bool:
+def _is_ids(obj: object) -> TypeGuard[Sequence[int] | torch.Tensor]:
     return isinstance(obj, torch.Tensor) or (isinstance(obj, Sequence) and not isinstance(obj, str))
 
 

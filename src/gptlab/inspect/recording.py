@@ -89,7 +89,9 @@ def record(model: GPT, inp: ModelInput, sublayers: bool = False) -> Recording:
             if modules:
                 captured[name] = []
                 handles += [m.register_forward_hook(_keeper(captured[name])) for m in modules]
-    extra = {} if inp.source is None else {"source": torch.tensor([inp.source], device=model.device)}
+    extra: dict[str, Any] = (
+        {} if inp.source is None else {"source": torch.tensor([inp.source], device=model.device)}
+    )
     was_training = model.training
     model.eval()
     try:

@@ -38,7 +38,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 
@@ -55,6 +55,7 @@ if TYPE_CHECKING:
 __all__ = ["KV_START_TOKENS", "Channel", "EndEvent", "Job", "Scheduler"]
 
 log = logging.getLogger("gptlab.serve")
+T = TypeVar("T")  # what a call on the scheduler thread returns
 
 #: Cache positions per row allocated before any request: the cache grows (doubling) to what requests need.
 KV_START_TOKENS = 64
@@ -118,9 +119,9 @@ class Scheduler:
             (self._beam_waiting if stepped else self._waiting).put(job)
             self._cond.notify()
 
-    def call(self, fn: Callable[[], Any]) -> Future:
+    def call(self, fn: Callable[[], T]) -> Future[T]:
         """Run ``fn()`` on the scheduler thread between decode steps (one owner of the model)."""
-        fut: Future = Future()
+        fut: Future[T] = Future()
         with self._cond:
             self._calls.append((fn, fut))
             self._cond.notify()
@@ -191,9 +192,9 @@ class Scheduler:
         out = self.session.step(feed)
         self.steps += 1
         for slot, logits in out.items():
-            job = self._active.get(slot)
-            if job is not None:
-                self._guarded(job, self._advance, logits)
+            owner = self._active.get(slot)
+            if owner is not None:
+                self._guarded(owner, self._advance, logits)
 
     def _guarded(self, job: Job, fn: Callable[..., None], *args: Any) -> None:
         """``fn(job, *args)``; what it raises ends ``job`` alone (400 for bad input, else 500)."""
@@ -225,8 +226,11 @@ class Scheduler:
                 ready.append(job)
         if not ready:
             return
+        added: list[tuple[int, torch.Tensor | int] | None]
         try:
-            added = self.session.add_many([job.prompt_ids for job in ready], [job.step for job in ready])
+            added = list(
+                self.session.add_many([job.prompt_ids for job in ready], [job.step for job in ready])
+            )
         except GptlabError:  # one bad prompt: prefill them one by one to find it
             added = []
             for job in ready:
@@ -250,22 +254,25 @@ class Scheduler:
 
     def _advance(self, job: Job, logits: torch.Tensor) -> None:
         """The job's per-token step on ``logits``: its event to the channel, then feed or finish."""
-        full = self.session.window_notice() if self.session.full(job.slot) else None
-        event = job.step.advance(logits, full)
+        step, slot = job.step, job.slot
+        assert step is not None and slot is not None  # set by _new_step and _start before any step
+        full = self.session.window_notice() if self.session.full(slot) else None
+        event = step.advance(logits, full)
         self.tokens += 1
         if event is not None:
             if event.notice:
                 job.warnings.append(event.notice)
             job.channel.put(event)
-        elif job.top_n is not None and job.step.stop_event is not None:
-            job.channel.put(job.step.stop_event)  # reported in logprobs, never shown as text
-        if job.step.reason is None:
-            job.pending = job.step.token
+        elif job.top_n is not None and step.stop_event is not None:
+            job.channel.put(step.stop_event)  # reported in logprobs, never shown as text
+        reason = step.reason
+        if reason is None:
+            job.pending = step.token
             return
-        tail = job.step.close()
+        tail = step.close()  # its finish_reason is ``reason``
         if tail.text:
             job.channel.put(TokenEvent(tail.text, index=job.index))
-        self._end(job, tail.finish_reason)
+        self._end(job, reason)
 
     def _end(self, job: Job, reason: str, error: str | None = None, status: int = 500) -> None:
         self._release(job)

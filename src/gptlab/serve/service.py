@@ -164,8 +164,9 @@ class Service:
 
     def check_model(self, req: M) -> M:
         """``req`` if its ``model`` is absent or the one served, else a 404."""
-        if getattr(req, "model", None) not in (None, self.model_name):
-            raise not_found_model(req.model, self.model_name)
+        asked = getattr(req, "model", None)
+        if asked not in (None, self.model_name):
+            raise not_found_model(asked, self.model_name)
         return req
 
     def encode(self, text: str, param: str) -> list[int]:
