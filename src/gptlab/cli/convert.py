@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from gptlab.errors import GptlabError
 
 if TYPE_CHECKING:
+    from gptlab.model import GPT
     from gptlab.tokenizers.base import Tokenizer
 
 #: --dtype → how the checkpoint's weights are stored: float32, bfloat16, or int8 (+ scales; for inference).
@@ -185,7 +186,7 @@ def _consolidate(source: Path, out: Path, args: argparse.Namespace) -> int:
     return 0
 
 
-def _describe(model: Any) -> str:
+def _describe(model: GPT) -> str:
     c = model.config
     if getattr(model, "quantization", None) == "int8":  # the int8 weights are buffers, not parameters
         from gptlab.checkpoint import model_state

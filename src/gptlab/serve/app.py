@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator, Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from fastapi import APIRouter, FastAPI
 
@@ -34,6 +34,7 @@ from gptlab.serve.middleware import APIKey, BodyLimit
 from gptlab.serve.service import Service
 
 if TYPE_CHECKING:
+    from gptlab.model import GPT
     from gptlab.tokenizers.base import Tokenizer
 
 #: the route groups, each ``router(service) -> APIRouter``
@@ -46,7 +47,7 @@ ROUTERS: list[Callable[[Service], APIRouter]] = [
 
 
 def create_app(
-    model: Any,
+    model: GPT,
     tokenizer: Tokenizer,
     *,
     model_name: str = "gptlab",

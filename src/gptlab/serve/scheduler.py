@@ -50,6 +50,8 @@ from gptlab.serve.admission import FairQueue, per_request_cap
 from gptlab.serve.jobs import Channel, EndEvent, Job
 
 if TYPE_CHECKING:
+    from gptlab.generate import SampleConfig
+    from gptlab.model import GPT
     from gptlab.tokenizers.base import Tokenizer
 
 __all__ = ["KV_START_TOKENS", "Channel", "EndEvent", "Job", "Scheduler"]
@@ -71,7 +73,7 @@ class Scheduler:
 
     def __init__(
         self,
-        model: Any,
+        model: GPT,
         tokenizer: Tokenizer,
         max_batch: int = 8,
         max_len: int | None = None,
@@ -328,13 +330,15 @@ class Scheduler:
 
 
 def stepped_events(
-    model: Any, tokenizer: Tokenizer, prompt: list[int], config: Any, seq2seq: bool
+    model: GPT, tokenizer: Tokenizer, prompt: list[int], config: SampleConfig, seq2seq: bool
 ) -> Iterator[TokenEvent | None]:
     """A beam-search job (or an encoder–decoder's) as an iterator: None per search step, then its
     events; each ``next`` runs the model at most once."""
     if seq2seq:
         from gptlab.generate import seq2seq as s2s
+        from gptlab.model import EncoderDecoder
 
+        assert isinstance(model, EncoderDecoder)  # seq2seq: is_seq2seq(model)
         yield from s2s.stream_ids(model, tokenizer, prompt, config)
         return
     tokens, reason = yield from beam_steps(model, prompt, config, tokenizer)

@@ -37,6 +37,7 @@ from gptlab.serve.schemas import (
 from gptlab.tokenizers.chat import FALLBACK_STOPS, ChatTemplate, stop_ids, template_for
 
 if TYPE_CHECKING:
+    from gptlab.model import GPT
     from gptlab.tokenizers.base import Tokenizer
 
 M = TypeVar("M", bound=BaseModel)
@@ -69,7 +70,7 @@ class Service:
 
     def __init__(
         self,
-        model: Any,
+        model: GPT,
         tokenizer: Tokenizer,
         *,
         model_name: str = "gptlab",
