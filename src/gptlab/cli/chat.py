@@ -22,7 +22,12 @@ from gptlab.cli.options import (
 from gptlab.errors import GptlabError
 
 if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+    from gptlab.generate import SampleConfig
+    from gptlab.generate.decoder import Decoder
     from gptlab.tokenizers.base import Tokenizer
+    from gptlab.tokenizers.chat import ChatTemplate
 
 COMMANDS = {"/reset": "forget the conversation", "/exit": "quit"}
 
@@ -51,7 +56,7 @@ def register(subparsers: Any) -> None:
     p.set_defaults(func=run)
 
 
-def _template(tokenizer: Tokenizer, spec: str | None) -> Any:
+def _template(tokenizer: Tokenizer, spec: str | None) -> ChatTemplate:
     from pathlib import Path
 
     from gptlab.tokenizers.chat import FALLBACKS, template_for
@@ -65,8 +70,12 @@ def _template(tokenizer: Tokenizer, spec: str | None) -> Any:
 
 
 def reply(
-    model: Any, tokenizer: Tokenizer, template: Any, messages: list[dict[str, str]], config: Any
-) -> Any:
+    model: Decoder,
+    tokenizer: Tokenizer,
+    template: ChatTemplate,
+    messages: list[dict[str, str]],
+    config: SampleConfig,
+) -> Iterator[str]:
     """Stream the assistant's reply to ``messages``: yields text pieces, stops at an end-of-turn token."""
     from gptlab.generate import stream_events
 

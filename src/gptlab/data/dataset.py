@@ -85,7 +85,7 @@ class TokenDataset:
                 f"{meta_path}: corrupt dataset meta ({exc}); prepare the dataset again"
             ) from None
         self._splits: dict[str, np.ndarray] = {}
-        self._tokenizer: Any = None
+        self._tokenizer: Tokenizer | None = None
 
     def split(self, name: str) -> np.ndarray:
         if name not in SPLITS:

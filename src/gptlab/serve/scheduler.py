@@ -230,9 +230,8 @@ class Scheduler:
             return
         added: list[tuple[int, torch.Tensor | int] | None]
         try:
-            added = list(
-                self.session.add_many([job.prompt_ids for job in ready], [job.step for job in ready])
-            )
+            steps = [job.step for job in ready if job.step is not None]  # (every ready job has its step)
+            added = list(self.session.add_many([job.prompt_ids for job in ready], steps))
         except GptlabError:  # one bad prompt: prefill them one by one to find it
             added = []
             for job in ready:

@@ -21,7 +21,7 @@ import os
 from collections.abc import Iterable
 from itertools import islice
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -45,7 +45,7 @@ MASK = "[MASK]"
 Batch = tuple[torch.Tensor, ...]
 
 
-def with_mask_token(tokenizer: Tokenizer) -> Any:
+def with_mask_token(tokenizer: Tokenizer) -> Tokenizer:
     """``tokenizer`` with a ``[MASK]`` special token (the next free id) unless it has one."""
     if MASK in tokenizer.special_tokens:
         return tokenizer
