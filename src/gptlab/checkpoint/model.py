@@ -148,7 +148,7 @@ def load(
     device: str | torch.device = "cpu",
     dtype: torch.dtype | None = None,
     quantize: str | None = None,
-) -> tuple[GPT, Any | None]:
+) -> tuple[GPT, Tokenizer | None]:
     """Read a checkpoint directory (or a run directory: its latest checkpoint) → ``(model, tokenizer_or_None)``.
 
     ``quantize`` (``"fp32"``, ``"bf16"``, ``"int8"``): the model for inference in that format, as
