@@ -21,7 +21,7 @@ import os
 from collections.abc import Iterable
 from itertools import islice
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 import torch
@@ -38,7 +38,6 @@ if TYPE_CHECKING:
     from gptlab.data.pairs import PairDataset
     from gptlab.model import GPT
     from gptlab.tokenizers.base import Tokenizer
-    from gptlab.train.config import TrainConfig
     from gptlab.train.evaluate import Autocast
 
 MASK = "[MASK]"
@@ -81,6 +80,19 @@ def _generator(*key: int) -> torch.Generator:
     return torch.Generator().manual_seed(int(np.random.SeedSequence(list(key)).generate_state(1)[0]))
 
 
+class ObjectiveSettings(init.FinetuneSettings, Protocol):
+    """The settings an objective reads (a ``TrainConfig`` has them all; a protocol, since
+    ``gptlab.train.config`` imports this module to check ``objective``)."""
+
+    objective: str
+    batch_size: int
+    grad_accum: int
+    seed: int
+    mlm_rate: float
+
+    def model_config(self, vocab_size: int) -> GPTConfig: ...
+
+
 class CausalLM:
     """Next-token prediction over windows of the token stream (a decoder)."""
 
@@ -88,7 +100,7 @@ class CausalLM:
     dataset_type: type[TokenDataset] = TokenDataset
     _keys: list[str] = []  # noqa: RUF012  (names of a batch's keyword inputs after x and y; set per batch)
 
-    def __init__(self, cfg: TrainConfig, data_dir: Path, rank: int = 0, world_size: int = 1) -> None:
+    def __init__(self, cfg: ObjectiveSettings, data_dir: Path, rank: int = 0, world_size: int = 1) -> None:
         self.cfg, self.rank, self.world = cfg, rank, world_size
         self.data = self.dataset_type(data_dir)
         self.tokenizer = self._tokenizer()
@@ -250,7 +262,7 @@ OBJECTIVES: dict[str, type[CausalLM]] = {"causal": CausalLM, "mlm": MaskedLM, "s
 
 
 def make_objective(
-    cfg: TrainConfig, data_dir: str | os.PathLike[str], rank: int = 0, world_size: int = 1
+    cfg: ObjectiveSettings, data_dir: str | os.PathLike[str], rank: int = 0, world_size: int = 1
 ) -> CausalLM:
     """The objective ``cfg.objective`` names, over the dataset in ``data_dir``."""
     return OBJECTIVES[cfg.objective](cfg, Path(data_dir), rank, world_size)

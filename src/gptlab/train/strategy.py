@@ -25,7 +25,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 from torch import nn
@@ -35,10 +35,20 @@ from gptlab.errors import GptlabError
 if TYPE_CHECKING:
     from gptlab.inspect.size import Figure
     from gptlab.model import GPT, GPTConfig
-    from gptlab.train.config import TrainConfig
     from gptlab.train.distributed import DistInfo
 
 MIXED_PRECISION = {"bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class StrategySettings(Protocol):
+    """The settings a strategy reads (a ``TrainConfig`` has them all; a protocol, since
+    ``gptlab.train.config`` imports this module to check ``strategy``)."""
+
+    strategy: str
+    activation_checkpointing: str
+    compile: bool | str
+    dtype: str
+    reshard_after_forward: bool
 
 
 @dataclass
@@ -46,7 +56,7 @@ class Strategy:
     """One way of running the model: ``wrap`` it, skip gradient sync in accumulation, and say how it saves."""
 
     name: str
-    wrap: Callable[[GPT, TrainConfig, DistInfo], nn.Module]  # → the forward module
+    wrap: Callable[[GPT, StrategySettings, DistInfo], nn.Module]  # → the forward module
     skip_sync: Callable[[nn.Module], contextlib.AbstractContextManager[Any]]
     sharded: bool  # checkpoints are written by every rank through DCP (gptlab.checkpoint.sharded)
     gathered: Callable[[nn.Module], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext
@@ -57,7 +67,7 @@ class Strategy:
 
 
 # ------------------------------------------------------------------------ ddp
-def _wrap_ddp(model: GPT, cfg: TrainConfig, info: DistInfo) -> nn.Module:
+def _wrap_ddp(model: GPT, cfg: StrategySettings, info: DistInfo) -> nn.Module:
     if not info.enabled:
         return model
     from torch.nn.parallel import DistributedDataParallel
@@ -80,7 +90,7 @@ def mixed_precision_policy(dtype: str) -> Any:
     return MixedPrecisionPolicy(param_dtype=param, reduce_dtype=torch.float32 if param else None)
 
 
-def _wrap_fsdp(model: GPT, cfg: TrainConfig, info: DistInfo) -> nn.Module:
+def _wrap_fsdp(model: GPT, cfg: StrategySettings, info: DistInfo) -> nn.Module:
     """``fully_shard`` each block, then the root; the model's parameters become sharded DTensors."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
@@ -149,7 +159,7 @@ def get_strategy(name: str) -> Strategy:
     return STRATEGIES[name]
 
 
-def prepare_model(model: GPT, cfg: TrainConfig, info: DistInfo) -> tuple[Strategy, nn.Module]:
+def prepare_model(model: GPT, cfg: StrategySettings, info: DistInfo) -> tuple[Strategy, nn.Module]:
     """Activation checkpointing, then the strategy's wrapping: ``(strategy, forward module)``.
 
     Build the optimizer after this: under FSDP it must see the sharded parameters.
