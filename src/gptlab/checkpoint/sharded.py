@@ -56,6 +56,7 @@ from gptlab.checkpoint.model import (
 )
 from gptlab.checkpoint.run import TRAIN_STATE_FILE, publish, saving_checkpoint, unflatten_state
 from gptlab.errors import GptlabError
+from gptlab.fileio import atomic_write_json, fsync_dir
 from gptlab.model.state_dict import load_model_state, model_state
 
 if TYPE_CHECKING:
@@ -63,7 +64,6 @@ if TYPE_CHECKING:
 
     from gptlab.model import GPT
     from gptlab.tokenizers.base import Tokenizer
-from gptlab.fileio import atomic_write_json, fsync_dir
 
 _TMP_SUFFIX = "-sharded"
 
