@@ -25,7 +25,7 @@ demo: $(STAMP)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests bench tools
-	$(VENV)/bin/mypy  # [tool.mypy] in pyproject.toml: gptlab.generate under --strict
+	$(VENV)/bin/mypy  # [tool.mypy] in pyproject.toml: all of gptlab; model/, generate/, checkpoint/ under --strict
 	$(VENV)/bin/lint-imports  # [tool.importlinter] in pyproject.toml: the layers (docs/design/layers.md)
 
 format: $(STAMP)

@@ -104,7 +104,8 @@ class Compiled:
 
         stack = contextlib.ExitStack()
         if self.patch:
-            stack.enter_context(torch._inductor.config.patch(self.patch))
+            # torch installs ``patch`` on its config modules at import (install_config_module)
+            stack.enter_context(torch._inductor.config.patch(self.patch))  # type: ignore[attr-defined]
         if self.distinct_sizes:
-            stack.enter_context(torch.fx.experimental._config.patch(use_duck_shape=False))
+            stack.enter_context(torch.fx.experimental._config.patch(use_duck_shape=False))  # type: ignore[attr-defined]
         return stack

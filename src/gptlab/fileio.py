@@ -38,7 +38,7 @@ def _default_mode() -> int:
     return 0o666 & ~umask
 
 
-def atomic_write(path: str | os.PathLike[str], write: Callable[[Path], None]) -> Path:
+def atomic_write(path: str | os.PathLike[str], write: Callable[[Path], object]) -> Path:
     """Call ``write(tmp_path)`` then fsync and rename ``tmp_path`` onto ``path``.
 
     ``write`` receives the path of a fresh temporary file in the same directory and

@@ -18,7 +18,7 @@ import importlib
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -28,6 +28,9 @@ from gptlab.errors import GptlabError
 from gptlab.model import GPT
 from gptlab.model.lora import apply_lora, load_adapter_state, merge_lora
 from gptlab.model.quantized import quantize as quantize_model
+
+if TYPE_CHECKING:
+    from gptlab.tokenizers.base import Tokenizer
 
 PathLike = str | os.PathLike[str]
 SKIP_HASH = ("train_state",)  # a training checkpoint's optimizer state is not part of the weights
@@ -91,7 +94,7 @@ def is_model_source(spec: str) -> bool:
     return True
 
 
-def load_gptlab(path: Path) -> tuple[GPT, Any | None]:
+def load_gptlab(path: Path) -> tuple[GPT, Tokenizer | None]:
     """A gptlab checkpoint, run or LoRA run in float (int8 inference weights are refused: nothing to train)."""
     if checkpoint.stored_format(path) is not None:  # int8 inference weights: nothing to train or adapt
         raise GptlabError(
@@ -101,19 +104,19 @@ def load_gptlab(path: Path) -> tuple[GPT, Any | None]:
     return load(path)
 
 
-def load_hf(path: Path) -> tuple[GPT, Any | None]:
+def load_hf(path: Path) -> tuple[GPT, Tokenizer | None]:
     from gptlab.interop.hf import from_hf, tokenizer_from_hf
 
     return from_hf(path), tokenizer_from_hf(path)
 
 
-def load_gguf(path: Path) -> tuple[GPT, Any | None]:
+def load_gguf(path: Path) -> tuple[GPT, Tokenizer | None]:
     gguf = gguf_module()
     return gguf.from_gguf(path), gguf.tokenizer_from_gguf(path)
 
 
 #: Source kind → reader returning ``(model in float32, tokenizer or None)``.
-SOURCES: dict[str, Callable[[Path], tuple[GPT, Any | None]]] = {
+SOURCES: dict[str, Callable[[Path], tuple[GPT, Tokenizer | None]]] = {
     "gptlab": load_gptlab,
     "hf": load_hf,
     "gguf": load_gguf,
@@ -126,14 +129,14 @@ def resolve_source(src: PathLike) -> Path:
     return checkpoint.resolve_checkpoint(path) if source_kind(path) == "gptlab" else path
 
 
-def load_source(src: PathLike) -> tuple[GPT, Any | None]:
+def load_source(src: PathLike) -> tuple[GPT, Tokenizer | None]:
     """``(model, tokenizer)`` from a gptlab checkpoint/run, a Hugging Face folder or a GGUF file."""
     path = source_path(src)
     model, tokenizer = SOURCES[source_kind(path)](path)
     return model.float(), tokenizer
 
 
-def source_tokenizer(src: PathLike) -> Any:
+def source_tokenizer(src: PathLike) -> Tokenizer:
     """The tokenizer that comes with a model (``prepare --tokenizer SRC``)."""
     path = source_path(src)
     kind = source_kind(path)
@@ -146,7 +149,7 @@ def source_tokenizer(src: PathLike) -> Any:
     return tok
 
 
-def model_tokenizer(spec: str) -> Any | None:
+def model_tokenizer(spec: str) -> Tokenizer | None:
     """The tokenizer of the model ``spec`` names, or None when ``spec`` names no model
     (``gptlab.data.prepare``'s ``model_tokenizer``: ``prepare --tokenizer SRC``)."""
     return source_tokenizer(spec) if is_model_source(spec) else None
@@ -169,7 +172,7 @@ def source_sha256(src: PathLike) -> str:
 
 def load_merged(
     directory: PathLike, device: str | torch.device = "cpu", dtype: torch.dtype | None = None
-) -> tuple[GPT, Any | None]:
+) -> tuple[GPT, Tokenizer | None]:
     """A LoRA checkpoint's base with the adapters merged in (float32 while merging), as a plain ``GPT``."""
     directory = Path(directory)
     spec = lora_files.read_spec(directory)
@@ -201,7 +204,7 @@ def load(
     device: str | torch.device = "cpu",
     dtype: torch.dtype | None = None,
     quantize: str | None = None,
-) -> tuple[GPT, Any | None]:
+) -> tuple[GPT, Tokenizer | None]:
     """``gptlab.load``: a checkpoint directory (or a run directory: its latest checkpoint) →
     ``(model, tokenizer_or_None)``; a LoRA run's adapters merged into their base.
 

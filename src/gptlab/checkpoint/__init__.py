@@ -38,9 +38,7 @@ from gptlab.checkpoint.integrity import CHECKSUMS_FILE, verify_checksums, write_
 from gptlab.checkpoint.model import (
     check_tokenizer_fits,
     load,
-    load_model_state,
     load_tokenizer,
-    model_state,
     read_config,
     restore_weights,
     save,
@@ -68,6 +66,7 @@ from gptlab.checkpoint.rundir import (
     read_run_config,
     write_run_config,
 )
+from gptlab.model.state_dict import load_model_state, model_state
 
 __all__ = [
     "CHECKSUMS_FILE",

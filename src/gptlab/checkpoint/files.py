@@ -8,6 +8,7 @@ import json
 import os
 import re
 from collections.abc import Callable, Iterator, Mapping
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -105,11 +106,13 @@ def read_tensors_lazily(path: str | os.PathLike[str]) -> LazyTensors:
         out = torch.empty(entry["shape"], dtype=SAFETENSORS_DTYPES[entry["dtype"]])
         with path.open("rb") as f:
             f.seek(8 + size + start)
-            if f.readinto(out.view(-1).view(torch.uint8).numpy()) != end - start:
+            buffer = out.view(-1).view(torch.uint8).numpy()
+            # numpy's stubs declare ndarray.__buffer__ only for Python ≥ 3.12 (mypy checks as 3.11)
+            if f.readinto(buffer) != end - start:  # type: ignore[arg-type]
                 raise GptlabError(f"{path}: tensor {name} is cut short (truncated file?)")
         return out
 
-    return LazyTensors({name: (lambda name=name: read(name)) for name in names})
+    return LazyTensors({name: partial(read, name) for name in names})
 
 
 #: safetensors dtype names → torch dtypes.

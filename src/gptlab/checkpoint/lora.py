@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from gptlab.checkpoint.files import (
     CONFIG_FILE,
@@ -27,6 +27,10 @@ from gptlab.checkpoint.files import (
 )
 from gptlab.errors import GptlabError
 from gptlab.model.lora import LoRASpec, adapter_state, load_adapter_state
+
+if TYPE_CHECKING:
+    from gptlab.model import GPT
+    from gptlab.tokenizers.base import Tokenizer
 
 ADAPTERS_FILE = "adapters.safetensors"
 
@@ -47,7 +51,7 @@ def read_spec(directory: str | os.PathLike[str]) -> LoRASpec:
         raise GptlabError(f"{Path(directory) / CONFIG_FILE}: corrupt LoRA description ({exc})") from None
 
 
-def save_adapters(model: Any, tokenizer: Any | None, directory: str | os.PathLike[str]) -> Path:
+def save_adapters(model: GPT, tokenizer: Tokenizer | None, directory: str | os.PathLike[str]) -> Path:
     """Write the adapters of ``model`` (prepared by ``apply_lora``) as a LoRA checkpoint directory."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
@@ -58,7 +62,7 @@ def save_adapters(model: Any, tokenizer: Any | None, directory: str | os.PathLik
     return directory
 
 
-def check_base(spec: Any, sha256: str, where: str | os.PathLike[str]) -> None:
+def check_base(spec: LoRASpec, sha256: str, where: str | os.PathLike[str]) -> None:
     """Refuse a base whose content is not the one the adapters were trained on."""
     if spec.base.get("sha256") != sha256:
         raise GptlabError(
@@ -68,7 +72,7 @@ def check_base(spec: Any, sha256: str, where: str | os.PathLike[str]) -> None:
         )
 
 
-def load_adapters(model: Any, directory: str | os.PathLike[str]) -> None:
+def load_adapters(model: GPT, directory: str | os.PathLike[str]) -> None:
     """Resume: copy a checkpoint's adapters into ``model`` (adapted with the same spec and base)."""
     directory = Path(directory)
     saved = read_spec(directory)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -35,6 +35,9 @@ from gptlab.errors import GptlabError
 from gptlab.model import GPT, GPTConfig, build_model, load_quantized, quantized
 from gptlab.model.lora import is_lora_model
 from gptlab.model.state_dict import load_model_state, model_state
+
+if TYPE_CHECKING:
+    from gptlab.tokenizers.base import Tokenizer
 
 #: What config.json says about an int8 checkpoint.
 INT8_FORMAT = {
@@ -60,7 +63,7 @@ def read_config(path: str | os.PathLike[str]) -> GPTConfig:
         raise GptlabError(f"{path}: {exc}") from None
 
 
-def context_extra(model: Any) -> dict[str, int]:
+def context_extra(model: GPT) -> dict[str, int]:
     """``{"context": N}`` for a model fine-tuned on windows shorter than its pretrained context ``N``
     (``model.block_size=256`` on SmolLM2's 8,192; positions computed, not looked up): written beside
     the config as trained, so the checkpoint still runs at the full context (``usable_config``)."""
@@ -80,7 +83,7 @@ def usable_config(path: str | os.PathLike[str]) -> GPTConfig:
     )
 
 
-def save(model: GPT, tokenizer: Any | None, directory: str | os.PathLike[str]) -> Path:
+def save(model: GPT, tokenizer: Tokenizer | None, directory: str | os.PathLike[str]) -> Path:
     """Write ``model`` (and ``tokenizer``, if given) as a checkpoint directory, then the SHA-256 of its
     files (``checksums.json``, ``gptlab.checkpoint.integrity``). An I/O error (a full disk, a quota, a
     permission) is a ``GptlabError``; each file is written atomically, so none is left half-written."""
@@ -99,7 +102,7 @@ def write_error(exc: OSError, where: str | os.PathLike[str]) -> GptlabError:
     return GptlabError(f"cannot write {where}: {reason}")
 
 
-def write_files(model: GPT, tokenizer: Any | None, directory: str | os.PathLike[str]) -> None:
+def write_files(model: GPT, tokenizer: Tokenizer | None, directory: str | os.PathLike[str]) -> None:
     """The files of a checkpoint (weights or LoRA adapters, config, tokenizer) without checksums; an I/O
     error is raised as the ``OSError`` it is (``save`` and the training checkpoints turn it into one line)."""
     directory = Path(directory)
@@ -145,7 +148,7 @@ def load(
     device: str | torch.device = "cpu",
     dtype: torch.dtype | None = None,
     quantize: str | None = None,
-) -> tuple[GPT, Any | None]:
+) -> tuple[GPT, Tokenizer | None]:
     """Read a checkpoint directory (or a run directory: its latest checkpoint) → ``(model, tokenizer_or_None)``.
 
     ``quantize`` (``"fp32"``, ``"bf16"``, ``"int8"``): the model for inference in that format, as
@@ -188,7 +191,9 @@ def load(
     return model, tokenizer
 
 
-def check_tokenizer_fits(tokenizer: Any | None, vocab_size: int, source: str | os.PathLike[str]) -> None:
+def check_tokenizer_fits(
+    tokenizer: Tokenizer | None, vocab_size: int, source: str | os.PathLike[str]
+) -> None:
     """Refuse a tokenizer that makes ids past the model's embedding table (its output would be garbage)."""
     if tokenizer is not None and tokenizer.vocab_size > vocab_size:
         raise GptlabError(
@@ -206,7 +211,7 @@ def restore_weights(model: GPT, directory: str | os.PathLike[str]) -> None:
         load_model_state(model, read_tensors(directory / WEIGHTS_FILE), directory)
 
 
-def load_tokenizer(directory: str | os.PathLike[str]) -> Any | None:
+def load_tokenizer(directory: str | os.PathLike[str]) -> Tokenizer | None:
     path = Path(directory) / TOKENIZER_FILE
     if not path.exists():
         return None

@@ -7,7 +7,7 @@ import contextlib
 import os
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -18,6 +18,9 @@ from gptlab.checkpoint.model import write_files
 from gptlab.errors import GptlabError
 from gptlab.fileio import atomic_write_json, fsync_dir
 from gptlab.model import GPT
+
+if TYPE_CHECKING:
+    from gptlab.tokenizers.base import Tokenizer
 
 TRAIN_TENSORS_FILE = "train_state.safetensors"
 TRAIN_STATE_FILE = "train_state.json"
@@ -71,7 +74,7 @@ def save_training_checkpoint(
     run_dir: str | os.PathLike[str],
     step: int,
     model: GPT,
-    tokenizer: Any | None,
+    tokenizer: Tokenizer | None,
     state: dict[str, Any],
     extra: dict[str, Any] | None = None,
 ) -> Path:

@@ -30,7 +30,7 @@ import os
 import shutil
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 import torch.distributed as dist
@@ -49,9 +49,7 @@ from gptlab.checkpoint.files import (
 from gptlab.checkpoint.integrity import verify_checksums, write_checksums
 from gptlab.checkpoint.model import (
     context_extra,
-    load_model_state,
     load_tokenizer,
-    model_state,
     read_config,
     save,
     usable_config,
@@ -59,8 +57,26 @@ from gptlab.checkpoint.model import (
 from gptlab.checkpoint.run import TRAIN_STATE_FILE, publish, saving_checkpoint, unflatten_state
 from gptlab.errors import GptlabError
 from gptlab.fileio import atomic_write_json, fsync_dir
+from gptlab.model.state_dict import load_model_state, model_state
+
+if TYPE_CHECKING:
+    from torch.distributed.checkpoint.hf_storage import HuggingFaceStorageReader
+
+    from gptlab.model import GPT
+    from gptlab.tokenizers.base import Tokenizer
 
 _TMP_SUFFIX = "-sharded"
+
+
+class RankInfo(Protocol):
+    """This process's place in the group (``gptlab.train.distributed.DistInfo``)."""
+
+    rank: int
+    world_size: int
+    device: str
+
+    @property
+    def is_main(self) -> bool: ...
 
 
 def _flatten(obj: Any, prefix: str, tensors: dict[str, torch.Tensor]) -> Any:
@@ -119,10 +135,10 @@ def _no_dist() -> bool:
 def save_training_checkpoint(
     run_dir: str | os.PathLike[str],
     step: int,
-    model: torch.nn.Module,
+    model: GPT,
     optimizer: Any,
-    tokenizer: Any | None,
-    info: Any,
+    tokenizer: Tokenizer | None,
+    info: RankInfo,
     extra: dict[str, Any] | None = None,
 ) -> Path:
     """Every rank calls this: write ``RUN_DIR/ckpt-<step>/`` with each rank's shards, atomically as a whole.
@@ -156,11 +172,12 @@ def save_training_checkpoint(
     return final
 
 
-def _write_shards(tmp: Path, model: torch.nn.Module, optimizer: Any, info: Any) -> Any:
+def _write_shards(tmp: Path, model: GPT, optimizer: Any, info: RankInfo) -> Any:
     """Every rank writes its own shards (and RNG state) into ``tmp/sharded/`` through DCP; returns the
     JSON skeleton of the state."""
-    import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.api import CheckpointException
+    from torch.distributed.checkpoint.hf_storage import HuggingFaceStorageWriter
+    from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
     if info.is_main:
         _remove_tree(tmp)
@@ -170,11 +187,11 @@ def _write_shards(tmp: Path, model: torch.nn.Module, optimizer: Any, info: Any) 
     skeleton, tensors = _state(model, optimizer)
     device_type = torch.device(info.device).type
     tensors.update({k: get() for k, get in _rng_keys(info.rank, device_type).items()})
-    writer = dcp.HuggingFaceStorageWriter(str(tmp / SHARDED_DIR), save_distributed=True)
+    writer = HuggingFaceStorageWriter(str(tmp / SHARDED_DIR), save_distributed=True)
     try:
         with warnings.catch_warnings():  # one process: DCP warns that it assumes so
             warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-            dcp.save(
+            dcp_save(
                 tensors, storage_writer=writer, no_dist=_no_dist()
             )  # returns once every rank has written
     except CheckpointException as exc:  # DCP gathers each rank's failure (a full disk …) into one exception
@@ -185,14 +202,14 @@ def _write_shards(tmp: Path, model: torch.nn.Module, optimizer: Any, info: Any) 
 
 def _write_rest(
     tmp: Path,
-    model: torch.nn.Module,
-    tokenizer: Any | None,
+    model: GPT,
+    tokenizer: Tokenizer | None,
     layout: dict[str, Any],
     step: int,
     extra: dict[str, Any] | None,
 ) -> None:
     """The main rank writes the config, tokenizer and ``train_state.json`` beside the shards."""
-    write_config(tmp / CONFIG_FILE, getattr(model, "config", None), **context_extra(model))
+    write_config(tmp / CONFIG_FILE, model.config, **context_extra(model))
     if tokenizer is not None:
         tokenizer.save(tmp / TOKENIZER_FILE)
     atomic_write_json(
@@ -207,7 +224,7 @@ def _write_rest(
     fsync_dir(tmp / SHARDED_DIR)
 
 
-def _agree(failure: OSError | None, info: Any) -> None:
+def _agree(failure: OSError | None, info: RankInfo) -> None:
     """All ranks agree on whether the save failed: a rank's ``failure`` is raised (as ``OSError``) on all."""
     if _no_dist():
         return
@@ -225,24 +242,24 @@ def read_info(directory: str | os.PathLike[str]) -> dict[str, Any]:
     return info
 
 
-def _reader(directory: Path) -> Any:
-    import torch.distributed.checkpoint as dcp
+def _reader(directory: Path) -> HuggingFaceStorageReader:
+    from torch.distributed.checkpoint.hf_storage import HuggingFaceStorageReader
 
     files = sorted((directory / SHARDED_DIR).glob("*.safetensors"))
     if not files:
         raise GptlabError(f"{directory / SHARDED_DIR}: holds no shard files; the checkpoint is incomplete")
-    return dcp.HuggingFaceStorageReader(str(directory / SHARDED_DIR))
+    return HuggingFaceStorageReader(str(directory / SHARDED_DIR))
 
 
 def _load(directory: Path, tensors: dict[str, torch.Tensor]) -> None:
     """Fill ``tensors`` in place from the shards (each rank reads what its own pieces overlap)."""
-    import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.api import CheckpointException
+    from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 
     try:
         with warnings.catch_warnings():  # one process: DCP warns that it assumes so
             warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-            dcp.load(tensors, storage_reader=_reader(directory), no_dist=_no_dist())
+            dcp_load(tensors, storage_reader=_reader(directory), no_dist=_no_dist())
     except GptlabError:
         raise
     except (Exception, CheckpointException) as exc:  # DCP wraps each rank's failure (a truncated shard …)
@@ -254,7 +271,7 @@ def _load(directory: Path, tensors: dict[str, torch.Tensor]) -> None:
 
 
 def load_training_state(
-    directory: str | os.PathLike[str], model: torch.nn.Module, optimizer: Any, info: Any, seed: int
+    directory: str | os.PathLike[str], model: GPT, optimizer: Any, info: RankInfo, seed: int
 ) -> dict[str, Any]:
     """Every rank calls this: weights, optimizer and this rank's RNG, on any number of ranks; returns the info."""
     from torch.distributed.checkpoint.state_dict import set_state_dict

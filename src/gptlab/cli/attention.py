@@ -38,6 +38,7 @@ def run(args: argparse.Namespace) -> int:
     from gptlab.inspect.attention import attention_maps, seq2seq_maps
     from gptlab.inspect.inputs import cli_input, load_checkpoint, token_ids, token_labels
     from gptlab.inspect.plots import image_format, plot_head, plot_layer, plot_overview
+    from gptlab.model import EncoderDecoder
 
     if args.head is not None and args.layer is None:
         raise GptlabError("--head needs --layer (for every layer's heads, leave out both)")
@@ -45,8 +46,8 @@ def run(args: argparse.Namespace) -> int:
     text = cli_input(args.text, args.ids)
     model, tokenizer = load_checkpoint(args.checkpoint, device_from_args(args))
     ids = token_ids(model, tokenizer, text)
-    cols, causal = None, model.config.causal
-    if model.config.arch == "encoder-decoder":  # the text is the source
+    cols, causal = None, bool(model.config.causal)  # a bool once the config is built
+    if isinstance(model, EncoderDecoder):  # arch="encoder-decoder": the text is the source
         found = seq2seq_maps(model, tokenizer, ids, args.target)
         maps, causal = found[args.stage], args.stage == "decoder"
         src, tgt = (token_labels(tokenizer, found[k]) for k in ("source_ids", "target_ids"))

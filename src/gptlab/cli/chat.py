@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gptlab.cli.options import (
     add_compile_argument,
@@ -20,6 +20,14 @@ from gptlab.cli.options import (
     weights_format,
 )
 from gptlab.errors import GptlabError
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+    from gptlab.generate import SampleConfig
+    from gptlab.generate.decoder import Decoder
+    from gptlab.tokenizers.base import Tokenizer
+    from gptlab.tokenizers.chat import ChatTemplate
 
 COMMANDS = {"/reset": "forget the conversation", "/exit": "quit"}
 
@@ -48,7 +56,7 @@ def register(subparsers: Any) -> None:
     p.set_defaults(func=run)
 
 
-def _template(tokenizer: Any, spec: str | None) -> Any:
+def _template(tokenizer: Tokenizer, spec: str | None) -> ChatTemplate:
     from pathlib import Path
 
     from gptlab.tokenizers.chat import FALLBACKS, template_for
@@ -61,7 +69,13 @@ def _template(tokenizer: Any, spec: str | None) -> Any:
     return template_for(tokenizer, path.read_text(encoding="utf-8"))
 
 
-def reply(model: Any, tokenizer: Any, template: Any, messages: list[dict[str, str]], config: Any) -> Any:
+def reply(
+    model: Decoder,
+    tokenizer: Tokenizer,
+    template: ChatTemplate,
+    messages: list[dict[str, str]],
+    config: SampleConfig,
+) -> Iterator[str]:
     """Stream the assistant's reply to ``messages``: yields text pieces, stops at an end-of-turn token."""
     from gptlab.generate import stream_events
 

@@ -12,9 +12,13 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gptlab.errors import GptlabError
+
+if TYPE_CHECKING:
+    from gptlab.model import GPT
+    from gptlab.tokenizers.base import Tokenizer
 
 #: --dtype → how the checkpoint's weights are stored: float32, bfloat16, or int8 (+ scales; for inference).
 DTYPES = ("fp32", "bf16", "int8")
@@ -92,7 +96,12 @@ def _dtype(args: argparse.Namespace) -> dict[str, Any]:
     """The import's keyword arguments for ``--dtype``: a float dtype, or int8 quantization."""
     import torch
 
-    return {"fp32": {}, "bf16": {"dtype": torch.bfloat16}, "int8": {"quantize": "int8"}}[args.dtype]
+    choices: dict[str, dict[str, Any]] = {
+        "fp32": {},
+        "bf16": {"dtype": torch.bfloat16},
+        "int8": {"quantize": "int8"},
+    }
+    return choices[args.dtype]
 
 
 def _from_hf(source: Path, out: Path, args: argparse.Namespace) -> int:
@@ -177,7 +186,7 @@ def _consolidate(source: Path, out: Path, args: argparse.Namespace) -> int:
     return 0
 
 
-def _describe(model: Any) -> str:
+def _describe(model: GPT) -> str:
     c = model.config
     if getattr(model, "quantization", None) == "int8":  # the int8 weights are buffers, not parameters
         from gptlab.checkpoint import model_state
@@ -187,6 +196,6 @@ def _describe(model: Any) -> str:
     return f"{c.n_layer} layers, d_model {c.n_embd}, {model.num_params()['total']:,} parameters"
 
 
-def _describe_tokenizer(tok: Any) -> str:
+def _describe_tokenizer(tok: Tokenizer) -> str:
     template = "its chat template" if getattr(tok, "chat_template", None) else "no chat template"
     return f"{type(tok).__name__}, {tok.vocab_size:,} ids, {len(tok.special_tokens)} special, {template}"

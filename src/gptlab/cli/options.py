@@ -9,9 +9,8 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from torch import nn
-
     from gptlab.generate import DecodeEngine, SampleConfig
+    from gptlab.generate.decoder import Decoder
 
 #: plan steps that are compiled (the ``compile: on`` line)
 COMPILED_STEPS = frozenset({"fused", "frozen", "cuda-graphs", "compiled"})
@@ -94,7 +93,7 @@ def add_compile_argument(p: argparse.ArgumentParser) -> None:
 
 def prepare_decode(
     requested: str,
-    model: nn.Module,
+    model: Decoder,
     planned_tokens: int | None,
     not_for: str | None = None,
     env: Mapping[str, str] = os.environ,

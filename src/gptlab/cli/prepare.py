@@ -5,30 +5,35 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from gptlab.tokenizers.base import Tokenizer
 
 
-def model_tokenizer(spec: str) -> Any:
+def model_tokenizer(spec: str) -> Tokenizer | None:
     """``--tokenizer MODEL``: the tokenizer of the model ``spec`` names, or None when it names none."""
     from gptlab.sources import model_tokenizer as of_model
 
     return of_model(spec)
 
 
-def _text(*args: Any, **kwargs: Any) -> dict[str, Any]:
+def _text(inputs: list[str], out: str, **kwargs: Any) -> dict[str, Any]:
     from gptlab.data import prepare
 
-    return prepare(*args, **kwargs, model_tokenizer=model_tokenizer)
+    return prepare(inputs, out, **kwargs, model_tokenizer=model_tokenizer)
 
 
-def _pairs(*args: Any, workers: int = 1, shard_tokens: int = 0, **kwargs: Any) -> dict[str, Any]:
+def _pairs(
+    inputs: list[str], out: str, *, workers: int = 1, shard_tokens: int = 0, **kwargs: Any
+) -> dict[str, Any]:
     from gptlab.data.pairs import prepare_pairs
     from gptlab.errors import GptlabError
 
     if shard_tokens:
         raise GptlabError("--shard-tokens applies to --format text; pairs are written as one file per split")
     return prepare_pairs(
-        *args, **kwargs, model_tokenizer=model_tokenizer
+        inputs, out, **kwargs, model_tokenizer=model_tokenizer
     )  # pairs datasets are small: one process
 
 

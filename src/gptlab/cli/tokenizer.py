@@ -11,11 +11,15 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from typing import TYPE_CHECKING
 
 from gptlab.errors import GptlabError
 from gptlab.tokenizers import EOT, PATTERNS, BPETokenizer, CharTokenizer, load
 from gptlab.tokenizers.loading import parse_ids, read_corpus
 from gptlab.tokenizers.render import vocab_lines
+
+if TYPE_CHECKING:
+    from gptlab.tokenizers.base import Tokenizer
 
 TOKENIZER_HELP = (
     "a tokenizer JSON file (from 'train'), a GPT-2 folder (vocab.bpe + encoder.json) or a .tiktoken file"
@@ -35,7 +39,7 @@ def _train(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     if args.kind == "char":
         text = "".join(read_corpus(args.files))
-        tok = CharTokenizer.from_text(text, unk=args.unk, special_tokens=specials)
+        tok: Tokenizer = CharTokenizer.from_text(text, unk=args.unk, special_tokens=specials)
     else:
         if args.vocab_size is None:
             raise GptlabError("--vocab-size is required for a BPE tokenizer (e.g. --vocab-size 4096)")

@@ -26,7 +26,7 @@ import json
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -34,6 +34,9 @@ from gptlab.data.dataset import DATASET_FORMAT, META_FILE, TOKENIZER_FILE, new_d
 from gptlab.data.sources import PathLike, describe_sources, find_sources
 from gptlab.errors import GptlabError
 from gptlab.fileio import atomic_write_json
+
+if TYPE_CHECKING:
+    from gptlab.tokenizers.base import Tokenizer
 
 ROLES = ("system", "user", "assistant")
 PACKING = ("packed", "padded")
@@ -119,7 +122,7 @@ def _chatml(messages: Messages, add_generation_prompt: bool) -> str:
 Renderer = Callable[[Messages, bool], str]
 
 
-def renderer(tokenizer: Any, template: str) -> tuple[Renderer, str]:
+def renderer(tokenizer: Tokenizer, template: str) -> tuple[Renderer, str]:
     """``(render(messages, add_generation_prompt), name)`` for ``template``: ``auto`` (the model's own, else
     the fallback its special tokens imply) or a named template (``chatml``, ``llama3``, ``plain``)."""
     try:
@@ -157,7 +160,7 @@ def segments(messages: Messages, render: Renderer) -> list[tuple[str, bool]]:
 
 
 def encode_example(
-    messages: Messages, render: Renderer, tokenizer: Any, prompt_loss: bool
+    messages: Messages, render: Renderer, tokenizer: Tokenizer, prompt_loss: bool
 ) -> tuple[list[int], list[int]]:
     """``(ids, mask)``: the tokens of one example and 1 where each counts in the loss."""
     ids: list[int] = []

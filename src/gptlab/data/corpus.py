@@ -13,11 +13,19 @@ import os
 import urllib.error
 import urllib.request
 from pathlib import Path
+from typing import TypedDict
 
 from gptlab.errors import GptlabError
 from gptlab.fileio import atomic_write_bytes, atomic_write_text
 
-CORPORA = {
+
+class Corpus(TypedDict):
+    url: str
+    file: str
+    bytes: int  # the file's size: a complete download has exactly this many
+
+
+CORPORA: dict[str, Corpus] = {
     "shakespeare": {
         "url": "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt",
         "file": "tinyshakespeare.txt",

@@ -13,13 +13,16 @@ import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from gptlab.data.shards import open_split
 from gptlab.data.sources import PathLike
 from gptlab.errors import GptlabError
+
+if TYPE_CHECKING:
+    from gptlab.tokenizers.base import Tokenizer
 
 DATASET_FORMAT = 2
 META_FILE = "meta.json"
@@ -82,7 +85,7 @@ class TokenDataset:
                 f"{meta_path}: corrupt dataset meta ({exc}); prepare the dataset again"
             ) from None
         self._splits: dict[str, np.ndarray] = {}
-        self._tokenizer: Any = None
+        self._tokenizer: Tokenizer | None = None
 
     def split(self, name: str) -> np.ndarray:
         if name not in SPLITS:
@@ -112,7 +115,7 @@ class TokenDataset:
                 f"{self.dir} holds examples in rows of {rows} tokens (prepared with --block-size {rows - 1}); "
                 f"train with model.block_size={rows - 1} or prepare it again"
             )
-        out = {}
+        out: dict[str, np.ndarray] = {}
         for key, dtype in (("mask", "uint8"), ("pos", self.meta.get("pos_dtype"))):
             path = self.dir / f"{name}.{key}.bin"
             if dtype and path.is_file():
@@ -122,7 +125,7 @@ class TokenDataset:
         return out
 
     @property
-    def tokenizer(self) -> Any:
+    def tokenizer(self) -> Tokenizer:
         if self._tokenizer is None:
             from gptlab import tokenizers
 

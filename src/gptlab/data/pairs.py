@@ -204,7 +204,7 @@ def toy_pairs(
         raise GptlabError(f"unknown toy task {task!r}; choose one of {', '.join(TOY_TASKS)}")
     rng = random.Random(seed)
     seen: set[str] = set()
-    rows = []
+    rows: list[dict[str, str]] = []
     while len(rows) < n:
         s = "".join(rng.choice(alphabet) for _ in range(rng.randint(min_len, max_len)))
         if s not in seen:

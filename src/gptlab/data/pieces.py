@@ -33,7 +33,7 @@ class Piece(NamedTuple):
 
     path: str
     kind: str  # "text" | "jsonl" | "parquet"
-    index: int
+    index: int  # type: ignore[assignment]  # the field shadows tuple.index, which nothing calls
     chunk_bytes: int
     size: int  # bytes of the file (text, JSONL) or of the row group's text column (parquet, for progress)
 

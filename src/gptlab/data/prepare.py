@@ -34,7 +34,7 @@ from array import array
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -53,12 +53,17 @@ from gptlab.data.workers import TokenizerPool
 from gptlab.errors import GptlabError
 from gptlab.fileio import atomic_write_json
 
+if TYPE_CHECKING:
+    from gptlab.tokenizers.base import Tokenizer
+
 #: ``spec`` → the tokenizer of the model it names, or None when it names no model
 #: (``gptlab.sources.model_tokenizer``: this package does not open models itself)
 ModelTokenizer = Callable[[str], Any]
 
 
-def build_tokenizer(spec: str, sources: Sequence[Path], model_tokenizer: ModelTokenizer | None = None) -> Any:
+def build_tokenizer(
+    spec: str, sources: Sequence[Path], model_tokenizer: ModelTokenizer | None = None
+) -> Tokenizer:
     """``char`` | ``bpe:N`` | ``gpt2:DIR`` | a saved tokenizer FILE | a model (through ``model_tokenizer``)
     → a tokenizer."""
     from gptlab import tokenizers
@@ -160,6 +165,7 @@ def prepare(
             if saved is not None:
                 saved.result()
             described = described if hashed is None else hashed.result()
+        assert described is not None  # described first, or hashed beside the workers
         meta.update(
             _wanted(settings, described),
             sources=described,
@@ -204,7 +210,7 @@ def _same_dataset(meta: dict[str, Any], wanted: dict[str, Any]) -> bool:
 def _write_dataset(
     stage: Path,
     sources: Sequence[Path],
-    tok: Any,
+    tok: Tokenizer,
     dtype: np.dtype,
     val_fraction: float,
     block_size: int,

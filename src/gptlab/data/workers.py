@@ -25,13 +25,17 @@ import warnings
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
 from gptlab.data.dataset import EOT
 from gptlab.data.pieces import Piece, piece_bytes, read_piece
 from gptlab.tokenizers.base import check_text
+from gptlab.tokenizers.ranked import RankedTokenizer
+
+if TYPE_CHECKING:
+    from gptlab.tokenizers.base import Tokenizer
 
 FORK = sys.platform.startswith("linux")  # fork is safe here: workers only run numpy and the tokenizer
 IN_FLIGHT = 2  # pieces in flight per worker
@@ -49,13 +53,13 @@ class Encoded(NamedTuple):
     source_bytes: int  # bytes of the source it stands for (progress)
 
 
-def array_encoder(tok: Any, dtype: np.dtype) -> Callable[[str], np.ndarray]:
+def array_encoder(tok: Tokenizer, dtype: np.dtype) -> Callable[[str], np.ndarray]:
     """``text → ids`` as an array of ``dtype``: ``tok.encode(text)`` (ordinary text, no special tokens).
 
     With the tiktoken back-end the ids come from ``encode_to_numpy`` (the same ids, without a list
     of Python ints, faster than ``encode`` + ``np.asarray``: docs/benchmarks.md#data-preparation).
     """
-    if getattr(tok, "backend", None) == "tiktoken":
+    if isinstance(tok, RankedTokenizer) and tok.backend == "tiktoken":
         encoding = tok._encoding  # built by the ``backend`` property just above
 
         def encode(text: str) -> np.ndarray:
@@ -68,7 +72,7 @@ def array_encoder(tok: Any, dtype: np.dtype) -> Callable[[str], np.ndarray]:
 class PieceEncoder:
     """Read and encode one piece (in a worker, or in the preparing process with one worker)."""
 
-    def __init__(self, tok: Any, dtype: np.dtype) -> None:
+    def __init__(self, tok: Tokenizer, dtype: np.dtype) -> None:
         self.encode = array_encoder(tok, dtype)
         self.eot = None if tok.eot_id is None else np.asarray([tok.eot_id], dtype=dtype)
         self.eot_bytes = 0 if self.eot is None else len(EOT.encode("utf-8"))
@@ -111,7 +115,7 @@ class TokenizerPool:
     tokenizer is saved to ``tokenizer_file`` first, for them to load.
     """
 
-    def __init__(self, tok: Any, dtype: np.dtype, workers: int, tokenizer_file: Path) -> None:
+    def __init__(self, tok: Tokenizer, dtype: np.dtype, workers: int, tokenizer_file: Path) -> None:
         self.tok, self.dtype, self.workers, self.file = tok, dtype, workers, tokenizer_file
         self.pool: Any = None
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Sequence
+from typing import Any
 
 from lm_eval.api.instance import Instance
 from lm_eval.api.model import TemplateLM
@@ -51,7 +52,9 @@ class GptlabLM(TemplateLM):
         from lm_eval.utils import simple_parse_args_string
 
         given = simple_parse_args_string(arg_string)
-        extra = {k: v for k, v in (additional_config or {}).items() if v is not None and k not in given}
+        extra: dict[str, Any] = {
+            k: v for k, v in (additional_config or {}).items() if v is not None and k not in given
+        }
         return cls(**given, **extra)
 
     def __init__(
@@ -82,7 +85,7 @@ class GptlabLM(TemplateLM):
         self._max_gen_toks = int(max_gen_toks)
         # rows decoded together by generate_until (each row's text equals its own generation, so this is speed
         # only): lm-eval's batch_size when larger, else GEN_ROWS (its command line's default batch_size is 1)
-        self.batch_rows = max(GEN_ROWS, int(batch_size) if str(batch_size).isdigit() else 0)
+        self.batch_rows = max(GEN_ROWS, int(str(batch_size)) if str(batch_size).isdigit() else 0)
         self.add_bos_token = bool(add_bos_token)
         self.batch_tokens = int(batch_tokens)
         self.template = template_for(self.tokenizer)
@@ -157,7 +160,7 @@ class GptlabLM(TemplateLM):
         pairs = [(ctx, cont) for _, ctx, cont in requests]
         scores = self._scores(pairs, "Running loglikelihood requests", disable_tqdm)
         out = []
-        for (key, _, _), score in zip(requests, scores, strict=True):
+        for (key, _ctx, _cont), score in zip(requests, scores, strict=True):
             answer = (score.logprob, score.greedy)
             if key is not None:
                 self.cache_hook.add_partial("loglikelihood", key, answer)

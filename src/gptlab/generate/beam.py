@@ -18,7 +18,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections.abc import Generator, Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -28,6 +28,9 @@ from gptlab.generate.sampling import Sampler
 from gptlab.generate.session import BatchSession
 from gptlab.generate.step import TokenEvent, session_len, stop_token_ids, vocab_size
 from gptlab.generate.textstream import TextStream
+
+if TYPE_CHECKING:
+    from gptlab.tokenizers.base import Tokenizer
 
 
 def normalised(logp: float, length: int, alpha: float) -> float:
@@ -41,7 +44,7 @@ def beam_search(
     model: Decoder,
     prompt: Sequence[int],
     config: SampleConfig,
-    tokenizer: Any | None = None,
+    tokenizer: Tokenizer | None = None,
     cache_dtype: torch.dtype | None = None,
 ) -> tuple[list[int], str]:
     """The best continuation of ``prompt`` → ``(token ids without the stop token, finish_reason)``."""
@@ -58,7 +61,7 @@ def beam_steps(
     model: Decoder,
     prompt: Sequence[int],
     config: SampleConfig,
-    tokenizer: Any | None = None,
+    tokenizer: Tokenizer | None = None,
     cache_dtype: torch.dtype | None = None,
 ) -> Generator[None, None, tuple[list[int], str]]:
     """``beam_search`` one batched step at a time: yields after each step, returns its result.
@@ -151,7 +154,7 @@ def _hopeless(
 
 def beam_events(
     model: Decoder,
-    tokenizer: Any,
+    tokenizer: Tokenizer,
     prompt: Sequence[int],
     config: SampleConfig,
     cache_dtype: torch.dtype | None = None,
@@ -162,7 +165,7 @@ def beam_events(
 
 
 def beam_stream(
-    tokenizer: Any, tokens: Sequence[int], reason: str, config: SampleConfig
+    tokenizer: Tokenizer, tokens: Sequence[int], reason: str, config: SampleConfig
 ) -> Iterator[TokenEvent]:
     """The events of a finished search's best sequence: its text, cut at a stop string."""
     text = TextStream(tokenizer, config.stop)

@@ -14,7 +14,7 @@ left to leave room for ``max_new_tokens`` (``step.fit_prompt``); past the contex
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -27,8 +27,11 @@ from gptlab.generate.seq2seq import bind_source, check_generative
 from gptlab.generate.step import TokenEvent
 from gptlab.model.encdec import EncoderDecoder
 
+if TYPE_CHECKING:
+    from gptlab.tokenizers.base import Tokenizer
 
-def encode_prompt(tokenizer: Any, prompt: str) -> list[int]:
+
+def encode_prompt(tokenizer: Tokenizer, prompt: str) -> list[int]:
     """Token ids of ``prompt``; an empty prompt starts from ``<|endoftext|>`` when the tokenizer has it."""
     if not isinstance(prompt, str):
         raise GptlabError(f"a prompt must be a string, got {type(prompt).__name__}")
@@ -43,12 +46,12 @@ def encode_prompt(tokenizer: Any, prompt: str) -> list[int]:
     return ids
 
 
-def _continue_prompt(model: Decoder, tokenizer: Any, prompt: str) -> tuple[Decoder, list[int]]:
+def _continue_prompt(model: Decoder, tokenizer: Tokenizer, prompt: str) -> tuple[Decoder, list[int]]:
     """A decoder continues its prompt."""
     return model, encode_prompt(tokenizer, prompt)
 
 
-def _cannot_generate(model: Decoder, tokenizer: Any, prompt: str) -> tuple[Decoder, list[int]]:
+def _cannot_generate(model: Decoder, tokenizer: Tokenizer, prompt: str) -> tuple[Decoder, list[int]]:
     check_generative(model)  # raises: a bidirectional encoder has no next-token distribution
     raise GptlabError("this model cannot generate")
 
@@ -62,7 +65,7 @@ PROMPTS: dict[str, PromptReader] = {
 }
 
 
-def read_prompt(model: Decoder, tokenizer: Any, prompt: str) -> tuple[Decoder, list[int]]:
+def read_prompt(model: Decoder, tokenizer: Tokenizer, prompt: str) -> tuple[Decoder, list[int]]:
     """``prompt`` read for this kind of model → ``(the model to decode, its starting ids)``.
 
     Call it before printing anything: an empty source or a prompt the tokenizer refuses fails here.
@@ -74,7 +77,7 @@ def read_prompt(model: Decoder, tokenizer: Any, prompt: str) -> tuple[Decoder, l
 
 def stream_events(
     model: Decoder,
-    tokenizer: Any,
+    tokenizer: Tokenizer,
     prompt: str,
     config: SampleConfig | None = None,
     *,
@@ -92,7 +95,7 @@ def stream_events(
 
 def stream(
     model: Decoder,
-    tokenizer: Any,
+    tokenizer: Tokenizer,
     prompt: str,
     config: SampleConfig | None = None,
     *,
@@ -106,7 +109,7 @@ def stream(
 
 def generate_text(
     model: Decoder,
-    tokenizer: Any,
+    tokenizer: Tokenizer,
     prompt: str,
     config: SampleConfig | None = None,
     *,
@@ -118,7 +121,7 @@ def generate_text(
 
 def generate_batch(
     model: Decoder,
-    tokenizer: Any,
+    tokenizer: Tokenizer,
     prompts: Sequence[str],
     config: SampleConfig | None = None,
     *,

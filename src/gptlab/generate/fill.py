@@ -9,11 +9,15 @@ predicted from the words on both sides. Predictions are independent per mask (BE
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
 from gptlab.errors import GptlabError
+
+if TYPE_CHECKING:
+    from gptlab.model import GPT
+    from gptlab.tokenizers.base import Tokenizer
 
 MASK = "[MASK]"
 
@@ -25,7 +29,9 @@ class MaskPrediction:
 
 
 @torch.no_grad()
-def fill_masks(model: Any, tokenizer: Any, text: str, top_k: int = 5) -> tuple[list[MaskPrediction], str]:
+def fill_masks(
+    model: GPT, tokenizer: Tokenizer, text: str, top_k: int = 5
+) -> tuple[list[MaskPrediction], str]:
     """Top-``k`` predictions for every ``[MASK]`` in ``text``, and the text with each mask's best guess."""
     mask_id = mask_token_id(model, tokenizer)
     ids = tokenizer.encode(text, allowed_special={MASK})
@@ -37,7 +43,7 @@ def fill_masks(model: Any, tokenizer: Any, text: str, top_k: int = 5) -> tuple[l
     return predictions, tokenizer.decode(filled)
 
 
-def mask_token_id(model: Any, tokenizer: Any) -> int:
+def mask_token_id(model: GPT, tokenizer: Tokenizer) -> int:
     """The id of ``[MASK]``; refuses a causal model and a tokenizer without the token."""
     if getattr(model.config, "causal", True):
         raise GptlabError(
@@ -52,7 +58,7 @@ def mask_token_id(model: Any, tokenizer: Any) -> int:
 
 @torch.no_grad()
 def fill_ids(
-    model: Any, tokenizer: Any, ids: list[int], top_k: int = 5
+    model: GPT, tokenizer: Tokenizer, ids: list[int], top_k: int = 5
 ) -> tuple[list[MaskPrediction], list[int]]:
     """Top-``k`` predictions at every ``[MASK]`` of ``ids`` (none: no predictions), and ``ids`` with
     each mask replaced by its best guess; ``[MASK]`` itself is never an answer."""

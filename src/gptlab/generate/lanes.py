@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -26,6 +26,9 @@ from gptlab.generate.engine import engine_of
 from gptlab.generate.graph_sampling import supports
 from gptlab.generate.session import BatchSession
 from gptlab.generate.static import StaticSession
+
+if TYPE_CHECKING:
+    from gptlab.generate.step import TokenStep
 
 
 class Lanes:
@@ -71,11 +74,11 @@ class Lanes:
     def remove(self, slot: int) -> None:
         self._lane(slot).remove(slot)
 
-    def add(self, prompt_ids: Sequence[int], step: Any | None = None) -> tuple[int, torch.Tensor | int]:
+    def add(self, prompt_ids: Sequence[int], step: TokenStep | None = None) -> tuple[int, torch.Tensor | int]:
         return self.add_many([prompt_ids], None if step is None else [step])[0]
 
     def add_many(
-        self, prompts: Sequence[Sequence[int]], steps: Sequence[Any] | None = None
+        self, prompts: Sequence[Sequence[int]], steps: Sequence[TokenStep] | None = None
     ) -> list[tuple[int, torch.Tensor | int]]:
         """Prefill each prompt in its lane → ``(slot, logits)`` (dynamic) or ``(slot, token)`` (static).
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -24,6 +24,9 @@ from gptlab.generate.engine import DecodeEngine, engine_of
 from gptlab.generate.plan import DecodePlan
 from gptlab.generate.step import TokenEvent, TokenStep, fit_prompt, session_len, vocab_size
 from gptlab.generate.window import ContextWarning, Session
+
+if TYPE_CHECKING:
+    from gptlab.tokenizers.base import Tokenizer
 
 
 @dataclass
@@ -51,7 +54,7 @@ def fit_prompts(model: Decoder, prompts: Sequence[Sequence[int]], config: Sample
 class Request:
     """What ``start`` was asked for, handed to the session's starter."""
 
-    tokenizer: Any | None
+    tokenizer: Tokenizer | None
     prompts: list[list[int]]
     config: SampleConfig
     cache_dtype: torch.dtype | None
@@ -100,7 +103,7 @@ STARTS: dict[str, Starter] = {"dynamic": _start_dynamic, "static": _start_static
 
 def start(
     model: Decoder,
-    tokenizer: Any | None,
+    tokenizer: Tokenizer | None,
     prompts: Sequence[Sequence[int]],
     config: SampleConfig,
     cache_dtype: torch.dtype | None,
@@ -143,7 +146,7 @@ def decode_rows(session: Session, rows: list[Row]) -> Iterator[TokenEvent]:
 
 def decode_events(
     model: Decoder,
-    tokenizer: Any | None,
+    tokenizer: Tokenizer,
     ids: Sequence[int],
     config: SampleConfig,
     cache_dtype: torch.dtype | None = None,

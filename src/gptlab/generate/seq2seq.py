@@ -15,7 +15,7 @@ generate.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -26,6 +26,9 @@ from gptlab.generate.decoder import Decoder, logits_of
 from gptlab.generate.loop import decode_events, decode_rows, start
 from gptlab.generate.step import TokenEvent
 from gptlab.model.encdec import EncoderDecoder
+
+if TYPE_CHECKING:
+    from gptlab.tokenizers.base import Tokenizer
 
 
 def is_seq2seq(model: Decoder) -> bool:
@@ -42,7 +45,7 @@ def check_generative(model: Decoder, name: str = "this model") -> None:
         )
 
 
-def source_ids(tokenizer: Any, source: str) -> list[int]:
+def source_ids(tokenizer: Tokenizer, source: str) -> list[int]:
     """Token ids of a source text (it must not be empty)."""
     if not isinstance(source, str):
         raise GptlabError(f"a source must be a string, got {type(source).__name__}")
@@ -52,7 +55,7 @@ def source_ids(tokenizer: Any, source: str) -> list[int]:
     return ids
 
 
-def bos_ids(tokenizer: Any) -> list[int]:
+def bos_ids(tokenizer: Tokenizer) -> list[int]:
     """The target's first token: ``<|endoftext|>``."""
     eot = getattr(tokenizer, "eot_id", None)
     if eot is None:
@@ -60,7 +63,7 @@ def bos_ids(tokenizer: Any) -> list[int]:
     return [int(eot)]
 
 
-def bind_source(model: Decoder, tokenizer: Any, source: str) -> tuple[Decoder, list[int]]:
+def bind_source(model: Decoder, tokenizer: Tokenizer, source: str) -> tuple[Decoder, list[int]]:
     """The decoder bound to ``source`` (encoded once) and the ids its target starts from."""
     if not isinstance(model, EncoderDecoder):
         raise GptlabError(f"only an encoder-decoder model binds a source, not a {type(model).__name__}")
@@ -70,7 +73,7 @@ def bind_source(model: Decoder, tokenizer: Any, source: str) -> tuple[Decoder, l
 
 def stream_ids(
     model: EncoderDecoder,
-    tokenizer: Any,
+    tokenizer: Tokenizer,
     source: Sequence[int],
     config: SampleConfig | None = None,
     *,

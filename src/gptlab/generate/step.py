@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 
@@ -30,6 +30,9 @@ from gptlab.generate.config import SampleConfig
 from gptlab.generate.decoder import Decoder
 from gptlab.generate.sampling import Sampler
 from gptlab.generate.textstream import TextStream
+
+if TYPE_CHECKING:
+    from gptlab.tokenizers.base import Tokenizer
 
 
 class Alternative(NamedTuple):
@@ -62,13 +65,13 @@ class TokenEvent:
     stop: bool = False  # the stop token that ended the request (text "": never shown, only reported)
 
 
-def stop_token_ids(config: SampleConfig, tokenizer: Any | None) -> frozenset[int]:
+def stop_token_ids(config: SampleConfig, tokenizer: Tokenizer | None) -> frozenset[int]:
     """``config.stop_tokens`` plus the tokenizer's ``<|endoftext|>``."""
     eot = getattr(tokenizer, "eot_id", None) if tokenizer is not None else None
     return frozenset(config.stop_tokens) | ({eot} if eot is not None else set())
 
 
-def vocab_size(model: Decoder, tokenizer: Any | None) -> int:
+def vocab_size(model: Decoder, tokenizer: Tokenizer | None) -> int:
     """Tokens that may be chosen: the model's vocabulary, or the tokenizer's if smaller."""
     n = model.config.vocab_size
     return min(n, tokenizer.vocab_size) if tokenizer is not None else n
@@ -103,7 +106,7 @@ def fit_prompt(
     )
 
 
-def token_text(tokenizer: Any | None, token_id: int) -> str:
+def token_text(tokenizer: Tokenizer | None, token_id: int) -> str:
     """A token's text for display (bytes that are not whole UTF-8 characters show as U+FFFD)."""
     if tokenizer is None:
         return str(token_id)
@@ -124,7 +127,7 @@ class TokenStep:
     def __init__(
         self,
         config: SampleConfig,
-        tokenizer: Any | None,
+        tokenizer: Tokenizer | None,
         model: Decoder,
         prompt_ids: Sequence[int],
         *,

@@ -12,7 +12,10 @@ from __future__ import annotations
 
 import codecs
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from gptlab.tokenizers.base import Tokenizer
 
 
 def held_back(text: str, stop: Sequence[str]) -> int:
@@ -33,7 +36,7 @@ def held_back(text: str, stop: Sequence[str]) -> int:
 class TextStream:
     """``push(token_id) -> text now safe to emit``; ``finish() -> the rest``; ``stopped``."""
 
-    def __init__(self, tokenizer: Any, stop: Sequence[str] = ()) -> None:
+    def __init__(self, tokenizer: Tokenizer, stop: Sequence[str] = ()) -> None:
         self.tokenizer = tokenizer
         self.stop = [s for s in stop if s]
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")

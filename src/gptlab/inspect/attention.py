@@ -14,7 +14,7 @@ target position × source position.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeGuard, cast
 
 import torch
 
@@ -23,9 +23,15 @@ from gptlab.inspect.inputs import token_ids
 from gptlab.inspect.recording import ModelInput, record
 from gptlab.model import GPT
 
+if TYPE_CHECKING:
+    from gptlab.model import EncoderDecoder
+    from gptlab.tokenizers.base import Tokenizer
+
 
 @torch.no_grad()
-def attention_maps(model: GPT, tokenizer_or_ids: Any, text: str | None = None) -> torch.Tensor:
+def attention_maps(
+    model: GPT, tokenizer_or_ids: Tokenizer | Sequence[int] | torch.Tensor, text: str | None = None
+) -> torch.Tensor:
     """The attention weights of ``text``: a float tensor ``(L, H, T, T)``.
 
     ``attention_maps(model, tokenizer, "text")`` encodes the text;
@@ -34,13 +40,17 @@ def attention_maps(model: GPT, tokenizer_or_ids: Any, text: str | None = None) -
     if text is None and _is_ids(tokenizer_or_ids):
         ids = token_ids(model, None, tokenizer_or_ids)
     else:
-        ids = token_ids(model, tokenizer_or_ids, text if text is not None else "")
+        tokenizer = cast("Tokenizer", tokenizer_or_ids)  # ids come without text
+        ids = token_ids(model, tokenizer, text if text is not None else "")
     return record(model, ModelInput(ids, [])).attentions["self"]  # (L, H, T, T)
 
 
 @torch.no_grad()
 def seq2seq_maps(
-    model: Any, tokenizer: Any, source: str | Sequence[int], target: str | Sequence[int] | None = None
+    model: EncoderDecoder,
+    tokenizer: Tokenizer | None,
+    source: str | Sequence[int],
+    target: str | Sequence[int] | None = None,
 ) -> dict[str, Any]:
     """Encoder, decoder and cross-attention weights of an encoder–decoder, with the ids they read.
 
@@ -70,7 +80,7 @@ def seq2seq_maps(
     }
 
 
-def _is_ids(obj: Any) -> bool:
+def _is_ids(obj: object) -> TypeGuard[Sequence[int] | torch.Tensor]:
     return isinstance(obj, torch.Tensor) or (isinstance(obj, Sequence) and not isinstance(obj, str))
 
 

@@ -103,7 +103,7 @@ def _human(value: float, unit: str) -> str:
             if value >= scale:
                 return f"{value / scale:.1f} {suffix}"
         return f"{int(value)} B"
-    for scale, suffix in ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
-        if value >= scale:
-            return f"{value / scale:.2f} {suffix}{unit}"
+    for power, prefix in ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if value >= power:
+            return f"{value / power:.2f} {prefix}{unit}"
     return f"{value:g} {unit}"

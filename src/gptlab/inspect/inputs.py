@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -11,8 +11,11 @@ from gptlab.errors import GptlabError
 from gptlab.model import GPT
 from gptlab.tokenizers.loading import parse_ids
 
+if TYPE_CHECKING:
+    from gptlab.tokenizers.base import Tokenizer
 
-def token_ids(model: GPT, tokenizer: Any | None, text: str | Sequence[int] | torch.Tensor) -> list[int]:
+
+def token_ids(model: GPT, tokenizer: Tokenizer | None, text: str | Sequence[int] | torch.Tensor) -> list[int]:
     """Encode ``text`` (or check a given id list) for ``model``: non-empty, in the vocabulary, fits the context."""
     if isinstance(text, str):
         if tokenizer is None:
@@ -38,7 +41,7 @@ def token_ids(model: GPT, tokenizer: Any | None, text: str | Sequence[int] | tor
     return ids
 
 
-def token_label(tokenizer: Any | None, token_id: int) -> str:
+def token_label(tokenizer: Tokenizer | None, token_id: int) -> str:
     """A printable rendering of one token: its bytes with control characters escaped, or ``#id``."""
     if tokenizer is None:
         return f"#{token_id}"
@@ -50,7 +53,7 @@ def token_label(tokenizer: Any | None, token_id: int) -> str:
         return f"#{token_id}"
 
 
-def token_labels(tokenizer: Any | None, ids: Sequence[int]) -> list[str]:
+def token_labels(tokenizer: Tokenizer | None, ids: Sequence[int]) -> list[str]:
     return [token_label(tokenizer, i) for i in ids]
 
 
@@ -65,7 +68,7 @@ def cli_input(text: str | None, ids: str | None) -> str | list[int]:
     return text
 
 
-def load_checkpoint(path: str, device: str = "cpu") -> tuple[GPT, Any | None]:
+def load_checkpoint(path: str, device: str = "cpu") -> tuple[GPT, Tokenizer | None]:
     """``gptlab.load(path)`` onto ``device``, in eval mode."""
     from gptlab.sources import load
 

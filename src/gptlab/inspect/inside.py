@@ -174,7 +174,7 @@ def inside(
         "stages": [builder(model, inp, rec, pos) for builder in STAGES],
         "attention": {
             kind: dict(
-                zip(("title", "equation", "rows", "columns"), _attention_kind(c.causal, kind)),
+                zip(("title", "equation", "rows", "columns"), _attention_kind(bool(c.causal), kind)),
                 shape=list(maps.shape),
                 guide=f"{GUIDE}#attention",
             )

@@ -10,13 +10,16 @@ a post-norm model has no final norm (its blocks end normalised), so the head rea
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from gptlab.inspect.inputs import token_label
 from gptlab.model import GPT
 from gptlab.model.loss import plain_head
+
+if TYPE_CHECKING:
+    from gptlab.tokenizers.base import Tokenizer
 
 
 @torch.no_grad()
@@ -30,7 +33,7 @@ def lens_logits(model: GPT, hidden: torch.Tensor) -> torch.Tensor:
 
 
 def logit_lens(
-    model: GPT, tokenizer: Any | None, hidden: list[torch.Tensor], position: int = -1, top: int = 5
+    model: GPT, tokenizer: Tokenizer | None, hidden: list[torch.Tensor], position: int = -1, top: int = 5
 ) -> list[dict[str, Any]]:
     """Per residual stream ``hidden[l]`` (T, d_model), the ``top`` tokens of ``p⁽ˡ⁾`` at ``position``.
 

@@ -22,12 +22,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from gptlab.inspect.inputs import token_ids, token_labels
 from gptlab.model import GPT
+
+if TYPE_CHECKING:
+    from gptlab.tokenizers.base import Tokenizer
 
 #: The sublayers whose outputs a recording keeps, by name → the block's attribute.
 SUBLAYERS = {"attention": "attn", "cross_attention": "cross_attn", "feed_forward": "mlp"}
@@ -44,7 +47,10 @@ class ModelInput:
 
 
 def model_input(
-    model: GPT, tokenizer: Any | None, text: str | Sequence[int] | torch.Tensor, target: str | None = None
+    model: GPT,
+    tokenizer: Tokenizer | None,
+    text: str | Sequence[int] | torch.Tensor,
+    target: str | None = None,
 ) -> ModelInput:
     """``text`` (or ids) as the model reads it; for an encoder–decoder, the source, and BOS + ``target``."""
     ids = token_ids(model, tokenizer, text)
@@ -83,7 +89,9 @@ def record(model: GPT, inp: ModelInput, sublayers: bool = False) -> Recording:
             if modules:
                 captured[name] = []
                 handles += [m.register_forward_hook(_keeper(captured[name])) for m in modules]
-    extra = {} if inp.source is None else {"source": torch.tensor([inp.source], device=model.device)}
+    extra: dict[str, Any] = (
+        {} if inp.source is None else {"source": torch.tensor([inp.source], device=model.device)}
+    )
     was_training = model.training
     model.eval()
     try:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -29,6 +29,9 @@ from gptlab.inspect.inputs import token_label
 from gptlab.inspect.recording import model_input, record
 from gptlab.inspect.trace_positions import N_VALUES, POSITION_STAGES, first_values, round_list
 from gptlab.model import GPT
+
+if TYPE_CHECKING:
+    from gptlab.tokenizers.base import Tokenizer
 
 TOP_ATTENTION = 3  # earlier tokens shown per head
 
@@ -61,7 +64,7 @@ class Trace:
 @torch.no_grad()
 def trace(
     model: GPT,
-    tokenizer: Any | None,
+    tokenizer: Tokenizer | None,
     text: str | Sequence[int] | torch.Tensor,
     temperature: float = 1.0,
     top: int = 10,

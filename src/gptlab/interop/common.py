@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from pickle import UnpicklingError  # raised by torch.load(weights_only=True) on a refused or corrupt file
 from typing import Any
@@ -249,7 +250,7 @@ def import_lazy(
         if not all(present):
             if r.zero_if_absent and not any(present):
                 shape, dtype = expected[r.ours].shape, expected[r.ours].dtype
-                makers[r.ours] = lambda shape=shape, dtype=dtype: torch.zeros(shape, dtype=dtype)
+                makers[r.ours] = partial(torch.zeros, shape, dtype=dtype)
                 continue
             missing = [t for t, p in zip(r.theirs, present) if not p]
             raise GptlabError(
@@ -257,7 +258,7 @@ def import_lazy(
                 f"{cfg.n_layer} layers of a {family.name} model)"
             )
         used.update(r.theirs)
-        makers[r.ours] = lambda r=r: _apply_rule(r, cfg, hf_state, tuple(expected[r.ours].shape), source)
+        makers[r.ours] = partial(_apply_rule, r, cfg, hf_state, tuple(expected[r.ours].shape), source)
     unexpected = sorted(set(hf_state) - used - ({"lm_head.weight"} if cfg.tie_embeddings else set()))
     if unexpected:
         raise GptlabError(

@@ -24,8 +24,9 @@ import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -35,6 +36,9 @@ from gptlab.errors import GptlabError
 from gptlab.interop import gpt2, llama
 from gptlab.interop.common import Family
 from gptlab.model import GPT
+
+if TYPE_CHECKING:
+    from gptlab.tokenizers.base import Tokenizer
 
 Fix = Callable[[np.ndarray, dict[str, Any]], np.ndarray]
 
@@ -103,7 +107,7 @@ def read_gguf(path: str | os.PathLike[str] | GgufFile) -> GgufFile:
         """``GGUFReader`` over a plain array view of its memory map: slicing a ``np.memmap`` runs Python
         code per slice, which made reading a real model's tokenizer strings several times slower."""
 
-        @property
+        @property  # type: ignore[override]  # GGUFReader's attribute, read through a property here
         def data(self) -> np.ndarray:
             return self._plain
 
@@ -317,7 +321,7 @@ def architecture_of(f: GgufFile) -> GgufArchitecture:
 
 def hf_state(f: GgufFile, arch: GgufArchitecture, hf: dict[str, Any]) -> LazyTensors:
     """Every tensor under its Hugging Face name, dequantized (llama.cpp's layout changes undone) when asked for."""
-    makers = {}
+    makers: dict[str, Callable[[], torch.Tensor]] = {}
     for record in f.tensors:
         name = arch.hf_name(record.name)
         if name is None:
@@ -325,7 +329,7 @@ def hf_state(f: GgufFile, arch: GgufArchitecture, hf: dict[str, Any]) -> LazyTen
                 f"{f.path}: tensor {record.name!r} has no place in a plain {arch.family.architecture}; "
                 f"this {f.architecture} variant is not supported"
             )
-        makers[name] = lambda record=record, name=name: _read(f, arch, hf, record, name)
+        makers[name] = partial(_read, f, arch, hf, record, name)
     return LazyTensors(makers)
 
 
@@ -359,7 +363,7 @@ def from_gguf(
     return model_from_hf_state(arch.family, config, hf_state(f, arch, hf), f.path, dtype, quantize)
 
 
-def tokenizer_from_gguf(path: str | os.PathLike[str] | GgufFile) -> Any:
+def tokenizer_from_gguf(path: str | os.PathLike[str] | GgufFile) -> Tokenizer:
     """The file's tokenizer (``PretrainedTokenizer``: its BPE, special tokens, bos/eos and chat template)."""
     from gptlab.tokenizers.pretrained import PretrainedTokenizer
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -124,7 +124,7 @@ def _skip_init() -> Iterator[None]:
 def model_from_hf_state(
     family: Family,
     config: GPTConfig,
-    hf_state: dict[str, torch.Tensor],
+    hf_state: Mapping[str, torch.Tensor],
     source: Path,
     dtype: torch.dtype | None,
     quantize: str | None = None,
@@ -150,7 +150,7 @@ def model_from_hf_state(
     return model.eval()
 
 
-def tokenizer_from_hf(directory: str | os.PathLike[str]) -> Any | None:
+def tokenizer_from_hf(directory: str | os.PathLike[str]) -> Tokenizer | None:
     """The directory's tokenizer, or ``None`` if it has none gptlab reads.
 
     ``tokenizer.json`` (a byte-level BPE, with its special tokens, bos/eos and the chat template of

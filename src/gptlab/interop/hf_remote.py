@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -29,6 +29,9 @@ from gptlab.fileio import atomic_write_json, atomic_write_text
 from gptlab.interop.common import CONFIG_FILE, SAFETENSORS_FILE, read_hf_weights
 from gptlab.interop.remote_source import flat_name, generated_files, model_modules
 from gptlab.model import GPT, GPTConfig, build_model
+
+if TYPE_CHECKING:
+    from gptlab.tokenizers.base import Tokenizer
 
 MODEL_TYPE = "gptlab"
 PREFIX = "gpt."  # the wrapper holds the gptlab model as ``self.gpt``
@@ -77,7 +80,7 @@ def code_files() -> dict[str, str]:
     return files
 
 
-def token_ids(model: GPT, tokenizer: Any) -> dict[str, int | None]:
+def token_ids(model: GPT, tokenizer: Tokenizer | None) -> dict[str, int | None]:
     """bos/eos/pad (and the decoder's start) ids: the tokenizer's, else those an import recorded."""
     extra = model.config.extra
     eos = getattr(tokenizer, "eos_id", None) if tokenizer is not None else None
@@ -91,7 +94,7 @@ def token_ids(model: GPT, tokenizer: Any) -> dict[str, int | None]:
     return ids
 
 
-def remote_config(model: GPT, tokenizer: Any = None) -> dict[str, Any]:
+def remote_config(model: GPT, tokenizer: Tokenizer | None = None) -> dict[str, Any]:
     """The ``config.json`` of a remote-code folder for ``model``."""
     cfg = model.config
     gptlab = cfg.to_dict() | {"vocab_multiple": 1}  # the file holds vocab_size rows, as gptlab saves them
@@ -123,7 +126,7 @@ def remote_tensors(model: GPT) -> dict[str, torch.Tensor]:
     return {PREFIX + k: v.detach().to("cpu").contiguous() for k, v in model_state(model).items()}
 
 
-def write_remote(model: GPT, directory: Path, tokenizer: Any = None) -> Path:
+def write_remote(model: GPT, directory: Path, tokenizer: Tokenizer | None = None) -> Path:
     """Write the remote-code folder of ``model`` into ``directory`` (which ``to_hf`` has checked)."""
     directory.mkdir(parents=True, exist_ok=True)
     for name, text in code_files().items():

@@ -126,7 +126,7 @@ def _replacement(target: _Target, copied: set[str], source: str) -> str:
         return "\n".join(
             f"from . import {flat_name(f'{PACKAGE}.{a.name}')} as {a.asname or a.name}" for a in node.names
         )
-    if isinstance(node, ast.ImportFrom):
+    if isinstance(node, ast.ImportFrom) and node.module is not None:
         text = ast.get_source_segment(source, node) or ""
         return text.replace(f"from {node.module} import", f"from .{flat_name(node.module)} import", 1)
     raise AssertionError(f"cannot rewrite `import {target.module}`; use `from ... import ...`")

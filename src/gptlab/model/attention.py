@@ -156,7 +156,7 @@ class CausalSelfAttention(nn.Module):
         # W_Q, W_K, W_V fused into one matrix: H·[W_Q | W_K | W_V]
         self.qkv = nn.Linear(config.n_embd, q_dim + 2 * kv_dim, bias=config.bias)
         self.proj = nn.Linear(q_dim, config.n_embd, bias=config.bias)  # W_O
-        self.proj.residual_out = True  # type: ignore[assignment]  (scaled init, see GPT._init_weights)
+        self.proj.residual_out = True  # type: ignore[assignment]  # a flag for GPT._init_weights (scaled init)
         self.q_norm = RMSNorm(self.head_dim, eps=config.norm_eps) if config.qk_norm else nn.Identity()
         self.k_norm = RMSNorm(self.head_dim, eps=config.norm_eps) if config.qk_norm else nn.Identity()
         self.dropout = config.dropout

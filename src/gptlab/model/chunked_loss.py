@@ -82,7 +82,7 @@ class ChunkedHeadLoss(torch.autograd.Function):
     """``L(h, W)`` of the module docstring, chunk by chunk; gradients for ``h`` and ``W``."""
 
     @staticmethod
-    def forward(  # type: ignore[override]
+    def forward(
         ctx: Any,
         h: torch.Tensor,  # (N, d)
         weight: torch.Tensor,  # (V_pad, d)
@@ -117,7 +117,7 @@ class ChunkedHeadLoss(torch.autograd.Function):
         return total * inv_n
 
     @staticmethod
-    def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[Any, ...]:  # type: ignore[override]
+    def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[Any, ...]:
         grad_h, grad_w = ctx.saved_tensors  # scaled in place: no second (V_pad, d) buffer
         # (a second backward through the same graph would fail autograd's version check, not go wrong)
         return (
@@ -147,6 +147,7 @@ def chunked_cross_entropy(
     y = targets.reshape(-1)
     grad = torch.is_grad_enabled()
     want_h, want_w = grad and h.requires_grad, grad and weight.requires_grad
-    return ChunkedHeadLoss.apply(
+    loss: torch.Tensor = ChunkedHeadLoss.apply(  # type: ignore[no-untyped-call]  # torch: Function.apply is untyped
         h2, weight, y, vocab_size, softcap, chunk_rows, compute_dtype(h), want_h, want_w
     )
+    return loss

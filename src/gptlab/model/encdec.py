@@ -15,7 +15,7 @@ were computed once, which the generation code drives exactly like a GPT.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -25,6 +25,7 @@ from gptlab.model.block import Block, DecoderBlock
 from gptlab.model.config import GPTConfig
 from gptlab.model.cross_attention import CrossKV
 from gptlab.model.gpt import GPT, ModelOutput
+from gptlab.model.kvcache import LayeredCache
 from gptlab.model.norms import make_norm
 from gptlab.model.positional import POSITIONAL
 
@@ -72,10 +73,10 @@ class EncoderDecoder(GPT):
 
     def cross_kv(self, memory: torch.Tensor) -> list[CrossKV]:
         """Each decoder layer's ``K_enc, V_enc`` of the encoder output: computed once per source."""
-        return [block.cross_attn.memory_kv(memory) for block in self.blocks]
+        return [cast(DecoderBlock, block).cross_attn.memory_kv(memory) for block in self.blocks]
 
     # --------------------------------------------------------------- forward
-    def run(  # type: ignore[override]
+    def run(
         self,
         idx: torch.Tensor,  # (B, T) target-side input ids (BOS + target[:-1])
         targets: torch.Tensor | None = None,  # (B, T); −1 is ignored (padding)
@@ -84,7 +85,7 @@ class EncoderDecoder(GPT):
         source_mask: torch.Tensor | None = None,  # (B, S) bool, True = a real source token
         cross: Sequence[CrossKV] | None = None,  # precomputed cross_kv (generation); replaces source
         pos: torch.Tensor | None = None,
-        cache: Any = None,
+        cache: LayeredCache | None = None,
         attn_mask: torch.Tensor | None = None,
         output_attentions: bool = False,
         output_hidden_states: bool = False,

@@ -116,7 +116,11 @@ def _wgrad_bf16(
 #: ``wgrad``: how ∂L/∂W = gᵀ·x is computed: ``(what the forward keeps, the product)``. ``fp8`` needs
 #: g₈ transposed in memory (one more pass over g, which for the head is B·T × V); ``bf16`` keeps x
 #: as nn.Linear does and skips that copy, so it is the default (docs/benchmarks.md#precision)
-WGRAD = {"fp8": (_keep_fp8, _wgrad_fp8), "bf16": (_keep_bf16, _wgrad_bf16)}
+Keep = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.dtype], Tensors]
+WGRAD: dict[str, tuple[Keep, Callable[..., torch.Tensor]]] = {
+    "fp8": (_keep_fp8, _wgrad_fp8),
+    "bf16": (_keep_bf16, _wgrad_bf16),
+}
 
 
 class FP8Matmul(torch.autograd.Function):
@@ -124,7 +128,7 @@ class FP8Matmul(torch.autograd.Function):
     ∂L/∂W in FP8 too with ``wgrad="fp8"``, in ``out_dtype`` with ``wgrad="bf16"``."""
 
     @staticmethod
-    def forward(  # type: ignore[override]
+    def forward(
         ctx: Any, x: torch.Tensor, w: torch.Tensor, out_dtype: torch.dtype, wgrad: str
     ) -> torch.Tensor:
         x8, x_inv = quantize(x, E4M3)  # (M, K)
@@ -135,9 +139,7 @@ class FP8Matmul(torch.autograd.Function):
         return scaled_mm(x8, w8.t(), x_inv, w_inv, out_dtype, fast_accum=True)  # (M, N)
 
     @staticmethod
-    def backward(  # type: ignore[override]
-        ctx: Any, g: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor | None, None, None]:
+    def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None, None, None]:
         w8, w_inv, *kept = ctx.saved_tensors
         x_dtype, w_dtype = ctx.dtypes
         g = g.contiguous()  # (M, N)
@@ -163,7 +165,7 @@ def fp8_linear(
     pad = -rows % ALIGN
     if pad:
         x2 = F.pad(x2, (0, 0, 0, pad))
-    y = FP8Matmul.apply(x2, weight, output_dtype(x), wgrad)
+    y: torch.Tensor = FP8Matmul.apply(x2, weight, output_dtype(x), wgrad)  # type: ignore[no-untyped-call]  # torch: Function.apply is untyped
     y = y[:rows] if pad else y
     if bias is not None:
         y = y + bias.to(y.dtype)
@@ -252,6 +254,7 @@ def enable_fp8(
         raise GptlabError(f"fp8={groups} matches no linear layer of this model")
     for name in chosen:
         linear = model.get_submodule(name)
+        assert isinstance(linear, nn.Linear)  # chosen above: type(module) is nn.Linear
         odd = [d for d in (linear.in_features, linear.out_features) if d % ALIGN]
         if odd:
             raise GptlabError(

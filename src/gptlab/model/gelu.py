@@ -46,7 +46,7 @@ class _CompiledGELU(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
-        (x,) = ctx.saved_tensors
+        x: torch.Tensor = ctx.saved_tensors[0]
         xf = x.float()
         erf, gauss = _erf_and_gaussian(xf)
         slope = 0.5 * (1.0 + erf) + xf * gauss * (1.0 / math.sqrt(2.0 * math.pi))
@@ -55,4 +55,7 @@ class _CompiledGELU(torch.autograd.Function):
 
 def gelu(x: torch.Tensor) -> torch.Tensor:
     """``GELU(x) = x·Φ(x) = ½·x·(1 + erf(x/√2))``: ``F.gelu`` eagerly, ``_CompiledGELU`` inside torch.compile."""
-    return _CompiledGELU.apply(x) if torch.compiler.is_compiling() else F.gelu(x)
+    if torch.compiler.is_compiling():
+        y: torch.Tensor = _CompiledGELU.apply(x)  # type: ignore[no-untyped-call]  # torch: Function.apply is untyped
+        return y
+    return F.gelu(x)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -23,6 +23,9 @@ from gptlab.model.loss import HEAD_LOSSES
 from gptlab.model.mlp import MixtureOfExperts
 from gptlab.model.norms import NORMS, make_norm
 from gptlab.model.positional import POSITIONAL
+
+if TYPE_CHECKING:
+    from gptlab.model.lora import LoRASpec
 
 
 @dataclass
@@ -46,6 +49,11 @@ class GPT(nn.Module):
     """
 
     block_type: type[Block] = Block
+    #: the context it was pre-trained with, set where a run fine-tunes it on other windows
+    #: (train.init); unset otherwise (checkpoint.model reads it with getattr)
+    pretrained_context: int
+    #: the adapters' description, set by model.lora.apply_lora (in the instance's __dict__); unset otherwise
+    lora_spec: LoRASpec
 
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
@@ -89,12 +97,13 @@ class GPT(nn.Module):
     # --------------------------------------------------------------- options
     def set_attention_impl(self, impl: str) -> GPT:
         """Choose the attention path of every layer: ``"sdpa"`` (fast) or ``"plain"`` (the equation)."""
-        from gptlab.model.attention import ATTENTION_PATHS
+        from gptlab.model.attention import ATTENTION_PATHS, CausalSelfAttention
+        from gptlab.model.cross_attention import CrossAttention
 
         if impl not in ATTENTION_PATHS:
             raise GptlabError(f"unknown attention path {impl!r}; choose one of {', '.join(ATTENTION_PATHS)}")
         for module in self.modules():
-            if hasattr(module, "impl"):
+            if isinstance(module, (CausalSelfAttention, CrossAttention)):  # the modules with an ``impl``
                 module.impl = impl
         return self
 

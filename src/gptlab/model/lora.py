@@ -22,14 +22,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from gptlab.errors import GptlabError
-from gptlab.model.quantized import Int8Linear, replace_linears
+from gptlab.model.quantized import InferenceLinear, Int8Linear, replace_linears
+
+M = TypeVar("M", bound=nn.Module)  # a model, returned as the type it came in as
 
 TARGET_ALIASES: dict[str, tuple[str, ...]] = {
     "head": ("lm_head",),
@@ -89,7 +91,8 @@ class FrozenInt8Linear(Int8Linear):
         if not torch.is_grad_enabled():
             return super()._matmul(x2)
         assert self.scales is not None
-        return _Int8Matmul.apply(x2, self.weight, self.scales)
+        y: torch.Tensor = _Int8Matmul.apply(x2, self.weight, self.scales)  # type: ignore[no-untyped-call]  # torch: Function.apply is untyped
+        return y
 
 
 def _base_bf16(model: nn.Module) -> None:
@@ -109,7 +112,7 @@ BASE_FORMATS = {"float32": lambda model: None, "bfloat16": _base_bf16, "int8": _
 class LoRALinear(nn.Module):
     """``y = base(x) + (α/r)·B·A·dropout(x)``; ``base`` is frozen, ``A`` and ``B`` are float32."""
 
-    def __init__(self, base: nn.Module, rank: int, alpha: float, dropout: float) -> None:
+    def __init__(self, base: nn.Linear | InferenceLinear, rank: int, alpha: float, dropout: float) -> None:
         super().__init__()
         self.base = base
         d_in, d_out = base.in_features, base.out_features
@@ -126,7 +129,7 @@ class LoRALinear(nn.Module):
         return self.base.weight
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: (..., d_in)
-        y = self.base(x)  # (..., d_out)
+        y: torch.Tensor = self.base(x)  # (..., d_out)
         z = F.linear(self.dropout(x).to(self.lora_A.dtype), self.lora_A)  # A·x: (..., r)
         if y.dtype != z.dtype:  # a bf16/int8 base: the float32 update, then cast
             return y + (F.linear(z, self.lora_B) * self.scaling).to(y.dtype)
@@ -157,7 +160,7 @@ def linear_names(model: nn.Module) -> list[str]:
     return [n for n, m in model.named_modules() if isinstance(m, nn.Linear | Int8Linear)]
 
 
-def apply_lora(model: nn.Module, spec: LoRASpec) -> nn.Module:
+def apply_lora(model: M, spec: LoRASpec) -> M:
     """Freeze ``model``, hold its base as ``spec.base_format``, and add adapters on ``spec.targets`` (in place)."""
     if spec.rank < 1:
         raise GptlabError(f"lora_rank must be at least 1, got {spec.rank}")
@@ -200,7 +203,7 @@ def lora_layers(model: nn.Module) -> dict[str, LoRALinear]:
 
 def adapter_state(model: nn.Module) -> dict[str, torch.Tensor]:
     """``{"<layer>.lora_A": A, "<layer>.lora_B": B}`` of every adapter."""
-    out = {}
+    out: dict[str, torch.Tensor] = {}
     for name, layer in lora_layers(model).items():
         out[f"{name}.lora_A"], out[f"{name}.lora_B"] = layer.lora_A, layer.lora_B
     return out
@@ -226,7 +229,7 @@ def load_adapter_state(model: nn.Module, state: dict[str, torch.Tensor], source:
 
 
 @torch.no_grad()
-def merge_lora(model: nn.Module) -> nn.Module:
+def merge_lora(model: M) -> M:
     """Fold every adapter into its base (``W ← W + (α/r)·B·A``) and remove it; needs a float base."""
     for name, layer in lora_layers(model).items():
         base = layer.base
@@ -241,7 +244,7 @@ def merge_lora(model: nn.Module) -> nn.Module:
     return model
 
 
-def is_lora_model(model: Any) -> bool:
+def is_lora_model(model: object) -> bool:
     """True for a model prepared by ``apply_lora`` (it carries its ``lora_spec``)."""
     return "lora_spec" in getattr(model, "__dict__", {})
 

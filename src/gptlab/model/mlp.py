@@ -52,13 +52,14 @@ class _ReLU2(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
-        (r,) = ctx.saved_tensors
+        r: torch.Tensor = ctx.saved_tensors[0]
         return (r + r).mul_(grad)
 
 
 def relu2(x: torch.Tensor) -> torch.Tensor:
     """``max(0, x)²``."""
-    return _ReLU2.apply(x)
+    y: torch.Tensor = _ReLU2.apply(x)  # type: ignore[no-untyped-call]  # torch: Function.apply is untyped
+    return y
 
 
 ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
@@ -82,7 +83,8 @@ class FeedForward(nn.Module):
         self.dropout = nn.Dropout(config.dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.dropout(self.proj(self.act(self.fc(x))))
+        y: torch.Tensor = self.dropout(self.proj(self.act(self.fc(x))))
+        return y
 
 
 GATE_ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
@@ -122,7 +124,8 @@ class GatedFeedForward(nn.Module):
         self.act_up = GATE_ACTIVATIONS[config.glu_act] if config.mlp == "dual_glu" else _identity
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.dropout(self.proj(self.act(self.gate(x)) * self.act_up(self.up(x))))
+        y: torch.Tensor = self.dropout(self.proj(self.act(self.gate(x)) * self.act_up(self.up(x))))
+        return y
 
 
 def _identity(x: torch.Tensor) -> torch.Tensor:

@@ -60,7 +60,8 @@ class LearnedPositions(PositionalEncoding):
         self.wpe = nn.Embedding(config.block_size, config.n_embd)
 
     def embed(self, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
-        return x + self.wpe(pos)
+        y: torch.Tensor = x + self.wpe(pos)
+        return y
 
 
 def sinusoidal_table(n_pos: int, dim: int) -> torch.Tensor:
@@ -78,6 +79,7 @@ class SinusoidalPositions(PositionalEncoding):
     """The fixed table of "Attention Is All You Need", added to the token embeddings."""
 
     absolute_table = True
+    table: torch.Tensor  # (T_max, d_model), a buffer
 
     def __init__(self, config: GPTConfig) -> None:
         super().__init__(config)
@@ -93,6 +95,9 @@ class RotaryPositions(PositionalEncoding):
     Uses the "half-split" pairing of GPT-NeoX / Hugging Face Llama, so imported
     Llama weights work unchanged. ``q_pos·k_pos`` then depends only on ``pos_q − pos_k``.
     """
+
+    cos: torch.Tensor  # (T_max, d_k), a buffer
+    sin: torch.Tensor
 
     def __init__(self, config: GPTConfig) -> None:
         super().__init__(config)
@@ -142,6 +147,8 @@ def alibi_slopes(n_head: int) -> torch.Tensor:
 class ALiBiPositions(PositionalEncoding):
     """ALiBi: add ``−m_h·(i − j)`` to the score of query slot ``i`` and key slot ``j``
     (``−m_h·|i − j|`` without the causal mask)."""
+
+    slopes: torch.Tensor  # (H,), a buffer
 
     def __init__(self, config: GPTConfig) -> None:
         super().__init__(config)

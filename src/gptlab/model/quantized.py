@@ -31,6 +31,7 @@ import ctypes
 import ctypes.util
 import itertools
 from collections.abc import Callable
+from typing import TypeVar
 
 import torch
 import torch.nn.functional as F
@@ -40,6 +41,8 @@ from gptlab import hardware
 from gptlab.compiling import Compiled
 from gptlab.errors import GptlabError
 from gptlab.model.kvcache import quantize_int8
+
+M = TypeVar("M", bound=nn.Module)  # a model, returned as the type it came in as
 
 _FUSED = hasattr(torch.ops.aten, "_weight_int8pack_mm")
 
@@ -348,7 +351,7 @@ QUANTIZERS = {
 
 
 @torch.no_grad()
-def quantize(model: nn.Module, mode: str) -> nn.Module:
+def quantize(model: M, mode: str) -> M:
     """Convert ``model`` in place for inference (``"fp32"``, ``"bf16"`` or ``"int8"``) and return it.
 
     An int8 model can be saved (``gptlab.save``: int8 weights and scales) but not trained; keep the

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator, Callable
-from typing import Any
+from typing import TYPE_CHECKING
 
 from fastapi import APIRouter, FastAPI
 
@@ -45,6 +45,10 @@ from gptlab.serve import (
 from gptlab.serve.middleware import APIKey, BodyLimit
 from gptlab.serve.service import Service
 
+if TYPE_CHECKING:
+    from gptlab.model import GPT
+    from gptlab.tokenizers.base import Tokenizer
+
 #: the route groups, each ``router(service) -> APIRouter``
 ROUTERS: list[Callable[[Service], APIRouter]] = [
     openai_routes.router,
@@ -60,8 +64,8 @@ TASK_ROUTERS: dict[str, list[Callable[[Service], APIRouter]]] = {
 
 
 def create_app(
-    model: Any,
-    tokenizer: Any,
+    model: GPT,
+    tokenizer: Tokenizer,
     *,
     model_name: str = "gptlab",
     max_batch: int = 8,

@@ -22,7 +22,8 @@ The tokenizer routes (vLLM's shapes, which lm-eval's ``RemoteTokenizer`` reads):
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from functools import partial
+from typing import Annotated, Any
 
 from fastapi import APIRouter
 from pydantic import Field
@@ -32,7 +33,7 @@ from gptlab.generate.scoring import prompt_logprobs
 from gptlab.generate.step import token_text
 from gptlab.serve.errors import APIError
 from gptlab.serve.generation import Generation
-from gptlab.serve.schemas import CompletionRequest, Strict, whole
+from gptlab.serve.schemas import WHOLE, CompletionRequest, Strict
 from gptlab.serve.service import Service
 from gptlab.tokenizers.pretrained import encode_text
 
@@ -68,7 +69,7 @@ async def prompt_scores(service: Service, gen: Generation, req: CompletionReques
     try:
         out = {}
         for p, ids in prompts.items():
-            future = service.scheduler.call(lambda ids=ids: echo_logprobs(service, ids, req.logprobs or 0))
+            future = service.scheduler.call(partial(echo_logprobs, service, ids, req.logprobs or 0))
             out[p] = await asyncio.wrap_future(future)
         return out
     except BaseException:
@@ -88,7 +89,7 @@ class DetokenizeRequest(Strict):
     """``POST /detokenize``: ids → text."""
 
     model: str | None = None
-    tokens: list[whole(ge=0)] = Field(max_length=MAX_DETOKENIZE)
+    tokens: list[Annotated[int, Field(ge=0), WHOLE]] = Field(max_length=MAX_DETOKENIZE)
 
 
 def tokenizer_info(service: Service) -> dict[str, Any]:

@@ -11,7 +11,7 @@ schema and no other's. A text longer than the context keeps its last tokens; a t
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import Annotated, Any
 
 from fastapi import APIRouter
 from pydantic import Field
@@ -20,7 +20,7 @@ from gptlab.errors import GptlabError
 from gptlab.generate.fill import fill_ids
 from gptlab.generate.step import token_text
 from gptlab.serve.errors import APIError
-from gptlab.serve.schemas import MAX_TEXT_CHARS, Strict, whole
+from gptlab.serve.schemas import MAX_TEXT_CHARS, WHOLE, Strict
 from gptlab.serve.service import Service
 
 MAX_FILL_TOP = 50
@@ -33,7 +33,9 @@ class FillRequest(Strict):
     text: str = Field(
         min_length=1, max_length=MAX_TEXT_CHARS, description="a text with [MASK] where a token is missing"
     )
-    top: whole(ge=1, le=MAX_FILL_TOP) = Field(default=5, description="predictions per [MASK]")
+    top: Annotated[int, Field(ge=1, le=MAX_FILL_TOP), WHOLE] = Field(
+        default=5, description="predictions per [MASK]"
+    )
 
 
 def router(service: Service) -> APIRouter:

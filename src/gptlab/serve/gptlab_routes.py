@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import FileResponse, Response
@@ -23,6 +23,9 @@ from gptlab.serve.jobs import EndEvent
 from gptlab.serve.schemas import AttentionRequest, GenerateRequest
 from gptlab.serve.service import Service
 from gptlab.serve.transport import DONE, sse, sse_response, watched
+
+if TYPE_CHECKING:
+    from gptlab.model import GPT
 
 STATIC = Path(__file__).parent / "static"
 
@@ -111,13 +114,14 @@ def router(service: Service) -> APIRouter:
     return r
 
 
-def attention_weights(model: Any, ids: list[int], layer: int) -> list[list[list[float]]]:
+def attention_weights(model: GPT, ids: list[int], layer: int) -> list[list[list[float]]]:
     """``softmax(QKᵀ/√d_k + M)`` of one layer for ``ids``: ``(H, T, T)`` rounded to 4 decimals."""
     import torch
 
     idx = torch.tensor([ids], dtype=torch.long, device=model.device)
-    out = model.run(idx, output_attentions=True)
-    weights = out.attentions[layer][0].double().cpu()  # (H, T, T)
+    attentions = model.run(idx, output_attentions=True).attentions
+    assert attentions is not None  # asked for
+    weights = attentions[layer][0].double().cpu()  # (H, T, T)
     return (weights * 1e4).round().div(1e4).tolist()
 
 

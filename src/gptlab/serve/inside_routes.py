@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import base64
 from collections import OrderedDict
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import torch
 from fastapi import APIRouter, Depends, Request
@@ -31,7 +31,7 @@ from pydantic import Field
 
 from gptlab.inspect.inside import MAX_TOP, Inside, inside, resolve_position
 from gptlab.serve.errors import APIError, not_found_model
-from gptlab.serve.schemas import MAX_INSIDE_TOKENS, MAX_TEXT_CHARS, Strict, whole
+from gptlab.serve.schemas import MAX_INSIDE_TOKENS, MAX_TEXT_CHARS, WHOLE, Strict
 from gptlab.serve.service import Service
 
 WEIGHT_SCALE = 65535  # attention weights travel as round(w·WEIGHT_SCALE), uint16
@@ -51,10 +51,10 @@ class InsideAttentionRequest(Strict):
     text: str = Field(
         min_length=1, max_length=MAX_TEXT_CHARS, description="the input (an encoder–decoder's source)"
     )
-    max_tokens: whole(ge=1, le=MAX_INSIDE_TOKENS) = Field(
+    max_tokens: Annotated[int, Field(ge=1, le=MAX_INSIDE_TOKENS), WHOLE] = Field(
         default=MAX_INSIDE_TOKENS, description="keep the last this many tokens"
     )
-    layer: whole(ge=-64, le=1024) = Field(
+    layer: Annotated[int, Field(ge=-64, le=1024), WHOLE] = Field(
         default=0, description="layer, from 0; negative counts from the last"
     )
     kind: Literal["self", "cross", "encoder"] = Field(
@@ -65,8 +65,10 @@ class InsideAttentionRequest(Strict):
 class InsideRequest(InsideAttentionRequest):
     """``POST /v1/gptlab/inside``: every stage of one forward pass, and the attention of ``layer``."""
 
-    top: whole(ge=1, le=MAX_TOP) = Field(default=10, description="tokens per logit-lens layer and bars")
-    position: whole(ge=-MAX_INSIDE_TOKENS, le=MAX_INSIDE_TOKENS - 1) | None = Field(
+    top: Annotated[int, Field(ge=1, le=MAX_TOP), WHOLE] = Field(
+        default=10, description="tokens per logit-lens layer and bars"
+    )
+    position: Annotated[int, Field(ge=-MAX_INSIDE_TOKENS, le=MAX_INSIDE_TOKENS - 1), WHOLE] | None = Field(
         default=None,
         description="where the lens and the distribution are read, in the kept tokens; negative counts "
         "from the end, past an end is that end; default: the last, or a masked-language model's first [MASK]",

@@ -12,9 +12,12 @@ import itertools
 import threading
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 from gptlab.generate.step import TokenEvent, TokenStep
+
+if TYPE_CHECKING:
+    from gptlab.generate import SampleConfig
 
 
 # ------------------------------------------------------------------ events
@@ -77,7 +80,7 @@ class Job:
     def __init__(
         self,
         prompt_ids: list[int],
-        config: Any,
+        config: SampleConfig,
         channel: Channel,
         index: int = 0,
         top_n: int | None = None,

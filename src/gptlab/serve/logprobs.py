@@ -22,9 +22,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gptlab.generate.step import TokenEvent, token_text
+
+if TYPE_CHECKING:
+    from gptlab.tokenizers.base import Tokenizer
 
 FLOOR = -9999.0
 
@@ -33,7 +36,9 @@ def _finite(logprob: float) -> float:
     return logprob if math.isfinite(logprob) else FLOOR
 
 
-def completion_logprobs(tokenizer: Any, events: Sequence[TokenEvent], offset: int = 0) -> dict[str, list]:
+def completion_logprobs(
+    tokenizer: Tokenizer, events: Sequence[TokenEvent], offset: int = 0
+) -> dict[str, list]:
     """The completions shape for ``events`` (tokens only); ``offset``: where their text starts."""
     out: dict[str, list] = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
     for e in events:
@@ -48,12 +53,12 @@ def completion_logprobs(tokenizer: Any, events: Sequence[TokenEvent], offset: in
     return out
 
 
-def _chat_token(tokenizer: Any, token_id: int, logprob: float) -> dict[str, Any]:
+def _chat_token(tokenizer: Tokenizer, token_id: int, logprob: float) -> dict[str, Any]:
     raw = tokenizer.token_bytes(token_id)
     return {"token": raw.decode("utf-8", errors="replace"), "logprob": _finite(logprob), "bytes": list(raw)}
 
 
-def chat_logprobs(tokenizer: Any, events: Sequence[TokenEvent]) -> dict[str, Any]:
+def chat_logprobs(tokenizer: Tokenizer, events: Sequence[TokenEvent]) -> dict[str, Any]:
     """The chat shape for ``events`` (tokens only)."""
     content = []
     for e in events:

@@ -80,7 +80,7 @@ class _Completion(_Shape):
 
     def piece(self, event: TokenEvent) -> dict[str, Any] | None:
         logprobs = None
-        if self.wants_logprobs(event):
+        if self.wants_logprobs(event) and event.token_id is not None:  # (it wants one with an id)
             logprobs = completion_logprobs(self.tokenizer, [event], self.offset[event.index])
             self.offset[event.index] += len(token_text(self.tokenizer, event.token_id))
         if not event.text and logprobs is None:
@@ -93,8 +93,9 @@ class _Completion(_Shape):
     def choice(self, index: int, events: Sequence[TokenEvent], end: EndEvent) -> dict[str, Any]:
         echo = self.echo[index]
         logprobs = completion_logprobs(self.tokenizer, events, len(echo)) if self.logprobs else None
-        if logprobs is not None and self.scored[index] is not None:
-            logprobs = {key: self.scored[index][key] + values for key, values in logprobs.items()}
+        scored = self.scored[index]
+        if logprobs is not None and scored is not None:
+            logprobs = {key: scored[key] + values for key, values in logprobs.items()}
         return self._choice(index, echo + "".join(e.text for e in events), logprobs, end.finish_reason)
 
 
@@ -154,8 +155,8 @@ async def respond(
             if isinstance(event, EndEvent):
                 ends.append(event)
                 yield shape.ending(event)
-            elif (choice := shape.piece(event)) is not None:
-                yield choice
+            elif (piece := shape.piece(event)) is not None:
+                yield piece
 
     if stream:
 

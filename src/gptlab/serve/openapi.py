@@ -19,7 +19,7 @@ names the status codes per kind of route.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
@@ -28,6 +28,9 @@ from pydantic import BaseModel
 from gptlab.generate.seq2seq import is_seq2seq
 from gptlab.serve.service import Service
 from gptlab.serve.tasks import GENERATING
+
+if TYPE_CHECKING:
+    from gptlab.tokenizers.base import Tokenizer
 
 
 class ErrorDetail(BaseModel):
@@ -118,7 +121,7 @@ def _token_ids(prop: dict[str, Any], vocab: int) -> None:
             _token_ids(items, vocab)
 
 
-def alphabet(tokenizer: Any) -> str | None:
+def alphabet(tokenizer: Tokenizer) -> str | None:
     """A ``pattern`` for the texts ``tokenizer`` can encode: None when it encodes any text.
 
     A character tokenizer (``chars``) without an unknown-character token (``unk``) refuses any

@@ -38,7 +38,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 
@@ -49,9 +49,15 @@ from gptlab.generate.step import TokenEvent, TokenStep
 from gptlab.serve.admission import FairQueue, per_request_cap
 from gptlab.serve.jobs import Channel, EndEvent, Job
 
+if TYPE_CHECKING:
+    from gptlab.generate import SampleConfig
+    from gptlab.model import GPT
+    from gptlab.tokenizers.base import Tokenizer
+
 __all__ = ["KV_START_TOKENS", "Channel", "EndEvent", "Job", "Scheduler"]
 
 log = logging.getLogger("gptlab.serve")
+T = TypeVar("T")  # what a call on the scheduler thread returns
 
 #: Cache positions per row allocated before any request: the cache grows (doubling) to what requests need.
 KV_START_TOKENS = 64
@@ -67,8 +73,8 @@ class Scheduler:
 
     def __init__(
         self,
-        model: Any,
-        tokenizer: Any,
+        model: GPT,
+        tokenizer: Tokenizer,
         max_batch: int = 8,
         max_len: int | None = None,
         beam_slots: int | None = None,
@@ -115,9 +121,9 @@ class Scheduler:
             (self._beam_waiting if stepped else self._waiting).put(job)
             self._cond.notify()
 
-    def call(self, fn: Callable[[], Any]) -> Future:
+    def call(self, fn: Callable[[], T]) -> Future[T]:
         """Run ``fn()`` on the scheduler thread between decode steps (one owner of the model)."""
-        fut: Future = Future()
+        fut: Future[T] = Future()
         with self._cond:
             self._calls.append((fn, fut))
             self._cond.notify()
@@ -188,9 +194,9 @@ class Scheduler:
         out = self.session.step(feed)
         self.steps += 1
         for slot, logits in out.items():
-            job = self._active.get(slot)
-            if job is not None:
-                self._guarded(job, self._advance, logits)
+            owner = self._active.get(slot)
+            if owner is not None:
+                self._guarded(owner, self._advance, logits)
 
     def _guarded(self, job: Job, fn: Callable[..., None], *args: Any) -> None:
         """``fn(job, *args)``; what it raises ends ``job`` alone (400 for bad input, else 500)."""
@@ -222,8 +228,10 @@ class Scheduler:
                 ready.append(job)
         if not ready:
             return
+        added: list[tuple[int, torch.Tensor | int] | None]
         try:
-            added = self.session.add_many([job.prompt_ids for job in ready], [job.step for job in ready])
+            steps = [job.step for job in ready if job.step is not None]  # (every ready job has its step)
+            added = list(self.session.add_many([job.prompt_ids for job in ready], steps))
         except GptlabError:  # one bad prompt: prefill them one by one to find it
             added = []
             for job in ready:
@@ -247,22 +255,25 @@ class Scheduler:
 
     def _advance(self, job: Job, logits: torch.Tensor) -> None:
         """The job's per-token step on ``logits``: its event to the channel, then feed or finish."""
-        full = self.session.window_notice() if self.session.full(job.slot) else None
-        event = job.step.advance(logits, full)
+        step, slot = job.step, job.slot
+        assert step is not None and slot is not None  # set by _new_step and _start before any step
+        full = self.session.window_notice() if self.session.full(slot) else None
+        event = step.advance(logits, full)
         self.tokens += 1
         if event is not None:
             if event.notice:
                 job.warnings.append(event.notice)
             job.channel.put(event)
-        elif job.top_n is not None and job.step.stop_event is not None:
-            job.channel.put(job.step.stop_event)  # reported in logprobs, never shown as text
-        if job.step.reason is None:
-            job.pending = job.step.token
+        elif job.top_n is not None and step.stop_event is not None:
+            job.channel.put(step.stop_event)  # reported in logprobs, never shown as text
+        reason = step.reason
+        if reason is None:
+            job.pending = step.token
             return
-        tail = job.step.close()
+        tail = step.close()  # its finish_reason is ``reason``
         if tail.text:
             job.channel.put(TokenEvent(tail.text, index=job.index))
-        self._end(job, tail.finish_reason)
+        self._end(job, reason)
 
     def _end(self, job: Job, reason: str, error: str | None = None, status: int = 500) -> None:
         self._release(job)
@@ -318,13 +329,15 @@ class Scheduler:
 
 
 def stepped_events(
-    model: Any, tokenizer: Any, prompt: list[int], config: Any, seq2seq: bool
+    model: GPT, tokenizer: Tokenizer, prompt: list[int], config: SampleConfig, seq2seq: bool
 ) -> Iterator[TokenEvent | None]:
     """A beam-search job (or an encoder–decoder's) as an iterator: None per search step, then its
     events; each ``next`` runs the model at most once."""
     if seq2seq:
         from gptlab.generate import seq2seq as s2s
+        from gptlab.model import EncoderDecoder
 
+        assert isinstance(model, EncoderDecoder)  # seq2seq: is_seq2seq(model)
         yield from s2s.stream_ids(model, tokenizer, prompt, config)
         return
     tokens, reason = yield from beam_steps(model, prompt, config, tokenizer)

@@ -40,9 +40,9 @@ def _whole(value: Any) -> Any:
     return value
 
 
-def whole(ge: int | None = None, le: int | None = None) -> Any:
-    """An integer type in ``[ge, le]`` that also accepts a whole float (``1.0``)."""
-    return Annotated[int, Field(ge=ge, le=le), BeforeValidator(_whole)]
+#: ``Annotated[int, Field(ge=…, le=…), WHOLE]``: an integer in ``[ge, le]`` that also accepts a whole
+#: float (``1.0``); written out at each field, so that a type checker reads it as the type it is
+WHOLE = BeforeValidator(_whole)
 
 
 def _greedy_or_sampled(value: float) -> float:
@@ -67,7 +67,9 @@ Temperature = Annotated[
     ),
 ]
 StopString = Annotated[str, Field(min_length=1)]
-TokenIds = Annotated[list[whole(ge=0)], Field(min_length=1)]  # each < the vocabulary (the server's schema)
+TokenIds = Annotated[
+    list[Annotated[int, Field(ge=0), WHOLE]], Field(min_length=1)
+]  # each < the vocabulary (the server's schema)
 
 
 def either(*alternatives: dict[str, Any]) -> dict[str, Any]:
@@ -75,14 +77,18 @@ def either(*alternatives: dict[str, Any]) -> dict[str, Any]:
     return {"anyOf": list(alternatives)}
 
 
-def fields(required: tuple[str, ...] = (), **properties: dict[str, Any]) -> dict[str, Any]:
+def fields(required: tuple[str, ...] = (), /, **properties: dict[str, Any]) -> dict[str, Any]:
     """A JSON schema constraining some fields of a body (the others are free)."""
     return {"properties": properties, **({"required": list(required)} if required else {})}
 
 
 #: beam search is deterministic: no truncation (their "off" values are fine) and no logprobs
 NO_BEAM = fields(beam_width={"maximum": 1})
-TRUNCATION_OFF = {"top_k": {"enum": [0, None]}, "top_p": {"const": 1}, "min_p": {"const": 0}}
+TRUNCATION_OFF: dict[str, dict[str, Any]] = {
+    "top_k": {"enum": [0, None]},
+    "top_p": {"const": 1},
+    "min_p": {"const": 0},
+}
 
 
 class Strict(BaseModel):
@@ -107,20 +113,20 @@ class SamplingFields(Strict):
     """
 
     model: str | None = None
-    max_tokens: whole(ge=0) | None = None  # ≤ the server's cap (its schema says which)
+    max_tokens: Annotated[int, Field(ge=0), WHOLE] | None = None  # ≤ the server's cap (its schema says which)
     temperature: Temperature = 1.0
     top_p: float = Field(default=1.0, ge=MIN_TOP_P, le=1.0)
-    top_k: whole(ge=0, le=MAX_TOP_K) | None = None
+    top_k: Annotated[int, Field(ge=0, le=MAX_TOP_K), WHOLE] | None = None
     min_p: float = Field(default=0.0, ge=0.0, le=1.0)
-    n: whole(ge=1, le=MAX_N) = 1
+    n: Annotated[int, Field(ge=1, le=MAX_N), WHOLE] = 1
     stop: StopString | Annotated[list[StopString], Field(max_length=MAX_STOP)] | None = None
-    seed: whole(ge=SEED_RANGE[0], le=SEED_RANGE[1]) | None = None
+    seed: Annotated[int, Field(ge=SEED_RANGE[0], le=SEED_RANGE[1]), WHOLE] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
     frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
     presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
     repetition_penalty: float = Field(default=1.0, ge=PENALTY_RANGE[0], le=PENALTY_RANGE[1])
-    beam_width: whole(ge=1, le=MAX_N) = 1
+    beam_width: Annotated[int, Field(ge=1, le=MAX_N), WHOLE] = 1
     length_penalty: float = Field(default=1.0, ge=LENGTH_PENALTY_RANGE[0], le=LENGTH_PENALTY_RANGE[1])
     early_stopping: bool = True
     user: str | None = None
@@ -154,7 +160,7 @@ class CompletionRequest(SamplingFields):
         | Annotated[list[TokenIds], Field(min_length=1, max_length=MAX_PROMPTS)]
     ) = ""
     echo: bool = False
-    logprobs: whole(ge=0, le=MAX_LOGPROBS) | None = None
+    logprobs: Annotated[int, Field(ge=0, le=MAX_LOGPROBS), WHOLE] | None = None
 
 
 class ContentPart(Strict):
@@ -195,17 +201,19 @@ class ChatCompletionRequest(SamplingFields):
     )
 
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: whole(ge=0) | None = None
+    max_completion_tokens: Annotated[int, Field(ge=0), WHOLE] | None = None
     logprobs: bool = False
-    top_logprobs: whole(ge=0, le=MAX_TOP_LOGPROBS) | None = None
+    top_logprobs: Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS), WHOLE] | None = None
 
 
 class GenerateRequest(SamplingFields):
     """``POST /v1/gptlab/generate``: one prompt, streamed token by token with probabilities."""
 
     prompt: str = ""
-    top_n: whole(ge=0, le=MAX_TOP_N) = 5
-    beam_width: whole(ge=1, le=1) = 1  # the playground shows each token as it is drawn: no beam search
+    top_n: Annotated[int, Field(ge=0, le=MAX_TOP_N), WHOLE] = 5
+    beam_width: Annotated[int, Field(ge=1, le=1), WHOLE] = (
+        1  # the playground shows each token as it is drawn: no beam search
+    )
 
 
 class AttentionRequest(Strict):
@@ -213,5 +221,7 @@ class AttentionRequest(Strict):
 
     model: str | None = None
     text: str = Field(min_length=1)
-    layer: whole() = -1  # in [-n_layer, n_layer) (the server's schema says which)
-    max_tokens: whole(ge=1, le=MAX_ATTENTION_TOKENS) = 128  # keep the last this many tokens
+    layer: Annotated[int, Field(), WHOLE] = -1  # in [-n_layer, n_layer) (the server's schema says which)
+    max_tokens: Annotated[int, Field(ge=1, le=MAX_ATTENTION_TOKENS), WHOLE] = (
+        128  # keep the last this many tokens
+    )

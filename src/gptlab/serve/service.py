@@ -17,7 +17,7 @@ import asyncio
 import json
 import time
 from collections.abc import Sequence
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
@@ -37,6 +37,10 @@ from gptlab.serve.schemas import (
 )
 from gptlab.serve.tasks import cannot_generate, mask_token, task_of
 from gptlab.tokenizers.chat import FALLBACK_STOPS, ChatTemplate, stop_ids, template_for
+
+if TYPE_CHECKING:
+    from gptlab.model import GPT
+    from gptlab.tokenizers.base import Tokenizer
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -68,8 +72,8 @@ class Service:
 
     def __init__(
         self,
-        model: Any,
-        tokenizer: Any,
+        model: GPT,
+        tokenizer: Tokenizer,
         *,
         model_name: str = "gptlab",
         max_batch: int = 8,
@@ -163,8 +167,9 @@ class Service:
 
     def check_model(self, req: M) -> M:
         """``req`` if its ``model`` is absent or the one served, else a 404."""
-        if getattr(req, "model", None) not in (None, self.model_name):
-            raise not_found_model(req.model, self.model_name)
+        asked = getattr(req, "model", None)
+        if asked not in (None, self.model_name):
+            raise not_found_model(asked, self.model_name)
         return req
 
     def encode(self, text: str, param: str) -> list[int]:

@@ -100,8 +100,8 @@ def as_id_list(ids: Iterable[int]) -> list[int] | tuple[int, ...]:
         return ids
     tolist = getattr(ids, "tolist", None)
     if callable(tolist):
-        ids = tolist()
-        return ids if isinstance(ids, list) else [ids]
+        listed = tolist()
+        return listed if isinstance(listed, list) else [listed]
     return list(ids)
 
 

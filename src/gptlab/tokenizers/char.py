@@ -12,7 +12,7 @@ The simplest instance of the blueprint's stage-1 map T: Σ* -> {0..V-1}*, with
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from gptlab.errors import GptlabError
@@ -101,7 +101,7 @@ class CharTokenizer(Tokenizer):
         unk_id = self.unk_id
         return [stoi.get(c, unk_id) for c in text]
 
-    def decode(self, ids: Any) -> str:
+    def decode(self, ids: Iterable[int]) -> str:
         """Ids -> text (faster than joining bytes: the pieces are already ``str``)."""
         return join_ids("", self._str_table, as_id_list(ids), self._bad_id)
 

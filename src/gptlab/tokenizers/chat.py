@@ -26,9 +26,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from functools import lru_cache
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gptlab.errors import GptlabError
+
+if TYPE_CHECKING:
+    from gptlab.tokenizers.base import Tokenizer
 
 FALLBACKS: dict[str, str] = {
     "chatml": (
@@ -139,7 +142,7 @@ class ChatTemplate:
             raise GptlabError(f"the {self.name} chat template refused these messages: {exc}") from None
 
 
-def template_for(tokenizer: Any, override: str | None = None) -> ChatTemplate:
+def template_for(tokenizer: Tokenizer, override: str | None = None) -> ChatTemplate:
     """The chat template of ``tokenizer``: ``override`` (a fallback's name or Jinja text), else its own
     (``tokenizer.chat_template``), else the fallback its special tokens imply (``chatml``, ``llama3``), else ``plain``.
     """
@@ -155,7 +158,7 @@ def template_for(tokenizer: Any, override: str | None = None) -> ChatTemplate:
     return ChatTemplate.named(source, tokens)
 
 
-def stop_ids(tokenizer: Any) -> list[int]:
+def stop_ids(tokenizer: Tokenizer) -> list[int]:
     """Token ids that end a reply: the tokenizer's end-of-turn and end-of-sequence ids."""
     from gptlab.tokenizers.pretrained import END_OF_TURN
 
@@ -167,7 +170,9 @@ def stop_ids(tokenizer: Any) -> list[int]:
     return sorted({*(specials[t] for t in END_OF_TURN if t in specials), *([eot] if eot is not None else [])})
 
 
-def encode_chat(tokenizer: Any, messages: Sequence[Any], template: ChatTemplate | None = None) -> list[int]:
+def encode_chat(
+    tokenizer: Tokenizer, messages: Sequence[Any], template: ChatTemplate | None = None
+) -> list[int]:
     """Render ``messages`` with the template and encode the prompt (the template's special tokens are matched)."""
     template = template or template_for(tokenizer)
     ids = list(tokenizer.encode(template.render(messages), allowed_special="all"))

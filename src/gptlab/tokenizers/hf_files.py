@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +32,7 @@ from gptlab.tokenizers.byte_unicode import bytes_to_token
 from gptlab.tokenizers.char import CharTokenizer
 from gptlab.tokenizers.patterns import PATTERNS
 from gptlab.tokenizers.pretrained import PretrainedTokenizer
+from gptlab.tokenizers.ranked import RankedTokenizer
 
 TOKENIZER_JSON = "tokenizer.json"
 TOKENIZER_CONFIG = "tokenizer_config.json"
@@ -172,7 +173,8 @@ def _split_by_rank(token: bytes, ranks: Mapping[bytes, int]) -> tuple[bytes, byt
     return parts[0], parts[1]
 
 
-def _bpe_model(tok: Any) -> dict[str, Any]:
+def _bpe_model(tok: Tokenizer) -> dict[str, Any]:
+    assert isinstance(tok, RankedTokenizer)  # HF_FORMS: the byte-level BPE kinds
     ranks: dict[bytes, int] = tok.ranks
     vocab = {bytes_to_token(t): i for t, i in sorted(ranks.items(), key=lambda kv: kv[1])}
     if isinstance(tok, PretrainedTokenizer):
@@ -211,9 +213,10 @@ def _pre_tokenizer(pattern: str) -> dict[str, Any]:
     }
 
 
-def _char_model(tok: Any) -> dict[str, Any]:
+def _char_model(tok: Tokenizer) -> dict[str, Any]:
+    assert isinstance(tok, CharTokenizer)  # HF_FORMS: "char"
     vocab = {c: i for i, c in enumerate(tok.chars)}
-    if tok.unk is not None:
+    if tok.unk is not None and tok.unk_id is not None:  # (the one is set with the other)
         vocab[tok.unk] = tok.unk_id
     return {
         "model": {"type": "WordLevel", "vocab": vocab, "unk_token": tok.unk or "<unk>"},
@@ -223,7 +226,12 @@ def _char_model(tok: Any) -> dict[str, Any]:
 
 
 #: tokenizer kind → its transformers form.
-HF_FORMS = {"pretrained": _bpe_model, "gpt2": _bpe_model, "bpe": _bpe_model, "char": _char_model}
+HF_FORMS: dict[str, Callable[[Tokenizer], dict[str, Any]]] = {
+    "pretrained": _bpe_model,
+    "gpt2": _bpe_model,
+    "bpe": _bpe_model,
+    "char": _char_model,
+}
 
 
 def hf_tokenizer_json(tok: Tokenizer) -> dict[str, Any]:

@@ -35,7 +35,7 @@ CACHE_SIZE = 200_000  # chunks; the cache is cleared when it grows past this
 try:  # an optional back-end: same ids, in Rust
     import tiktoken
 except ImportError:  # pragma: no cover - tiktoken is a dependency, but the pure path must not need it
-    tiktoken = None
+    tiktoken = None  # type: ignore[assignment]  # None marks the back-end as missing
 
 
 def bpe_merge(piece: bytes, ranks: Mapping[bytes, int]) -> list[int]:

@@ -8,7 +8,7 @@ and above ``TrainConfig``, which the objectives are built from.
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -16,24 +16,28 @@ from gptlab.checkpoint import resolve_checkpoint
 from gptlab.errors import GptlabError
 from gptlab.sources import load
 from gptlab.train.config import TrainConfig
-from gptlab.train.evaluate import EvalResult, evaluate_tokens
+from gptlab.train.evaluate import Autocast, EvalResult, evaluate_tokens
 from gptlab.train.objectives import ARCH_OBJECTIVES, make_objective
+
+if TYPE_CHECKING:
+    from gptlab.model import GPT
 
 
 def evaluate_objective(
-    model: Any,
-    text: Any,
-    data: Any,
+    model: GPT,
+    text: str | os.PathLike[str] | None,
+    data: str | os.PathLike[str] | None,
     split: str,
     batch_size: int,
     max_batches: int | None,
     device: str,
-    autocast: Any = None,
-) -> Any:
+    autocast: Autocast | None = None,
+) -> EvalResult:
     """``gptlab eval`` of an encoder (masked-token loss) or an encoder–decoder (target-token loss) on ``data``."""
     name = ARCH_OBJECTIVES[model.config.arch]
     if text is not None:
         raise GptlabError(f"a {model.config.arch} model is evaluated on a dataset: use --data DATA_DIR")
+    assert data is not None  # exactly one of text and data (evaluate_path checks)
     cfg = TrainConfig(objective=name, batch_size=batch_size, model=model.config.to_dict())
     objective = make_objective(cfg, data)
     total, count = objective.eval_sum(model, split, max_batches or 1 << 30, device, autocast)
@@ -97,6 +101,7 @@ def evaluate_path(
     else:
         from gptlab.data import TokenDataset
 
+        assert data is not None  # exactly one of text and data (checked above)
         ds = TokenDataset(data)
         if tok is not None and ds.tokenizer.to_dict() != tok.to_dict():
             raise GptlabError(

@@ -9,13 +9,20 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from gptlab.errors import GptlabError
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from gptlab.model import GPT
+
+Autocast = contextlib.AbstractContextManager[Any]  # torch.autocast(...), entered around each batch
 
 
 @dataclass
@@ -43,10 +50,10 @@ class EvalResult:
 
 
 def loss_sum(
-    model: Any,
-    batches: Iterable[tuple[torch.Tensor, torch.Tensor]],
+    model: GPT,
+    batches: Iterable[tuple[Any, ...]],
     device: str | torch.device,
-    autocast: Any = None,
+    autocast: Autocast | None = None,
 ) -> tuple[torch.Tensor, int]:
     """``(Σ token losses, token count)`` over ``batches`` (a float64 tensor sum, so ranks can all-reduce it).
 
@@ -61,19 +68,20 @@ def loss_sum(
         keys[:] = list(batch[2])
         return (batch[0], *batch[2].values(), batch[1])
 
-    def run(m: Any, b: tuple[torch.Tensor, ...]) -> torch.Tensor:
-        return m.run(b[0], b[-1], **dict(zip(keys, b[1:-1], strict=True))).loss
+    def run(m: GPT, b: tuple[torch.Tensor, ...]) -> torch.Tensor | None:
+        inputs: dict[str, Any] = dict(zip(keys, b[1:-1], strict=True))  # pos, attn_mask
+        return m.run(b[0], b[-1], **inputs).loss
 
     return target_loss_sum(model, map(tensors, batches), run, device, autocast)
 
 
 @torch.no_grad()
 def target_loss_sum(
-    model: Any,
+    model: GPT,
     batches: Iterable[tuple[torch.Tensor, ...]],
-    run: Any,
+    run: Callable[[GPT, tuple[torch.Tensor, ...]], torch.Tensor | None],
     device: str | torch.device,
-    autocast: Any = None,
+    autocast: Autocast | None = None,
 ) -> tuple[torch.Tensor, int]:
     """``(Σ losses, count)`` over the positions whose target (a batch's last tensor) is not −1.
 
@@ -89,6 +97,7 @@ def target_loss_sum(
             batch = tuple(t.to(device, non_blocking=True) for t in batch)
             with autocast if autocast is not None else contextlib.nullcontext():
                 loss = run(model, batch)
+            assert loss is not None  # run gives the model its targets
             if n:  # a batch with no target at all has a NaN mean and adds nothing
                 total += loss.double() * n
                 count += n
@@ -98,13 +107,13 @@ def target_loss_sum(
 
 
 def evaluate_tokens(
-    model: Any,
-    tokens: Any,
+    model: GPT,
+    tokens: np.ndarray,
     batch_size: int,
     bytes_per_token: float,
     device: str = "cpu",
     max_batches: int | None = None,
-    autocast: Any = None,
+    autocast: Autocast | None = None,
     progress: bool = False,
     rows: dict[str, Any] | None = None,
     context: int | None = None,

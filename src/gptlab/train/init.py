@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
@@ -25,6 +25,10 @@ from gptlab.errors import GptlabError
 from gptlab.model import GPT, GPTConfig
 from gptlab.model.state_dict import load_model_state, model_state
 from gptlab.sources import load_source, resolve_source, source_kind, source_sha256
+
+if TYPE_CHECKING:
+    from gptlab.data.dataset import TokenDataset
+    from gptlab.tokenizers.base import Tokenizer
 
 PathLike = str | os.PathLike[str]
 
@@ -53,12 +57,27 @@ def finetune_config(base: GPTConfig, overrides: dict[str, Any], src: PathLike) -
 
 
 # ------------------------------------------------------------------ starting a run
+class FinetuneSettings(Protocol):
+    """The settings that start a run from pretrained weights (a ``TrainConfig`` has them all; a protocol,
+    since ``gptlab.train.config`` imports this module to check them)."""
+
+    init: str
+    finetune: str
+    model: dict[str, Any]
+    lora_rank: int
+    lora_alpha: float
+    lora_dropout: float
+    lora_targets: list[str]
+    lora_base: str
+    lora_lr_ratio: float
+
+
 @dataclass
 class Start:
     """The pretrained model a run starts from, its tokenizer and a reference to its weights."""
 
     model: GPT
-    tokenizer: Any | None
+    tokenizer: Tokenizer | None
     base: dict[str, Any] = field(default_factory=dict)  # {"path", "sha256", "kind"}
 
     @property
@@ -66,7 +85,7 @@ class Start:
         return self.model.config
 
 
-def check_tokenizer(tokenizer: Any | None, data: Any, src: PathLike, vocab_size: int) -> None:
+def check_tokenizer(tokenizer: Tokenizer | None, data: TokenDataset, src: PathLike, vocab_size: int) -> None:
     """The dataset must be tokenized by the model's own tokenizer."""
     if data.vocab_size > vocab_size:
         raise GptlabError(
@@ -80,7 +99,7 @@ def check_tokenizer(tokenizer: Any | None, data: Any, src: PathLike, vocab_size:
         )
 
 
-def start(cfg: Any, data: Any) -> Start | None:
+def start(cfg: FinetuneSettings, data: TokenDataset) -> Start | None:
     """Load ``cfg.init``, check the dataset's tokenizer, apply the shape-neutral ``model.*`` overrides.
 
     None when the run starts from random weights (no ``init``), which only full training can.
@@ -106,13 +125,13 @@ def start(cfg: Any, data: Any) -> Start | None:
     return Start(model=model, tokenizer=tokenizer, base=base)
 
 
-def _full(model: GPT, cfg: Any, base: dict[str, Any]) -> GPT:
+def _full(model: GPT, cfg: FinetuneSettings, base: dict[str, Any]) -> GPT:
     for p in model.parameters():
         p.requires_grad_(True)
     return model
 
 
-def _lora(model: GPT, cfg: Any, base: dict[str, Any]) -> GPT:
+def _lora(model: GPT, cfg: FinetuneSettings, base: dict[str, Any]) -> GPT:
     from gptlab.model.lora import LoRASpec, apply_lora
     from gptlab.train.lora import set_lr_ratio
 
@@ -128,10 +147,10 @@ def _lora(model: GPT, cfg: Any, base: dict[str, Any]) -> GPT:
 
 
 #: ``finetune`` → what trains.
-FINETUNE: dict[str, Callable[[GPT, Any, dict[str, Any]], GPT]] = {"full": _full, "lora": _lora}
+FINETUNE: dict[str, Callable[[GPT, FinetuneSettings, dict[str, Any]], GPT]] = {"full": _full, "lora": _lora}
 
 
-def finetune_model(begin: Start, cfg: Any) -> GPT:
+def finetune_model(begin: Start, cfg: FinetuneSettings) -> GPT:
     """The model to train: ``FINETUNE[cfg.finetune]`` applied to the pretrained one."""
     return FINETUNE[cfg.finetune](begin.model, cfg, begin.base)
 
@@ -147,7 +166,7 @@ __all__ = [
 ]
 
 
-def check_settings(cfg: Any, need: Callable[[bool, str], None]) -> None:
+def check_settings(cfg: FinetuneSettings, need: Callable[[bool, str], None]) -> None:
     """Validate the fine-tuning fields of a ``TrainConfig`` (``need(ok, message)`` raises)."""
     from gptlab.model.lora import BASE_FORMATS
 

@@ -250,7 +250,7 @@ class _Trainer:
             for opt in self.optimizer.optimizers.values():
                 self.scaler.unscale_(opt)
         params = [p for p in self.model.parameters() if p.grad is not None]
-        norm = total_norm([p.grad for p in params])
+        norm = total_norm([p.grad for p in params if p.grad is not None])
         grad_scale = None
         if cfg.grad_clip > 0:  # g ← g·min(1, c/(‖g‖ + 10⁻⁶)), as clip_grad_norm_
             if self.scaler is None and self.optimizer.takes_grad_scale:  # inside the fused update

@@ -7,12 +7,16 @@ its own in ``gptlab.train.optim``), and ``trainable_fraction`` counts what train
 
 from __future__ import annotations
 
+from typing import TypeVar
+
 from torch import nn
 
 from gptlab.model.lora import lora_layers
 
+M = TypeVar("M", bound=nn.Module)  # a model, returned as the type it came in as
 
-def set_lr_ratio(model: nn.Module, ratio: float) -> nn.Module:
+
+def set_lr_ratio(model: M, ratio: float) -> M:
     """LoRA+ (Hayou et al., 2024): ``B`` learns at ``ratio·η``, ``A`` at ``η``.
 
     Marks each ``B`` with ``lr_scale``, which ``gptlab.train.optim`` turns into its own group;

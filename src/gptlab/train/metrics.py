@@ -8,8 +8,9 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from gptlab.errors import GptlabError
 from gptlab.fileio import atomic_write, atomic_write_text
@@ -73,6 +74,7 @@ class MetricsLog:
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
+        import numpy as np
 
         train = [(r["step"], r["loss"]) for r in self.records if "loss" in r]
         evals = [r for r in self.records if "val_loss" in r]
@@ -88,7 +90,8 @@ class MetricsLog:
         ax.grid(alpha=0.3)
         ax.legend()
         top = ax.secondary_xaxis(
-            "top", functions=(lambda s: s * tokens_per_step, lambda t: t / tokens_per_step)
+            "top",
+            functions=(lambda s: np.multiply(s, tokens_per_step), lambda t: np.divide(t, tokens_per_step)),
         )
         top.set_xlabel("tokens")
         fig.tight_layout()
@@ -189,4 +192,11 @@ class _WandB:
         self.run.finish()
 
 
-SINKS = {"tensorboard": _TensorBoard, "wandb": _WandB}
+class Sink(Protocol):
+    """Where the records go besides ``metrics.jsonl``: made from ``(run_dir, config)``."""
+
+    def log(self, record: dict[str, Any]) -> None: ...
+    def close(self) -> None: ...
+
+
+SINKS: dict[str, Callable[[Path, dict[str, Any]], Sink]] = {"tensorboard": _TensorBoard, "wandb": _WandB}

@@ -20,6 +20,7 @@ resumes under either.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -44,7 +45,8 @@ def newton_schulz(
         x = x.mT
     if x.dim() == 2:
         x.div_(x.norm().clamp(min=eps))  # spectral norm ≤ 1
-        mm, addmm = torch.mm, torch.addmm
+        mm: Callable[..., torch.Tensor] = torch.mm
+        addmm: Callable[..., torch.Tensor] = torch.addmm
     else:
         x.div_(torch.linalg.vector_norm(x, dim=(1, 2), keepdim=True).clamp(min=eps))
         mm, addmm = torch.bmm, torch.baddbmm
@@ -110,7 +112,7 @@ class Float32Muon(torch.optim.Muon):
         return loss
 
 
-def muon_class(device_type: str, dtype: str = "auto") -> type[torch.optim.Optimizer]:
+def muon_class(device_type: str, dtype: str = "auto") -> type[torch.optim.Muon]:
     """``torch.optim.Muon`` where NS runs in bfloat16 (``ns_dtype``), else ``Float32Muon``."""
     return torch.optim.Muon if ns_dtype(device_type, dtype) == torch.bfloat16 else Float32Muon
 

@@ -17,10 +17,11 @@ The training loop calls an objective through one interface: ``batch(step, micro)
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable
 from itertools import islice
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 import torch
@@ -31,11 +32,19 @@ from gptlab.model import GPTConfig
 from gptlab.train import init
 from gptlab.train.evaluate import target_loss_sum
 
+if TYPE_CHECKING:
+    from torch import nn
+
+    from gptlab.data.pairs import PairDataset
+    from gptlab.model import GPT
+    from gptlab.tokenizers.base import Tokenizer
+    from gptlab.train.evaluate import Autocast
+
 MASK = "[MASK]"
 Batch = tuple[torch.Tensor, ...]
 
 
-def with_mask_token(tokenizer: Any) -> Any:
+def with_mask_token(tokenizer: Tokenizer) -> Tokenizer:
     """``tokenizer`` with a ``[MASK]`` special token (the next free id) unless it has one."""
     if MASK in tokenizer.special_tokens:
         return tokenizer
@@ -71,6 +80,19 @@ def _generator(*key: int) -> torch.Generator:
     return torch.Generator().manual_seed(int(np.random.SeedSequence(list(key)).generate_state(1)[0]))
 
 
+class ObjectiveSettings(init.FinetuneSettings, Protocol):
+    """The settings an objective reads (a ``TrainConfig`` has them all; a protocol, since
+    ``gptlab.train.config`` imports this module to check ``objective``)."""
+
+    objective: str
+    batch_size: int
+    grad_accum: int
+    seed: int
+    mlm_rate: float
+
+    def model_config(self, vocab_size: int) -> GPTConfig: ...
+
+
 class CausalLM:
     """Next-token prediction over windows of the token stream (a decoder)."""
 
@@ -78,7 +100,7 @@ class CausalLM:
     dataset_type: type[TokenDataset] = TokenDataset
     _keys: list[str] = []  # noqa: RUF012  (names of a batch's keyword inputs after x and y; set per batch)
 
-    def __init__(self, cfg: Any, data_dir: Path, rank: int = 0, world_size: int = 1) -> None:
+    def __init__(self, cfg: ObjectiveSettings, data_dir: Path, rank: int = 0, world_size: int = 1) -> None:
         self.cfg, self.rank, self.world = cfg, rank, world_size
         self.data = self.dataset_type(data_dir)
         self.tokenizer = self._tokenizer()
@@ -86,7 +108,7 @@ class CausalLM:
         self.model_config = self.start.config if self.start else self._model_config()
         self._setup()
 
-    def _tokenizer(self) -> Any:
+    def _tokenizer(self) -> Tokenizer:
         return self.data.tokenizer
 
     def _vocab_size(self) -> int:
@@ -125,7 +147,7 @@ class CausalLM:
         self._keys = list(kwargs)  # packed examples: pos, attn_mask (gptlab.data.sampler.document_inputs)
         return to_device((x, y, *kwargs.values()), device)
 
-    def loss(self, forward: Any, batch: Batch) -> torch.Tensor:
+    def loss(self, forward: nn.Module, batch: Batch) -> torch.Tensor:
         x, y, *extra = batch
         _, loss = forward(x, y, **dict(zip(self._keys, extra, strict=True)))
         return loss
@@ -138,7 +160,7 @@ class CausalLM:
         )
 
     def eval_sum(
-        self, model: Any, split: str, n: int, device: str, autocast: Any
+        self, model: GPT, split: str, n: int, device: str, autocast: Autocast | None
     ) -> tuple[torch.Tensor, int]:
         """``(Σ token losses, tokens)`` over ``n`` evaluation batches (this rank's share)."""
         from gptlab.train.evaluate import loss_sum
@@ -151,7 +173,7 @@ class MaskedLM(CausalLM):
 
     arch = "encoder"
 
-    def _tokenizer(self) -> Any:
+    def _tokenizer(self) -> Tokenizer:
         return with_mask_token(self.data.tokenizer)
 
     def _vocab_size(self) -> int:
@@ -170,7 +192,7 @@ class MaskedLM(CausalLM):
         return to_device(self._corrupt(x, step, micro, self.rank), device)
 
     def eval_sum(
-        self, model: Any, split: str, n: int, device: str, autocast: Any
+        self, model: GPT, split: str, n: int, device: str, autocast: Autocast | None
     ) -> tuple[torch.Tensor, int]:
         batches = (self._corrupt(x, 1 << 30, i) for i, (x, _) in enumerate(self._eval_windows(split, n)))
         return target_loss_sum(model, batches, lambda m, b: m.run(*b).loss, device, autocast)
@@ -180,6 +202,7 @@ class Seq2Seq(CausalLM):
     """Target tokens given the source, over a pairs dataset (an encoder–decoder)."""
 
     arch = "encoder-decoder"
+    data: PairDataset
 
     @property
     def dataset_type(self) -> type[TokenDataset]:  # type: ignore[override]
@@ -214,19 +237,22 @@ class Seq2Seq(CausalLM):
         index = np.array([self._order(int(e))[k] for e, k in zip(epochs, ks, strict=True)])
         return to_device(self.data.batch("train", index), device)
 
-    def loss(self, forward: Any, batch: Batch) -> torch.Tensor:
+    def loss(self, forward: nn.Module, batch: Batch) -> torch.Tensor:
         src, src_mask, tgt_in, tgt_out = batch
         _, loss = forward(tgt_in, tgt_out, source=src, source_mask=src_mask)
         return loss
 
     def eval_sum(
-        self, model: Any, split: str, n: int, device: str, autocast: Any
+        self, model: GPT, split: str, n: int, device: str, autocast: Autocast | None
     ) -> tuple[torch.Tensor, int]:
+        from gptlab.model import EncoderDecoder
+
         B, total = self.cfg.batch_size, len(self.data.rows(split)[0])
         starts = list(range(0, total, B))[: n * self.world][self.rank :: self.world]
         batches = (self.data.batch(split, np.arange(s, min(s + B, total))) for s in starts)
 
-        def run(m: Any, b: Batch) -> torch.Tensor:
+        def run(m: GPT, b: Batch) -> torch.Tensor | None:
+            assert isinstance(m, EncoderDecoder)  # this objective trains arch="encoder-decoder"
             return m.run(b[2], b[3], source=b[0], source_mask=b[1]).loss
 
         return target_loss_sum(model, batches, run, device, autocast)
@@ -235,7 +261,9 @@ class Seq2Seq(CausalLM):
 OBJECTIVES: dict[str, type[CausalLM]] = {"causal": CausalLM, "mlm": MaskedLM, "seq2seq": Seq2Seq}
 
 
-def make_objective(cfg: Any, data_dir: Path, rank: int = 0, world_size: int = 1) -> CausalLM:
+def make_objective(
+    cfg: ObjectiveSettings, data_dir: str | os.PathLike[str], rank: int = 0, world_size: int = 1
+) -> CausalLM:
     """The objective ``cfg.objective`` names, over the dataset in ``data_dir``."""
     return OBJECTIVES[cfg.objective](cfg, Path(data_dir), rank, world_size)
 

@@ -160,7 +160,11 @@ def _muon_and_adamw(model: nn.Module, cfg: OptimizerSettings, device_type: str) 
             f"{torch.__version__}: upgrade torch or use optimizer=adamw"
         )
     hidden, matrices, rest = _split(model)
-    settings = {"lr": cfg.muon_lr, "momentum": cfg.muon_momentum, "weight_decay": cfg.muon_weight_decay}
+    settings: dict[str, Any] = {
+        "lr": cfg.muon_lr,
+        "momentum": cfg.muon_momentum,
+        "weight_decay": cfg.muon_weight_decay,
+    }
     if _ranks() > 1:  # under torchrun (DDP or FSDP): one owner rank orthogonalises each whole matrix
         muon: torch.optim.Optimizer = ShardedMuon(
             hidden, ns_dtype=ns_dtype(device_type, cfg.dtype), adjust_lr_fn="original", **settings

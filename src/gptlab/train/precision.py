@@ -20,13 +20,16 @@ from __future__ import annotations
 
 import dataclasses
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gptlab import hardware
 from gptlab.compiling import can_compile
 from gptlab.errors import GptlabError
 from gptlab.model.fp8 import check_choice
 from gptlab.train.config import TrainConfig
+
+if TYPE_CHECKING:
+    from gptlab.model import GPTConfig
 
 AUTO_FIELDS = ("dtype", "attention", "compile", "loss_impl")  # kept as first resolved when a run resumes
 CHUNKED_FROM = 256 * 2**20  # bytes of one micro-batch's float32 logits
@@ -62,7 +65,7 @@ def keep_resolved(cfg: TrainConfig, saved: dict[str, Any] | None) -> TrainConfig
     return dataclasses.replace(cfg, **kept) if kept else cfg
 
 
-def loss_impl(cfg: TrainConfig, model_config: Any, device_memory: int | None = None) -> str:
+def loss_impl(cfg: TrainConfig, model_config: GPTConfig, device_memory: int | None = None) -> str:
     """The head + loss path of this run: ``cfg.loss_impl``, or for ``auto`` the one its shapes call for
     (``device_memory``: a GPU's bytes, which raise the threshold to ⅛ of them)."""
     compiled_ok = not cfg.compile or chunked_compiles_correctly()

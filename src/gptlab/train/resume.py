@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from gptlab import checkpoint as ckpt
+from gptlab.checkpoint import files as ckpt_files
 from gptlab.checkpoint import sharded
 from gptlab.checkpoint.integrity import verify_checksums
 from gptlab.errors import GptlabError
@@ -64,7 +65,7 @@ def load_latest(trainer: Any) -> Resumed | None:
     if found is None:
         return None
     step, path = found
-    is_sharded = sharded.is_sharded(path)
+    is_sharded = ckpt_files.is_sharded(path)
     state, meta = ({}, sharded.read_info(path)) if is_sharded else ckpt.read_training_checkpoint(path)
     if meta.get("data_fingerprint") not in (None, trainer.data.fingerprint):
         raise GptlabError(

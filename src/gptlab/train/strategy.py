@@ -25,14 +25,30 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 from torch import nn
 
 from gptlab.errors import GptlabError
 
+if TYPE_CHECKING:
+    from gptlab.inspect.size import Figure
+    from gptlab.model import GPT, GPTConfig
+    from gptlab.train.distributed import DistInfo
+
 MIXED_PRECISION = {"bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class StrategySettings(Protocol):
+    """The settings a strategy reads (a ``TrainConfig`` has them all; a protocol, since
+    ``gptlab.train.config`` imports this module to check ``strategy``)."""
+
+    strategy: str
+    activation_checkpointing: str
+    compile: bool | str
+    dtype: str
+    reshard_after_forward: bool
 
 
 @dataclass
@@ -40,7 +56,7 @@ class Strategy:
     """One way of running the model: ``wrap`` it, skip gradient sync in accumulation, and say how it saves."""
 
     name: str
-    wrap: Callable[[nn.Module, Any, Any], nn.Module]  # (model, TrainConfig, DistInfo) → forward module
+    wrap: Callable[[GPT, StrategySettings, DistInfo], nn.Module]  # → the forward module
     skip_sync: Callable[[nn.Module], contextlib.AbstractContextManager[Any]]
     sharded: bool  # checkpoints are written by every rank through DCP (gptlab.checkpoint.sharded)
     gathered: Callable[[nn.Module], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext
@@ -51,7 +67,7 @@ class Strategy:
 
 
 # ------------------------------------------------------------------------ ddp
-def _wrap_ddp(model: nn.Module, cfg: Any, info: Any) -> nn.Module:
+def _wrap_ddp(model: GPT, cfg: StrategySettings, info: DistInfo) -> nn.Module:
     if not info.enabled:
         return model
     from torch.nn.parallel import DistributedDataParallel
@@ -61,7 +77,8 @@ def _wrap_ddp(model: nn.Module, cfg: Any, info: Any) -> nn.Module:
 
 
 def _ddp_no_sync(forward: nn.Module) -> contextlib.AbstractContextManager[Any]:
-    return forward.no_sync() if hasattr(forward, "no_sync") else contextlib.nullcontext()
+    no_sync = getattr(forward, "no_sync", None)  # DistributedDataParallel's
+    return no_sync() if no_sync is not None else contextlib.nullcontext()
 
 
 # ----------------------------------------------------------------------- fsdp
@@ -73,7 +90,7 @@ def mixed_precision_policy(dtype: str) -> Any:
     return MixedPrecisionPolicy(param_dtype=param, reduce_dtype=torch.float32 if param else None)
 
 
-def _wrap_fsdp(model: nn.Module, cfg: Any, info: Any) -> nn.Module:
+def _wrap_fsdp(model: GPT, cfg: StrategySettings, info: DistInfo) -> nn.Module:
     """``fully_shard`` each block, then the root; the model's parameters become sharded DTensors."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
@@ -88,10 +105,11 @@ def _wrap_fsdp(model: nn.Module, cfg: Any, info: Any) -> nn.Module:
         )
     mesh = init_device_mesh(torch.device(info.device).type, (info.world_size,))
     policy = mixed_precision_policy(cfg.dtype)
-    for block in model.blocks:  # type: ignore[attr-defined]
+    for block in model.blocks:
         fully_shard(block, mesh=mesh, mp_policy=policy, reshard_after_forward=cfg.reshard_after_forward)
     fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=cfg.reshard_after_forward)
-    model.gptlab_reshard_after_forward = cfg.reshard_after_forward  # restored after evaluation
+    # restored after evaluation (_fsdp_gathered); nn.Module's __setattr__ is typed for tensors and modules
+    model.gptlab_reshard_after_forward = cfg.reshard_after_forward  # type: ignore[assignment]
     return model
 
 
@@ -141,7 +159,7 @@ def get_strategy(name: str) -> Strategy:
     return STRATEGIES[name]
 
 
-def prepare_model(model: nn.Module, cfg: Any, info: Any) -> tuple[Strategy, nn.Module]:
+def prepare_model(model: GPT, cfg: StrategySettings, info: DistInfo) -> tuple[Strategy, nn.Module]:
     """Activation checkpointing, then the strategy's wrapping: ``(strategy, forward module)``.
 
     Build the optimizer after this: under FSDP it must see the sharded parameters.
@@ -181,7 +199,7 @@ def local_bytes(model: nn.Module, optimizer: Any) -> dict[str, int]:
     return out
 
 
-def per_rank_memory(config: Any, strategy: str, world: int, b: int) -> list[Any]:
+def per_rank_memory(config: GPTConfig, strategy: str, world: int, b: int) -> list[Figure]:
     """``gptlab size --strategy S --world-size W``: weights + gradients + AdamW moments held by one rank.
 
     DDP: ``4·P·b`` on every rank. FSDP: each parameter of shape ``(d₀, …)`` keeps ``⌈d₀/W⌉`` rows
@@ -210,7 +228,7 @@ def per_rank_memory(config: Any, strategy: str, world: int, b: int) -> list[Any]
         )
     ]
     if strategy == "fsdp":
-        block = sum(p.numel() for p in model.blocks[0].parameters())  # type: ignore[index]
+        block = sum(p.numel() for p in model.blocks[0].parameters())
         figures.append(
             Figure(
                 "fsdp gathered blocks",

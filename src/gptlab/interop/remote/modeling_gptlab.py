@@ -15,7 +15,7 @@ source, computed once.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
@@ -31,6 +31,9 @@ from transformers.modeling_outputs import (
 from .configuration_gptlab import GptlabConfig
 from .gptlab_model import MODELS, GPTConfig, KVCache
 from .gptlab_positional import PositionalEncoding
+
+if TYPE_CHECKING:
+    from .gptlab_model import EncoderDecoder
 
 IGNORE = -100  # transformers' label for "no loss here"
 
@@ -202,7 +205,7 @@ class GptlabForMaskedLM(GptlabPreTrainedModel):
 class _Encoder(nn.Module):
     """``get_encoder()`` of the encoder–decoder: ``last_hidden_state`` is gptlab's ``H_enc``."""
 
-    def __init__(self, gpt: nn.Module) -> None:
+    def __init__(self, gpt: EncoderDecoder) -> None:
         super().__init__()
         self.gpt = gpt
 
@@ -236,7 +239,7 @@ class GptlabForSeq2SeqLM(GptlabPreTrainedModel, GenerationMixin):
     def _supports_default_dynamic_cache(cls) -> bool:
         return False  # generate gets a Seq2SeqCache from forward's output instead
 
-    def get_encoder(self) -> nn.Module:
+    def get_encoder(self, modality: str | None = None) -> nn.Module:  # transformers' signature
         return _Encoder(self.gpt)
 
     def forward(
@@ -280,7 +283,7 @@ class GptlabForSeq2SeqLM(GptlabPreTrainedModel, GenerationMixin):
         return Seq2SeqLMOutput(
             loss=_lm_loss(out.logits, labels, shift=False),
             logits=out.logits,
-            cache=cache,
+            cache=cache,  # type: ignore[arg-type]  # gptlab's own cache: generate hands it back to forward
             encoder_last_hidden_state=memory,
         )
 
