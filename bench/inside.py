@@ -33,7 +33,7 @@ from pathlib import Path
 
 SHOT_PROMPT = "The capital of France is"
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "bench"))
+sys.path.insert(0, str(ROOT))  # the checkout: bench/ imports as the package `bench`
 CHROMIUM = "/usr/bin/chromium"
 TEXT = (
     "Paris is known for its museums, its cafes and the river that runs through it. Every year many "
@@ -60,7 +60,7 @@ def main() -> None:
     p.add_argument("--screenshots", help="write inside-*.png here (the guide's pictures)")
     args = p.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    from serve_load import serve
+    from bench.serve_load import serve
 
     with tempfile.TemporaryDirectory() as tmp:
         ckpt = args.checkpoint

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from tests import ROOT
+
 # Tests use tiny models: one thread each is fastest, and it keeps parallel workers
 # (pytest -n 2) and the subprocesses tests start from oversubscribing the cores.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -26,7 +28,7 @@ def pytest_configure(config: pytest.Config) -> None:
     torch.set_num_threads(1)
 
 
-SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+SHARED_DATA = ROOT.parent / "shared" / "data"
 
 
 def require_shared(*relative: str) -> Path:
@@ -55,18 +57,3 @@ def shakespeare_path() -> Path:
 def gpt2_files() -> tuple[Path, Path]:
     """``(vocab.bpe, encoder.json)`` of GPT-2."""
     return require_shared("gpt2", "vocab.bpe"), require_shared("gpt2", "encoder.json")
-
-
-def load_bench(name: str):
-    """``bench/NAME.py`` as a module (the benchmarks are scripts, not a package), registered in
-    ``sys.modules`` so that dataclasses and pickling-free helpers inside it resolve their module."""
-    import importlib.util
-    import sys
-
-    spec = importlib.util.spec_from_file_location(
-        name, Path(__file__).resolve().parents[1] / "bench" / f"{name}.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module

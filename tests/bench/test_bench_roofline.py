@@ -3,25 +3,14 @@
 from __future__ import annotations
 
 import json
-import sys
 import time
-from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[1] / "bench"
+from bench import roofline
 
 
-@pytest.fixture
-def roofline(monkeypatch):
-    monkeypatch.syspath_prepend(str(BENCH))
-    import roofline
-
-    yield roofline
-    sys.modules.pop("roofline", None)
-
-
-def test_rates_count_the_flops_of_the_products(roofline):
+def test_rates_count_the_flops_of_the_products():
     # 2·m·k·n FLOPs per product, divided by the time: a positive, finite rate for each precision
     import torch
 
@@ -34,9 +23,7 @@ def test_rates_count_the_flops_of_the_products(roofline):
     assert len(slow) == 4
 
 
-def test_prints_one_json_line_whose_bounds_follow_from_its_figures(
-    roofline, shakespeare_path, tmp_path, capsys
-):
+def test_prints_one_json_line_whose_bounds_follow_from_its_figures(shakespeare_path, tmp_path, capsys):
     text = tmp_path / "shakespeare-40k.txt"
     text.write_text(shakespeare_path.read_text(encoding="utf-8")[:40_000], encoding="utf-8")
     argv = ["--data", str(text), "--repeats", "2", "--sizes", "128", "--yardstick-steps", "24"]

@@ -3,16 +3,11 @@
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 
-BENCH = Path(__file__).resolve().parents[1] / "bench"
+from bench import side_by_side
 
 
 def test_trains_both_sides_in_turns_and_prints_one_json_line(shakespeare_path, tmp_path, capsys, monkeypatch):
-    monkeypatch.syspath_prepend(str(BENCH))
-    import side_by_side
-
     assert side_by_side._cuts(900, 4) == [0, 225, 450, 675, 900]
     assert side_by_side._cuts(5, 3) == [0, 2, 3, 5]
     text = tmp_path / "shakespeare-40k.txt"  # both sides take their vocabulary from this file
@@ -29,4 +24,3 @@ def test_trains_both_sides_in_turns_and_prints_one_json_line(shakespeare_path, t
         (ours - 0.005) / (base + 0.005) - 1e-3 <= row["time_ratio"] <= (ours + 0.005) / (base - 0.005) + 1e-3
     )
     assert 1.0 < row["val_loss"] < 5.0 and 1.0 < row["baseline_last_loss"] < 5.0
-    sys.modules.pop("side_by_side", None)

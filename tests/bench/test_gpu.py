@@ -7,14 +7,12 @@ The CUDA tests skip, with the reason, where torch sees no GPU; everything that c
 from __future__ import annotations
 
 import json
-import sys
 import warnings
-from pathlib import Path
 
 import pytest
 import torch
-from _tiny import TINY_TRAIN
 
+from bench import gpu
 from gptlab.data import prepare
 from gptlab.generate import generate_ids
 from gptlab.generate.engine import engine_of, prepare_decoding
@@ -22,20 +20,13 @@ from gptlab.generate.static import StaticSession
 from gptlab.model import GPT, GPTConfig
 from gptlab.train import loop as gtrain
 from gptlab.train.config import build_config
+from tests._tiny import TINY_TRAIN
 
-BENCH = Path(__file__).resolve().parents[1] / "bench"
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (torch sees none here)")
 
 
-def _bench():
-    sys.path.insert(0, str(BENCH))
-    import gpu
-
-    return gpu
-
-
 def test_bench_smoke_prints_one_json_line_per_figure(capsys):
-    assert _bench().main(["--smoke", "--batches", "1,3", "--vocab-multiples", "64", "--fp8-layers", ""]) == 0
+    assert gpu.main(["--smoke", "--batches", "1,3", "--vocab-multiples", "64", "--fp8-layers", ""]) == 0
     lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     figures = [r["figure"] for r in lines]
     assert figures == ["train", "train", "train", "decode", "decode", "serve"]
@@ -51,7 +42,7 @@ def test_bench_smoke_prints_one_json_line_per_figure(capsys):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message shown where there is no GPU")
 def test_bench_without_a_gpu_says_so_in_one_line(capsys):
-    assert _bench().main([]) == 2
+    assert gpu.main([]) == 2
     out = capsys.readouterr().out.strip()
     assert out.startswith("error:") and "CUDA" in out and "\n" not in out
 

@@ -12,13 +12,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from _tiny import TINY_TRAIN
 
 from gptlab import checkpoint as ckpt
 from gptlab.checkpoint.integrity import CHECKSUMS_FILE, verify_checksums, write_checksums
 from gptlab.cli import main
 from gptlab.data import prepare
 from gptlab.errors import GptlabError
+from tests._tiny import TINY_TRAIN
 
 # bitwise CPU float32 numerics, so that a resumed run can be compared with an uninterrupted one
 SETTINGS = [*TINY_TRAIN, "batch_size=4", "eval_every=1000", "ckpt_every=2", "keep_last=5"]

@@ -6,7 +6,6 @@ import shutil
 import sys
 
 import pytest
-from _tiny import TINY_TRAIN
 
 from gptlab import __version__
 from gptlab import checkpoint as ckpt
@@ -14,6 +13,7 @@ from gptlab.checkpoint.integrity import write_checksums
 from gptlab.cli import main
 from gptlab.data import prepare
 from gptlab.train.metrics import read_metrics
+from tests._tiny import TINY_TRAIN
 
 TINY = [*TINY_TRAIN, "batch_size=4", "eval_every=2"]
 

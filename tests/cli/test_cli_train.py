@@ -13,8 +13,6 @@ import urllib.request
 
 import pytest
 import torch
-from _kill import kill_and_resume, steps_logged
-from _tiny import TINY_TRAIN
 
 from gptlab import checkpoint as ckpt
 from gptlab.cli import main
@@ -22,6 +20,8 @@ from gptlab.data import TokenDataset, prepare
 from gptlab.train import train
 from gptlab.train.config import DEFAULT_RECIPE, build_config
 from gptlab.train.evaluate import evaluate_tokens
+from tests._kill import kill_and_resume, steps_logged
+from tests._tiny import TINY_TRAIN
 
 TINY = [*TINY_TRAIN, "batch_size=4"]
 

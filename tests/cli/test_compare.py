@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 
 import pytest
-from _tiny import TINY_TRAIN
 
 from gptlab.cli import main
 from gptlab.data import prepare
@@ -13,6 +12,7 @@ from gptlab.train import train
 from gptlab.train.compare import load_runs, plot_runs, render_table
 from gptlab.train.config import build_config
 from gptlab.train.metrics import read_metrics
+from tests._tiny import TINY_TRAIN
 
 
 @pytest.fixture(scope="module")

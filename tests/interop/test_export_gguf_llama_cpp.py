@@ -21,8 +21,8 @@ import torch
 from gptlab.interop.gguf_export import to_gguf
 from gptlab.model import GPT, GPTConfig
 from gptlab.tokenizers import BPETokenizer, CharTokenizer, GPT2Tokenizer
+from tests import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 LLAMA_DIR = Path(os.environ.get("GPTLAB_LLAMA_CPP_DIR", ROOT / ".cache" / "llama-cpp"))
 
 #: Texts nobody tuned for: whitespace runs, tabs, CRLF, Unicode (accents, CJK, emoji), code, digits.

@@ -16,13 +16,13 @@ import sys
 
 import pytest
 import torch
-from _export_hf import DECODERS, SHAPE, TOL, hf_dir, load_hf, max_diff, perturbed
 
 import gptlab
 from gptlab import GPTConfig, GptlabError
 from gptlab.cli import main
 from gptlab.generate import generate_ids
 from gptlab.interop.hf import export_family, to_hf
+from tests.interop._export_hf import DECODERS, SHAPE, TOL, hf_dir, load_hf, max_diff, perturbed
 
 transformers = pytest.importorskip("transformers", reason="transformers is the reference loader")
 

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-from _export_hf import SHAPE, TEXT, TOL, hf_dir, load_hf, max_diff, perturbed
 
 import gptlab
 from gptlab import GPTConfig
 from gptlab.cli import main
 from gptlab.interop.hf import to_hf
 from gptlab.tokenizers import CharTokenizer
+from tests.interop._export_hf import SHAPE, TEXT, TOL, hf_dir, load_hf, max_diff, perturbed
 
 transformers = pytest.importorskip("transformers", reason="transformers is the reference loader")
 

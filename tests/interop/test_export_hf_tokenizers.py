@@ -7,13 +7,13 @@ import importlib.util
 
 import pytest
 import torch
-from _export_hf import DECODERS, SHAPE, TEXT, hf_dir, max_diff, perturbed
 
 import gptlab
 from gptlab import GPTConfig
 from gptlab.cli import main
 from gptlab.tokenizers import BPETokenizer, CharTokenizer
 from gptlab.tokenizers.hf_files import write_hf_tokenizer
+from tests.interop._export_hf import DECODERS, SHAPE, TEXT, hf_dir, max_diff, perturbed
 
 transformers = pytest.importorskip("transformers", reason="transformers is the reference loader")
 needs_smollm2 = pytest.mark.skipif(

@@ -256,7 +256,7 @@ def test_gpu_kernel_matches_bf16_and_compiles(wgrad):
 
 
 def test_gptlab_train_with_fp8_on_the_cpu_is_one_error_line(capsys, tmp_path):
-    from _tiny import TINY_TRAIN
+    from tests._tiny import TINY_TRAIN
 
     from gptlab.cli import main
     from gptlab.data import prepare
@@ -289,11 +289,7 @@ def test_a_whole_fp8_model_traces_as_one_graph():
 
 
 def test_bench_gpu_smoke_prints_the_fp8_line_beside_bf16(capsys):
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
-    import gpu
+    from bench import gpu
 
     argv = ["--smoke", "--only", "train", "--vocab-multiples", "64", "--loss-impls", "plain"]
     assert gpu.main([*argv, "--fp8-layers", "mlp,head"]) == 0

@@ -8,10 +8,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 from fastapi.testclient import TestClient
-from test_serve_api import assert_error, tiny_model
 
 from gptlab.serve import create_app
 from gptlab.tokenizers import CharTokenizer
+from tests.serve.test_serve_api import assert_error, tiny_model
 
 TEXT = "abcdefghijklmnopqrstuvwxyz ABCDEFGHIJKLMNOPQRSTUVWXYZ:\n.,!?"
 EOT = "<|endoftext|>"

@@ -7,11 +7,9 @@ Free slots go round-robin between requests and no request holds all of them
 from __future__ import annotations
 
 import asyncio
-from pathlib import Path
 
 import pytest
 import torch
-from conftest import load_bench
 
 from gptlab import GPT, GPTConfig
 from gptlab.errors import GptlabError
@@ -21,7 +19,6 @@ from gptlab.serve.jobs import Channel, EndEvent, Job
 from gptlab.serve.scheduler import Scheduler
 from gptlab.tokenizers import CharTokenizer
 
-ROOT = Path(__file__).resolve().parents[1]
 TEXT = "abcdefghijklmnopqrstuvwxyz ABCDEFGHIJKLMNOPQRSTUVWXYZ:\n.,;!?'"
 
 
@@ -162,7 +159,8 @@ def test_beam_search_shares_the_loop_and_its_queue_is_fair(model, tok):
 
 # ------------------------------------------------------------------ live, with an API key
 def test_one_token_beside_64_choices_of_1024_tokens_is_served_within_2_s(tmp_path):
-    robustness = load_bench("serve_robustness")
+    from bench import serve_robustness as robustness
+
     ckpt = robustness.tiny_checkpoint(tmp_path)
     extra = ["--api-key", robustness.KEY, "--device", "cpu"]
     with robustness.serve_load.serve(str(ckpt), max_batch=8, extra=extra, timeout=120) as url:

@@ -22,14 +22,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import load_bench
 from fastapi.testclient import TestClient
 
-ROOT = Path(__file__).resolve().parents[1]
+from bench import serve_robustness as robustness
+
 KEY = "bench-key"  # the key bench/serve_robustness.py serves with
-
-
-robustness = load_bench("serve_robustness")
 
 
 def schemathesis_cli() -> str:

@@ -10,14 +10,13 @@ sampling or beam search, with an API key) leaves nothing running. The live scena
 from __future__ import annotations
 
 import asyncio
-from pathlib import Path
 
 import httpx
 import pytest
 import torch
-from conftest import load_bench
 from fastapi.testclient import TestClient
 
+from bench import serve_robustness as robustness
 from gptlab import GPT, GPTConfig
 from gptlab.generate import SampleConfig
 from gptlab.generate.beam import beam_search
@@ -27,10 +26,6 @@ from gptlab.serve import create_app, scheduler
 from gptlab.serve.jobs import Channel, EndEvent, Job
 from gptlab.tokenizers import CharTokenizer
 
-ROOT = Path(__file__).resolve().parents[1]
-
-
-robustness = load_bench("serve_robustness")
 AUTH = robustness.AUTH
 
 

@@ -14,13 +14,12 @@ from pathlib import Path
 import httpx
 import pytest
 import torch
-from conftest import load_bench
 
 import gptlab
+from bench import serve_load
 from gptlab import GPT, GPTConfig
 from gptlab.tokenizers import CharTokenizer
 
-ROOT = Path(__file__).resolve().parents[1]
 CAP = 20_000
 TEXT = "abcdefghijklmnopqrstuvwxyz ABCDEFGHIJKLMNOPQRSTUVWXYZ:\n.,;!?'"
 CHROMIUM = "/usr/bin/chromium"
@@ -32,9 +31,6 @@ CHROMIUM_ARGS = [
     "--disable-sync",
     "--no-first-run",
 ]
-
-
-serve_load = load_bench("serve_load")
 
 
 @pytest.fixture(scope="module")

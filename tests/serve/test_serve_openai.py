@@ -10,13 +10,13 @@ import math
 import pytest
 import torch
 from fastapi.testclient import TestClient
-from test_serve_api import ALPHABET, assert_error, sse_events, tiny_model
 
 from gptlab.generate import SampleConfig, beam_search
 from gptlab.serve import Service, create_app
 from gptlab.serve.scheduler import EndEvent
 from gptlab.serve.schemas import ChatCompletionRequest, CompletionRequest
 from gptlab.tokenizers import CharTokenizer
+from tests.serve.test_serve_api import ALPHABET, assert_error, sse_events, tiny_model
 
 CAP = 48
 

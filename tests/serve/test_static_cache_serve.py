@@ -11,12 +11,12 @@ import threading
 import pytest
 import torch
 from fastapi.testclient import TestClient
-from test_static_cache import eager_static
 
 from gptlab import GPT, GPTConfig
 from gptlab.generate.lanes import Lanes
 from gptlab.serve import create_app
 from gptlab.tokenizers import CharTokenizer
+from tests.generate.test_static_cache import eager_static
 
 ALPHABET = "abcdefghijklmnopqrstuvwxyz ABCDEFGHIJKLMNOPQRSTUVWXYZ:\n.,!?"
 

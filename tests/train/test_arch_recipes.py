@@ -8,7 +8,6 @@ import json
 import subprocess
 import sys
 import threading
-from pathlib import Path
 
 import pytest
 import torch
@@ -18,8 +17,7 @@ from gptlab.cli import main
 from gptlab.generate import SampleConfig, generate_text
 from gptlab.model import EncoderDecoder, GPTConfig
 from gptlab.tokenizers import CharTokenizer
-
-ROOT = Path(__file__).resolve().parents[1]
+from tests import ROOT
 
 
 def test_toy_recipe_from_the_command_line(tmp_path, capsys) -> None:

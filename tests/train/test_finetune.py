@@ -8,7 +8,6 @@ import shutil
 
 import pytest
 import torch
-from _tiny import TINY_TRAIN, interrupted_copy
 
 import gptlab
 from gptlab import checkpoint as ckpt
@@ -26,6 +25,7 @@ from gptlab.train import loop as gtrain
 from gptlab.train.config import build_config
 from gptlab.train.lora import trainable_fraction
 from gptlab.train.metrics import read_metrics
+from tests._tiny import TINY_TRAIN, interrupted_copy
 
 TEXT = "\n".join(
     f"the {w} sat on the mat {i % 7} times, said the {w}." for i, w in enumerate(["cat", "dog"] * 300)

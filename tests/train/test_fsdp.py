@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from _tiny import TINY_TRAIN
 
 from gptlab import checkpoint as ckpt
 from gptlab.checkpoint import sharded
@@ -21,6 +20,7 @@ from gptlab.data import prepare
 from gptlab.errors import GptlabError
 from gptlab.train import train
 from gptlab.train.config import TrainConfig, build_config
+from tests._tiny import TINY_TRAIN
 
 # no biases: a key bias gets a zero gradient in exact arithmetic (softmax ignores a constant added to
 # every score), so AdamW's g/√v turns its rounding noise into ±lr steps that no two reduction orders share

@@ -8,11 +8,11 @@ import time
 
 import pytest
 import torch
-from _kill import steps_logged
-from test_fsdp import _dataset, _finish, _kill_tree, _torchrun, _weights
 
 from gptlab import checkpoint as ckpt
 from gptlab.checkpoint.integrity import verify_checksums
+from tests._kill import steps_logged
+from tests.train.test_fsdp import _dataset, _finish, _kill_tree, _torchrun, _weights
 
 SETTINGS = [
     "dtype=float32",

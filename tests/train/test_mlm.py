@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from _tiny import TINY_TRAIN
 
 from gptlab import checkpoint as ckpt
 from gptlab.cli import main
@@ -16,6 +15,7 @@ from gptlab.model import GPT, GPTConfig
 from gptlab.tokenizers import CharTokenizer
 from gptlab.train import build_config, train
 from gptlab.train.objectives import MASK, make_objective, mlm_mask, with_mask_token
+from tests._tiny import TINY_TRAIN
 
 TEXT = "the cat sat on the mat. the dog sat on the log. " * 40
 

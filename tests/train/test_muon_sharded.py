@@ -8,12 +8,12 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 from safetensors.torch import load_file, save_file
-from test_fsdp import _dataset, _torchrun, _weights
 
 from gptlab.hardware import native_bf16
 from gptlab.train import train
 from gptlab.train.config import DEFAULT_RECIPE, build_config
 from gptlab.train.muon import Float32Muon, muon_class, ns_dtype
+from tests.train.test_fsdp import _dataset, _torchrun, _weights
 
 # rows 7 and 5 split unevenly over 2 ranks; a 1-row matrix leaves rank 1 no rows at all
 SHAPES = [(7, 6), (5, 9), (6, 6), (1, 4), (8, 3)]

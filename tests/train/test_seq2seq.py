@@ -7,7 +7,6 @@ import json
 import numpy as np
 import pytest
 import torch
-from _tiny import TINY_TRAIN
 
 from gptlab import checkpoint as ckpt
 from gptlab.cli import main
@@ -18,6 +17,7 @@ from gptlab.generate import seq2seq as s2s
 from gptlab.model import EncoderDecoder, GPTConfig
 from gptlab.train import build_config, train
 from gptlab.train.objectives import make_objective
+from tests._tiny import TINY_TRAIN
 
 S2S_TRAIN = [
     *TINY_TRAIN,

@@ -7,7 +7,6 @@ import math
 
 import pytest
 import torch
-from _tiny import TINY_TRAIN, interrupted_copy
 
 from gptlab import checkpoint as ckpt
 from gptlab.data import prepare
@@ -18,6 +17,7 @@ from gptlab.train import runtime
 from gptlab.train.config import TrainConfig, build_config, recipe_names
 from gptlab.train.metrics import read_metrics
 from gptlab.train.schedule import learning_rate
+from tests._tiny import TINY_TRAIN, interrupted_copy
 
 TINY = [*TINY_TRAIN, "batch_size=4"]
 CPU_FP32 = ["device=cpu", "dtype=float32"]  # for tests that assert CPU float32 numerics

@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from _tiny import TINY_TRAIN
 
 from gptlab import checkpoint as ckpt
 from gptlab.data import prepare
 from gptlab.train import train
 from gptlab.train.config import build_config
+from tests._tiny import TINY_TRAIN
 
 TINY = [*TINY_TRAIN, "max_steps=3", "eval_every=3"]
 

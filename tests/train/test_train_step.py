@@ -8,15 +8,15 @@ import json
 import traceback
 
 import pytest
-import test_train
 import torch
-from _tiny import TINY_TRAIN, interrupted_copy
 
 from gptlab import checkpoint as ckpt
 from gptlab.train import loop as gtrain
 from gptlab.train import runtime
 from gptlab.train.config import build_config
 from gptlab.train.metrics import read_metrics
+from tests._tiny import TINY_TRAIN, interrupted_copy
+from tests.train import test_train
 
 dataset = test_train.dataset  # the module-scoped tiny dataset fixture
 
