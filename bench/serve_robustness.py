@@ -11,7 +11,7 @@ Run on a tiny random character model (saved to a temporary folder), with an API 
 
     python bench/serve_robustness.py [--hangups 30] [--checkpoint DIR]
 
-prints one JSON line; the tests (tests/test_serve_isolation.py, tests/test_serve_fairness.py)
+prints one JSON line; the tests (tests/serve/test_serve_isolation.py, tests/serve/test_serve_fairness.py)
 run the same scenarios with fewer repetitions.
 """
 

@@ -1,4 +1,4 @@
-"""Shared by the ``to_hf`` tests (``tests/test_export_hf*.py``): tiny models and the comparisons."""
+"""Shared by the ``to_hf`` tests (``tests/interop/test_export_hf*.py``): tiny models and the comparisons."""
 
 from __future__ import annotations
 

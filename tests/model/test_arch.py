@@ -257,7 +257,7 @@ def test_hugging_face_export_writes_other_architectures_as_remote_code(tmp_path)
     for arch, name in (("encoder", "GptlabForMaskedLM"), ("encoder-decoder", "GptlabForSeq2SeqLM")):
         with pytest.raises(GptlabError, match=f"arch='{arch}'"):  # no native transformers class
             export_family(tiny(arch=arch))
-        to_hf(build_model(tiny(arch=arch)), tmp_path / arch)  # tests/test_export_hf.py loads these
+        to_hf(build_model(tiny(arch=arch)), tmp_path / arch)  # tests/interop/test_export_hf.py loads these
         assert json.loads((tmp_path / arch / "config.json").read_text())["architectures"] == [name]
 
 

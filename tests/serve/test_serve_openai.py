@@ -63,7 +63,7 @@ def test_completion_logprobs_shape_and_values_equal_the_playground(client, tok):
     )
     assert_error(client.post("/v1/completions", json={**body, "logprobs": 6}), 400, "logprobs")
     echoed = client.post("/v1/completions", json={**body, "logprobs": 2, "echo": True}).json()["choices"][0]
-    assert echoed["logprobs"]["token_logprobs"][0] is None  # echo + logprobs: tests/test_serve_echo.py
+    assert echoed["logprobs"]["token_logprobs"][0] is None  # echo + logprobs: tests/serve/test_serve_echo.py
 
 
 def test_streamed_completion_logprobs_equal_the_whole_ones(client):
