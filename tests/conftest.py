@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 
 from tests import ROOT
+from tests._tiny import ALPHABET
+from tests._tiny import tiny_model as _tiny_model
 
 # Tests use tiny models: one thread each is fastest, and it keeps parallel workers
 # (pytest -n 2) and the subprocesses tests start from oversubscribing the cores.
@@ -57,3 +59,18 @@ def shakespeare_path() -> Path:
 def gpt2_files() -> tuple[Path, Path]:
     """``(vocab.bpe, encoder.json)`` of GPT-2."""
     return require_shared("gpt2", "vocab.bpe"), require_shared("gpt2", "encoder.json")
+
+
+@pytest.fixture(scope="session")
+def tiny_model():
+    """The factory ``tiny_model(seed=0, jitter=0.0, **overrides)`` → a seeded float32 GPT in eval mode
+    (``tests/_tiny.py``); session-scoped, so module-scoped fixtures can take it too."""
+    return _tiny_model
+
+
+@pytest.fixture(scope="session")
+def char_tok():
+    """A character tokenizer over ``ALPHABET`` (letters, space, newline, ``:.,!?``), no special tokens."""
+    from gptlab.tokenizers import CharTokenizer
+
+    return CharTokenizer.from_text(ALPHABET)

@@ -10,15 +10,15 @@ import pytest
 import torch
 
 import gptlab
-from gptlab import GPT, GPTConfig, GptlabError
+from gptlab import GPT, GptlabError
 from gptlab.checkpoint import list_checkpoints, resolve_checkpoint
 from gptlab.checkpoint.integrity import write_checksums
 from gptlab.tokenizers import CharTokenizer
+from tests._tiny import tiny_model
 
 
 def tiny(**kw) -> GPT:
-    torch.manual_seed(0)
-    return GPT(GPTConfig(vocab_size=30, block_size=16, n_layer=2, n_head=2, n_embd=16, **kw)).eval()
+    return tiny_model(vocab_size=30, block_size=16, n_head=2, n_embd=16, **kw)
 
 
 @pytest.mark.parametrize(

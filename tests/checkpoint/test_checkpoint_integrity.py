@@ -156,10 +156,8 @@ def test_a_full_disk_while_saving_is_one_line_and_the_run_goes_on_afterwards(cap
         assert torch.equal(final[k], reference[k]), k
 
 
-def test_saving_a_model_into_a_full_disk_is_one_gptlab_error(tmp_path, monkeypatch):
-    from gptlab import GPT, GPTConfig
-
-    model = GPT(GPTConfig(vocab_size=30, block_size=8, n_layer=1, n_head=2, n_embd=16))
+def test_saving_a_model_into_a_full_disk_is_one_gptlab_error(tmp_path, monkeypatch, tiny_model):
+    model = tiny_model(vocab_size=30, block_size=8, n_layer=1, n_head=2, n_embd=16)
     import gptlab.checkpoint.files as files
 
     def full(*args, **kwargs):

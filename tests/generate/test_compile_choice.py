@@ -17,6 +17,7 @@ from gptlab.generate.plan import (
     plan_decoding,
 )
 from gptlab.model.quantized import STREAM_MIN_BYTES
+from tests._tiny import tiny_model
 
 BIG = 538 * 2**20  # SmolLM2-135M in float32
 
@@ -54,7 +55,7 @@ def test_bf16_weights_on_an_emulating_cpu_compute_in_float32_so_their_step_compi
     import gptlab
     from gptlab.cli.options import prepare_decode
 
-    model = gptlab.GPT(gptlab.GPTConfig(vocab_size=64, block_size=16, n_layer=1, n_head=2, n_embd=32))
+    model = tiny_model(vocab_size=64, block_size=16, n_layer=1, n_head=2)
     with mock.patch("gptlab.hardware.native_bf16", return_value=False):
         gptlab.quantize(model, "bf16")
         assert model.wte.weight.dtype == torch.float32  # activations in float32 ...
@@ -73,7 +74,7 @@ def test_a_bad_choice_is_one_error():
 def test_matrix_bytes_counts_tied_weights_once_and_follows_the_stored_format():
     import gptlab
 
-    model = gptlab.GPT(gptlab.GPTConfig(vocab_size=64, block_size=16, n_layer=1, n_head=2, n_embd=32))
+    model = tiny_model(vocab_size=64, block_size=16, n_layer=1, n_head=2)
     assert model.config.tie_embeddings
     fp32 = matrix_bytes(model)
     expected = sum(p.numel() * 4 for p in {id(p): p for p in model.parameters() if p.dim() == 2}.values())

@@ -28,6 +28,7 @@ from gptlab.generate import (
 )
 from gptlab.model import GPT, GPTConfig
 from gptlab.tokenizers import CharTokenizer
+from tests._tiny import tiny_model
 from tests.core.test_hardware import AVX2, AVX512_BF16
 
 GENERATE = Path(gptlab.__file__).parent / "generate"
@@ -113,8 +114,7 @@ def test_a_bad_compile_setting_is_one_error():
 
 
 def _tiny(**options) -> GPT:
-    torch.manual_seed(0)
-    return GPT(GPTConfig(vocab_size=61, block_size=32, n_layer=1, n_head=2, n_embd=32, pos="rope", **options))
+    return tiny_model(n_layer=1, n_head=2, pos="rope", **options)
 
 
 def test_a_model_decoded_twice_compiles_once():
@@ -152,8 +152,7 @@ def test_a_new_preparation_replaces_the_engine_and_a_copy_starts_without_one():
 @pytest.fixture(scope="module")
 def ckpt(tmp_path_factory):
     tok = CharTokenizer.from_text("abcdefgh ij\n", special_tokens=["<|endoftext|>"])
-    torch.manual_seed(0)
-    model = GPT(GPTConfig(vocab_size=tok.vocab_size, block_size=32, n_layer=1, n_head=2, n_embd=16))
+    model = tiny_model(vocab_size=tok.vocab_size, n_layer=1, n_head=2, n_embd=16)
     return gptlab.save(model, tok, tmp_path_factory.mktemp("ckpt") / "c")
 
 

@@ -9,7 +9,8 @@ import torch
 
 from gptlab.errors import GptlabError
 from gptlab.generate import BatchSession, ContextWarning, generate_ids
-from gptlab.model import GPT, GPTConfig, KVCache
+from gptlab.model import GPT, KVCache
+from tests._tiny import tiny_model
 
 OPTIONS = [
     dict(pos="learned"),
@@ -26,11 +27,7 @@ TOL = dict(atol=1e-5, rtol=1e-5)
 
 
 def tiny(block_size: int = 24, **options) -> GPT:
-    torch.manual_seed(0)
-    config = GPTConfig(
-        vocab_size=61, block_size=block_size, n_layer=2, n_head=4, n_embd=32, init_std=0.3, **options
-    )
-    return GPT(config).eval()
+    return tiny_model(block_size=block_size, init_std=0.3, **options)
 
 
 def uncached(model: GPT, ids: list[int]) -> torch.Tensor:

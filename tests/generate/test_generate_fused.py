@@ -9,7 +9,8 @@ import gptlab
 from gptlab.compiling import can_compile
 from gptlab.generate import BatchSession, engine_of, generate_ids, prepare_decoding
 from gptlab.generate.fused_step import one_token_step
-from gptlab.model import GPT, GPTConfig
+from gptlab.model import GPT
+from tests._tiny import tiny_model
 
 needs_compiler = pytest.mark.skipif(not can_compile("cpu"), reason="no C++ compiler for torch.compile")
 
@@ -23,9 +24,7 @@ VARIANTS = {
 
 
 def _model(fmt: str, **options) -> GPT:
-    torch.manual_seed(0)
-    config = GPTConfig(vocab_size=97, block_size=24, n_layer=2, n_head=4, n_embd=64, **options)
-    model = gptlab.quantize(GPT(config), fmt)
+    model = gptlab.quantize(tiny_model(vocab_size=97, block_size=24, n_embd=64, **options), fmt)
     prepare_decoding(model, compile="on")
     return model
 

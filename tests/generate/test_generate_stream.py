@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import pytest
-import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gptlab.generate import SampleConfig, TextStream, generate_batch, generate_text, stream, stream_events
-from gptlab.model import GPT, GPTConfig
 from gptlab.tokenizers import BPETokenizer, CharTokenizer
+from tests._tiny import tiny_model
 
 
 class BytesTokenizer:
@@ -76,30 +75,14 @@ CORPUS = "the quick brown fox jumps over the lazy dog. ça coûte 5€ — naïv
 @pytest.fixture(scope="module")
 def char_model():
     tok = CharTokenizer.from_text(CORPUS, special_tokens=["<|endoftext|>"])
-    torch.manual_seed(0)
-    model = GPT(
-        GPTConfig(
-            vocab_size=tok.vocab_size, block_size=32, n_layer=2, n_head=2, n_embd=32, pos="rope", init_std=0.2
-        )
-    ).eval()
+    model = tiny_model(vocab_size=tok.vocab_size, n_head=2, pos="rope", init_std=0.2)
     return model, tok
 
 
 @pytest.fixture(scope="module")
 def bpe_model():
     tok = BPETokenizer.train(CORPUS, vocab_size=300, special_tokens=["<|endoftext|>"])
-    torch.manual_seed(1)
-    model = GPT(
-        GPTConfig(
-            vocab_size=tok.vocab_size,
-            block_size=32,
-            n_layer=2,
-            n_head=2,
-            n_embd=32,
-            pos="learned",
-            init_std=0.3,
-        )
-    ).eval()
+    model = tiny_model(seed=1, vocab_size=tok.vocab_size, n_head=2, pos="learned", init_std=0.3)
     return model, tok
 
 

@@ -22,8 +22,9 @@ from gptlab.generate import (
     stream_events,
 )
 from gptlab.generate.step import prompt_budget
-from gptlab.model import GPT, GPTConfig
+from gptlab.model import GPT
 from gptlab.tokenizers import CharTokenizer
+from tests._tiny import tiny_model
 
 TEXT = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ ,.:\n"
 POSITIONS = ["learned", "sinusoidal", "rope", "alibi", "none"]
@@ -35,11 +36,9 @@ def tok() -> CharTokenizer:
 
 
 def tiny(tok: CharTokenizer, pos: str, block_size: int = 16) -> GPT:
-    torch.manual_seed(0)
-    config = GPTConfig(
+    return tiny_model(
         vocab_size=tok.vocab_size, block_size=block_size, n_layer=1, n_head=2, n_embd=16, pos=pos
     )
-    return GPT(config).eval()
 
 
 def test_prompt_budget_leaves_room_for_new_tokens_up_to_half_the_context():
@@ -127,11 +126,10 @@ def test_token_step_reports_log_probabilities_of_the_drawn_distribution(tok):
 @pytest.fixture(scope="module")
 def default_ckpt(tmp_path_factory, tok):
     """The shape of the old default preset: learned positions, context 64."""
-    torch.manual_seed(0)
-    config = GPTConfig(
+    model = tiny_model(
         vocab_size=tok.vocab_size, block_size=64, n_layer=1, n_head=2, n_embd=16, pos="learned"
     )
-    return gptlab.save(GPT(config), tok, tmp_path_factory.mktemp("window") / "c")
+    return gptlab.save(model, tok, tmp_path_factory.mktemp("window") / "c")
 
 
 def test_cli_sample_writes_500_tokens_past_a_context_of_64(default_ckpt, capsys):

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 import gptlab
-from gptlab import GPT, GPTConfig
+from gptlab import GPT
 from gptlab.errors import GptlabError
 from gptlab.generate.scoring import loglikelihoods, prompt_logprobs, rolling_loglikelihood, rolling_windows
 
@@ -16,10 +16,8 @@ VOCAB, BLOCK = 50, 32
 
 
 @pytest.fixture(scope="module", params=["rope", "learned"])
-def model(request) -> GPT:
-    torch.manual_seed(0)
-    config = GPTConfig(vocab_size=VOCAB, block_size=BLOCK, n_layer=2, n_head=4, n_embd=32, pos=request.param)
-    return GPT(config).float().eval()
+def model(request, tiny_model) -> GPT:
+    return tiny_model(vocab_size=VOCAB, block_size=BLOCK, pos=request.param)
 
 
 def reference(model: GPT, context: list[int], continuation: list[int]) -> tuple[float, bool]:

@@ -15,7 +15,8 @@ from gptlab.errors import GptlabError
 from gptlab.generate import ContextWarning, SampleConfig, generate_ids
 from gptlab.generate.engine import engine_of, prepare_decoding
 from gptlab.generate.static import StaticSession, buckets_for
-from gptlab.model import GPT, GPTConfig
+from gptlab.model import GPT
+from tests._tiny import tiny_model
 
 OPTIONS = [
     dict(pos="learned"),
@@ -42,11 +43,7 @@ def use_static(model, config, cache_dtype=None, want_probs=False, batch=1):
 
 
 def tiny(block_size: int = 48, n_layer: int = 2, **options) -> GPT:
-    torch.manual_seed(0)
-    config = GPTConfig(
-        vocab_size=61, block_size=block_size, n_layer=n_layer, n_head=4, n_embd=32, init_std=0.3, **options
-    )
-    return GPT(config).eval()
+    return tiny_model(block_size=block_size, n_layer=n_layer, init_std=0.3, **options)
 
 
 def alone(model: GPT, prompt: list[int], n: int, **sampling) -> list[int]:

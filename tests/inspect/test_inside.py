@@ -20,15 +20,14 @@ from gptlab.serve import create_app
 from gptlab.serve.schemas import MAX_INSIDE_TOKENS
 from gptlab.tokenizers import CharTokenizer
 from tests import ROOT
+from tests._tiny import tiny_model
 
 ALPHABET = "abcdefghijklmnopqrstuvwxyz ABCDEFGHIJKLMNOPQRSTUVWXYZ:\n.,!?"
 TEXT = "The cat sat on the mat."
 
 
 def char_model(tok: CharTokenizer, **kw) -> GPT:
-    torch.manual_seed(0)
-    config = dict(vocab_size=tok.vocab_size, block_size=64, n_layer=4, n_head=4, n_embd=32, init_std=0.2)
-    return build_model(GPTConfig(**{**config, **kw})).eval().float()
+    return tiny_model(**{"vocab_size": tok.vocab_size, "block_size": 64, "n_layer": 4, "init_std": 0.2, **kw})
 
 
 @pytest.fixture(scope="module")

@@ -24,10 +24,8 @@ def tok() -> CharTokenizer:
 
 
 @pytest.fixture(scope="module")
-def model(tok) -> GPT:
-    torch.manual_seed(0)
-    config = GPTConfig(vocab_size=tok.vocab_size, block_size=32, n_layer=2, n_head=3, n_embd=24, init_std=0.3)
-    return GPT(config).eval()
+def model(tok, tiny_model) -> GPT:
+    return tiny_model(vocab_size=tok.vocab_size, n_head=3, n_embd=24, init_std=0.3)
 
 
 @pytest.fixture(scope="module")

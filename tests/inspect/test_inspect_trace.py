@@ -8,9 +8,10 @@ import math
 import pytest
 import torch
 
-from gptlab import GPT, GPTConfig, GptlabError
+from gptlab import GPT, GptlabError
 from gptlab.inspect import attention_maps, trace
 from gptlab.tokenizers import CharTokenizer
+from tests._tiny import tiny_model
 
 CORPUS = "The cat sat on the mat.\nA dog ran in the fog!\t$5 "
 TEXT = "The cat sat on\n"
@@ -30,11 +31,7 @@ def tok() -> CharTokenizer:
 
 
 def _model(tok: CharTokenizer, **options) -> GPT:
-    torch.manual_seed(0)
-    config = GPTConfig(
-        vocab_size=tok.vocab_size, block_size=32, n_layer=2, n_head=4, n_embd=32, init_std=0.2, **options
-    )
-    return GPT(config).eval()
+    return tiny_model(vocab_size=tok.vocab_size, init_std=0.2, **options)
 
 
 @pytest.mark.parametrize("options", OPTIONS, ids=lambda o: o["pos"])

@@ -22,18 +22,13 @@ from gptlab.interop.gguf_export import storage, to_gguf  # noqa: E402
 from gptlab.interop.gguf_vocab import vocab_of  # noqa: E402
 from gptlab.tokenizers import BPETokenizer, CharTokenizer, PretrainedTokenizer  # noqa: E402
 from gptlab.tokenizers.byte_unicode import bytes_to_token  # noqa: E402
+from tests._tiny import tiny_model  # noqa: E402
 
 TEXT = "hello world, the quick brown fox jumps over the lazy dog.\nHELLO again! 123 456"
 
 
 def _model(vocab_size: int, **options) -> GPT:
-    torch.manual_seed(0)
-    config = GPTConfig(vocab_size=vocab_size, block_size=32, n_layer=2, n_head=4, n_embd=64, dropout=0.0)
-    model = GPT(config.replace(**options)).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn_like(p) * 0.05)
-    return model
+    return tiny_model(jitter=0.05, **{"vocab_size": vocab_size, "n_embd": 64, **options})
 
 
 @pytest.mark.parametrize(

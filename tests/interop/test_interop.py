@@ -246,7 +246,9 @@ def test_options_without_a_transformers_class_are_exported_as_remote_code(option
     assert "GPT2LMHeadModel" in msg and "LlamaForCausalLM" in msg and "Qwen3ForCausalLM" in msg
     name = next(iter(option))
     assert f"{name}=" in msg
-    gptlab.to_hf(model, tmp_path / "out")  # the model's own code instead (tests/interop/test_export_hf.py loads it)
+    gptlab.to_hf(
+        model, tmp_path / "out"
+    )  # the model's own code instead (tests/interop/test_export_hf.py loads it)
     config = json.loads((tmp_path / "out" / "config.json").read_text())
     assert config["model_type"] == "gptlab" and config["auto_map"]["AutoModelForCausalLM"]
 

@@ -256,10 +256,9 @@ def test_gpu_kernel_matches_bf16_and_compiles(wgrad):
 
 
 def test_gptlab_train_with_fp8_on_the_cpu_is_one_error_line(capsys, tmp_path):
-    from tests._tiny import TINY_TRAIN
-
     from gptlab.cli import main
     from gptlab.data import prepare
+    from tests._tiny import TINY_TRAIN
 
     (tmp_path / "c.txt").write_text("to be or not to be, that is the question.\n" * 40)
     prepare([tmp_path / "c.txt"], tmp_path / "ds", block_size=16)

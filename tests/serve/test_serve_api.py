@@ -10,20 +10,21 @@ import pytest
 import torch
 from fastapi.testclient import TestClient
 
-from gptlab import GPT, GPTConfig
+from gptlab import GPT
 from gptlab.generate import SampleConfig, TokenEvent
 from gptlab.serve import CHAT_STOP, chat_prompt, create_app
 from gptlab.serve.scheduler import Channel, EndEvent, Job, Scheduler
 from gptlab.serve.schemas import ChatMessage
 from gptlab.tokenizers import CharTokenizer
+from tests import _tiny
 
 ALPHABET = "abcdefghijklmnopqrstuvwxyz ABCDEFGHIJKLMNOPQRSTUVWXYZ:\n.,!?"
 CAP = 48
 
 
 def tiny_model(vocab_size: int, block_size: int = 64, seed: int = 0) -> GPT:
-    torch.manual_seed(seed)
-    return GPT(GPTConfig(vocab_size=vocab_size, block_size=block_size, n_layer=2, n_head=2, n_embd=32)).eval()
+    """The served model: the shared tiny model (tests/_tiny.py) with two heads."""
+    return _tiny.tiny_model(seed=seed, vocab_size=vocab_size, block_size=block_size, n_head=2)
 
 
 @pytest.fixture(scope="module")

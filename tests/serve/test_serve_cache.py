@@ -7,18 +7,15 @@ import torch
 from fastapi.testclient import TestClient
 
 from gptlab.generate import BatchSession
-from gptlab.model import GPT, GPTConfig
+from gptlab.model import GPT
 from gptlab.serve import create_app
 from gptlab.serve.scheduler import KV_START_TOKENS
 from gptlab.tokenizers.char import CharTokenizer
+from tests._tiny import tiny_model
 
 
 def tiny(block_size: int = 64, pos: str = "rope") -> GPT:
-    torch.manual_seed(0)
-    config = GPTConfig(
-        vocab_size=40, block_size=block_size, n_layer=2, n_head=4, n_kv_head=2, n_embd=32, pos=pos
-    )
-    return GPT(config).eval()
+    return tiny_model(vocab_size=40, block_size=block_size, n_kv_head=2, pos=pos)
 
 
 def uncached(model: GPT, ids: list[int]) -> torch.Tensor:

@@ -9,9 +9,8 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-import torch
 
-from gptlab import GPT, GPTConfig
+from gptlab import GPT
 from gptlab.errors import GptlabError
 from gptlab.generate import SampleConfig
 from gptlab.serve.admission import FairQueue, per_request_cap
@@ -28,10 +27,8 @@ def tok() -> CharTokenizer:
 
 
 @pytest.fixture(scope="module")
-def model(tok) -> GPT:
-    torch.manual_seed(0)
-    config = GPTConfig(vocab_size=tok.vocab_size, block_size=64, n_layer=1, n_head=2, n_embd=16, pos="rope")
-    return GPT(config).eval()
+def model(tok, tiny_model) -> GPT:
+    return tiny_model(vocab_size=tok.vocab_size, block_size=64, n_layer=1, n_head=2, n_embd=16, pos="rope")
 
 
 class _Loop:

@@ -25,6 +25,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from bench import serve_robustness as robustness
+from tests._tiny import tiny_model
 
 KEY = "bench-key"  # the key bench/serve_robustness.py serves with
 
@@ -67,15 +68,12 @@ def fuzz(url: str, workdir: Path, *args: str) -> tuple[int, str]:
 
 @pytest.fixture(scope="module")
 def app():
-    import torch
 
-    from gptlab import GPT, GPTConfig
     from gptlab.serve import create_app
     from gptlab.tokenizers import CharTokenizer
 
     tok = CharTokenizer.from_text(robustness.TEXT)
-    torch.manual_seed(0)
-    model = GPT(GPTConfig(vocab_size=tok.vocab_size, block_size=32, n_layer=1, n_head=2, n_embd=16)).eval()
+    model = tiny_model(vocab_size=tok.vocab_size, n_layer=1, n_head=2, n_embd=16)
     app = create_app(model, tok, model_name="tiny", max_batch=4, max_tokens_cap=8, api_key=KEY)
     with TestClient(app):  # runs the lifespan: the scheduler stops at the end of the module
         yield app

@@ -17,7 +17,7 @@ import torch
 from fastapi.testclient import TestClient
 
 from bench import serve_robustness as robustness
-from gptlab import GPT, GPTConfig
+from gptlab import GPT
 from gptlab.generate import SampleConfig
 from gptlab.generate.beam import beam_search
 from gptlab.generate.sampling import Sampler
@@ -35,9 +35,8 @@ def tok() -> CharTokenizer:
 
 
 @pytest.fixture(scope="module")
-def model(tok) -> GPT:
-    torch.manual_seed(0)
-    return GPT(GPTConfig(vocab_size=tok.vocab_size, block_size=32, n_layer=1, n_head=2, n_embd=16)).eval()
+def model(tok, tiny_model) -> GPT:
+    return tiny_model(vocab_size=tok.vocab_size, n_layer=1, n_head=2, n_embd=16)
 
 
 @pytest.fixture(scope="module")

@@ -13,12 +13,11 @@ from pathlib import Path
 
 import httpx
 import pytest
-import torch
 
 import gptlab
 from bench import serve_load
-from gptlab import GPT, GPTConfig
 from gptlab.tokenizers import CharTokenizer
+from tests._tiny import tiny_model
 
 CAP = 20_000
 TEXT = "abcdefghijklmnopqrstuvwxyz ABCDEFGHIJKLMNOPQRSTUVWXYZ:\n.,;!?'"
@@ -37,11 +36,8 @@ CHROMIUM_ARGS = [
 def checkpoint(tmp_path_factory) -> Path:
     """A tiny random GPT with a character tokenizer, saved with ``gptlab.save``."""
     tok = CharTokenizer.from_text(TEXT)
-    torch.manual_seed(0)
     # RoPE: generation can run past the context (the window slides), so a long request stays busy
-    model = GPT(
-        GPTConfig(vocab_size=tok.vocab_size, block_size=128, n_layer=2, n_head=4, n_embd=64, pos="rope")
-    )
+    model = tiny_model(vocab_size=tok.vocab_size, block_size=128, n_embd=64, pos="rope")
     return gptlab.save(model, tok, tmp_path_factory.mktemp("serve") / "tiny")
 
 
@@ -191,8 +187,7 @@ def test_playground_in_headless_chromium(server, tmp_path):
 def default_checkpoint(tmp_path_factory) -> Path:
     """The shape of the old default preset: learned positions and a context of 64 tokens."""
     tok = CharTokenizer.from_text(TEXT)
-    torch.manual_seed(0)
-    model = GPT(GPTConfig(vocab_size=tok.vocab_size, block_size=64, n_layer=2, n_head=2, n_embd=32))
+    model = tiny_model(vocab_size=tok.vocab_size, block_size=64, n_head=2)
     return gptlab.save(model, tok, tmp_path_factory.mktemp("serve") / "default")
 
 

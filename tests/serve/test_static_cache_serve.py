@@ -12,19 +12,18 @@ import pytest
 import torch
 from fastapi.testclient import TestClient
 
-from gptlab import GPT, GPTConfig
+from gptlab import GPT
 from gptlab.generate.lanes import Lanes
 from gptlab.serve import create_app
 from gptlab.tokenizers import CharTokenizer
+from tests._tiny import tiny_model
 from tests.generate.test_static_cache import eager_static
 
 ALPHABET = "abcdefghijklmnopqrstuvwxyz ABCDEFGHIJKLMNOPQRSTUVWXYZ:\n.,!?"
 
 
 def tiny(vocab: int, seed: int = 0) -> GPT:
-    torch.manual_seed(seed)
-    config = GPTConfig(vocab_size=vocab, block_size=32, n_layer=2, n_head=2, n_embd=32, pos="rope")
-    return GPT(config).eval()
+    return tiny_model(seed=seed, vocab_size=vocab, n_head=2, pos="rope")
 
 
 @pytest.fixture(scope="module")

@@ -5,14 +5,13 @@ from __future__ import annotations
 import io
 
 import pytest
-import torch
 
 import gptlab
-from gptlab import GPT, GPTConfig
 from gptlab.cli import main
 from gptlab.errors import GptlabError
 from gptlab.tokenizers import CharTokenizer
 from gptlab.tokenizers.chat import ChatTemplate, encode_chat, stop_ids, template_for
+from tests._tiny import tiny_model
 
 MSGS = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi there"}]
 # SmolLM2-Instruct's template, as its GGUF file carries it
@@ -93,10 +92,7 @@ def test_template_for_picks_the_tokenizers_own_then_a_fallback():
 def tiny_chat(tmp_path_factory):
     text = "abcdefghijklmnopqrstuvwxyz ABCDEFGHIJKLMNOPQRSTUVWXYZ:\n.,?!'"
     tok = CharTokenizer.from_text(text, special_tokens=["<|im_start|>", "<|im_end|>"])
-    torch.manual_seed(0)
-    model = GPT(
-        GPTConfig(vocab_size=tok.vocab_size, block_size=256, n_layer=1, n_head=2, n_embd=32, pos="rope")
-    )
+    model = tiny_model(vocab_size=tok.vocab_size, block_size=256, n_layer=1, n_head=2, pos="rope")
     return gptlab.save(model, tok, tmp_path_factory.mktemp("chat") / "ckpt")
 
 

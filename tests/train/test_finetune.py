@@ -25,7 +25,7 @@ from gptlab.train import loop as gtrain
 from gptlab.train.config import build_config
 from gptlab.train.lora import trainable_fraction
 from gptlab.train.metrics import read_metrics
-from tests._tiny import TINY_TRAIN, interrupted_copy
+from tests._tiny import TINY_TRAIN, interrupted_copy, tiny_model
 
 TEXT = "\n".join(
     f"the {w} sat on the mat {i % 7} times, said the {w}." for i, w in enumerate(["cat", "dog"] * 300)
@@ -40,20 +40,16 @@ SETTINGS = [t for t in TINY_TRAIN if not t.startswith("model.")] + [
 
 
 def _model(pos: str = "rope", seed: int = 0, vocab: int = 40) -> GPT:
-    torch.manual_seed(seed)
-    cfg = GPTConfig(
+    return tiny_model(
+        seed=seed,
         vocab_size=vocab,
-        block_size=32,
-        n_layer=2,
         n_head=2,
-        n_embd=32,
         pos=pos,
         norm="rmsnorm",
         mlp="swiglu",
         bias=False,
         tie_embeddings=False,
     )
-    return GPT(cfg).eval()
 
 
 @pytest.fixture(scope="module")

@@ -14,10 +14,10 @@ from gptlab.data.pairs import PairDataset, prepare_pairs, toy_pairs
 from gptlab.errors import GptlabError
 from gptlab.generate import BatchSession, SampleConfig, generate_batch, generate_text, stream_events
 from gptlab.generate import seq2seq as s2s
-from gptlab.model import EncoderDecoder, GPTConfig
+from gptlab.model import EncoderDecoder
 from gptlab.train import build_config, train
 from gptlab.train.objectives import make_objective
-from tests._tiny import TINY_TRAIN
+from tests._tiny import TINY_TRAIN, tiny_model
 
 S2S_TRAIN = [
     *TINY_TRAIN,
@@ -101,12 +101,9 @@ def test_seq2seq_objective_loss_is_on_target_tokens(data) -> None:
 
 
 def _model(**kw) -> EncoderDecoder:
-    torch.manual_seed(0)
-    base = dict(
-        vocab_size=23, block_size=24, n_layer=2, n_head=4, n_embd=32, init_std=0.3, arch="encoder-decoder"
+    return tiny_model(
+        **{"vocab_size": 23, "block_size": 24, "init_std": 0.3, "arch": "encoder-decoder", **kw}
     )
-    base.update(kw)
-    return EncoderDecoder(GPTConfig(**base)).eval()
 
 
 @pytest.mark.parametrize(
