@@ -3,21 +3,16 @@
 from __future__ import annotations
 
 import pytest
-import torch
 
 import gptlab
 from gptlab.cli import main
-from gptlab.model import GPT, GPTConfig
 from gptlab.tokenizers import CharTokenizer
 
 
 @pytest.fixture(scope="module")
-def ckpt(tmp_path_factory):
+def ckpt(tmp_path_factory, tiny_model):
     tok = CharTokenizer.from_text("abcdefgh ij\n", special_tokens=["<|endoftext|>"])
-    torch.manual_seed(0)
-    model = GPT(
-        GPTConfig(vocab_size=tok.vocab_size, block_size=32, n_layer=1, n_head=2, n_embd=16, pos="rope")
-    )
+    model = tiny_model(vocab_size=tok.vocab_size, n_layer=1, n_head=2, n_embd=16, pos="rope")
     return gptlab.save(model, tok, tmp_path_factory.mktemp("ckpt") / "c")
 
 

@@ -8,6 +8,7 @@ import torch
 from gptlab import hardware
 from gptlab.errors import GptlabError
 from gptlab.hardware import Machine, plan, resolve_device
+from tests._tiny import tiny_model
 
 AVX2 = Machine(cpu_capability="AVX2", cpu_flags=frozenset({"avx", "avx2", "fma", "f16c"}))
 AVX512_BF16 = Machine(
@@ -184,13 +185,10 @@ def test_bf16_weights_are_prepacked_only_where_bf16_is_native(monkeypatch):
 @pytest.mark.parametrize(("machine", "act"), [(AVX2, torch.float32), (AVX512_BF16, torch.bfloat16)])
 def test_int8_activations_follow_the_machine(machine, act, monkeypatch):
     import gptlab
-    from gptlab.model import GPT, GPTConfig
     from gptlab.model import quantized as qz
 
     monkeypatch.setattr(hardware, "detect", lambda: machine)
-    model = gptlab.quantize(
-        GPT(GPTConfig(vocab_size=40, block_size=8, n_layer=1, n_head=2, n_embd=32)), "int8"
-    )
+    model = gptlab.quantize(tiny_model(vocab_size=40, block_size=8, n_layer=1, n_head=2), "int8")
     assert {p.dtype for p in model.parameters()} == {act}
     assert all(m.scales.dtype == act for m in model.modules() if isinstance(m, qz.Int8Linear))
     with torch.inference_mode():

@@ -18,14 +18,13 @@ from gptlab.data import ChatOptions, TokenDataset, WindowSampler, eval_batches, 
 from gptlab.data.chat import _chatml, segments
 from gptlab.data.sampler import document_inputs
 from gptlab.errors import GptlabError
-from gptlab.model import GPT, GPTConfig
 from gptlab.sources import model_tokenizer
 from gptlab.tokenizers import CharTokenizer
 from gptlab.train import train
 from gptlab.train.config import build_config
 from gptlab.train.metrics import read_metrics
 from tests._kill import kill_and_resume
-from tests._tiny import TINY_TRAIN
+from tests._tiny import TINY_TRAIN, tiny_model
 
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 ALPHABET = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789 .,:;?!'-\n"
@@ -54,9 +53,8 @@ def base(tmp_path_factory):
     """A small 'pretrained' checkpoint whose char tokenizer has ChatML's special tokens."""
     root = tmp_path_factory.mktemp("chat")
     tok = CharTokenizer.from_text(ALPHABET, special_tokens=SPECIALS)
-    torch.manual_seed(0)
-    cfg = GPTConfig(vocab_size=tok.vocab_size, block_size=256, n_layer=1, n_head=2, n_embd=32, pos="rope")
-    ckpt.save(GPT(cfg), tok, root / "base")
+    model = tiny_model(vocab_size=tok.vocab_size, block_size=256, n_layer=1, n_head=2, pos="rope")
+    ckpt.save(model, tok, root / "base")
     _write_jsonl(root / "chat.jsonl", [_conversation(i) for i in range(60)])
     return root
 
@@ -122,11 +120,7 @@ def test_packed_examples_do_not_see_each_other(base, tmp_path):
     row, rpos = torch.tensor(tokens[:256].astype(np.int64)), torch.tensor(pos[:256].astype(np.int64))
     starts = (rpos == 0).nonzero().flatten().tolist()
     assert len(starts) >= 2 and meta["examples"] == 60  # several examples share a row
-    torch.manual_seed(0)
-    model = GPT(
-        GPTConfig(vocab_size=data.vocab_size, block_size=256, n_layer=2, n_head=2, n_embd=32, pos="rope")
-    )
-    model.eval()
+    model = tiny_model(vocab_size=data.vocab_size, block_size=256, n_head=2, pos="rope")
     s, e = starts[1], starts[2] if len(starts) > 2 else 256
     with torch.no_grad():
         packed = model.run(row[None, :-1], **document_inputs(rpos[None, :-1])).logits[0, s : min(e, 255)]

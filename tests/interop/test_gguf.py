@@ -20,6 +20,7 @@ from gptlab.interop import gpt2, llama  # noqa: E402
 from gptlab.interop.common import export_state  # noqa: E402
 from gptlab.interop.gguf import from_gguf, tokenizer_from_gguf  # noqa: E402
 from gptlab.tokenizers.byte_unicode import bytes_to_token  # noqa: E402
+from tests._tiny import tiny_model  # noqa: E402
 
 LLAMA_TO_GGUF = {
     "model.embed_tokens.weight": "token_embd.weight",
@@ -214,10 +215,7 @@ def write_gpt2(path, model: GPT) -> None:
 
 
 def test_gpt2_file_gives_the_same_model(tmp_path):
-    torch.manual_seed(1)
-    model = GPT(
-        GPTConfig(vocab_size=270, block_size=32, n_layer=2, n_head=2, n_embd=32, mlp="gelu_tanh")
-    ).eval()
+    model = tiny_model(seed=1, vocab_size=270, n_head=2, mlp="gelu_tanh")
     write_gpt2(tmp_path / "g.gguf", model)
     loaded = from_gguf(tmp_path / "g.gguf")
     assert loaded.config.pos == "learned" and loaded.config.bias

@@ -20,6 +20,7 @@ import gptlab
 from gptlab import GPT, GPTConfig, GptlabError
 from gptlab.cli import main
 from gptlab.interop import export_family
+from tests._tiny import tiny_model
 
 VOCAB = 101
 TOL = 1e-4
@@ -239,7 +240,7 @@ def test_native_model_round_trips_through_transformers(preset, overrides, idx, t
     ],
 )
 def test_options_without_a_transformers_class_are_exported_as_remote_code(option, tmp_path):
-    model = GPT(GPTConfig(vocab_size=VOCAB, block_size=16, n_layer=1, n_head=4, n_embd=32, **option))
+    model = tiny_model(vocab_size=VOCAB, block_size=16, n_layer=1, **option)
     with pytest.raises(GptlabError) as err:  # no native class: the reason names every family's needs
         export_family(model.config)
     msg = str(err.value)
@@ -387,7 +388,7 @@ def test_cli_bad_input_is_one_error_line(argv, saved, tmp_path, capsys):
 
 
 def test_cli_exports_a_model_without_a_transformers_class_as_remote_code(tmp_path, capsys):
-    model = GPT(GPTConfig(vocab_size=VOCAB, block_size=16, n_layer=1, n_head=4, n_embd=32, pos="alibi"))
+    model = tiny_model(vocab_size=VOCAB, block_size=16, n_layer=1, pos="alibi")
     gptlab.save(model, None, tmp_path / "ckpt")
     assert main(["convert", "--to-hf", str(tmp_path / "ckpt"), "--out", str(tmp_path / "out")]) == 0
     assert "GptlabForCausalLM remote code" in capsys.readouterr().out

@@ -4,12 +4,11 @@ with no other input; ``convert --from-hf`` reads ``tokenizer.json`` back (ids, s
 from __future__ import annotations
 
 import pytest
-import torch
 
 import gptlab
-from gptlab import GPT, GPTConfig
 from gptlab.cli import main
 from gptlab.tokenizers import BPETokenizer, CharTokenizer
+from tests._tiny import tiny_model
 
 transformers = pytest.importorskip("transformers", reason="transformers is the reference loader")
 
@@ -17,10 +16,7 @@ TEXT = "First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\nS
 
 
 def _export(tmp_path, tok, **cfg) -> tuple:
-    torch.manual_seed(0)
-    model = GPT(
-        GPTConfig(vocab_size=tok.vocab_size, block_size=64, n_layer=1, n_head=2, n_embd=32, **cfg)
-    ).eval()
+    model = tiny_model(vocab_size=tok.vocab_size, block_size=64, n_layer=1, n_head=2, **cfg)
     ckpt = gptlab.save(model, tok, tmp_path / "ckpt")
     assert main(["convert", "--to-hf", str(ckpt), "--out", str(tmp_path / "hf")]) == 0
     return model, tmp_path / "hf"

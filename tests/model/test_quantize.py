@@ -12,6 +12,7 @@ from gptlab.model import GPT, GPTConfig
 from gptlab.model.quantized import Int8Linear
 from gptlab.tokenizers import CharTokenizer
 from gptlab.train.evaluate import evaluate_tokens
+from tests._tiny import tiny_model
 
 
 def test_int8_linear_is_the_dequantised_matmul_and_channel_error_is_bounded():
@@ -60,8 +61,7 @@ def test_int8_costs_at_most_one_percent_perplexity_on_a_trained_model(shakespear
 
 
 def test_quantized_models_generate_and_shrink():
-    torch.manual_seed(0)
-    model = GPT(GPTConfig(vocab_size=50, block_size=16, n_layer=2, n_head=2, n_embd=32)).eval()
+    model = tiny_model(vocab_size=50, block_size=16, n_head=2)
     idx = torch.randint(0, 50, (2, 4))
 
     def nbytes(m: torch.nn.Module) -> int:
@@ -130,8 +130,7 @@ def test_each_weight_format_compiles_its_one_row_kernel_a_few_times_only(monkeyp
 
 
 def test_fp32_inference_keeps_tied_weights_and_checkpoint_names():
-    torch.manual_seed(0)
-    model = GPT(GPTConfig(vocab_size=50, block_size=16, n_layer=2, n_head=2, n_embd=32))
+    model = tiny_model(vocab_size=50, block_size=16, n_head=2)
     keys = set(model.state_dict())
     gptlab.quantize(model, "fp32")
     assert isinstance(model.lm_head, qz.FloatLinear)
@@ -141,9 +140,7 @@ def test_fp32_inference_keeps_tied_weights_and_checkpoint_names():
 
 
 def test_only_models_too_large_for_the_caches_take_the_one_row_kernel():
-    small = gptlab.quantize(
-        GPT(GPTConfig(vocab_size=50, block_size=16, n_layer=2, n_head=2, n_embd=32)), "fp32"
-    )
+    small = gptlab.quantize(tiny_model(vocab_size=50, block_size=16, n_head=2), "fp32")
     assert not any(m.streams for m in small.modules() if isinstance(m, qz.InferenceLinear))
     config = GPTConfig(vocab_size=50, block_size=16, n_layer=12, n_head=8, n_embd=512)  # 151 MB of fp32
     large = gptlab.quantize(GPT(config), "fp32")

@@ -11,11 +11,11 @@ from gptlab.cli import main
 from gptlab.data import prepare
 from gptlab.errors import GptlabError
 from gptlab.generate.fill import fill_masks
-from gptlab.model import GPT, GPTConfig
+from gptlab.model import GPT
 from gptlab.tokenizers import CharTokenizer
 from gptlab.train import build_config, train
 from gptlab.train.objectives import MASK, make_objective, mlm_mask, with_mask_token
-from tests._tiny import TINY_TRAIN
+from tests._tiny import TINY_TRAIN, tiny_model
 
 TEXT = "the cat sat on the mat. the dog sat on the log. " * 40
 
@@ -109,7 +109,7 @@ def test_mlm_run_fills_masks_and_refuses_to_sample(text_data, tmp_path, capsys) 
 
 
 def test_fill_refuses_a_causal_model() -> None:
-    model = GPT(GPTConfig(vocab_size=10, block_size=8, n_layer=1, n_head=2, n_embd=16))
+    model = tiny_model(vocab_size=10, block_size=8, n_layer=1, n_head=2, n_embd=16)
     tok = with_mask_token(CharTokenizer.from_text("abcdefgh"))
     with pytest.raises(GptlabError, match="causal"):
         fill_masks(model, tok, f"ab{MASK}")
