@@ -8,8 +8,8 @@ from bench import side_by_side
 
 
 def test_trains_both_sides_in_turns_and_prints_one_json_line(shakespeare_path, tmp_path, capsys, monkeypatch):
-    assert side_by_side._cuts(900, 4) == [0, 225, 450, 675, 900]
-    assert side_by_side._cuts(5, 3) == [0, 2, 3, 5]
+    assert side_by_side.cuts(900, 4) == [0, 225, 450, 675, 900]
+    assert side_by_side.cuts(5, 3) == [0, 2, 3, 5]
     text = tmp_path / "shakespeare-40k.txt"  # both sides take their vocabulary from this file
     text.write_text(shakespeare_path.read_text(encoding="utf-8")[:40_000], encoding="utf-8")
     argv = ["--data", str(text), "--blocks", "3", "--baseline-steps", "5"]

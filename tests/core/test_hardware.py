@@ -178,7 +178,7 @@ def test_bf16_weights_are_prepacked_only_where_bf16_is_native(monkeypatch):
 
     monkeypatch.setattr(hardware, "detect", lambda: AVX512_BF16)
     layer = qz.PackedBF16Linear(torch.nn.Linear(32, 48))
-    assert layer.matmul == ("packed" if qz._onednn_bf16() else "plain")
+    assert layer.matmul == ("packed" if qz.onednn_bf16() else "plain")
     assert (layer.packed is not None) == (layer.matmul == "packed")
 
 

@@ -114,11 +114,11 @@ def test_compiled_settings_hold_while_it_runs_and_are_restored_after():
 
     before = (inductor.freezing, fx.use_duck_shape)
     c = Compiled(lambda x: x, "a test", True, patch=FROZEN, distinct_sizes=True)
-    with c._settings():
+    with c.held_settings():
         assert inductor.freezing and inductor.max_autotune and not fx.use_duck_shape
     assert (inductor.freezing, fx.use_duck_shape) == before
     plain = Compiled(lambda x: x, "a test", True)
-    with plain._settings():
+    with plain.held_settings():
         assert (inductor.freezing, fx.use_duck_shape) == before
 
 

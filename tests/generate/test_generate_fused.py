@@ -76,7 +76,7 @@ def test_compiled_step_compiles_once_for_every_cache_length(monkeypatch):
     model = _model("int8")
     frames = dynamo_utils.counters["frames"]
     assert generate_ids(model, torch.tensor([[1, 2, 3]]), 3, temperature=0).shape == (1, 6)  # cache ends 4..6
-    assert engine_of(model).one_token._compiled is not None
+    assert engine_of(model).one_token.compiled_calls > 0  # it ran compiled
     before = frames["ok"]
     assert generate_ids(model, torch.tensor([list(range(8))]), 16, temperature=0).shape == (
         1,

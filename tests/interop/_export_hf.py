@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 
 from gptlab import GPT, GPTConfig
-from gptlab.model import build_model
+from tests._tiny import tiny_model
 
 TOL = 1e-5  # float32 logits: transformers' against gptlab's
 TEXT = "First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\nSpeak, speak.\n" * 4
@@ -41,12 +41,7 @@ def hf_dir(tmp_path: Path, name: str = "hf") -> Path:
 
 def perturbed(config: GPTConfig, seed: int = 0) -> GPT:
     """``config``'s model in float32 eval mode, every parameter moved off its initial value."""
-    torch.manual_seed(seed)
-    model = build_model(config).float().eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(0.2 * torch.randn_like(p))
-    return model
+    return tiny_model(seed=seed, jitter=0.2, **config.to_dict())
 
 
 def load_hf(transformers, directory: Path, auto: str = "AutoModelForCausalLM", **kw):

@@ -22,6 +22,7 @@ from gptlab.interop.gguf_export import to_gguf
 from gptlab.model import GPT, GPTConfig
 from gptlab.tokenizers import BPETokenizer, CharTokenizer, GPT2Tokenizer
 from tests import ROOT
+from tests._tiny import tiny_model
 
 LLAMA_DIR = Path(os.environ.get("GPTLAB_LLAMA_CPP_DIR", ROOT / ".cache" / "llama-cpp"))
 
@@ -85,15 +86,10 @@ def _greedy(model: GPT, prompt: list[int], n: int) -> list[int]:
 
 
 def _random_model(vocab_size: int, **options) -> GPT:
-    torch.manual_seed(0)
     config = GPTConfig.preset(
         "char-tiny", vocab_size=vocab_size, block_size=64, n_layer=2, n_head=4, n_embd=64
     )
-    model = GPT(config.replace(**options)).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn_like(p) * 0.05)
-    return model
+    return tiny_model(jitter=0.05, **config.replace(**options).to_dict())
 
 
 # ------------------------------------------------------------------ tokenizers

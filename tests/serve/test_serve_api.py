@@ -438,7 +438,7 @@ def test_a_slow_consumer_does_not_block_others(model, tok):
         got = []
         while not any(isinstance(e, EndEvent) for e in got):
             got += await asyncio.wait_for(fast.channel.get(), 30)
-        queued = len(slow.channel._items)
+        queued = len(slow.channel)
         slow.cancel()
         await asyncio.sleep(0.05)
         stats = sched.stats()

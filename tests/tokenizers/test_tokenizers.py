@@ -90,7 +90,8 @@ def test_char_unk_fallback_stands_for_unseen_characters():
     assert tok.encode("azb") == [0, 3, 1]
     assert tok.decode(tok.encode("azb")) == "a<unk>b"
     in_vocab = CharTokenizer.from_text("ab?", unk="?")
-    assert in_vocab.vocab_size == 3 and in_vocab.encode("a!") == [in_vocab._stoi["a"], in_vocab._stoi["?"]]
+    assert in_vocab.vocab_size == 3 and in_vocab.unk_id == in_vocab.encode("?")[0]  # the unk is "?" itself
+    assert in_vocab.encode("a!") == [in_vocab.encode("a")[0], in_vocab.unk_id]
 
 
 def test_char_special_tokens_follow_the_alphabet_and_are_stripped_from_the_corpus():
