@@ -3,11 +3,7 @@
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -16,11 +12,12 @@ import torch
 
 from gptlab import checkpoint as ckpt
 from gptlab.checkpoint import sharded
-from gptlab.data import prepare
 from gptlab.errors import GptlabError
 from gptlab.train import train
 from gptlab.train.config import TrainConfig, build_config
+from tests._kill import kill_tree
 from tests._tiny import TINY_TRAIN
+from tests.train._torchrun import final_weights, finish, line_dataset, torchrun_train
 
 # no biases: a key bias gets a zero gradient in exact arithmetic (softmax ignores a constant added to
 # every score), so AdamW's g/√v turns its rounding noise into ±lr steps that no two reduction orders share
@@ -35,66 +32,13 @@ def _recipe(tmp_path: Path) -> Path:
     return recipe
 
 
-def _dataset(tmp_path: Path) -> Path:
-    text = "\n".join(f"line {i}: the cat sat on mat number {i % 13} and purred." for i in range(500))
-    (tmp_path / "c.txt").write_text(text)
-    prepare([tmp_path / "c.txt"], tmp_path / "ds", block_size=16)
-    return tmp_path / "ds"
-
-
-def _torchrun(nproc: int, args: list[str], **kw: object) -> subprocess.Popen[str]:
-    torchrun = Path(sys.executable).with_name("torchrun")
-    launcher = [str(torchrun)] if torchrun.exists() else [sys.executable, "-m", "torch.distributed.run"]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(sys.path)}
-    return subprocess.Popen(
-        [*launcher, "--standalone", f"--nproc_per_node={nproc}", "-m", "gptlab", "train", *args],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-        **kw,  # type: ignore[arg-type]
-    )
-
-
-def _kill_tree(pid: int) -> None:
-    """SIGKILL a torchrun agent and its ranks (which torchrun starts in sessions of their own)."""
-    children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
-    todo, tree = [pid], []
-    while todo:
-        tree.append(todo.pop())
-        todo.extend(children.get(tree[-1], []))
-    for p in reversed(tree):  # the ranks first, so none sees its agent go and exits cleanly
-        try:
-            os.kill(p, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-
-
-def _finish(proc: subprocess.Popen[str]) -> None:
-    out, err = proc.communicate(timeout=400)
-    assert proc.returncode == 0, err[-3000:]
-
-
-def _weights(run: Path, tmp_path: Path, name: str) -> dict[str, torch.Tensor]:
-    latest = ckpt.resolve_checkpoint(run)
-    if sharded.is_sharded(latest):
-        latest = sharded.consolidate(run, tmp_path / name)
-    return ckpt.read_tensors(latest / ckpt.WEIGHTS_FILE)
-
-
 @pytest.mark.slow
 def test_fsdp_equals_one_process_and_sigkill_resume_is_bitwise(tmp_path):
     """2 FSDP ranks (B=1, 2 accumulated micro-batches, activation checkpointing) = one process (B=4, none)
     to 1e-5 after 120 steps; the same run SIGKILLed after a checkpoint and resumed is bitwise the
     uninterrupted one, and resumed on one process (DCP reshards 2 ranks' shards into one) it stays
     within 1e-5."""
-    ds, recipe = _dataset(tmp_path), _recipe(tmp_path)
+    ds, recipe = line_dataset(tmp_path), _recipe(tmp_path)
     steps = ["--config", str(recipe), *SMALL, "model.n_embd=64", "max_steps=120", "ckpt_every=20"]
     steps += [
         "keep_last=20",
@@ -104,7 +48,7 @@ def test_fsdp_equals_one_process_and_sigkill_resume_is_bitwise(tmp_path):
         "activation_checkpointing=blocks",
     ]
     steps += ["reshard_after_forward=false"]  # the resume below reshards after each forward: same numbers
-    _finish(_torchrun(2, ["--data", str(ds), "--out", str(tmp_path / "full"), *steps]))
+    finish(torchrun_train(2, ["--data", str(ds), "--out", str(tmp_path / "full"), *steps]))
     latest_full = ckpt.resolve_checkpoint(tmp_path / "full")
     assert sharded.is_sharded(latest_full)
     assert len(list((latest_full / sharded.SHARDED_DIR).glob("*.safetensors"))) == 2  # one file per rank
@@ -116,25 +60,28 @@ def test_fsdp_equals_one_process_and_sigkill_resume_is_bitwise(tmp_path):
         "activation_checkpointing=none",
     ]
     train(build_config(str(recipe), one_process), ds, tmp_path / "single")
-    full, single = _weights(tmp_path / "full", tmp_path, "a"), _weights(tmp_path / "single", tmp_path, "-")
+    full, single = (
+        final_weights(tmp_path / "full", tmp_path, "a"),
+        final_weights(tmp_path / "single", tmp_path, "-"),
+    )
     assert sorted(full) == sorted(single) and "lm_head.weight" not in full  # the tied head is stored once
     for k in full:
         torch.testing.assert_close(full[k], single[k], rtol=0, atol=1e-5, msg=k)
 
     killed = tmp_path / "killed"
-    proc = _torchrun(2, ["--data", str(ds), "--out", str(killed), *steps])
+    proc = torchrun_train(2, ["--data", str(ds), "--out", str(killed), *steps])
     deadline = time.monotonic() + 300
     while not (killed / "ckpt-40").exists() and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.02)
-    _kill_tree(proc.pid)
+    kill_tree(proc.pid)
     proc.communicate()
     latest = ckpt.list_checkpoints(killed)[-1][0]
     assert 40 <= latest < 120, "the run must be killed mid-way"
     one = tmp_path / "one"
     shutil.copytree(killed, one)
     train(build_config(str(recipe), [*steps[2:], "batch_size=2"]), ds, one, resume=True)
-    _finish(_torchrun(2, ["--out", str(killed), "--resume", "reshard_after_forward=true"]))
-    resumed = _weights(killed, tmp_path, "b")
+    finish(torchrun_train(2, ["--out", str(killed), "--resume", "reshard_after_forward=true"]))
+    resumed = final_weights(killed, tmp_path, "b")
     for k in full:
         assert torch.equal(full[k], resumed[k]), k
     other = ckpt.read_tensors(ckpt.resolve_checkpoint(one) / ckpt.WEIGHTS_FILE)
@@ -143,19 +90,19 @@ def test_fsdp_equals_one_process_and_sigkill_resume_is_bitwise(tmp_path):
 
 
 def test_activation_checkpointing_equals_none_in_one_process(tmp_path):
-    ds = _dataset(tmp_path)
+    ds = line_dataset(tmp_path)
     runs = {}
     for mode in ("none", "blocks"):
         cfg = build_config(None, [*SMALL, "max_steps=20", f"activation_checkpointing={mode}"])
         train(cfg, ds, tmp_path / mode)
-        runs[mode] = _weights(tmp_path / mode, tmp_path, mode)
+        runs[mode] = final_weights(tmp_path / mode, tmp_path, mode)
     assert not any("_checkpoint_wrapped" in k for k in runs["blocks"])  # saved names unchanged
     for k in runs["none"]:
         torch.testing.assert_close(runs["blocks"][k], runs["none"][k], rtol=0, atol=1e-6)
 
 
 def _one_process_run(tmp_path: Path, extra: list[str]) -> Path:
-    ds = _dataset(tmp_path)
+    ds = line_dataset(tmp_path)
     cfg = build_config(None, [*SMALL, "max_steps=4", *extra])
     from gptlab.model import GPT
     from gptlab.train.distributed import DistInfo

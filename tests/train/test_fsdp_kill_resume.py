@@ -11,8 +11,8 @@ import torch
 
 from gptlab import checkpoint as ckpt
 from gptlab.checkpoint.integrity import verify_checksums
-from tests._kill import steps_logged
-from tests.train.test_fsdp import _dataset, _finish, _kill_tree, _torchrun, _weights
+from tests._kill import kill_tree, steps_logged
+from tests.train._torchrun import final_weights, finish, line_dataset, torchrun_train
 
 SETTINGS = [
     "dtype=float32",
@@ -37,12 +37,12 @@ SETTINGS = [
 
 @pytest.mark.slow
 def test_fsdp_killed_twice_and_resumed_is_bitwise_the_uninterrupted_run(tmp_path):
-    ds = _dataset(tmp_path)
-    _finish(_torchrun(2, ["--data", str(ds), "--out", str(tmp_path / "full"), *SETTINGS]))
+    ds = line_dataset(tmp_path)
+    finish(torchrun_train(2, ["--data", str(ds), "--out", str(tmp_path / "full"), *SETTINGS]))
     run, rng = tmp_path / "run", random.Random(0)
     for attempt in range(2):
         args = ["--out", str(run), "--resume"] if attempt else ["--data", str(ds), "--out", str(run)]
-        proc = _torchrun(2, [*args, *SETTINGS])
+        proc = torchrun_train(2, [*args, *SETTINGS])
         target = (
             steps_logged(run) + rng.randint(2, 4) if (run / "metrics.jsonl").exists() else rng.randint(3, 5)
         )
@@ -51,14 +51,14 @@ def test_fsdp_killed_twice_and_resumed_is_bitwise_the_uninterrupted_run(tmp_path
             time.sleep(0.005)
         time.sleep(rng.uniform(0, 0.05))
         assert proc.poll() is None, "the run ended before it could be killed"
-        _kill_tree(proc.pid)  # every rank and the agent, SIGKILL
+        kill_tree(proc.pid)  # every rank and the agent, SIGKILL
         proc.communicate()
         latest = ckpt.list_checkpoints(run)
         assert latest and latest[-1][0] < 12
         assert verify_checksums(latest[-1][1])  # the newest complete checkpoint is whole
-    proc = _torchrun(2, ["--out", str(run), "--resume", *SETTINGS])
+    proc = torchrun_train(2, ["--out", str(run), "--resume", *SETTINGS])
     out, err = proc.communicate(timeout=300)
     assert proc.returncode == 0 and "Traceback" not in err, err[-3000:]
-    full, resumed = _weights(tmp_path / "full", tmp_path, "a"), _weights(run, tmp_path, "b")
+    full, resumed = final_weights(tmp_path / "full", tmp_path, "a"), final_weights(run, tmp_path, "b")
     for k in full:
         assert torch.equal(full[k], resumed[k]), k

@@ -13,7 +13,7 @@ from gptlab.hardware import native_bf16
 from gptlab.train import train
 from gptlab.train.config import DEFAULT_RECIPE, build_config
 from gptlab.train.muon import Float32Muon, muon_class, ns_dtype
-from tests.train.test_fsdp import _dataset, _torchrun, _weights
+from tests.train._torchrun import final_weights, line_dataset, torchrun_train
 
 # rows 7 and 5 split unevenly over 2 ranks; a 1-row matrix leaves rank 1 no rows at all
 SHAPES = [(7, 6), (5, 9), (6, 6), (1, 4), (8, 3)]
@@ -132,9 +132,9 @@ def _default_recipe_settings() -> list[str]:
 def test_the_default_recipe_trains_on_2_ranks_and_equals_one_process(tmp_path, strategy):
     """``torchrun --nproc_per_node=2 -m gptlab train ... strategy=fsdp`` with no --config (Muon) trains,
     and after 20 steps its weights are one process's (B=4 against 2 ranks of B=2) to 1e-5."""
-    ds = _dataset(tmp_path)
+    ds = line_dataset(tmp_path)
     steps = _default_recipe_settings()
-    proc = _torchrun(
+    proc = torchrun_train(
         2, ["--data", str(ds), "--out", str(tmp_path / "two"), *steps, "batch_size=2", f"strategy={strategy}"]
     )
     out, err = proc.communicate(timeout=300)
@@ -143,12 +143,12 @@ def test_the_default_recipe_trains_on_2_ranks_and_equals_one_process(tmp_path, s
     cfg = build_config(DEFAULT_RECIPE, [*steps, "batch_size=4"])
     assert cfg.optimizer == "muon"
     train(cfg, ds, tmp_path / "one")
-    two, one = _weights(tmp_path / "two", tmp_path, "a"), _weights(tmp_path / "one", tmp_path, "b")
+    two, one = final_weights(tmp_path / "two", tmp_path, "a"), final_weights(tmp_path / "one", tmp_path, "b")
     assert sorted(two) == sorted(one)
     for k in one:
         torch.testing.assert_close(two[k], one[k], rtol=0, atol=1e-5, msg=k)
     if strategy == "fsdp":  # a requeue of the finished run: status 0, said once (not once per rank)
-        proc = _torchrun(2, ["--out", str(tmp_path / "two"), "--resume"])
+        proc = torchrun_train(2, ["--out", str(tmp_path / "two"), "--resume"])
         out, err = proc.communicate(timeout=300)
         assert proc.returncode == 0 and "Traceback" not in err, err[-3000:]
         (line,) = out.splitlines()
@@ -157,8 +157,8 @@ def test_the_default_recipe_trains_on_2_ranks_and_equals_one_process(tmp_path, s
 
 @pytest.mark.slow
 def test_a_refusal_under_torchrun_is_printed_once(tmp_path):
-    ds = _dataset(tmp_path)
-    proc = _torchrun(
+    ds = line_dataset(tmp_path)
+    proc = torchrun_train(
         2, ["--data", str(ds), "--out", str(tmp_path / "r"), "strategy=fsdp", "compile=true", "device=cpu"]
     )
     _, err = proc.communicate(timeout=300)
