@@ -17,8 +17,8 @@ from gptlab.serve.scheduler import Channel, EndEvent, Job, Scheduler
 from gptlab.serve.schemas import ChatMessage
 from gptlab.tokenizers import CharTokenizer
 from tests import _tiny
+from tests._tiny import ALPHABET
 
-ALPHABET = "abcdefghijklmnopqrstuvwxyz ABCDEFGHIJKLMNOPQRSTUVWXYZ:\n.,!?"
 CAP = 48
 
 

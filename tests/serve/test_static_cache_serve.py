@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import threading
 
-import pytest
 import torch
 from fastapi.testclient import TestClient
 
@@ -19,16 +18,9 @@ from gptlab.tokenizers import CharTokenizer
 from tests._tiny import tiny_model
 from tests.generate.test_static_cache import eager_static
 
-ALPHABET = "abcdefghijklmnopqrstuvwxyz ABCDEFGHIJKLMNOPQRSTUVWXYZ:\n.,!?"
-
 
 def tiny(vocab: int, seed: int = 0) -> GPT:
     return tiny_model(seed=seed, vocab_size=vocab, n_head=2, pos="rope")
-
-
-@pytest.fixture(scope="module")
-def tok() -> CharTokenizer:
-    return CharTokenizer.from_text(ALPHABET)
 
 
 def completions(model: GPT, tok: CharTokenizer, bodies: list[dict]) -> tuple[list[str], Lanes]:
@@ -51,7 +43,7 @@ def completions(model: GPT, tok: CharTokenizer, bodies: list[dict]) -> tuple[lis
     return out, session
 
 
-def test_the_static_lane_serves_the_same_tokens(tok):
+def test_the_static_lane_serves_the_same_tokens(char_tok):
     bodies = [
         {"prompt": "to be or", "max_tokens": 40, "temperature": 0},  # slides past the 32-token context
         {"prompt": "ROMEO:", "max_tokens": 12, "temperature": 0},
@@ -60,26 +52,26 @@ def test_the_static_lane_serves_the_same_tokens(tok):
         {"prompt": "a", "max_tokens": 9, "temperature": 0},
         {"prompt": "q", "max_tokens": 12, "temperature": 0, "logprobs": 2},  # dynamic lane
     ]
-    reference, plain = completions(tiny(tok.vocab_size), tok, bodies)
+    reference, plain = completions(tiny(char_tok.vocab_size), char_tok, bodies)
     assert plain.static is None  # on a CPU, unasked: the dynamic lane only
-    model = eager_static(tiny(tok.vocab_size))
-    got, lanes = completions(model, tok, bodies)
+    model = eager_static(tiny(char_tok.vocab_size))
+    got, lanes = completions(model, char_tok, bodies)
     assert lanes.static is not None and lanes.static.captures > 0  # the static lane really decoded
     for i in (0, 1, 3, 4, 5):  # greedy: the same text on either lane
         assert got[i] == reference[i], bodies[i]
     assert len(got[2]) == 12  # sampled in the graph (its own numbers), the full length
-    again, _ = completions(eager_static(tiny(tok.vocab_size)), tok, bodies[2:3])
+    again, _ = completions(eager_static(tiny(char_tok.vocab_size)), char_tok, bodies[2:3])
     assert again[0] == got[2]  # a seed reproduces a sampled request whatever ran beside it
 
 
-def test_the_static_lane_never_samples_past_the_tokenizers_vocabulary(tok):
+def test_the_static_lane_never_samples_past_the_tokenizers_vocabulary(char_tok):
     """A model whose table is larger than its tokenizer (a padded or a generic-shape model): the
     lane samples only the tokenizer's ids, as the dynamic path does (an id beyond it once ended
     every stream in a server error)."""
-    model = eager_static(tiny(tok.vocab_size + 40, seed=3))
+    model = eager_static(tiny(char_tok.vocab_size + 40, seed=3))
     with torch.no_grad():  # make the ids the tokenizer lacks the likeliest ones
-        model.lm_head.weight[tok.vocab_size :] *= 50.0
+        model.lm_head.weight[char_tok.vocab_size :] *= 50.0
     bodies = [{"prompt": "ab", "max_tokens": 10, "temperature": t, "seed": 1} for t in (0, 1.0)]
-    texts, session = completions(model, tok, bodies)
-    assert session.static is not None and session.static.vocab == tok.vocab_size
+    texts, session = completions(model, char_tok, bodies)
+    assert session.static is not None and session.static.vocab == char_tok.vocab_size
     assert all(len(t) == 10 for t in texts)  # ten characters each: every id decoded
