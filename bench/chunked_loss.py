@@ -17,9 +17,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import time
+from pathlib import Path
 
-from activation_memory import PeakRSS, in_fresh_processes  # bench/: resident memory, fresh processes
+sys.path.insert(
+    0, str(Path(__file__).resolve().parents[1])
+)  # the checkout: bench/ imports as the package `bench`
+from bench.activation_memory import PeakRSS, in_fresh_processes  # noqa: E402  (resident memory, fresh processes)
 
 D_MODEL, VOCAB, PADDED = 768, 50257, 50304
 

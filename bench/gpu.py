@@ -45,11 +45,10 @@ import torch
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "src"))
-sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent))  # the checkout: bench/ imports as the package `bench`
 
-import baseline_minimal  # noqa: E402
-from generate import hf_bench  # noqa: E402
-
+from bench import baseline_minimal  # noqa: E402
+from bench.generate import hf_bench  # noqa: E402
 from gptlab.generate import generate_ids  # noqa: E402
 from gptlab.generate.engine import engine_of, prepare_decoding  # noqa: E402
 from gptlab.inspect.flops import mfu, peak_flops, training_flops_per_token  # noqa: E402
@@ -245,9 +244,8 @@ def decode_figures(args, device: str, base: GPTConfig) -> None:
 
 # ------------------------------------------------------------------ serving
 def serve_figure(args, base: GPTConfig) -> None:
-    import serve_load
-
     import gptlab
+    from bench import serve_load
     from gptlab.tokenizers import CharTokenizer
 
     with tempfile.TemporaryDirectory() as tmp:

@@ -41,7 +41,7 @@ SHOT_PROMPT = "The capital of France is"
 ENCODER_TEXT = "ROMEO:\nI will not st[MASK]y; the king is dead."
 ENCODER_LAYER, ENCODER_HEAD = 1, 0
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "bench"))
+sys.path.insert(0, str(ROOT))  # the checkout: bench/ imports as the package `bench`
 CHROMIUM = "/usr/bin/chromium"
 TEXT = (
     "Paris is known for its museums, its cafes and the river that runs through it. Every year many "
@@ -71,7 +71,7 @@ def main() -> None:
     )
     args = p.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    from serve_load import serve
+    from bench.serve_load import serve
 
     if args.encoder_checkpoint:
         with serve(args.encoder_checkpoint, max_batch=2, extra=["--device", "cpu", "--dtype", "fp32"]) as url:

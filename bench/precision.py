@@ -23,10 +23,11 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(
+    0, str(Path(__file__).resolve().parents[1])
+)  # the checkout: bench/ imports as the package `bench`
 
-from roofline import median_s  # noqa: E402
-
+from bench.roofline import median_s  # noqa: E402
 from gptlab import hardware  # noqa: E402
 from gptlab.model import GPT  # noqa: E402
 from gptlab.train.config import build_config  # noqa: E402

@@ -31,9 +31,11 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from baseline_minimal import BATCH, BLOCK, MinimalRun  # noqa: E402
-from train_shakespeare_char import DEFAULT_DATA, RECIPES  # noqa: E402
+sys.path.insert(
+    0, str(Path(__file__).resolve().parents[1])
+)  # the checkout: bench/ imports as the package `bench`
+from bench.baseline_minimal import BATCH, BLOCK, MinimalRun  # noqa: E402
+from bench.train_shakespeare_char import DEFAULT_DATA, RECIPES  # noqa: E402
 
 
 def median_s(fn: Callable[[], object], repeats: int, budget_s: float = 5.0) -> float:

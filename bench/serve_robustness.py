@@ -11,7 +11,7 @@ Run on a tiny random character model (saved to a temporary folder), with an API 
 
     python bench/serve_robustness.py [--hangups 30] [--checkpoint DIR]
 
-prints one JSON line; the tests (tests/test_serve_isolation.py, tests/test_serve_fairness.py)
+prints one JSON line; the tests (tests/serve/test_serve_isolation.py, tests/serve/test_serve_fairness.py)
 run the same scenarios with fewer repetitions.
 """
 
@@ -29,8 +29,10 @@ from typing import Any
 
 import httpx
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import serve_load  # noqa: E402
+sys.path.insert(
+    0, str(Path(__file__).resolve().parents[1])
+)  # the checkout: bench/ imports as the package `bench`
+from bench import serve_load  # noqa: E402
 
 KEY = "bench-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -146,7 +148,9 @@ async def beam_hangup(url: str) -> dict[str, Any]:
         }
 
 
-async def admitted(c: httpx.AsyncClient, url: str, jobs: int, cap: int, timeout: float = 20.0) -> dict[str, Any]:
+async def admitted(
+    c: httpx.AsyncClient, url: str, jobs: int, cap: int, timeout: float = 20.0
+) -> dict[str, Any]:
     """``/health`` once all ``jobs`` of one request are known and ``cap`` of them run (or at ``timeout``).
 
     The server admits a request's jobs over its first steps, so the first streamed chunk can come

@@ -26,12 +26,14 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from baseline_minimal import BATCH, BLOCK, MinimalRun  # noqa: E402
-from train_shakespeare_char import DEFAULT_DATA, RECIPES  # noqa: E402
+sys.path.insert(
+    0, str(Path(__file__).resolve().parents[1])
+)  # the checkout: bench/ imports as the package `bench`
+from bench.baseline_minimal import BATCH, BLOCK, MinimalRun  # noqa: E402
+from bench.train_shakespeare_char import DEFAULT_DATA, RECIPES  # noqa: E402
 
 
-def _cuts(steps: int, blocks: int) -> list[int]:
+def cuts(steps: int, blocks: int) -> list[int]:
     """Block boundaries ``0 = c_0 < … < c_blocks = steps``, as even as integers allow."""
     return [round(i * steps / blocks) for i in range(blocks + 1)]
 
@@ -62,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
         trainer = _Trainer(cfg, data_dir, Path(tmp) / "run", False, info)
         threads = torch.get_num_threads()  # the recipe's setting; the yardstick runs with the same
         baseline = MinimalRun(args.data, args.baseline_steps)
-        ours_cuts, base_cuts = _cuts(cfg.max_steps, args.blocks), _cuts(args.baseline_steps, args.blocks)
+        ours_cuts, base_cuts = cuts(cfg.max_steps, args.blocks), cuts(args.baseline_steps, args.blocks)
         ours_s, base_s, ratios, last = 0.0, 0.0, [], float("nan")
         for b in range(args.blocks):
             times = {}

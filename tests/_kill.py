@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import random
 import signal
 import subprocess
@@ -34,3 +35,23 @@ def kill_and_resume(
         assert "Traceback" not in err, err
     assert proc.returncode == 0, err
     return proc
+
+
+def kill_tree(pid: int) -> None:
+    """SIGKILL a torchrun agent and its ranks (which torchrun starts in sessions of their own)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    todo, tree = [pid], []
+    while todo:
+        tree.append(todo.pop())
+        todo.extend(children.get(tree[-1], []))
+    for p in reversed(tree):  # the ranks first, so none sees its agent go and exits cleanly
+        try:
+            os.kill(p, signal.SIGKILL)
+        except ProcessLookupError:
+            pass

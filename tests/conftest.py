@@ -12,6 +12,10 @@ from pathlib import Path
 
 import pytest
 
+from tests import ROOT
+from tests._tiny import ALPHABET
+from tests._tiny import tiny_model as _tiny_model
+
 # Tests use tiny models: one thread each is fastest, and it keeps parallel workers
 # (pytest -n 2) and the subprocesses tests start from oversubscribing the cores.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -26,7 +30,7 @@ def pytest_configure(config: pytest.Config) -> None:
     torch.set_num_threads(1)
 
 
-SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+SHARED_DATA = ROOT.parent / "shared" / "data"
 
 
 def require_shared(*relative: str) -> Path:
@@ -57,16 +61,16 @@ def gpt2_files() -> tuple[Path, Path]:
     return require_shared("gpt2", "vocab.bpe"), require_shared("gpt2", "encoder.json")
 
 
-def load_bench(name: str):
-    """``bench/NAME.py`` as a module (the benchmarks are scripts, not a package), registered in
-    ``sys.modules`` so that dataclasses and pickling-free helpers inside it resolve their module."""
-    import importlib.util
-    import sys
+@pytest.fixture(scope="session")
+def tiny_model():
+    """The factory ``tiny_model(seed=0, jitter=0.0, **overrides)`` → a seeded float32 GPT in eval mode
+    (``tests/_tiny.py``); session-scoped, so module-scoped fixtures can take it too."""
+    return _tiny_model
 
-    spec = importlib.util.spec_from_file_location(
-        name, Path(__file__).resolve().parents[1] / "bench" / f"{name}.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
+
+@pytest.fixture(scope="session")
+def char_tok():
+    """A character tokenizer over ``ALPHABET`` (letters, space, newline, ``:.,!?``), no special tokens."""
+    from gptlab.tokenizers import CharTokenizer
+
+    return CharTokenizer.from_text(ALPHABET)

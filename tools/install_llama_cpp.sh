@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Install real llama.cpp for gptlab's GGUF tests: the npm package node-llama-cpp (pinned) with its
 # prebuilt linux-x64 CPU binaries, into .cache/llama-cpp/ (git-ignored), beside the Node script that
-# tests/test_export_gguf_llama_cpp.py drives. Idempotent: an installed, matching copy is left as is.
+# tests/interop/test_export_gguf_llama_cpp.py drives. Idempotent: an installed, matching copy is left as is.
 # Only the CPU package is installed (--omit=optional drops the ~650 MB of CUDA/Vulkan builds).
 set -euo pipefail
 VERSION=3.21.1

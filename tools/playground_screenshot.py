@@ -13,10 +13,13 @@ import argparse
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+sys.path.insert(
+    0, str(Path(__file__).resolve().parents[1])
+)  # the checkout: bench/ imports as the package `bench`
 
-import serve_load  # noqa: E402  (the server fixture of the load benchmark)
 from playwright.sync_api import expect, sync_playwright  # noqa: E402
+
+from bench import serve_load  # noqa: E402  (the server fixture of the load benchmark)
 
 CHROMIUM_ARGS = [
     "--no-sandbox",

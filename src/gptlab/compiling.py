@@ -85,7 +85,7 @@ class Compiled:
 
                 extra = dict(self.settings, **({"options": self.options} if self.options else {}))
                 self._compiled = torch.compile(self.fn, dynamic=self.dynamic, **extra)
-            with self._settings():
+            with self.held_settings():
                 out = self._compiled(*args)
         except Exception as exc:  # a missing header, a broken toolchain: keep working, uncompiled
             self.enabled, self.failure = False, exc
@@ -94,7 +94,7 @@ class Compiled:
         self.compiled_calls += 1
         return out
 
-    def _settings(self) -> contextlib.AbstractContextManager:
+    def held_settings(self) -> contextlib.AbstractContextManager:
         """The settings held while the compiled function runs (and compiles, at its first call and
         whenever dynamo recompiles it). Each costs time on every call: only steps ask for them."""
         if not (self.patch or self.distinct_sizes):

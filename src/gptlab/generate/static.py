@@ -138,6 +138,7 @@ class StaticSession:
             raise GptlabError(f"lookahead must be a positive integer, got {lookahead!r}")
         self.lookahead = lookahead
         self._ahead: dict[int, deque[int]] = {}  # slot -> tokens chosen ahead, not yet handed out
+        self.host_reads = 0  # device → host reads of chosen tokens: one per run of k steps
         self._chosen = torch.zeros(lookahead, max_batch, dtype=torch.long, device=device)
 
     # ------------------------------------------------------------ slots
@@ -153,6 +154,16 @@ class StaticSession:
     @property
     def captures(self) -> int:
         return len(self._graphs)
+
+    @property
+    def horizons(self) -> list[int]:
+        """The cache lengths a CPU's steps have attended over so far (multiples of ``HORIZON``)."""
+        return sorted(self._horizons)
+
+    @property
+    def queued(self) -> dict[int, int]:
+        """``{slot: tokens chosen ahead (lookahead) and not yet handed out}``."""
+        return {slot: len(q) for slot, q in self._ahead.items()}
 
     @property
     def compiled(self) -> bool:
@@ -299,6 +310,7 @@ class StaticSession:
             graph(self, self._marks[b], flavour, *horizon)
             self._chosen[i, :n].copy_(self.state.next_token[:n])
         chosen = self._chosen[:k, :n].T.tolist()  # the one host sync of k steps: (n, k)
+        self.host_reads += 1
         for slot in slots:
             self._ahead[slot].extend(chosen[self._row_of[slot]])
 

@@ -77,7 +77,7 @@ UPCAST_MIN_ROWS = 8
 mkldnn_available: Callable[[], bool] = torch.backends.mkldnn.is_available
 
 
-def _onednn_bf16() -> bool:
+def onednn_bf16() -> bool:
     """True where oneDNN can run bf16 matmuls on this CPU from prepacked weights."""
     try:
         return bool(
@@ -165,7 +165,7 @@ class PackedBF16Linear(InferenceLinear):
         w = linear.weight.detach().to(torch.bfloat16)
         self.register_buffer("weight", w, persistent=False)
         self.matmul = hardware.plan(device="cpu").bf16_matmul if w.device.type == "cpu" else "plain"
-        if self.matmul == "packed" and not _onednn_bf16():
+        if self.matmul == "packed" and not onednn_bf16():
             self.matmul = "plain"
         packed: torch.Tensor | None = (
             torch.ops.mkldnn._reorder_linear_weight(w, None) if self.matmul == "packed" else None

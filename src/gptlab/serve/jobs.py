@@ -49,6 +49,10 @@ class Channel:
         self._ready = asyncio.Event()
         self.limit = limit
 
+    def __len__(self) -> int:
+        """Events put and not yet taken."""
+        return len(self._items)
+
     def full(self) -> bool:
         return len(self._items) >= self.limit
 

@@ -91,7 +91,7 @@ def torch_version() -> str:
 
 def chunked_compiles_correctly(version: str | None = None) -> bool:
     """torch ≥ 2.13: under ``torch.compile`` torch 2.11 gave the chunked loss's model zero gradients
-    for some weights (the MLP's first layer; ``tests/test_chunked_loss.py``), 2.13 the eager ones."""
+    for some weights (the MLP's first layer; ``tests/model/test_chunked_loss.py``), 2.13 the eager ones."""
     major, minor = (int(part) for part in (version or torch_version()).split(".")[:2])
     return (major, minor) >= (2, 13)
 

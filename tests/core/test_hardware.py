@@ -1,0 +1,214 @@
+"""gptlab.hardware: device, precision and kernels chosen from what a machine reports (fake machines here)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from gptlab import hardware
+from gptlab.errors import GptlabError
+from gptlab.hardware import Machine, plan, resolve_device
+from tests._tiny import tiny_model
+
+AVX2 = Machine(cpu_capability="AVX2", cpu_flags=frozenset({"avx", "avx2", "fma", "f16c"}))
+AVX512_BF16 = Machine(
+    cpu_capability="AVX512",
+    cpu_flags=frozenset({"avx2", "avx512f", "avx512bw", "avx512_vnni", "avx512_bf16"}),
+)
+AVX512_NO_BF16 = Machine(cpu_capability="AVX512", cpu_flags=frozenset({"avx2", "avx512f", "avx512bw"}))
+# an AVX-512-BF16 CPU with torch told to dispatch AVX2 kernels (ATEN_CPU_CAPABILITY=avx2)
+AVX512_BF16_AS_AVX2 = Machine(cpu_capability="AVX2", cpu_flags=AVX512_BF16.cpu_flags)
+CUDA_BF16 = Machine(
+    cpu_capability="AVX2", cpu_flags=AVX2.cpu_flags, cuda_built=True, cuda_devices=1, cuda_bf16=True
+)
+CUDA_NO_BF16 = Machine(cpu_capability="AVX2", cpu_flags=AVX2.cpu_flags, cuda_built=True, cuda_devices=2)
+CUDA_TORCH_NO_GPU = Machine(cpu_capability="AVX2", cpu_flags=AVX2.cpu_flags, cuda_built=True)
+APPLE = Machine(cpu_capability="DEFAULT", mps_built=True, mps_available=True)
+
+# machine -> (device, dtype, attention, Newton–Schulz, inference weights, bf16 matmul of many rows, compile)
+EXPECTED = {
+    "avx2": (AVX2, ("cpu", "float32", "sdpa", "float32", "fp32", "float32", False)),
+    "avx512_bf16": (AVX512_BF16, ("cpu", "bfloat16", "plain", "bfloat16", "bf16", "packed", True)),
+    "avx512_without_bf16": (AVX512_NO_BF16, ("cpu", "float32", "sdpa", "float32", "fp32", "float32", False)),
+    "avx512_bf16_dispatching_avx2": (
+        AVX512_BF16_AS_AVX2,
+        ("cpu", "float32", "sdpa", "float32", "fp32", "float32", False),
+    ),
+    "cuda_bf16": (CUDA_BF16, ("cuda:0", "bfloat16", "sdpa", "bfloat16", "bf16", "plain", True)),
+    "cuda_without_bf16": (CUDA_NO_BF16, ("cuda:0", "float16", "sdpa", "float32", "fp32", "plain", True)),
+    "apple_mps": (APPLE, ("mps", "float32", "sdpa", "float32", "fp32", "plain", False)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_auto_chooses_the_documented_device_precision_and_kernels(name):
+    machine, expected = EXPECTED[name]
+    p = plan(machine)
+    assert (p.device, p.dtype, p.attention, p.newton_schulz, p.weights, p.bf16_matmul, p.compile) == expected
+    assert p.to_dict()["dtype"] == p.dtype and p.device in p.summary()
+    assert p.summary().endswith(", compiled" if p.compile else ", eager")
+
+
+def test_the_cpu_of_a_gpu_machine_follows_the_cpu_rules():
+    on_cpu = plan(CUDA_BF16, device="cpu")  # a GPU with bf16, a CPU without: the CPU's rules
+    assert (on_cpu.device, on_cpu.dtype, on_cpu.newton_schulz) == ("cpu", "float32", "float32")
+    assert plan(AVX512_BF16, device="cpu").dtype == "bfloat16"
+
+
+def test_explicit_settings_are_honoured():
+    p = plan(AVX2, dtype="bfloat16", attention="sdpa")
+    assert (p.dtype, p.attention) == ("bfloat16", "sdpa")
+    assert plan(AVX2, dtype="bfloat16").attention == "plain"  # bf16 on a CPU: the plain path
+    assert plan(AVX512_BF16, dtype="float32").attention == "sdpa"
+
+
+def test_compile_auto_follows_the_device_and_the_precision():
+    # a CPU compiles only under autocast: in float32 the cold compilation cost more than it saved
+    assert plan(AVX2, dtype="bfloat16").compile is True
+    assert plan(AVX512_BF16, dtype="float32").compile is False
+    assert plan(CUDA_BF16, dtype="float32").compile is True  # a GPU at any precision
+    assert plan(CUDA_BF16, device="cpu").compile is False  # that machine's CPU follows the CPU rule
+    # asked for: honoured either way
+    assert plan(AVX2, compile=True).compile is True and plan(CUDA_BF16, compile=False).compile is False
+
+
+def test_short_contexts_attend_through_the_plain_path_on_a_cpu_only():
+    assert plan(AVX2, context=64).attention == "plain"  # T×T scores small: batched products
+    assert plan(AVX2, context=65).attention == "sdpa"  # longer: the fused kernel, no B·H·T² scores
+    assert plan(AVX2).attention == "sdpa"  # context unknown
+    assert plan(AVX512_BF16, context=1024).attention == "plain"  # bf16 on a CPU, any context
+    assert plan(CUDA_BF16, context=64).attention == plan(APPLE, context=64).attention == "sdpa"
+    assert plan(AVX2, attention="sdpa", context=64).attention == "sdpa"  # asked for: honoured
+
+
+def test_native_bf16_needs_the_flag_and_avx512_dispatch():
+    assert AVX512_BF16.native_bf16 and not AVX2.native_bf16 and not AVX512_NO_BF16.native_bf16
+    assert not AVX512_BF16_AS_AVX2.native_bf16
+    amx = Machine(cpu_capability="AVX512", cpu_flags=frozenset({"amx_bf16", "amx_tile"}))
+    assert amx.native_bf16 and "amx_bf16" in amx.describe_cpu()
+    assert AVX2.describe_cpu() == "AVX2, no native bf16"
+
+
+@pytest.mark.parametrize(
+    ("machine", "name", "option", "message"),
+    [
+        (
+            AVX2,
+            "cuda",
+            "device=",
+            "device 'cuda' is not available here (this torch has no CUDA); use device=cpu or device=auto",
+        ),
+        (AVX2, "cuda:0", "--device ", "this torch has no CUDA); use --device cpu or --device auto"),
+        (CUDA_TORCH_NO_GPU, "cuda", "device=", "no CUDA GPU is visible"),
+        (
+            CUDA_BF16,
+            "cuda:7",
+            "device=",
+            "device 'cuda:7' is not available here (this machine has 1 GPU, cuda:0)",
+        ),
+        (CUDA_NO_BF16, "cuda:2", "device=", "2 GPUs, cuda:0 to cuda:1"),
+        (AVX2, "gpu", "device=", "unknown device 'gpu'; choose one of auto, cpu, cuda, cuda:N or mps"),
+        (AVX2, "cuda:x", "device=", "unknown device 'cuda:x'"),
+        (AVX2, "mps", "device=", "device 'mps' is not available here (MPS needs an Apple-silicon Mac)"),
+    ],
+)
+def test_a_device_the_machine_lacks_is_one_message(machine, name, option, message):
+    with pytest.raises(GptlabError) as err:
+        resolve_device(name, machine, option)
+    assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_devices_the_machine_has_resolve():
+    assert resolve_device("auto", AVX2) == "cpu"
+    assert resolve_device("auto", CUDA_BF16) == "cuda:0"
+    assert resolve_device("auto", APPLE) == "mps"
+    assert resolve_device("CUDA:1", CUDA_NO_BF16) == "cuda:1"
+    assert resolve_device("cuda", CUDA_BF16) == "cuda:0"
+    assert resolve_device("cpu", CUDA_BF16) == "cpu"
+
+
+def test_more_processes_than_gpus_is_one_line():
+    with pytest.raises(GptlabError, match=r"^2 processes but 1 GPU; use --nproc_per_node=1 or device=cpu$"):
+        hardware.check_ranks("cuda:0", 2, CUDA_BF16)
+    hardware.check_ranks("cuda:0", 2, CUDA_NO_BF16)  # two GPUs: fine
+    hardware.check_ranks("cpu", 8, CUDA_BF16)  # gloo on the CPU: any number
+
+
+def test_explicit_bf16_on_an_emulating_cpu_warns_in_one_line():
+    line = hardware.emulated_bf16_warning("cpu", "dtype=bfloat16", machine=AVX2, slowdown=14.2)
+    assert line is not None and "\n" not in line
+    assert "emulated" in line and "about 14× slower" in line and "AVX2, no native bf16" in line
+    assert hardware.emulated_bf16_warning("cpu", "dtype=bfloat16", machine=AVX512_BF16, slowdown=1) is None
+    assert hardware.emulated_bf16_warning("cuda:0", "dtype=bfloat16", machine=CUDA_BF16, slowdown=1) is None
+
+
+def test_detect_reads_this_machine():
+    m = hardware.detect()
+    assert m.cpu_capability == torch.backends.cpu.get_cpu_capability()
+    assert m.cuda_devices == (torch.cuda.device_count() if torch.cuda.is_available() else 0)
+    if m.cpu_capability in ("AVX2", "AVX512") and m.cpu_flags:  # Linux x86: the flags were parsed
+        assert "avx2" in m.cpu_flags
+    assert plan().device == resolve_device("auto")
+
+
+# ------------------------------------------------------------------ inference kernels per machine
+def test_bf16_weights_multiply_many_rows_in_float32_where_bf16_is_emulated(monkeypatch):
+    from gptlab.model import quantized as qz
+
+    monkeypatch.setattr(hardware, "detect", lambda: AVX2)
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(64, 96)
+    layer = qz.PackedBF16Linear(linear)
+    assert layer.matmul == "float32" and layer.packed is None
+    calls = []
+    real_linear = qz.F.linear
+    monkeypatch.setattr(qz.F, "linear", lambda x, w, *a: calls.append(x.dtype) or real_linear(x, w, *a))
+    with torch.inference_mode():
+        many = layer(torch.randn(qz.UPCAST_MIN_ROWS, 64).bfloat16())  # float32 product
+        few = layer(torch.randn(2, 64).bfloat16())  # bound by reading W: stays bf16
+    assert calls == [torch.float32, torch.bfloat16]
+    assert many.dtype == few.dtype == torch.bfloat16
+    x = torch.randn(qz.UPCAST_MIN_ROWS, 64)
+    with torch.inference_mode():
+        assert (layer(x.bfloat16()).float() - linear(x)).abs().max() < 5e-2
+
+
+def test_bf16_weights_are_prepacked_only_where_bf16_is_native(monkeypatch):
+    from gptlab.model import quantized as qz
+
+    monkeypatch.setattr(hardware, "detect", lambda: AVX512_BF16)
+    layer = qz.PackedBF16Linear(torch.nn.Linear(32, 48))
+    assert layer.matmul == ("packed" if qz.onednn_bf16() else "plain")
+    assert (layer.packed is not None) == (layer.matmul == "packed")
+
+
+@pytest.mark.parametrize(("machine", "act"), [(AVX2, torch.float32), (AVX512_BF16, torch.bfloat16)])
+def test_int8_activations_follow_the_machine(machine, act, monkeypatch):
+    import gptlab
+    from gptlab.model import quantized as qz
+
+    monkeypatch.setattr(hardware, "detect", lambda: machine)
+    model = gptlab.quantize(tiny_model(vocab_size=40, block_size=8, n_layer=1, n_head=2), "int8")
+    assert {p.dtype for p in model.parameters()} == {act}
+    assert all(m.scales.dtype == act for m in model.modules() if isinstance(m, qz.Int8Linear))
+    with torch.inference_mode():
+        assert model(torch.randint(0, 40, (1, 8)))[0].dtype == act
+
+
+@pytest.mark.parametrize(
+    ("machine", "device", "sequences", "expected"),
+    [
+        (AVX512_BF16, "cpu", 1, "bf16"),  # native: bf16 weights and activations, any batch
+        (AVX512_BF16, "cpu", 8, "bf16"),
+        (AVX2, "cpu", 1, "bf16"),  # emulated: bf16 matrices, float32 activations, for one sequence ...
+        (AVX2, "cpu", 8, "fp32"),  # ... fp32 for several (each product would convert W first)
+        (AVX512_BF16_AS_AVX2, "cpu", 2, "fp32"),
+        (CUDA_BF16, "cuda:0", 64, "bf16"),
+        (CUDA_NO_BF16, "cuda:0", 1, "fp32"),
+        (APPLE, "mps", 1, "fp32"),
+    ],
+)
+def test_auto_inference_weights_follow_the_machine_and_the_number_of_sequences(
+    machine, device, sequences, expected
+):
+    assert hardware.inference_weights(device, sequences, machine) == expected

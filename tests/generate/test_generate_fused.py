@@ -1,0 +1,101 @@
+"""The compiled decode step (``gptlab.generate.fused_step``) computes what the layer-by-layer step does."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import gptlab
+from gptlab.compiling import can_compile
+from gptlab.generate import BatchSession, engine_of, generate_ids, prepare_decoding
+from gptlab.generate.fused_step import one_token_step
+from gptlab.model import GPT
+from tests._tiny import tiny_model
+
+needs_compiler = pytest.mark.skipif(not can_compile("cpu"), reason="no C++ compiler for torch.compile")
+
+VARIANTS = {
+    # gpt2's shape: learned positions, LayerNorm, GELU, biases
+    "learned": dict(pos="learned"),
+    # relative positions slide past the context; GQA stores 2 KV heads for 4 query heads
+    "rope-gqa-rmsnorm-swiglu": dict(pos="rope", n_kv_head=2, norm="rmsnorm", mlp="swiglu", qk_norm=True),
+    "alibi-mqa": dict(pos="alibi", n_kv_head=1, bias=False),
+}
+
+
+def _model(fmt: str, **options) -> GPT:
+    model = gptlab.quantize(tiny_model(vocab_size=97, block_size=24, n_embd=64, **options), fmt)
+    prepare_decoding(model, compile="on")
+    return model
+
+
+def _greedy_logits(model: GPT, prompt: list[int], steps: int, fused: bool, monkeypatch) -> list[torch.Tensor]:
+    engine = engine_of(model)
+    session = BatchSession(model, 1, one_token=engine.one_token if fused else None)
+    assert (session.one_token is not None) == fused
+    slot, logits = session.add(prompt)
+    out = [logits]
+    before = engine.one_token.compiled_calls
+    for _ in range(steps):
+        logits = session.step({slot: int(logits.argmax())})[slot]
+        out.append(logits)
+    # every step ran the compiled graph, not its eager fallback (and none did without it)
+    assert engine.one_token.compiled_calls - before == (steps if fused else 0)
+    return out
+
+
+@pytest.mark.slow  # one cold compile per variant: 20-40 s each on 2 busy cores
+@needs_compiler
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_compiled_step_equals_the_layer_by_layer_step(monkeypatch, variant):
+    model = _model("fp32", **VARIANTS[variant])
+    # 5 prompt tokens and 30 steps: past the context of 24, so RoPE and ALiBi slide (the cache's
+    # end moves back) and learned positions stop at the limit
+    steps = 30 if variant != "learned" else 24 - 5
+    fused = _greedy_logits(model, [3, 1, 4, 1, 5], steps, True, monkeypatch)
+    layered = _greedy_logits(model, [3, 1, 4, 1, 5], steps, False, monkeypatch)
+    for t, (a, b) in enumerate(zip(fused, layered, strict=True)):
+        assert torch.allclose(a, b, atol=1e-5, rtol=1e-5), (variant, t, (a - b).abs().max())
+
+
+@needs_compiler
+@pytest.mark.parametrize("fmt", ["bf16", "int8"])
+def test_compiled_half_and_int8_steps_agree_with_the_layer_by_layer_step(monkeypatch, fmt):
+    model = _model(fmt)
+    fused = _greedy_logits(model, [3, 1, 4, 1, 5], 8, True, monkeypatch)
+    layered = _greedy_logits(model, [3, 1, 4, 1, 5], 8, False, monkeypatch)
+    for a, b in zip(fused, layered, strict=True):  # bf16 activations: agreement to bf16 precision
+        assert (a - b).abs().max() <= 2e-2 * b.abs().max()
+        assert a.argmax() == b.argmax()
+
+
+@needs_compiler
+def test_compiled_step_compiles_once_for_every_cache_length(monkeypatch):
+    import torch._dynamo.utils as dynamo_utils
+
+    model = _model("int8")
+    frames = dynamo_utils.counters["frames"]
+    assert generate_ids(model, torch.tensor([[1, 2, 3]]), 3, temperature=0).shape == (1, 6)  # cache ends 4..6
+    assert engine_of(model).one_token.compiled_calls > 0  # it ran compiled
+    before = frames["ok"]
+    assert generate_ids(model, torch.tensor([list(range(8))]), 16, temperature=0).shape == (
+        1,
+        24,
+    )  # ends 9..24
+    assert frames["ok"] == before  # nothing new compiled: the cache length is a symbol, not a constant
+
+
+@needs_compiler
+def test_the_compiled_step_is_used_only_where_it_applies(monkeypatch):
+    model = _model("bf16")
+    engine = engine_of(model)
+    assert engine.plan(1).step == "fused"
+    assert engine.dynamic_session(engine.plan(1), 1).one_token is engine.one_token
+    assert engine.plan(2).step == "layers"  # several rows: the batched kernels (bf16 activations)
+    assert engine.dynamic_session(engine.plan(2), 2).one_token is None
+    assert engine.plan(1, cache_dtype=torch.int8).step == "layers"  # an int8 cache dequantises
+    assert BatchSession(model, 1, cache_dtype=torch.int8, one_token=engine.one_token).one_token is None
+    assert BatchSession(model, 2, one_token=engine.one_token).one_token is None
+    assert engine_of(gptlab.quantize(GPT(model.config), "bf16")).plan(1).step == "layers"  # not asked for
+    monkeypatch.setenv("GPTLAB_COMPILE", "0")  # what compiling.Compiled reads: the step runs eagerly
+    assert BatchSession(model, 1, one_token=one_token_step()).one_token is None
