@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_serve_live import chromium_page, serve_load
 
 import gptlab
+from bench import serve_load
 from gptlab import GPTConfig
 from gptlab.generate.fill import MASK, fill_masks
 from gptlab.inspect import attention_maps
@@ -27,6 +27,7 @@ from gptlab.inspect.attention import seq2seq_maps
 from gptlab.model import build_model
 from gptlab.tokenizers import CharTokenizer
 from gptlab.train.objectives import with_mask_token
+from tests.serve.test_serve_live import chromium_page
 
 ALPHABET = "abcdefghijklmnopqrstuvwxyz .,:"
 ATT = 70  # the canvas's left and top margins (inside.js: ATT)

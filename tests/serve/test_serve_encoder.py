@@ -154,9 +154,9 @@ def test_a_decoders_lens_at_a_chosen_position(tok) -> None:
 def test_fuzz_an_encoders_server(tok, tmp_path) -> None:
     """Schemathesis on a live encoder's server: every route in its schema (fill and Inside included)
     answers as documented, valid data is accepted, and nothing is a 5xx."""
-    from test_serve_fuzz import KEY, fuzz, robustness
-
     import gptlab
+    from bench import serve_robustness as robustness
+    from tests.serve.test_serve_fuzz import KEY, fuzz
 
     ckpt = gptlab.save(tiny("encoder", tok), tok, tmp_path / "mlm")
     extra = ["--api-key", KEY, "--device", "cpu", "--dtype", "fp32", "--model-name", "mlm"]
