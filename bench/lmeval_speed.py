@@ -6,7 +6,8 @@ side by side (process start to exit: imports, loading, every task), alternating.
 Both run lm-eval's own console script (``lm_eval`` beside this interpreter, else on PATH) on this interpreter in float32 on the CPU;
 gptlab must be installed (its start-up hook registers ``--model gptlab``). The line holds each run's wall
 time, its CPU time (every thread, user + system: the steadier figure on a shared machine) and the 1-minute
-load average after it; the medians, median(gptlab) / median(hf) of each. With
+load average after it; the medians, median(gptlab) / median(hf) of each, and each round's own ratio
+(its two runs ran back to back, under about the same load) with their median. With
 ``--out DIR`` every run logs its samples under DIR/<model>-<round> for ``bench/lmeval_parity.py``.
 """
 
@@ -86,7 +87,9 @@ def main() -> None:
             print(f"{model} round {i}: {wall:.1f} s", file=sys.stderr)
     medians = {m: statistics.median(r["wall_s"] for r in rs) for m, rs in runs.items()}
     cpu = {m: statistics.median(r["cpu_s"] for r in rs) for m, rs in runs.items()}
+    pairs = [round(g["wall_s"] / h["wall_s"], 3) for g, h in zip(runs["gptlab"], runs["hf"], strict=True)]
     print(json.dumps({"runs": runs, "median_s": medians, "ratio": round(medians["gptlab"] / medians["hf"], 3),
+                      "pair_ratios": pairs, "median_pair_ratio": statistics.median(pairs),
                       "median_cpu_s": cpu, "cpu_ratio": round(cpu["gptlab"] / cpu["hf"], 3),
                       "tasks": args.tasks, "gguf": str(gguf), "cpus": os.cpu_count()}))  # fmt: skip
 
