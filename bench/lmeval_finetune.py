@@ -11,7 +11,8 @@ evaluation item: tests/test_evals_data.py), run through the README's commands::
     gptlab train --data WORK/data --out WORK/run init=smollm2 finetune=lora model.block_size=64 \\
         max_steps=STEPS lr=3e-3 'lora_targets=["qkv","proj","gate","up"]'
 
-Then SmolLM2's packaged GGUF file and ``WORK/run`` (the LoRA run, merged while loading) are each
+Then SmolLM2 (its packaged GGUF file converted to a float32 checkpoint, ``gptlab convert --from-gguf``: the
+server opens checkpoints) and ``WORK/run`` (the LoRA run, merged while loading) are each
 scored in float32 on the CPU, in-process and through a server. The line holds every task's metrics for
 the four runs, whether the in-process and the served figures are equal (accuracy and exact match
 identical, perplexities within 0.1 %), and the training's wall time (null when ``--work`` held the finished
@@ -114,7 +115,10 @@ def main() -> None:
         train_s = gptlab("train", "--data", str(data), "--out", str(run), "init=smollm2", "finetune=lora",
                          "model.block_size=64", f"max_steps={args.steps}", "lr=3e-3", f"lora_targets={TARGETS}")  # fmt: skip
     out: dict[str, object] = {"steps": args.steps, "train_wall_s": train_s and round(train_s, 1)}
-    for name, checkpoint in (("before", str(smollm2())), ("after", str(run))):
+    base = work / "smollm2"  # gptlab serve takes a checkpoint: the GGUF file converted once, float32
+    if not (base / "config.json").exists():
+        gptlab("convert", "--from-gguf", str(smollm2()), "--out", str(base))
+    for name, checkpoint in (("before", str(base)), ("after", str(run))):
         inproc = evaluate("gptlab", f"pretrained={checkpoint},dtype=fp32,device=cpu", tasks)
         server = served(checkpoint, tasks)
         out[name] = {"in_process": inproc, "served": server, "equal": same(inproc, server)}
