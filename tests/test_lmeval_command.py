@@ -4,6 +4,7 @@ hook, ``gptlab_lmeval_hook.pth``; src/gptlab_lmeval_hook.py says why lm-eval 0.4
 gptlab is installed twice into throwaway environments, from a wheel and with ``pip install -e`` (the
 Makefile's way), with no dependencies: those come from this interpreter's site-packages on PYTHONPATH,
 which Python does not scan for ``.pth`` files, so the hook runs only where gptlab's install put it.
+The wheel's build and install is marked slow (``make test-slow``; CI runs both).
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ def pip(*args: str, env: dict[str, str] | None = None) -> None:
     assert done.returncode == 0, done.stderr[-3000:]
 
 
-@pytest.fixture(scope="module", params=["wheel", "editable"])
+@pytest.fixture(scope="module", params=[pytest.param("wheel", marks=pytest.mark.slow), "editable"])
 def installed(request, tmp_path_factory) -> tuple[Path, dict[str, str]]:
     """A venv holding gptlab alone, and the environment that runs it on this interpreter's packages."""
     require("lm_eval", "setuptools", "pip")
