@@ -9,9 +9,7 @@ echo forward pass per request here) that must agree per item within 1e-4.
 from __future__ import annotations
 
 import importlib.util
-import json
 import os
-import subprocess
 import sys
 import tomllib
 from pathlib import Path
@@ -183,23 +181,11 @@ def test_without_lm_eval_tasks_say_how_to_install(checkpoint, capsys, monkeypatc
     assert len(err) == 1 and "pip install 'gptlab[eval]'" in err[0]
 
 
-def test_lm_evals_command_line_with_the_gptlab_model(checkpoint, tmp_path):
-    """``python -m gptlab.evaluate`` is lm-eval's own command line with the model registered."""
-    cmd = [sys.executable, "-m", "gptlab.evaluate", "--model", "gptlab", "--model_args",
-           f"pretrained={checkpoint},dtype=fp32", "--tasks", "gptlab_choice", "--include_path", str(EVALS),
-           "--limit", "3", "--output_path", str(tmp_path)]  # fmt: skip
-    done = subprocess.run(
-        cmd, capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT / "src")}
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    written = list(tmp_path.rglob("results_*.json"))
-    assert len(written) == 1 and "acc,none" in json.loads(written[0].read_text())["results"]["gptlab_choice"]
-
-
 def test_pyproject_declares_the_eval_extra():
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     assert project["optional-dependencies"]["eval"] == ["lm-eval[api]==0.4.13"]
-    assert project["scripts"]["gptlab-lm-eval"] == "gptlab.evaluate.__main__:main"
+    assert project["entry-points"]["lm_eval.models"] == {"gptlab": "gptlab.evaluate.harness:GptlabLM"}
+    assert set(project["scripts"]) == {"gptlab"}  # `lm_eval --model gptlab` (tests/test_lmeval_command.py)
 
 
 def test_a_setting_in_model_args_and_lm_evals_options_is_taken_once(checkpoint):

@@ -107,17 +107,19 @@ def test_logit_bias_bans_and_forces_tokens_and_round_trips(tok):
             SampleConfig(logit_bias=bad)
 
 
-def test_token_step_reports_log_probabilities_of_the_drawn_distribution(tok):
+def test_token_step_reports_log_probabilities_of_the_raw_distribution(tok):
+    """Temperature and top-k choose the token; its reported log p is the raw logits' (OpenAI's logprobs)."""
     model = tiny(tok, "rope")
     config = SampleConfig(temperature=0.7, top_k=3, seed=2)
     step = TokenStep(config, tok, model, [1, 2], top_n=5)
     logits = torch.randn(tok.vocab_size, generator=torch.Generator().manual_seed(0))
     event = step.advance(logits)
-    expected = torch.log_softmax(step.sampler.process(logits, [1, 2]), -1)
-    assert event.logprob == pytest.approx(float(expected[event.token_id]))
+    raw = torch.log_softmax(logits, -1)
+    assert event.token_id in raw.topk(3).indices.tolist()  # drawn from the top 3 …
+    assert event.logprob == pytest.approx(float(raw[event.token_id]))  # … reported under the raw distribution
     assert event.prob == pytest.approx(math.exp(event.logprob))
-    assert [a.logprob for a in event.top[:3]] == pytest.approx(expected.topk(3).values.tolist())
-    assert all(a.prob == 0.0 for a in event.top[3:])  # outside the top-k: probability 0
+    assert [a.logprob for a in event.top] == pytest.approx(raw.topk(5).values.tolist())
+    assert all(a.prob > 0.0 for a in event.top)  # outside the top-k too
     assert step.reason is None and step.token == event.token_id
     stop = TokenStep(SampleConfig(stop_tokens=[4], logit_bias={4: 100}), tok, model, [1])
     assert stop.advance(logits) is None and stop.reason == "stop" and stop.close().finish_reason == "stop"

@@ -12,8 +12,8 @@ whole ``x ⧺ y`` is encoded, and the context's own encoding marks where ``y`` s
 are added, special tokens written in the text are matched), so the figures equal that backend's.
 ``--apply_chat_template`` renders the model's own chat template (``gptlab.tokenizers.chat``).
 
-``import gptlab.evaluate.harness`` registers the name; ``gptlab eval --tasks`` and
-``python -m gptlab.evaluate`` (lm-eval's own command line with the model registered) both import it.
+``import gptlab.evaluate.harness`` registers the name (``gptlab eval --tasks`` imports it); lm-eval's own
+``lm_eval --model gptlab`` finds it through the start-up hook installed with gptlab (``gptlab_lmeval_hook``).
 """
 
 from __future__ import annotations

@@ -1,9 +1,10 @@
 """One request's per-token step, from next-token logits to a token, its text and whether to stop.
 
-    l    = Sampler.process(logits, history)      penalties, logit bias, /τ, top-k/top-p/min-p
-    y    = Sampler.choose(l)                      argmax (τ = 0) or y ~ softmax(l)
-    log p(y) = l_y − log Σ_j exp(l_j)             the probability the playground shades, and
-                                                  OpenAI's ``logprobs`` (log-softmax of l)
+    l'   = Sampler.process(l, history)           penalties, logit bias, /τ, top-k/top-p/min-p
+    y    = Sampler.choose(l')                     argmax (τ = 0) or y ~ softmax(l')
+    log p(y) = l_y − log Σ_j exp(l_j)             of the model's raw logits l, whatever the sampling
+                                                  settings: OpenAI's ``logprobs`` (as vLLM's default
+                                                  ``raw_logprobs``) and what the playground shades
     y ∈ stop tokens             → finish "stop"   (y is not emitted)
     text = TextStream.push(y)   → a UTF-8-safe piece; a completed stop string → finish "stop"
     n_new = max_new_tokens      → finish "length"
@@ -56,7 +57,7 @@ class TokenEvent:
 
     text: str
     token_id: int | None = None
-    prob: float | None = None  # probability of token_id under the distribution it was drawn from
+    prob: float | None = None  # the model's probability of token_id: softmax of the raw logits
     top: list[Alternative] = field(default_factory=list)  # the most probable alternatives, best first
     finish_reason: str | None = None
     index: int = 0  # which prompt (or choice) of a batch
@@ -155,25 +156,25 @@ class TokenStep:
         ``stop_event`` (``stop=True``), for a caller that reports every sampled token (OpenAI's
         completions ``logprobs``: ``completion_tokens`` counts it too).
         """
-        processed: torch.Tensor | None = None
+        raw: torch.Tensor | None = None
         if isinstance(logits, int):
             token = logits
         else:
-            processed = self.sampler.process(logits, self.history)
-            token = self.sampler.choose(processed)
+            raw = logits
+            token = self.sampler.choose(self.sampler.process(logits, self.history))
         self.sampled += 1
         if token in self.stops:
             self.reason = "stop"
             self.stop_event = TokenEvent("", token, index=self.index, stop=True)
-            if self.top_n is not None and processed is not None:
-                self._probabilities(self.stop_event, processed)
+            if self.top_n is not None and raw is not None:
+                self._probabilities(self.stop_event, raw)
             return None
         self.history.append(token)
         self.n_new += 1
         self.token = token
         event = TokenEvent(self.text.push(token) if self.text is not None else "", token, index=self.index)
-        if self.top_n is not None and processed is not None:
-            self._probabilities(event, processed)
+        if self.top_n is not None and raw is not None:
+            self._probabilities(event, raw)
         if self.text is not None and self.text.stopped:
             self.reason = "stop"
         elif self.n_new >= self.config.max_new_tokens:
@@ -190,12 +191,16 @@ class TokenStep:
         tail = self.text.finish() if self.text is not None else ""
         return TokenEvent(tail, None, finish_reason=self.reason, index=self.index)
 
-    def _probabilities(self, event: TokenEvent, processed: torch.Tensor) -> None:
-        logp = torch.log_softmax(processed, dim=-1)
+    def _probabilities(self, event: TokenEvent, raw: torch.Tensor) -> None:
+        """``log softmax(l)`` of the raw logits over the model's whole output, as the echoed prompt's
+        (``scoring.prompt_logprobs``): temperature, penalties, bias and truncation only choose the token.
+        The alternatives are tokens the sampler may choose (ids below the tokenizer's vocabulary)."""
+        logp = torch.log_softmax(raw.float().cpu(), dim=-1)
         event.logprob = float(logp[event.token_id])
         event.prob = math.exp(event.logprob)
         if self.top_n:
-            values, ids = torch.topk(logp, min(self.top_n, logp.numel()))
+            choosable = logp[: self.sampler.vocab_size]
+            values, ids = torch.topk(choosable, min(self.top_n, choosable.numel()))
             event.top = [
                 Alternative(token_text(self.tokenizer, i), math.exp(v), i, v)
                 for v, i in zip(values.tolist(), ids.tolist(), strict=True)

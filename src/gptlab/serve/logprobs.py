@@ -1,8 +1,9 @@
 """OpenAI's two ``logprobs`` shapes, built from the ``TokenEvent``\\ s of one choice.
 
-    log p(y_t) = log softmax(l)_y     l: the logits the token was drawn from (after penalties,
-                                      logit_bias, temperature and truncation) — the same
-                                      probability the playground shades, p = exp(log p)
+    log p(y_t) = log softmax(l)_y     l: the model's raw logits at that step, whatever the sampling
+                                      settings (temperature, penalties, logit_bias, top-k/top-p/min-p
+                                      only choose y) — OpenAI's meaning, vLLM's default
+                                      (``raw_logprobs``), and the probability the playground shades
 
 Completions (``logprobs: N``) report every sampled token, the stop token that ended the choice included
 (its text is never shown; ``usage.completion_tokens`` counts it); with ``echo`` the prompt's tokens come
@@ -14,8 +15,7 @@ Chat (``logprobs: true, top_logprobs: N``)::
 
     {"content": [{"token", "logprob", "bytes", "top_logprobs": [{"token", "logprob", "bytes"}]}], "refusal": null}
 
-A token that truncation removed has probability 0; its log is reported as −9999.0
-(JSON has no −∞).
+A log-probability of −∞ (a logit of −∞ from the model) is reported as −9999.0 (JSON has no −∞).
 """
 
 from __future__ import annotations
