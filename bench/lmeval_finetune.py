@@ -5,7 +5,7 @@ JSON line.
     python bench/lmeval_finetune.py [--work DIR] [--steps 30] [--tasks gptlab_choice,gptlab_rolling,gptlab_gen]
 
 The fine-tuning data is ``evals/data/choice_train.jsonl`` (questions written for gptlab, none of them an
-evaluation item: tests/test_evals_data.py), run through the README's commands::
+evaluation item: tests/evaluate/test_evals_data.py), run through the README's commands::
 
     gptlab prepare evals/data/choice_train.jsonl --out WORK/data --tokenizer smollm2 --block-size 64
     gptlab train --data WORK/data --out WORK/run init=smollm2 finetune=lora model.block_size=64 \\

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import sys
 import tomllib
 from pathlib import Path
 

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import json
 import re
-from pathlib import Path
 
-DATA = Path(__file__).resolve().parents[1] / "evals" / "data"
+from tests import ROOT
+
+DATA = ROOT / "evals" / "data"
 
 
 def rows(name: str) -> list[dict]:

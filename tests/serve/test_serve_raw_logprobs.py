@@ -9,11 +9,11 @@ import json
 
 import pytest
 import torch
-from test_serve_echo import client, model, raw_logprobs, tok  # noqa: F401  (the tiny float32 model and server)
 
 from gptlab.generate import SampleConfig
 from gptlab.generate.sampling import Sampler
 from gptlab.generate.step import token_text
+from tests.serve.test_serve_echo import client, model, raw_logprobs, tok  # noqa: F401  (the tiny float32 model and server)
 
 SAMPLING = {"temperature": 0.7, "repetition_penalty": 1.8, "top_k": 6, "seed": 11}
 TOP = 3

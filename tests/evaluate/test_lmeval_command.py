@@ -18,9 +18,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_lmeval import EVALS, checkpoint, require  # noqa: F401  (checkpoint: the tiny model fixture)
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests import ROOT
+from tests.evaluate.test_lmeval import EVALS, checkpoint, require  # noqa: F401  (checkpoint: the tiny model fixture)
+
 LM_EVAL = Path(sys.executable).parent / "lm_eval"  # lm-eval's own console script in this environment
 STARTUP = (
     "import json, sys; print(json.dumps({'finders': [type(f).__name__ for f in sys.meta_path],"
