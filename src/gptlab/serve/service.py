@@ -5,10 +5,8 @@
                                    → SampleConfig per choice → jobs on the scheduler
     Generation.events()            the jobs' TokenEvents and EndEvents, as they come (generation.py)
 
-Chat prompts are built in one place, ``Service.chat_prompt``, with the model's own chat template
-(or a fallback: ``tokenizers/chat.py``); a chat that does not fit
-the context drops its oldest turns first (the system message stays). A masked-language encoder
-is served too, but does not generate (``tasks.py``).
+Chat prompts are built in ``Service.chat_prompt`` with the model's chat template (or ``tokenizers/chat.py``'s
+fallback); a chat too long drops its oldest turns (the system message stays). An encoder does not generate.
 """
 
 from __future__ import annotations
