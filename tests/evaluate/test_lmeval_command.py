@@ -42,13 +42,11 @@ def pip(*args: str, env: dict[str, str] | None = None) -> None:
 def installed(request, tmp_path_factory) -> tuple[Path, dict[str, str]]:
     """A venv holding gptlab alone, and the environment that runs it on this interpreter's packages."""
     require("lm_eval", "setuptools")
-    try:  # pip by its metadata: importlib.util.find_spec("pip") would switch setuptools' distutils shim off
-        importlib.metadata.version(
-            "pip"
-        )  # for this whole process (_distutils_hack's spec_for_pip), and every
-    except (
-        importlib.metadata.PackageNotFoundError
-    ):  # later torch.compile here would fail (test_generate_fused)
+    # pip by its metadata: importlib.util.find_spec("pip") would switch setuptools' distutils shim off for the
+    # whole process (_distutils_hack's spec_for_pip), and a later torch.compile in it would fail
+    try:
+        importlib.metadata.version("pip")
+    except importlib.metadata.PackageNotFoundError:
         require("pip")  # skips with the reason, or fails under GPTLAB_REQUIRE_SHARED=1
     if not LM_EVAL.exists():
         pytest.skip(f"lm-eval's console script is not at {LM_EVAL}")
