@@ -113,6 +113,12 @@ def test_the_sampler_never_fails_on_extreme_numbers():
     best = int(torch.argmax(logits))
     assert Sampler(SampleConfig(temperature=1e-320), 50)(logits, []) == best  # τ → 0 is greedy
     assert Sampler(SampleConfig(top_p=1e-300, seed=3), 50)(logits, []) == best  # the nucleus keeps the top
+    sampler = Sampler(SampleConfig(temperature=0.8, seed=1), 50)  # no draw possible: the argmax, no error
+    assert sampler.choose(torch.full((50,), float("-inf"))) == 0
+    assert sampler.choose(torch.full((50,), float("nan"))) == 0
+    spike = torch.full((50,), float("-inf"))
+    spike[7] = 0.0
+    assert sampler.choose(spike) == 7  # one finite logit: always drawn
 
 
 def test_beam_search_takes_any_length_penalty(model):

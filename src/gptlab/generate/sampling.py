@@ -129,9 +129,10 @@ class Sampler:
         if self.greedy:
             return int(torch.argmax(logits).item())
         probs = torch.softmax(logits, dim=-1)
-        if not bool(torch.isfinite(probs).all()) or float(probs.sum()) <= 0.0:
+        try:  # torch checks the distribution itself (NaN, inf, a zero sum): no extra pass per token
+            return int(torch.multinomial(probs, 1, generator=self.generator).item())
+        except RuntimeError:  # no draw is possible (every logit −inf after the filters): the argmax
             return int(torch.argmax(torch.nan_to_num(logits, nan=float("-inf"))).item())
-        return int(torch.multinomial(probs, 1, generator=self.generator).item())
 
     def __call__(self, logits: torch.Tensor, history: Sequence[int]) -> int:
         return self.choose(self.process(logits, history))
