@@ -48,13 +48,17 @@ class FairQueue:
 
     def take(self, free: int, holding: Iterable[Job]) -> list[Job]:
         """Up to ``free`` jobs to admit now, given the jobs ``holding`` slots; cancelled jobs are dropped."""
-        held = Counter(job.request for job in holding)
+        if not self._requests:  # the usual case once every request has started: nothing to do
+            return []
         for key, q in list(self._requests.items()):
             kept = deque(job for job in q if not job.cancelled.is_set())  # its client has gone: never starts
             if kept:
                 self._requests[key] = kept
             else:
                 del self._requests[key]
+        if free <= 0:
+            return []
+        held = Counter(job.request for job in holding)
         out: list[Job] = []
         while len(out) < free:
             ready = [key for key in self._requests if held[key] < self.per_request]
