@@ -52,8 +52,9 @@ async def one_run(model, tokenizer, jobs: int, tokens: int, max_batch: int) -> f
     ]
 
     async def end(job: Job) -> None:
-        while not any(isinstance(event, EndEvent) for event in await job.channel.get()):
-            pass
+        events: list = []
+        while not any(isinstance(event, EndEvent) for event in events):
+            events = await job.channel.get()
 
     t0 = time.perf_counter()
     for job in work:

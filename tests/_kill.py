@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import signal
@@ -51,7 +52,5 @@ def kill_tree(pid: int) -> None:
         tree.append(todo.pop())
         todo.extend(children.get(tree[-1], []))
     for p in reversed(tree):  # the ranks first, so none sees its agent go and exits cleanly
-        try:
+        with contextlib.suppress(ProcessLookupError):  # it has gone by itself
             os.kill(p, signal.SIGKILL)
-        except ProcessLookupError:
-            pass

@@ -8,12 +8,16 @@ reading the body (``refusals``, a router placed before the others), and offers t
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Protocol
 
 from fastapi import APIRouter
 
 from gptlab.generate.fill import MASK
 from gptlab.serve.errors import APIError
+
+if TYPE_CHECKING:
+    from gptlab.model import GPT
+    from gptlab.tokenizers.base import Tokenizer
 
 #: the served model's task, by ``config.arch``
 TASKS = {"decoder": "generate", "encoder-decoder": "generate", "encoder": "fill-mask"}
@@ -21,11 +25,17 @@ TASKS = {"decoder": "generate", "encoder-decoder": "generate", "encoder": "fill-
 GENERATING = ("/v1/completions", "/v1/chat/completions", "/v1/gptlab/generate")
 
 
-def task_of(model: Any) -> str:
+class Served(Protocol):
+    """What the refusals need of the service: the name it serves under."""
+
+    model_name: str
+
+
+def task_of(model: GPT) -> str:
     return TASKS[getattr(model.config, "arch", "decoder")]
 
 
-def mask_token(tokenizer: Any) -> str | None:
+def mask_token(tokenizer: Tokenizer) -> str | None:
     """``[MASK]`` when the tokenizer has it (a masked-language model's), else None."""
     return MASK if MASK in (getattr(tokenizer, "special_tokens", None) or {}) else None
 
@@ -42,7 +52,7 @@ def cannot_generate(model_name: str) -> APIError:
     )
 
 
-def refusals(service: Any) -> APIRouter:
+def refusals(service: Served) -> APIRouter:
     """``GENERATING`` answered with ``cannot_generate``, whatever the body (out of the schema)."""
     r = APIRouter()
 
