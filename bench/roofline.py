@@ -38,6 +38,12 @@ from bench.baseline_minimal import BATCH, BLOCK, MinimalRun  # noqa: E402
 from bench.train_shakespeare_char import DEFAULT_DATA, RECIPES  # noqa: E402
 
 
+def significant(x: float, digits: int = 4) -> float:
+    """``x`` to ``digits`` significant figures: a ratio near 0.09 keeps its precision, which two decimals
+    would not (0.0873 printed as 0.09 is 3 % off, and a figure derived from it is off by as much)."""
+    return float(f"{x:.{digits}g}")
+
+
 def median_s(fn: Callable[[], object], repeats: int, budget_s: float = 5.0) -> float:
     """Median wall time of ``fn()`` over ``repeats`` calls after one warm-up call, fewer (at least 3)
     where the calls would take more than ``budget_s`` in all (emulated bf16 runs ~100× slower)."""
@@ -108,13 +114,13 @@ def main(argv: list[str] | None = None) -> int:
         "recipe": args.recipe,
         "batch": B,
         "context": T,
-        "train_gflop_per_step": round(flops / 1e9, 3),
-        "peak_gflops": round(peak[torch.float32], 1),
-        "shape_gflops": round(shaped[torch.float32], 1),
-        "bf16_peak_gflops": round(peak[torch.bfloat16], 1),
-        "bf16_shape_gflops": round(shaped[torch.bfloat16], 1),
-        "floor_ms": round(1000 * flops / (peak[torch.float32] * 1e9), 2),
-        "bf16_floor_ms": round(1000 * flops / (peak[torch.bfloat16] * 1e9), 2),
+        "train_gflop_per_step": significant(flops / 1e9),
+        "peak_gflops": significant(peak[torch.float32]),
+        "shape_gflops": significant(shaped[torch.float32]),
+        "bf16_peak_gflops": significant(peak[torch.bfloat16]),
+        "bf16_shape_gflops": significant(shaped[torch.bfloat16]),
+        "floor_ms": significant(1000 * flops / (peak[torch.float32] * 1e9)),
+        "bf16_floor_ms": significant(1000 * flops / (peak[torch.bfloat16] * 1e9)),
     }
     if args.yardstick_steps > 20:
         if (B, T) != (BATCH, BLOCK):
@@ -126,11 +132,11 @@ def main(argv: list[str] | None = None) -> int:
             times.append(time.perf_counter() - t)
         step_s = statistics.median(times[20:])
         out |= {
-            "yardstick_ms": round(1000 * step_s, 2),
-            "yardstick_gflops": round(flops / step_s / 1e9, 1),
-            "max_speedup": round(step_s * peak[torch.float32] * 1e9 / flops, 2),
-            "bf16_max_speedup": round(step_s * peak[torch.bfloat16] * 1e9 / flops, 2),
-            "share_of_peak_2x": round(2 * flops / (step_s * peak[torch.float32] * 1e9), 2),
+            "yardstick_ms": significant(1000 * step_s),
+            "yardstick_gflops": significant(flops / step_s / 1e9),
+            "max_speedup": significant(step_s * peak[torch.float32] * 1e9 / flops),
+            "bf16_max_speedup": significant(step_s * peak[torch.bfloat16] * 1e9 / flops),
+            "share_of_peak_2x": significant(2 * flops / (step_s * peak[torch.float32] * 1e9)),
         }
     out |= {
         "cpu": hardware.detect().describe_cpu(),
