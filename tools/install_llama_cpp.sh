@@ -9,7 +9,7 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 DEST="${GPTLAB_LLAMA_CPP_DIR:-$ROOT/.cache/llama-cpp}"
 command -v npm >/dev/null || { echo "install_llama_cpp: npm (Node >= 20) is needed" >&2; exit 1; }
 mkdir -p "$DEST"
-cp "$ROOT/tools/llama_cpp/run.mjs" "$DEST/run.mjs"
+cp "$ROOT"/tools/llama_cpp/*.mjs "$DEST/"
 installed="$(node -p "require('$DEST/node_modules/node-llama-cpp/package.json').version" 2>/dev/null || true)"
 if [ "$installed" = "$VERSION" ] && [ -d "$DEST/node_modules/@node-llama-cpp/linux-x64" ]; then
     echo "node-llama-cpp $VERSION already in $DEST"
