@@ -25,6 +25,7 @@ from gptlab.serve.logprobs import chat_logprobs, completion_logprobs
 from gptlab.serve.schemas import ChatCompletionRequest, CompletionRequest
 from gptlab.serve.service import Service
 from gptlab.serve.transport import DONE, sse, sse_response, watched
+from gptlab.tokenizers.tools import CallStream, parse_calls
 
 
 class _Shape(ABC):
@@ -44,8 +45,8 @@ class _Shape(ABC):
         """The streamed choice for one event (None: nothing to send)."""
 
     @abstractmethod
-    def ending(self, end: EndEvent) -> dict[str, Any]:
-        """The last streamed choice: its finish reason."""
+    def ending(self, end: EndEvent) -> list[dict[str, Any]]:
+        """The last streamed choices: what was held back, then the finish reason."""
 
     @abstractmethod
     def choice(self, index: int, events: Sequence[TokenEvent], end: EndEvent) -> dict[str, Any]:
@@ -87,8 +88,8 @@ class _Completion(_Shape):
             return None
         return self._choice(event.index, event.text, logprobs, None)
 
-    def ending(self, end: EndEvent) -> dict[str, Any]:
-        return self._choice(end.index, "", None, end.finish_reason)
+    def ending(self, end: EndEvent) -> list[dict[str, Any]]:
+        return [self._choice(end.index, "", None, end.finish_reason)]
 
     def choice(self, index: int, events: Sequence[TokenEvent], end: EndEvent) -> dict[str, Any]:
         echo = self.echo[index]
@@ -105,6 +106,9 @@ class _Chat(_Shape):
     def __init__(self, service: Service, gen: Generation, req: ChatCompletionRequest) -> None:
         super().__init__(service, gen, req.logprobs)
         self.started = {job.index: False for job in gen.jobs}  # the reply's leading whitespace is dropped
+        names = gen.tool_names
+        # with tools, each choice's text is split into content and calls as it streams
+        self.calls = {job.index: CallStream(names) for job in gen.jobs} if names is not None else None
 
     def _choice(self, index: int, delta: dict, logprobs: Any, finish: str | None) -> dict[str, Any]:
         return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
@@ -121,20 +125,59 @@ class _Chat(_Shape):
         text = event.text if self.started[event.index] else event.text.lstrip()
         self.started[event.index] = self.started[event.index] or bool(text)
         logprobs = chat_logprobs(self.tokenizer, [event]) if self.wants_logprobs(event) else None
+        if self.calls is not None:
+            text = self.calls[event.index].feed(text)  # text that may start a call is held back
         if not text and logprobs is None:
             return None
         return self._choice(event.index, {"content": text}, logprobs, None)
 
-    def ending(self, end: EndEvent) -> dict[str, Any]:
-        return self._choice(end.index, {}, None, end.finish_reason)
+    def ending(self, end: EndEvent) -> list[dict[str, Any]]:
+        if self.calls is None:
+            return [self._choice(end.index, {}, None, end.finish_reason)]
+        rest, calls = self.calls[end.index].finish()
+        out = [self._choice(end.index, {"content": rest}, None, None)] if rest else []
+        for k, (name, arguments) in enumerate(calls):
+            head = {
+                "index": k,
+                "id": call_id(),
+                "type": "function",
+                "function": {"name": name, "arguments": ""},
+            }
+            out.append(self._choice(end.index, {"tool_calls": [head]}, None, None))
+            for i in range(0, len(arguments), ARGUMENT_PIECE):
+                piece = {"index": k, "function": {"arguments": arguments[i : i + ARGUMENT_PIECE]}}
+                out.append(self._choice(end.index, {"tool_calls": [piece]}, None, None))
+        out.append(self._choice(end.index, {}, None, "tool_calls" if calls else end.finish_reason))
+        return out
 
     def choice(self, index: int, events: Sequence[TokenEvent], end: EndEvent) -> dict[str, Any]:
+        text = "".join(e.text for e in events).lstrip()
+        message: dict[str, Any] = {"role": "assistant", "content": text}
+        finish = end.finish_reason
+        if self.gen.tool_names is not None:
+            content, calls = parse_calls(text, self.gen.tool_names)
+            if calls:
+                message["content"] = content or None
+                message["tool_calls"] = [
+                    {"id": call_id(), "type": "function", "function": {"name": name, "arguments": arguments}}
+                    for name, arguments in calls
+                ]
+                finish = "tool_calls"
         return {
             "index": index,
-            "message": {"role": "assistant", "content": "".join(e.text for e in events).lstrip()},
+            "message": message,
             "logprobs": chat_logprobs(self.tokenizer, events) if self.logprobs else None,
-            "finish_reason": end.finish_reason,
+            "finish_reason": finish,
         }
+
+
+#: the characters of a call's ``arguments`` per streamed ``delta.tool_calls`` piece
+ARGUMENT_PIECE = 16
+
+
+def call_id() -> str:
+    """A tool call's id, ``call_<24 hex digits>`` (the client sends it back with the result)."""
+    return f"call_{uuid.uuid4().hex[:24]}"
 
 
 async def respond(
@@ -154,7 +197,8 @@ async def respond(
         async for event in watched(request, gen):
             if isinstance(event, EndEvent):
                 ends.append(event)
-                yield shape.ending(event)
+                for choice in shape.ending(event):
+                    yield choice
             elif (piece := shape.piece(event)) is not None:
                 yield piece
 

@@ -3,7 +3,7 @@
 FastAPI writes the request bodies from the declared models (``schemas.py``); this module adds
 what only the running server knows and what FastAPI does not say by itself:
 
-* the limits of this server: ``max_tokens`` ≤ its cap, token ids and ``logit_bias`` keys below
+* the limits of this server: no ``tools`` where its tokenizer cannot write a call, ``max_tokens`` ≤ its cap, token ids and ``logit_bias`` keys below
   its vocabulary, ``layer`` within the model, a non-empty prompt when the tokenizer has no
   end-of-text token to start from, and, for a character tokenizer without an unknown-character
   token, the characters a text may use (``pattern``);
@@ -143,6 +143,8 @@ def _texts(components: dict[str, Any], pattern: str) -> None:
         "CompletionRequest": ["prompt"],
         "GenerateRequest": ["prompt"],
         "ChatMessage": ["content"],
+        "FunctionDefinition": ["description"],
+        "FunctionCall": ["name", "arguments"],
         "ContentPart": ["text"],
         "AttentionRequest": ["text"],
         "InsideAttentionRequest": ["text"],
@@ -174,6 +176,13 @@ def server_limits(components: dict[str, Any], service: Service) -> None:
                 _set(schema, "prompt", "string", minLength=1)
                 schema["required"] = sorted({*schema.get("required", []), "prompt"})
     _token_ids(components.get("DetokenizeRequest", {}).get("properties", {}).get("tokens", {}), vocab)
+    if not service.tools:  # a tokenizer that cannot write a call: no tools, no calls in the messages
+        no_tools = {"type": "null", "description": "this model's tokenizer cannot write tool calls"}
+        for name, field in (("ChatCompletionRequest", "tools"), ("ChatCompletionRequest", "tool_choice"),
+                            ("ChatMessage", "tool_calls")):  # fmt: skip
+            props = components.get(name, {}).get("properties", {})
+            if field in props:
+                props[field] = dict(no_tools)
     n_layer = service.model.config.n_layer
     for name in ("AttentionRequest", "InsideAttentionRequest", "InsideRequest"):
         _set(components.get(name, {}), "layer", minimum=-n_layer, maximum=n_layer - 1)

@@ -31,6 +31,7 @@ PENALTY_RANGE = (0.01, 100.0)  # repetition_penalty (1 = off)
 LENGTH_PENALTY_RANGE = (-10.0, 10.0)  # beam search's α
 SEED_RANGE = (-(2**53 - 1), 2**53 - 1)  # JSON's exact integers (I-JSON): every client and validator agrees
 MAX_TOP_K = 2**31 - 1
+MAX_TOOLS = 128  # tools in one chat request, calls in one message (OpenAI's limit)
 
 
 def _whole(value: Any) -> Any:
@@ -170,12 +171,79 @@ class ContentPart(Strict):
     text: str
 
 
+def _object_schema(value: dict[str, Any]) -> dict[str, Any]:
+    if value.get("type") != "object":
+        raise ValueError('must be a JSON Schema of an object: {"type": "object", "properties": {...}}')
+    return value
+
+
+#: a function's ``parameters``: a JSON Schema whose top is an object
+ParametersSchema = Annotated[
+    dict[str, Any],
+    AfterValidator(_object_schema),
+    WithJsonSchema(
+        {
+            "type": "object",
+            "properties": {"type": {"const": "object"}},
+            "required": ["type"],
+            "description": "a JSON Schema of the arguments: an object",
+        }
+    ),
+]
+
+
+class FunctionDefinition(Strict):
+    """OpenAI's ``tools[i].function``: a name, what it does, and its arguments' JSON Schema."""
+
+    name: str = Field(pattern=r"^[a-zA-Z0-9_-]{1,64}$")
+    description: str | None = None
+    parameters: ParametersSchema | None = None  # None: no arguments
+    strict: bool | None = None  # the arguments always follow the schema here (docs/guide/serving.md)
+
+
+class ToolDefinition(Strict):
+    """One tool of ``tools``: a function."""
+
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class FunctionName(Strict):
+    name: str
+
+
+class NamedToolChoice(Strict):
+    """``tool_choice`` naming one function: the reply calls it."""
+
+    type: Literal["function"]
+    function: FunctionName
+
+
+class FunctionCall(Strict):
+    """A call as the assistant made it: ``arguments`` is JSON text."""
+
+    name: str
+    arguments: str
+
+
+class ToolCall(Strict):
+    """One of an assistant message's ``tool_calls``."""
+
+    id: str
+    type: Literal["function"]
+    function: FunctionCall
+
+
 class ChatMessage(Strict):
-    """One message of a chat: its role and its text (a string or OpenAI's content parts)."""
+    """One message of a chat: its role and its text (a string or OpenAI's content parts); an assistant's
+    message may hold ``tool_calls`` (its content then may be null), a ``tool`` message answers the call
+    ``tool_call_id``."""
 
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[ContentPart] | None = None
     name: str | None = None
+    tool_calls: Annotated[list[ToolCall], Field(max_length=MAX_TOOLS)] | None = None
+    tool_call_id: str | None = None
 
     def text(self) -> str:
         """The message's text; a list of content parts keeps the ``{"type": "text"}`` ones."""
@@ -196,11 +264,16 @@ class ChatCompletionRequest(SamplingFields):
                     fields(top_logprobs={"type": "null"}), fields(("logprobs",), logprobs={"const": True})
                 ),
                 either(NO_BEAM, fields(**TRUNCATION_OFF, logprobs={"const": False})),
+                either(fields(tool_choice={"type": "null"}), fields(("tools",), tools={"type": "array"})),
+                either(NO_BEAM, fields(tools={"type": "null"})),  # a call is sampled under its grammar
             ]
         }
     )
 
     messages: list[ChatMessage] = Field(min_length=1)
+    tools: Annotated[list[ToolDefinition], Field(min_length=1, max_length=MAX_TOOLS)] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None  # needs tools
+    parallel_tool_calls: bool = True
     max_completion_tokens: Annotated[int, Field(ge=0), WHOLE] | None = None
     logprobs: bool = False
     top_logprobs: Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS), WHOLE] | None = None
