@@ -191,11 +191,13 @@ def _prototype(engine: _Engine, what: str, grammar: str) -> llguidance.LLMatcher
     return matcher
 
 
-def check_constraint(config: SampleConfig, tokenizer: Tokenizer) -> None:
-    """Compile ``config``'s constraint for ``tokenizer`` (cached): a ``GptlabError`` if it cannot be."""
-    source = grammar_source(config)
-    if source is not None:
-        _prototype(_engine(tokenizer), *source)
+def check_constraint(config: SampleConfig, tokenizer: Tokenizer, vocab: int | None = None) -> None:
+    """Compile ``config``'s constraint for ``tokenizer`` (cached) and check that some token of the
+    first ``vocab`` ids may start the reply: a ``GptlabError`` naming what fails, else nothing."""
+    if config.constrained:
+        constraint = Constraint(config, tokenizer, vocab or tokenizer.vocab_size)
+        if not constraint.done:
+            constraint.allowed()
 
 
 class Constraint:
@@ -273,3 +275,18 @@ def accepts(config: SampleConfig, tokenizer: Tokenizer, ids: list[int], *, compl
     if matcher.try_consume_tokens(list(ids)) != len(ids):
         return False
     return bool(matcher.is_accepting()) if complete else True
+
+
+#: every character a JSON text of any schema may need outside its strings
+JSON_CHARACTERS = '{}[]",: -+.0123456789eEtrufalsn'
+
+
+def can_spell_json(tokenizer: Tokenizer) -> bool:
+    """Whether ``tokenizer`` can write JSON: each of ``JSON_CHARACTERS`` encodes and decodes back."""
+    for c in JSON_CHARACTERS:
+        try:
+            if tokenizer.decode(tokenizer.encode_ordinary(c)) != c:
+                return False
+        except GptlabError:
+            return False
+    return True
