@@ -6,7 +6,8 @@ what only the running server knows and what FastAPI does not say by itself:
 * the limits of this server: no ``tools`` where its tokenizer cannot write a call, ``max_tokens`` ≤ its cap, token ids and ``logit_bias`` keys below
   its vocabulary, ``layer`` within the model, a non-empty prompt when the tokenizer has no
   end-of-text token to start from, and, for a character tokenizer without an unknown-character
-  token, the characters a text may use (``pattern``);
+  token, the characters a text may use (``pattern``); for a vocabulary that cannot write JSON,
+  ``response_format`` text only;
 * every status code a route answers, each error in OpenAI's shape (``ErrorResponse``), and
   FastAPI's unused 422 removed (a bad body is a 400 here);
 * the media types of the streamed routes (``text/event-stream``);
@@ -170,6 +171,12 @@ def server_limits(components: dict[str, Any], service: Service) -> None:
         for alt in bias.get("anyOf", []):
             if alt.get("type") == "object":
                 alt["propertyNames"] = {"pattern": digits_below(vocab)}
+        if not service.json_output and "response_format" in schema.get("properties", {}):
+            # a vocabulary that cannot write JSON: free text is the only format this server takes
+            schema["properties"]["response_format"] = {
+                "anyOf": [{"$ref": "#/components/schemas/ResponseFormatText"}, {"type": "null"}],
+                "description": "only text: this model's vocabulary cannot write JSON",
+            }
         if "prompt" in schema.get("properties", {}):
             _token_ids(schema["properties"]["prompt"], vocab)
             if service.tokenizer.eot_id is None:  # nothing to start an empty prompt from

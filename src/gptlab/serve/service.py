@@ -23,7 +23,8 @@ from pydantic import BaseModel, ValidationError
 
 from gptlab.errors import GptlabError
 from gptlab.generate import SampleConfig
-from gptlab.generate.step import fit_prompt, prompt_budget, token_text
+from gptlab.generate.grammar import can_spell_json, check_constraint
+from gptlab.generate.step import fit_prompt, prompt_budget, token_text, vocab_size
 from gptlab.serve import schemas
 from gptlab.serve.errors import APIError, not_found_model, validation_error
 from gptlab.serve.generation import Generation
@@ -125,6 +126,7 @@ class Service:
         self.max_body_bytes = max_body_bytes
         self.chat_template = template_for(tokenizer)  # the model's own, else a fallback (tokenizers/chat.py)
         self.tools = tool_capable(tokenizer)  # can the prompt offer tools and the model write calls?
+        self.json_output = can_spell_json(tokenizer)  # response_format json_object / json_schema possible
         self.created = int(time.time())
         model.eval()
         self.scheduler = Scheduler(model, tokenizer, max_batch=max_batch)
@@ -287,9 +289,38 @@ class Service:
                 stop_tokens=stop_ids(self.tokenizer),  # eos and end-of-turn tokens (<|im_end|> …)
                 seed=seed,
                 logit_bias=self.logit_bias(req),
+                json_schema=self.json_schema(req),
+                grammar=grammar,
             )
         except GptlabError as exc:
             raise APIError(400, str(exc)) from None
+
+    def json_schema(self, req: SamplingFields) -> dict[str, Any] | None:
+        """``response_format``'s schema, compiled for this tokenizer once (cached by the grammar
+        engine) so that a schema it cannot take is a 400 naming the part, before any job starts."""
+        schema = req.json_schema()
+        if schema is None:
+            return None
+        if not self.json_output:
+            raise APIError(
+                400,
+                "response_format: this model's vocabulary cannot write JSON (it lacks braces, brackets, "
+                "quotes or digits); use response_format text",
+                param="response_format",
+            )
+        if req.beam_width > 1:
+            raise APIError(
+                400,
+                "response_format: beam search (beam_width > 1) does not take a JSON schema; use beam_width 1",
+                param="response_format",
+            )
+        try:
+            check_constraint(
+                SampleConfig(json_schema=schema), self.tokenizer, vocab_size(self.model, self.tokenizer)
+            )
+        except GptlabError as exc:
+            raise APIError(400, f"response_format: {exc}", param="response_format") from None
+        return schema
 
     def start(
         self,
@@ -432,6 +463,13 @@ class Service:
                     param="tool_choice",
                 )
             choice = "required"
+        if tools and req.json_schema() is not None:
+            raise APIError(
+                400,
+                "response_format json_object / json_schema and tools cannot both shape one reply; "
+                "send one of them",
+                param="response_format",
+            )
         if choice == "none":
             return ToolPlan([], None, None)
         if req.beam_width > 1:
@@ -443,11 +481,30 @@ class Service:
         return ToolPlan(tools, names, grammar)
 
     def tool_constraint(self, tools: list[Tool], choice: str, parallel: bool, only: str | None) -> str | None:
-        """The grammar a reply is sampled under (``tokenizers.tools.call_grammar``: llguidance's Lark)."""
+        """The grammar a reply is sampled under (``tokenizers.tools.call_grammar``: llguidance's Lark),
+        compiled here (cached by the engine) so that parameters it cannot take are a 400 naming the
+        function, before any job starts."""
         try:
-            return call_grammar(tools, mode=choice, parallel=parallel, only=only)
+            grammar = call_grammar(tools, mode=choice, parallel=parallel, only=only)
         except GptlabError as exc:
             raise APIError(400, f"tools: {exc}", param="tools") from None
+        try:
+            check_constraint(
+                SampleConfig(grammar=grammar), self.tokenizer, vocab_size(self.model, self.tokenizer)
+            )
+        except GptlabError:  # which function: compile each one's arguments alone
+            for i, tool in enumerate(tools):
+                try:
+                    one = call_grammar([tool], mode="required")
+                    check_constraint(
+                        SampleConfig(grammar=one), self.tokenizer, vocab_size(self.model, self.tokenizer)
+                    )
+                except GptlabError as exc:
+                    raise APIError(
+                        400, f"tools.{i}.function.parameters: {exc}", param=f"tools.{i}.function.parameters"
+                    ) from None
+            raise
+        return grammar
 
     def generate(self, req: GenerateRequest) -> Generation:
         """``/v1/gptlab/generate`` (the playground): one prompt, with probabilities per token."""
