@@ -182,6 +182,8 @@ def test_parse_calls_reads_both_forms():
         '<tool_call>{"name": "add", "arguments": [1]}</tool_call>',  # arguments not an object
         '<tool_call>{"name": "add", "arguments": {}}</tool_call> and more text',
         "<tool_call>[]</tool_call>",
+        '<tool_call>[{"name": "add", "argu',  # cut before any call is complete
+        "<tool_cal",
     ):
         assert parse_calls(bad, NAMES) == (bad, []), bad
 

@@ -147,7 +147,7 @@ class _Chat(_Shape):
             for i in range(0, len(arguments), ARGUMENT_PIECE):
                 piece = {"index": k, "function": {"arguments": arguments[i : i + ARGUMENT_PIECE]}}
                 out.append(self._choice(end.index, {"tool_calls": [piece]}, None, None))
-        out.append(self._choice(end.index, {}, None, "tool_calls" if calls else end.finish_reason))
+        out.append(self._choice(end.index, {}, None, finish_reason(end, bool(calls))))
         return out
 
     def choice(self, index: int, events: Sequence[TokenEvent], end: EndEvent) -> dict[str, Any]:
@@ -162,13 +162,19 @@ class _Chat(_Shape):
                     {"id": call_id(), "type": "function", "function": {"name": name, "arguments": arguments}}
                     for name, arguments in calls
                 ]
-                finish = "tool_calls"
+                finish = finish_reason(end, True)
         return {
             "index": index,
             "message": message,
             "logprobs": chat_logprobs(self.tokenizer, events) if self.logprobs else None,
             "finish_reason": finish,
         }
+
+
+def finish_reason(end: EndEvent, called: bool) -> str:
+    """``"tool_calls"`` for a reply with calls that ended by itself; ``"length"`` stays (its last call
+    may have been cut off, and is then left out)."""
+    return "tool_calls" if called and end.finish_reason != "length" else end.finish_reason
 
 
 #: the characters of a call's ``arguments`` per streamed ``delta.tool_calls`` piece

@@ -224,7 +224,8 @@ def _call(item: Any, names: set[str] | None) -> tuple[str, str] | None:
 def parse_calls(text: str, names: set[str] | None = None) -> tuple[str, list[tuple[str, str]]]:
     """``(content, calls)``: the text before the first ``<tool_call>`` (stripped) and each call as
     ``(name, arguments as JSON text)``. Text whose calls do not read (bad JSON, a function not in
-    ``names``) has no calls: it is all content. A last block may lack its ``</tool_call>``."""
+    ``names``) has no calls: it is all content. A last block may lack its ``</tool_call>``, and after
+    a complete call a last block cut short is left out (a reply that ran out of tokens)."""
     start = text.find(OPEN)
     if start < 0:
         return text, []
@@ -236,12 +237,22 @@ def parse_calls(text: str, names: set[str] | None = None) -> tuple[str, list[tup
         if pos >= len(text):
             break
         if not text.startswith(OPEN, pos):
+            if calls and OPEN.startswith(text[pos:]):  # the next tag, cut short
+                break
             return text, []
+        block = pos
         pos = _skip_space(text, pos + len(OPEN))
         try:
             value, pos = decoder.raw_decode(text, pos)
         except ValueError:
-            return text, []
+            if CLOSE in text[block:]:
+                return text, []
+            # the last block, cut short (max_tokens): the calls it completed
+            read = [_call(item, names) for item in _complete_items(text, pos)]
+            calls.extend(r for r in read if r is not None)
+            if not calls or None in read:
+                return text, []
+            break
         items = value if isinstance(value, list) else [value]
         read = [_call(item, names) for item in items]
         if not items or any(r is None for r in read):
@@ -253,6 +264,24 @@ def parse_calls(text: str, names: set[str] | None = None) -> tuple[str, list[tup
         elif pos < len(text):
             return text, []
     return text[:start].strip(), calls
+
+
+def _complete_items(text: str, pos: int) -> list[Any]:
+    """The items of a JSON list at ``pos`` that are complete before the text ends."""
+    decoder, items = json.JSONDecoder(), []
+    if not text.startswith("[", pos):
+        return items
+    pos += 1
+    while True:
+        try:
+            item, pos = decoder.raw_decode(text, _skip_space(text, pos))
+        except ValueError:
+            return items
+        items.append(item)
+        pos = _skip_space(text, pos)
+        if not text.startswith(",", pos):
+            return items
+        pos += 1
 
 
 def _skip_space(text: str, pos: int) -> int:
