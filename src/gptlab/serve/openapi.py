@@ -144,8 +144,6 @@ def _texts(components: dict[str, Any], pattern: str) -> None:
         "CompletionRequest": ["prompt"],
         "GenerateRequest": ["prompt"],
         "ChatMessage": ["content"],
-        "FunctionDefinition": ["description"],
-        "FunctionCall": ["name", "arguments"],
         "ContentPart": ["text"],
         "AttentionRequest": ["text"],
         "InsideAttentionRequest": ["text"],

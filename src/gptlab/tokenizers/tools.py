@@ -128,7 +128,7 @@ def format_calls(calls: Iterable[tuple[str, Any]]) -> str:
     '<tool_call>[{"name": "f", "arguments": {"x": 1}}]</tool_call>'
     """
     items = [{"name": name, "arguments": _arguments_object(args)} for name, args in calls]
-    return OPEN + json.dumps(items, ensure_ascii=False) + CLOSE
+    return OPEN + json.dumps(items, ensure_ascii=True) + CLOSE  # ASCII, as the tools are listed
 
 
 def _arguments_object(arguments: Any) -> Any:
