@@ -108,6 +108,105 @@ def tool_problem(tools: Sequence[Tool]) -> tuple[str, str] | None:
     return None
 
 
+# ------------------------------------------------------------------ a Python function as a tool
+#: Python type → JSON Schema, for ``tool_from_function``
+PY_TYPES: dict[Any, dict[str, Any]] = {
+    str: {"type": "string"},
+    int: {"type": "integer"},
+    float: {"type": "number"},
+    bool: {"type": "boolean"},
+    list: {"type": "array"},
+    dict: {"type": "object"},
+}
+
+
+def _schema_of(hint: Any, where: str) -> tuple[dict[str, Any], bool]:
+    """``(JSON Schema, optional)`` of a type hint: str, int, float, bool, list[X], dict, Literal[...],
+    X | None (optional)."""
+    import types
+    import typing
+
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        rest = [a for a in args if a is not type(None)]
+        if len(rest) == 1 and len(rest) < len(args):
+            return _schema_of(rest[0], where)[0], True
+        return {"anyOf": [_schema_of(a, where)[0] for a in args]}, type(None) in args
+    if origin is typing.Literal:
+        return {"enum": list(args)}, False
+    if origin in (list, tuple, set, frozenset) or hint in (list, tuple, set, frozenset):
+        item = _schema_of(args[0], where)[0] if args and args[0] is not Ellipsis else {}
+        return {"type": "array", **({"items": item} if item else {})}, False
+    if origin is dict or hint is dict:
+        return {"type": "object"}, False
+    if hint in PY_TYPES:
+        return dict(PY_TYPES[hint]), False
+    raise GptlabError(
+        f"{where}: the type {hint!r} has no JSON Schema here; use str, int, float, bool, list[...], dict, "
+        "Literal[...] or X | None"
+    )
+
+
+def _docstring(doc: str) -> tuple[str, dict[str, str]]:
+    """A docstring's first paragraph, and the lines ``name: text`` of its ``Args:`` section."""
+    import inspect
+
+    text = inspect.cleandoc(doc or "")
+    summary = " ".join(text.split("\n\n")[0].split()) if text else ""
+    described: dict[str, str] = {}
+    in_args = False
+    for line in text.splitlines():
+        stripped = line.strip()
+        if stripped.lower() in ("args:", "arguments:", "parameters:"):
+            in_args = True
+            continue
+        if in_args:
+            found = re.match(r"^(\w+)(?:\s*\([^)]*\))?\s*:\s*(.+)$", stripped)
+            if found and line.startswith((" ", "\t")):
+                described[found.group(1)] = found.group(2)
+            elif stripped and not line.startswith((" ", "\t")):
+                in_args = False
+    return summary, described
+
+
+def tool_from_function(fn: Any) -> Tool:
+    """A Python function as a tool: its name, its docstring's first paragraph as the description, and
+    its parameters' type hints as the JSON Schema (``str`` → string, ``int`` → integer, ``float`` →
+    number, ``bool`` → boolean, ``list[X]`` → array of X, ``dict`` → object, ``Literal["a", "b"]`` →
+    enum, ``X | None`` → X, not required); a parameter without a default is required; a line
+    ``name: text`` under ``Args:`` in the docstring describes that parameter.
+
+    >>> def get_weather(city: str, days: int = 1) -> str:
+    ...     '''The weather in a city.'''
+    >>> tool_from_function(get_weather).parameters["required"]
+    ['city']
+    """
+    import inspect
+    import typing
+
+    name = fn.__name__
+    summary, described = _docstring(fn.__doc__ or "")
+    hints = typing.get_type_hints(fn)
+    properties: dict[str, Any] = {}
+    required = []
+    for param in inspect.signature(fn).parameters.values():
+        if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
+            continue
+        if param.name not in hints:
+            raise GptlabError(
+                f"{name}({param.name}): give the parameter a type hint (str, int, float, bool …)"
+            )
+        schema, optional = _schema_of(hints[param.name], f"{name}({param.name})")
+        if param.name in described:
+            schema["description"] = described[param.name]
+        properties[param.name] = schema
+        if param.default is param.empty and not optional:
+            required.append(param.name)
+    parameters: dict[str, Any] = {"type": "object", "properties": properties, "required": required}
+    parameters["additionalProperties"] = False
+    return Tool(name, summary, parameters)
+
+
 # ------------------------------------------------------------------ the prompt
 @lru_cache(maxsize=32)
 def takes_tools(source: str) -> bool:
@@ -268,7 +367,7 @@ def parse_calls(text: str, names: set[str] | None = None) -> tuple[str, list[tup
 
 def _complete_items(text: str, pos: int) -> list[Any]:
     """The items of a JSON list at ``pos`` that are complete before the text ends."""
-    decoder, items = json.JSONDecoder(), []
+    decoder, items = json.JSONDecoder(), list[Any]()
     if not text.startswith("[", pos):
         return items
     pos += 1
@@ -387,5 +486,6 @@ __all__ = [
     "parse_calls",
     "render_with_tools",
     "takes_tools",
+    "tool_from_function",
     "tool_problem",
 ]
