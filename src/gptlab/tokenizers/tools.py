@@ -360,7 +360,9 @@ def parse_calls(text: str, names: set[str] | None = None) -> tuple[str, list[tup
         pos = _skip_space(text, pos)
         if text.startswith(CLOSE, pos):
             pos += len(CLOSE)
-        elif pos < len(text):
+        elif CLOSE.startswith(text[pos:]):  # the closing tag cut short, or missing at the end
+            break
+        else:
             return text, []
     return text[:start].strip(), calls
 
