@@ -86,7 +86,9 @@ def fields(required: tuple[str, ...] = (), /, **properties: dict[str, Any]) -> d
 NO_BEAM = fields(beam_width={"maximum": 1})
 #: a JSON reply (``response_format`` json_object or json_schema) is sampled, never beam-searched
 TEXT_FORMAT = fields(
-    response_format={"anyOf": [{"type": "null"}, {"type": "object", "properties": {"type": {"const": "text"}}}]}
+    response_format={
+        "anyOf": [{"type": "null"}, {"type": "object", "properties": {"type": {"const": "text"}}}]
+    }
 )
 TRUNCATION_OFF: dict[str, dict[str, Any]] = {
     "top_k": {"enum": [0, None]},
