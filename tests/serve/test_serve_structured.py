@@ -258,3 +258,16 @@ def test_the_schema_declares_response_format(http):
     for name in ("CompletionRequest", "ChatCompletionRequest"):
         assert "ResponseFormatJSONSchema" in json.dumps(spec[name]["properties"]["response_format"])
     assert set(spec["JSONSchemaFormat"]["properties"]) == {"name", "description", "schema", "strict"}
+
+
+def test_the_playground_route_and_page_take_a_json_schema(http, tok):
+    body = {"prompt": "x", "max_tokens": CAP, "seed": 4, "response_format": schema_format("flat")}
+    with http.stream("POST", "/v1/gptlab/generate", json=body) as r:
+        events = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
+    tokens = [e for e in events if e["type"] == "token"]
+    done = next(e for e in events if e["type"] == "done")
+    text = "".join(e["text"] for e in tokens)
+    check_reply(text, done["finish_reason"], SCHEMAS["flat"], tok)
+    assert all(e["prob"] is not None for e in tokens)  # the playground still shades every token
+    assert 'id="json_schema"' in http.get("/").text
+    assert "response_format" in http.get("/static/app.js").text
