@@ -110,7 +110,10 @@ def main() -> None:
     model, tokenizer, prompt = model_and_prompt(args.model)
     eos = tokenizer.eot_id
     free = SampleConfig(
-        max_new_tokens=args.tokens, temperature=1.0, seed=0, logit_bias={eos: -100.0} if eos is not None else {}
+        max_new_tokens=args.tokens,
+        temperature=1.0,
+        seed=0,
+        logit_bias={eos: -100.0} if eos is not None else {},
     )
     json_ = free.replace(json_schema=SCHEMA)
     cases = {
