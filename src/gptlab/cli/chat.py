@@ -20,9 +20,11 @@ from typing import TYPE_CHECKING, Any
 from gptlab.cli.options import (
     add_compile_argument,
     add_device_argument,
+    add_structure_arguments,
     add_weights_argument,
     device_from_args,
     prepare_decode,
+    structure_from_args,
     weights_format,
 )
 from gptlab.errors import GptlabError
@@ -68,6 +70,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     p.add_argument("--top-p", type=float)
     p.add_argument("--seed", type=int)
+    add_structure_arguments(p, grammars=False)  # --json-schema: every reply is JSON of that schema
     add_weights_argument(p)
     add_device_argument(p)
     p.add_argument("--threads", type=int, help="torch threads (default: torch's choice)")
@@ -199,6 +202,7 @@ def run(args: argparse.Namespace) -> int:
 
     import gptlab
     from gptlab.generate import SampleConfig
+    from gptlab.generate.grammar import check_constraint
     from gptlab.tokenizers.chat import stop_ids
 
     if args.threads is not None:
@@ -220,7 +224,9 @@ def run(args: argparse.Namespace) -> int:
         seed=args.seed,
         stop=list(template.stop_strings),
         stop_tokens=stop_ids(tokenizer),
+        **structure_from_args(args),
     )
+    check_constraint(config, tokenizer)  # --json-schema: one error line before the chat starts
     start = [{"role": "system", "content": args.system}] if args.system else []
     history = list(start)
     interactive = sys.stdin.isatty()

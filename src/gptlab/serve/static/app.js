@@ -1,5 +1,6 @@
 // gptlab playground: plain JavaScript, no build step, no external resources.
 // Reads GET /v1/gptlab/limits first and never offers more than the server allows.
+// The JSON-schema box sends OpenAI's response_format (json_schema): the reply then follows the schema.
 // Generate streams POST /v1/gptlab/generate (server-sent events, one per token with its probability
 // and top alternatives); Chat streams POST /v1/chat/completions with logprobs (the same probabilities);
 // both shade each token, and POST /v1/gptlab/attention is drawn as a heads × positions heatmap.
@@ -131,6 +132,12 @@ function samplingBody() {
   };
   const stop = $("stop").value;
   if (stop) body.stop = [stop.replace(/\\n/g, "\n").replace(/\\t/g, "\t")];
+  const schema = $("json_schema").value.trim();  // structured output: the reply follows the schema
+  if (schema) {
+    let parsed;
+    try { parsed = JSON.parse(schema); } catch (e) { throw new Error("the JSON schema box is not JSON: " + e.message); }
+    body.response_format = { type: "json_schema", json_schema: { name: "playground", schema: parsed, strict: true } };
+  }
   Object.keys(body).forEach((k) => body[k] === undefined && delete body[k]);
   return body;
 }
@@ -193,8 +200,7 @@ async function generate() {
   out.innerHTML = '<span class="prompt-text"></span>';
   out.firstChild.textContent = prompt;
   state.text = prompt;
-  const body = { prompt, ...samplingBody(), top_n: 5 };
-  await running((counter) => readSSE("/v1/gptlab/generate", body, (ev) => {
+  await running((counter) => readSSE("/v1/gptlab/generate", { prompt, ...samplingBody(), top_n: 5 }, (ev) => {
     if (ev.type === "token") { addToken(ev); counter.n += 1; }
     else if (ev.type === "prompt" && ev.warnings.length) $("status").textContent = ev.warnings.join("; ");
     else if (ev.type === "done") doneStatus(counter, ev.usage.completion_tokens, ev.finish_reason, ev.warnings);
@@ -258,9 +264,9 @@ async function chat() {
   const reply = turnDiv("assistant", "");
   let text = "";
   let pending = [];  // logprobs of tokens whose text has not arrived yet
-  const body = { messages: [...history, user], ...samplingBody(), stream: true, logprobs: true, top_logprobs: 5 };
+  const body = () => ({ messages: [...history, user], ...samplingBody(), stream: true, logprobs: true, top_logprobs: 5 });
   state.text = [...history, user].map((m) => `${m.role}: ${m.content}`).join("\n") + "\nassistant:";
-  await running((counter) => readSSE("/v1/chat/completions", body, (chunk) => {
+  await running((counter) => readSSE("/v1/chat/completions", body(), (chunk) => {
     if (chunk.error) { showError(chunk.error.message); return; }
     if (chunk.warnings) $("status").textContent = chunk.warnings.join("; ");
     const choice = (chunk.choices || [])[0];
