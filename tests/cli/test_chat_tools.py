@@ -143,3 +143,16 @@ def test_chat_tools_errors(ckpt, tmp_path, monkeypatch, capsys, text, message):
     assert main(["chat", str(ckpt), "--tools", str(path)]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: --tools") and message in err
+
+
+def test_chat_tools_and_a_json_schema_exclude_each_other(ckpt, tmp_path, monkeypatch, capsys):
+    (tmp_path / "t.py").write_text(TOOL_FILE)
+    (tmp_path / "s.json").write_text('{"type": "object"}')
+    monkeypatch.setattr("sys.stdin", io.StringIO(""))
+    assert (
+        main(
+            ["chat", str(ckpt), "--tools", str(tmp_path / "t.py"), "--json-schema", str(tmp_path / "s.json")]
+        )
+        == 2
+    )
+    assert "cannot both" in capsys.readouterr().err

@@ -213,6 +213,8 @@ def run(args: argparse.Namespace) -> int:
     if tokenizer is None:
         raise GptlabError(f"{args.checkpoint} has no tokenizer.json; chat needs the model's tokenizer")
     template = _template(tokenizer, args.template)
+    if args.tools and getattr(args, "json_schema", None):
+        raise GptlabError("--tools and --json-schema cannot both shape a reply; give one of them")
     functions = load_tools(args.tools) if args.tools else {}
     # a session's length is unknown: auto judges by one reply, so a short chat is not kept waiting
     # for a compilation (~40 s for SmolLM2) that pays back only after ~1,000 tokens
