@@ -175,13 +175,13 @@ def test_parse_calls_reads_both_forms():
     assert parse_calls('<tool_call>{"name": "add", "parameters": {"a": 2}}</tool_call>')[1] == [
         ("add", '{"a": 2}')
     ]
+    assert parse_calls("No call is needed. <tool_call>[]</tool_call>", NAMES) == ("No call is needed.", [])
     for bad in (
         "no call here",
         '<tool_call>{"name": "rm", "arguments": {}}</tool_call>',  # not offered
         '<tool_call>{"name": "add", "arguments": {"a": </tool_call>',  # cut JSON
         '<tool_call>{"name": "add", "arguments": [1]}</tool_call>',  # arguments not an object
         '<tool_call>{"name": "add", "arguments": {}}</tool_call> and more text',
-        "<tool_call>[]</tool_call>",
         '<tool_call>[{"name": "add", "argu',  # cut before any call is complete
         "<tool_cal",
     ):
@@ -196,6 +196,7 @@ def test_parse_calls_reads_both_forms():
         "plain text with a < sign and <tool but no call  ",
         "text then a broken <tool_call>{nope",
         "ends on a prefix <tool_ca",
+        "No call.\n<tool_call>[]</tool_call>",
     ],
 )
 def test_streamed_split_adds_up_to_the_whole(text):
@@ -210,10 +211,7 @@ def test_streamed_split_adds_up_to_the_whole(text):
             assert OPEN not in out and not (out and out[-1:].isspace() and so_far)  # held back: spaces, tags
         rest, calls = stream.finish()
         assert calls == whole_calls
-        if calls:
-            assert "".join(sent) + rest == whole_content
-        else:
-            assert "".join(sent) + rest == text
+        assert "".join(sent) + rest == whole_content  # (the whole text where no call reads)
 
 
 # ------------------------------------------------------------------ the grammar
@@ -270,14 +268,25 @@ def test_named_grammar_calls_only_that_function():
         call_grammar([WEATHER], mode="required", only="rm")
 
 
+def test_an_empty_list_means_no_call_under_auto_only():
+    text, accepted = walk(call_grammar([ADD], mode="auto"), 0, b"None needed. <tool_call>[]")
+    assert accepted and text == "None needed. <tool_call>[]</tool_call>"  # nothing may follow
+    with pytest.raises(AssertionError):  # required: a call it must be
+        walk(call_grammar([ADD], mode="required"), 0, b"<tool_call>[]")
+
+
 def test_auto_grammar_is_free_until_a_call_starts():
     grammar = call_grammar([WEATHER, ADD], mode="auto")
     free = [walk(grammar, seed, b"The answer is ", steps=40) for seed in range(5)]
     assert all(accepted and OPEN not in text for text, accepted in free)  # free text, ending anywhere
+    called = 0
     for seed in range(10):
         text, accepted = walk(grammar, seed, b"Let me check. " + OPEN.encode())
         content, calls = parse_calls(text, NAMES)
-        assert accepted and content == "Let me check." and calls, text
+        assert accepted and content == "Let me check.", text
+        assert calls or text.endswith(OPEN + "[]" + CLOSE), text  # a call, or "none is needed"
+        called += bool(calls)
         assert all(
             matches({"get_weather": WEATHER, "add": ADD}[n].parameters, json.loads(a)) for n, a in calls
         )
+    assert called >= 5

@@ -156,8 +156,8 @@ class _Chat(_Shape):
         finish = end.finish_reason
         if self.gen.tool_names is not None:
             content, calls = parse_calls(text, self.gen.tool_names)
+            message["content"] = (content or None) if calls else content  # without its calls (or [])
             if calls:
-                message["content"] = content or None
                 message["tool_calls"] = [
                     {"id": call_id(), "type": "function", "function": {"name": name, "arguments": arguments}}
                     for name, arguments in calls

@@ -323,7 +323,8 @@ def _call(item: Any, names: set[str] | None) -> tuple[str, str] | None:
 def parse_calls(text: str, names: set[str] | None = None) -> tuple[str, list[tuple[str, str]]]:
     """``(content, calls)``: the text before the first ``<tool_call>`` (stripped) and each call as
     ``(name, arguments as JSON text)``. Text whose calls do not read (bad JSON, a function not in
-    ``names``) has no calls: it is all content. A last block may lack its ``</tool_call>``, and after
+    ``names``) has no calls: it is all content. An empty list (``<tool_call>[]</tool_call>``, the generic
+    prompt's "no call is needed") is read and holds no call: the content is the text before it. A last block may lack its ``</tool_call>``, and after
     a complete call a last block cut short is left out (a reply that ran out of tokens)."""
     start = text.find(OPEN)
     if start < 0:
@@ -354,7 +355,7 @@ def parse_calls(text: str, names: set[str] | None = None) -> tuple[str, list[tup
             break
         items = value if isinstance(value, list) else [value]
         read = [_call(item, names) for item in items]
-        if not items or any(r is None for r in read):
+        if any(r is None for r in read):
             return text, []
         calls.extend(r for r in read if r is not None)
         pos = _skip_space(text, pos)
@@ -419,8 +420,8 @@ class CallStream:
 
     def finish(self) -> tuple[str, list[tuple[str, str]]]:
         """The content not yet sent and the calls (none if the text holds no readable call)."""
-        _, calls = parse_calls(self.text, self.names)
-        if calls:
+        content, calls = parse_calls(self.text, self.names)
+        if content != self.text:  # the blocks read (calls, or an empty list): the text before was sent
             return "", calls
         return self.text[self.sent :], []
 
@@ -441,7 +442,8 @@ def call_grammar(tools: Sequence[Tool], *, mode: str, parallel: bool = True, onl
 
     ``mode="required"``: the reply is one or more ``<tool_call>`` blocks from its first token
     (``only``: of that function); ``mode="auto"``: free text without ``<tool_call>``, or text up to
-    the first ``<tool_call>`` and then calls. A block holds one call or a list of calls (both forms
+    the first ``<tool_call>`` and then calls, or the empty list ``<tool_call>[]</tool_call>`` (the
+    generic prompt's "no call is needed"). A block holds one call or a list of calls (both forms
     models are tuned on); with ``parallel=False`` the reply holds exactly one call. Each call's
     ``arguments`` follow its function's ``parameters`` (a ``%json`` rule).
     """
@@ -453,7 +455,7 @@ def call_grammar(tools: Sequence[Tool], *, mode: str, parallel: bool = True, onl
     lines = []
     if mode == "auto":
         lines += [
-            "start: TEXT | head body tail",
+            f'start: TEXT | head body tail | head "[" "]" {_lit(CLOSE)}',  # [] : "no call is needed"
             "TEXT: /(?s:.*)/ & ~/(?s:.*)<tool_call>(?s:.*)/",
             "head[lazy]: /(?s:.*)<tool_call>/",
         ]
