@@ -350,7 +350,14 @@ class ChatCompletionRequest(SamplingFields):
     )
 
     messages: list[ChatMessage] = Field(min_length=1)
-    tools: Annotated[list[ToolDefinition], Field(min_length=1, max_length=MAX_TOOLS)] | None = None
+    # names are unique (a 400 names the second); the schema can say so only of identical tools
+    tools: (
+        Annotated[
+            list[ToolDefinition],
+            Field(min_length=1, max_length=MAX_TOOLS, json_schema_extra={"uniqueItems": True}),
+        ]
+        | None
+    ) = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None  # needs tools
     parallel_tool_calls: bool = True
     max_completion_tokens: Annotated[int, Field(ge=0), WHOLE] | None = None
