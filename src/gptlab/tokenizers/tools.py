@@ -323,9 +323,10 @@ def _call(item: Any, names: set[str] | None) -> tuple[str, str] | None:
 def parse_calls(text: str, names: set[str] | None = None) -> tuple[str, list[tuple[str, str]]]:
     """``(content, calls)``: the text before the first ``<tool_call>`` (stripped) and each call as
     ``(name, arguments as JSON text)``. Text whose calls do not read (bad JSON, a function not in
-    ``names``) has no calls: it is all content. An empty list (``<tool_call>[]</tool_call>``, the generic
-    prompt's "no call is needed") is read and holds no call: the content is the text before it. A last block may lack its ``</tool_call>``, and after
-    a complete call a last block cut short is left out (a reply that ran out of tokens)."""
+    ``names``) has no calls: it is all content. An empty list (``<tool_call>[]</tool_call>``, the
+    generic prompt's "no call is needed") is read and holds no call: the content is the text before
+    it. A last block may lack its ``</tool_call>``, and after a complete call a last block cut short
+    is left out (a reply that ran out of tokens)."""
     start = text.find(OPEN)
     if start < 0:
         return text, []
