@@ -288,7 +288,7 @@ async function chat() {
   const body = () => ({
     messages: [...history, user], ...samplingBody(), ...chatTools(), stream: true, logprobs: true, top_logprobs: 5,
   });
-  state.text = [...history, user].map((m) => `${m.role}: ${m.content}`).join("\n") + "\nassistant:";
+  state.text = [...history, user].map((m) => `${m.role}: ${m.content || ""}`).join("\n") + "\nassistant:";
   await running((counter) => readSSE("/v1/chat/completions", body(), (chunk) => {
     if (chunk.error) { showError(chunk.error.message); return; }
     if (chunk.warnings) $("status").textContent = chunk.warnings.join("; ");
