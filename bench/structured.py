@@ -16,7 +16,8 @@ The schema is a realistic record list (objects with a bounded string, a bounded 
 boolean). ``--model demo`` is a random model of the demo's shape (4 layers, 4 heads, 128 wide, a
 64-token context) over a character vocabulary that can write JSON; ``--model smollm2`` the real
 SmolLM2-135M-Instruct GGUF file, with its chat template. The figures are the ratios constrained/free
-of the time per token (target ≤ 1.1). Prints one JSON line.
+of the time per token (target ≤ 1.1), of the wall time and of the process's CPU time (all threads;
+steadier than the wall on a shared machine). Prints one JSON line.
 """
 
 from __future__ import annotations
@@ -78,8 +79,11 @@ def model_and_prompt(name: str) -> tuple[Any, Any, list[int]]:
     return GPT(config).eval(), tokenizer, tokenizer.encode("members:\n")
 
 
-async def one_run(scheduler: Scheduler, prompt: list[int], configs: list[SampleConfig]) -> float:
-    """Seconds per decode step (wall / tokens per request) for ``configs`` submitted together."""
+async def one_run(
+    scheduler: Scheduler, prompt: list[int], configs: list[SampleConfig]
+) -> tuple[float, float]:
+    """Seconds per decode step (wall / tokens per request) for ``configs`` submitted together, and
+    the process's CPU seconds per step (every thread: the model's, the scheduler's, the grammar's)."""
     loop = asyncio.get_running_loop()
     jobs = [Job(prompt, c, Channel(loop)) for c in configs]
 
@@ -89,14 +93,14 @@ async def one_run(scheduler: Scheduler, prompt: list[int], configs: list[SampleC
             if any(isinstance(e, EndEvent) for e in events):
                 return
 
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     for job in jobs:
         scheduler.submit(job)
     await asyncio.gather(*(end(job) for job in jobs))
-    seconds = time.perf_counter() - t0
+    seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
     made = {job.generated for job in jobs}
     assert made == {configs[0].max_new_tokens}, f"a request stopped early: {made}"
-    return seconds / configs[0].max_new_tokens
+    return seconds / configs[0].max_new_tokens, cpu / configs[0].max_new_tokens
 
 
 def main() -> None:
@@ -128,11 +132,15 @@ def main() -> None:
         for configs in cases.values():  # warm-up: the grammar engine's table, the kernels
             asyncio.run(one_run(scheduler, prompt, configs))
         times: dict[str, list[float]] = {name: [] for name in cases}
+        cpu: dict[str, list[float]] = {name: [] for name in cases}
         for _ in range(args.runs):
             for name, configs in cases.items():
-                times[name].append(asyncio.run(one_run(scheduler, prompt, configs)))
+                wall, used = asyncio.run(one_run(scheduler, prompt, configs))
+                times[name].append(wall)
+                cpu[name].append(used)
     scheduler.close()
     ms = {name: statistics.median(t) * 1e3 for name, t in times.items()}
+    cpu_ms = {name: statistics.median(t) * 1e3 for name, t in cpu.items()}
     print(
         json.dumps(
             {
@@ -142,6 +150,10 @@ def main() -> None:
                 "ratio_b1": round(ms["b1_json"] / ms["b1_free"], 3),
                 "ratio_b8_mixed": round(ms["b8_mixed"] / ms["b8_free"], 3),
                 "ratio_b8_all": round(ms["b8_json"] / ms["b8_free"], 3),
+                "cpu_ms_per_token": {name: round(v, 3) for name, v in cpu_ms.items()},
+                "cpu_ratio_b1": round(cpu_ms["b1_json"] / cpu_ms["b1_free"], 3),
+                "cpu_ratio_b8_mixed": round(cpu_ms["b8_mixed"] / cpu_ms["b8_free"], 3),
+                "cpu_ratio_b8_all": round(cpu_ms["b8_json"] / cpu_ms["b8_free"], 3),
                 "tokens": args.tokens,
                 "runs": args.runs,
                 "threads": args.threads,

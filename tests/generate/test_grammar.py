@@ -227,3 +227,16 @@ def test_constraint_mask_allows_stop_ids_only_where_complete(tok):
     c.consume(tok.encode("b")[0])
     assert c.done and c.accepting
     assert torch.equal(torch.nonzero(c.allowed()).flatten(), torch.tensor([tok.eot_id]))
+
+
+def test_a_dead_end_is_an_error_never_a_stop():
+    """The engine allows its end-of-text once nothing can follow, complete or not: here after "{"
+    (no '"' to write the required key) the reply must not end as if it were whole."""
+    braces = CharTokenizer.from_text("{}ab1", special_tokens=["<|endoftext|>"])
+    m = tiny_model(vocab_size=braces.vocab_size)
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+    events = []
+    with pytest.raises(GptlabError, match="the json_schema (allows no token|does not allow token)"):
+        session, rows = start(m, braces, [braces.encode("a")], SampleConfig(json_schema=schema), None)
+        events.extend(decode_rows(session, rows))
+    assert "".join(e.text for e in events) == "{" and all(e.finish_reason is None for e in events)

@@ -27,7 +27,6 @@ import json
 import threading
 from collections import OrderedDict
 from collections.abc import Collection
-from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -208,10 +207,9 @@ class Constraint:
     (end-of-text, end-of-turn, the request's ``stop_tokens``): each is allowed exactly when the text
     so far is a complete string of the language, whatever the grammar says of it as text.
 
-    The next mask is computed ahead, on one worker thread shared by every request (``prefetch``):
-    the engine releases the GIL, so the mask of step t+1 is built while the model computes the logits
-    of step t+1, and ``allowed()`` usually finds it ready. Only that thread touches the matcher while
-    a mask is pending; every other use waits for it first (``_settle``).
+    A step costs the engine's mask (computed from its token trie, a few to a hundred microseconds)
+    and a few vector operations over the vocabulary; it runs on the thread that samples, between the
+    model's steps (on a worker thread, the hand-over cost more than the mask: docs/benchmarks.md).
     """
 
     def __init__(
@@ -224,51 +222,31 @@ class Constraint:
         engine = _engine(tokenizer)
         self.matcher = _prototype(engine, *source).deep_copy()
         self.vocab = vocab
-        self.stops = torch.tensor(sorted(s for s in stops if 0 <= s < vocab), dtype=torch.long)
+        table = engine.table
+        ends = [s for s in stops if 0 <= s < vocab]
+        # stop ids are set here, whatever the engine's mask says of them (it also sets its end-of-text
+        # bit where nothing can follow, complete or not): special ones (never text) are allowed exactly
+        # where the text is complete, ordinary ones (text to the grammar) only there
+        self.special_stops = torch.tensor([s for s in ends if s in table.special], dtype=torch.long)
+        self.text_stops = torch.tensor([s for s in ends if s not in table.special], dtype=torch.long)
+        self.end = table.eos if table.eos < vocab and table.eos not in ends else None  # never a stop here
         self.tokenizer = tokenizer
         self.consumed = 0
-        #: nothing may follow: the reply is complete (or the matcher failed: ``error``)
-        self.done = bool(self.matcher.is_stopped())
-        self._next: Future[torch.Tensor] | None = None
-        self.prefetch()
+        self.done = self._complete()
 
-    def _settle(self) -> None:
-        """Wait for a pending mask (kept for ``allowed``): the matcher is then this thread's again."""
-        if self._next is not None:
-            wait([self._next])
+    def _complete(self) -> bool:
+        """Nothing may follow and the text is whole: the reply is complete. (Stopped short of a whole
+        text, nothing of this vocabulary can go on: ``allowed()`` raises.)"""
+        return bool(self.matcher.is_stopped()) and bool(self.matcher.is_accepting())
 
     @property
     def accepting(self) -> bool:
         """The text so far is a complete string of the language (the reply may end here)."""
-        self._settle()
         return bool(self.matcher.is_accepting())
 
     @property
     def error(self) -> str:
-        self._settle()
         return str(self.matcher.get_error())
-
-    def prefetch(self) -> None:
-        """Start computing the next mask on the worker thread (nothing to do once ``done``)."""
-        if not self.done and self._next is None:
-            self._next = _worker().submit(self._mask)
-
-    def _mask(self) -> torch.Tensor:
-        bitmask = self.matcher.compute_bitmask()
-        mask = torch.from_numpy(
-            np.unpackbits(np.frombuffer(bitmask, dtype=np.uint8), count=self.vocab, bitorder="little").view(
-                np.bool_
-            )
-        )
-        if self.stops.numel():
-            mask[self.stops] = bool(self.matcher.is_accepting())
-        if not bool(mask.any()):
-            error = self.matcher.get_error()
-            raise GptlabError(
-                f"the {self.what} allows no token of this vocabulary after "
-                f"{self.consumed} generated token(s)" + (f": {error}" if error else "")
-            )
-        return mask
 
     def allowed(self) -> torch.Tensor:
         """The tokens that may come next: a boolean tensor (vocab,), stop ids set where the text is complete.
@@ -276,46 +254,36 @@ class Constraint:
         Raises ``GptlabError`` when no token of this vocabulary can continue an incomplete text (a
         vocabulary without a character the language needs).
         """
-        pending, self._next = self._next, None
-        return pending.result() if pending is not None else self._mask()
+        bitmask = self.matcher.compute_bitmask()
+        bits = np.unpackbits(np.frombuffer(bitmask, dtype=np.uint8), count=self.vocab, bitorder="little")
+        mask = torch.from_numpy(bits.view(np.bool_))  # (shares ``bits``' memory)
+        if self.end is not None:
+            mask[self.end] = False
+        if self.special_stops.numel() or self.text_stops.numel():
+            complete = self.accepting
+            if self.special_stops.numel():
+                mask[self.special_stops] = complete
+            if self.text_stops.numel():
+                mask[self.text_stops] &= complete
+        if not bits.any():
+            error = self.error
+            raise GptlabError(
+                f"the {self.what} allows no token of this vocabulary after "
+                f"{self.consumed} generated token(s)" + (f": {error}" if error else "")
+            )
+        return mask
 
     def consume(self, token: int) -> None:
-        """Advance past ``token`` (one the mask allowed; a stop id ends the reply and is not consumed),
-        then start on the next mask."""
-        self._settle()
-        self._next = None
+        """Advance past ``token`` (one the mask allowed; a stop id ends the reply and is not consumed)."""
         if not self.matcher.consume_token(token):
-            raise GptlabError(
-                f"the {self.what} does not allow token {token} here: {self.matcher.get_error()}"
-            )
+            raise GptlabError(f"the {self.what} does not allow token {token} here: {self.error}")
         self.consumed += 1
-        self.done = bool(self.matcher.is_stopped())
-        self.prefetch()
+        self.done = self._complete()
 
     def allowed_ids(self, limit: int | None = None) -> list[int]:
         """The ids ``allowed()`` admits, in id order (at most ``limit``): for display."""
-        mask = self.allowed()
-        self._next = _done(mask)  # the same mask again for the next ``allowed()``
-        ids = torch.nonzero(mask).flatten().tolist()
+        ids = torch.nonzero(self.allowed()).flatten().tolist()
         return [int(i) for i in ids[:limit]]
-
-
-_WORKER: list[ThreadPoolExecutor] = []
-_WORKER_LOCK = threading.Lock()
-
-
-def _worker() -> ThreadPoolExecutor:
-    """The one thread that computes masks ahead (started on first use)."""
-    with _WORKER_LOCK:
-        if not _WORKER:
-            _WORKER.append(ThreadPoolExecutor(max_workers=1, thread_name_prefix="gptlab-grammar"))
-        return _WORKER[0]
-
-
-def _done(mask: torch.Tensor) -> Future[torch.Tensor]:
-    future: Future[torch.Tensor] = Future()
-    future.set_result(mask)
-    return future
 
 
 def accepts(config: SampleConfig, tokenizer: Tokenizer, ids: list[int], *, complete: bool = False) -> bool:
