@@ -298,3 +298,17 @@ def test_smollm2_with_a_weather_tool():
         (call,) = forced.message.tool_calls
         assert call.function.name == "get_weather"
         assert json.loads(call.function.arguments) == {"city": "Paris"}
+
+
+def test_a_call_streams_as_soon_as_it_is_complete(client):
+    """The call's pieces arrive before the tokens of its closing tag (seen through their logprobs)."""
+    stream = ask(client, tool_choice="required", parallel_tool_calls=False, seed=0, stream=True, logprobs=True)
+    kinds = []
+    for chunk in stream:
+        (choice,) = chunk.choices
+        if choice.delta.tool_calls:
+            kinds.append("call")
+        elif choice.logprobs and choice.logprobs.content:
+            kinds.append("token")
+    first_call = kinds.index("call")
+    assert kinds[first_call + 1 :].count("token") >= len("</tool_call>") - 2  # the tag's tokens come after

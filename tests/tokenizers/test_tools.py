@@ -197,6 +197,8 @@ def test_parse_calls_reads_both_forms():
         "text then a broken <tool_call>{nope",
         "ends on a prefix <tool_ca",
         "No call.\n<tool_call>[]</tool_call>",
+        '<tool_call>[{"name": "add", "arguments": {"a": 1, "b": false}}, {"name": "get_weather", "arguments": '
+        '{"city": "Rome"}}]</tool_call>\n<tool_call>{"name": "add", "arguments": {"a": 2, "b": true}}</tool_call>',
     ],
 )
 def test_streamed_split_adds_up_to_the_whole(text):
@@ -206,11 +208,14 @@ def test_streamed_split_adds_up_to_the_whole(text):
         cuts = sorted(rnd.sample(range(1, len(text)), k=min(6, len(text) - 1)))
         pieces = [text[i:j] for i, j in zip([0, *cuts], [*cuts, len(text)], strict=True)]
         stream = CallStream(NAMES)
-        sent = [stream.feed(p) for p in pieces]
+        sent, early = [], []
+        for p in pieces:
+            sent.append(stream.feed(p))
+            early += stream.ready()  # each call once its JSON is complete
         for out, so_far in zip(sent, pieces, strict=True):
             assert OPEN not in out and not (out and out[-1:].isspace() and so_far)  # held back: spaces, tags
         rest, calls = stream.finish()
-        assert calls == whole_calls
+        assert early + calls == whole_calls
         assert "".join(sent) + rest == whole_content  # (the whole text where no call reads)
 
 

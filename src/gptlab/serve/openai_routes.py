@@ -41,8 +41,8 @@ class _Shape(ABC):
         return []
 
     @abstractmethod
-    def piece(self, event: TokenEvent) -> dict[str, Any] | None:
-        """The streamed choice for one event (None: nothing to send)."""
+    def piece(self, event: TokenEvent) -> list[dict[str, Any]]:
+        """The streamed choices for one event (none: nothing to send)."""
 
     @abstractmethod
     def ending(self, end: EndEvent) -> list[dict[str, Any]]:
@@ -79,14 +79,14 @@ class _Completion(_Shape):
             if text or self.scored[i] is not None
         ]
 
-    def piece(self, event: TokenEvent) -> dict[str, Any] | None:
+    def piece(self, event: TokenEvent) -> list[dict[str, Any]]:
         logprobs = None
         if self.wants_logprobs(event) and event.token_id is not None:  # (it wants one with an id)
             logprobs = completion_logprobs(self.tokenizer, [event], self.offset[event.index])
             self.offset[event.index] += len(token_text(self.tokenizer, event.token_id))
         if not event.text and logprobs is None:
-            return None
-        return self._choice(event.index, event.text, logprobs, None)
+            return []
+        return [self._choice(event.index, event.text, logprobs, None)]
 
     def ending(self, end: EndEvent) -> list[dict[str, Any]]:
         return [self._choice(end.index, "", None, end.finish_reason)]
@@ -109,6 +109,7 @@ class _Chat(_Shape):
         names = gen.tool_names
         # with tools, each choice's text is split into content and calls as it streams
         self.calls = {job.index: CallStream(names) for job in gen.jobs} if names is not None else None
+        self.called = {job.index: 0 for job in gen.jobs}  # calls streamed per choice
 
     def _choice(self, index: int, delta: dict, logprobs: Any, finish: str | None) -> dict[str, Any]:
         return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
@@ -121,33 +122,45 @@ class _Chat(_Shape):
     def wants_logprobs(self, event: TokenEvent) -> bool:
         return super().wants_logprobs(event) and not event.stop  # the end-of-turn token is not reported
 
-    def piece(self, event: TokenEvent) -> dict[str, Any] | None:
+    def piece(self, event: TokenEvent) -> list[dict[str, Any]]:
         text = event.text if self.started[event.index] else event.text.lstrip()
         self.started[event.index] = self.started[event.index] or bool(text)
         logprobs = chat_logprobs(self.tokenizer, [event]) if self.wants_logprobs(event) else None
+        calls: list[dict[str, Any]] = []
         if self.calls is not None:
-            text = self.calls[event.index].feed(text)  # text that may start a call is held back
+            split = self.calls[event.index]
+            text = split.feed(text)  # text that may start a call is held back
+            calls = self.call_pieces(event.index, split.ready())  # each call once it is complete
         if not text and logprobs is None:
-            return None
-        return self._choice(event.index, {"content": text}, logprobs, None)
+            return calls
+        return [self._choice(event.index, {"content": text}, logprobs, None), *calls]
 
-    def ending(self, end: EndEvent) -> list[dict[str, Any]]:
-        if self.calls is None:
-            return [self._choice(end.index, {}, None, end.finish_reason)]
-        rest, calls = self.calls[end.index].finish()
-        out = [self._choice(end.index, {"content": rest}, None, None)] if rest else []
-        for k, (name, arguments) in enumerate(calls):
+    def call_pieces(self, index: int, calls: list[tuple[str, str]]) -> list[dict[str, Any]]:
+        """OpenAI's ``delta.tool_calls`` chunks for newly completed calls: id, type and name first,
+        then the arguments in pieces."""
+        out = []
+        for name, arguments in calls:
+            k = self.called[index]
+            self.called[index] += 1
             head = {
                 "index": k,
                 "id": call_id(),
                 "type": "function",
                 "function": {"name": name, "arguments": ""},
             }
-            out.append(self._choice(end.index, {"tool_calls": [head]}, None, None))
+            out.append(self._choice(index, {"tool_calls": [head]}, None, None))
             for i in range(0, len(arguments), ARGUMENT_PIECE):
                 piece = {"index": k, "function": {"arguments": arguments[i : i + ARGUMENT_PIECE]}}
-                out.append(self._choice(end.index, {"tool_calls": [piece]}, None, None))
-        out.append(self._choice(end.index, {}, None, finish_reason(end, bool(calls))))
+                out.append(self._choice(index, {"tool_calls": [piece]}, None, None))
+        return out
+
+    def ending(self, end: EndEvent) -> list[dict[str, Any]]:
+        if self.calls is None:
+            return [self._choice(end.index, {}, None, end.finish_reason)]
+        rest, calls = self.calls[end.index].finish()
+        out = [self._choice(end.index, {"content": rest}, None, None)] if rest else []
+        out += self.call_pieces(end.index, calls)
+        out.append(self._choice(end.index, {}, None, finish_reason(end, self.called[end.index] > 0)))
         return out
 
     def choice(self, index: int, events: Sequence[TokenEvent], end: EndEvent) -> dict[str, Any]:
@@ -205,8 +218,9 @@ async def respond(
                 ends.append(event)
                 for choice in shape.ending(event):
                     yield choice
-            elif (piece := shape.piece(event)) is not None:
-                yield piece
+            else:
+                for piece in shape.piece(event):
+                    yield piece
 
     if stream:
 

@@ -396,10 +396,12 @@ def _skip_space(text: str, pos: int) -> int:
 class CallStream:
     """A reply streamed piece by piece, split as ``parse_calls`` splits the whole: ``feed`` returns the
     content to send now (text that cannot be the start of ``<tool_call>``, trailing spaces held back),
-    ``finish`` the content left and the calls. What it sends adds up to what ``parse_calls`` gives."""
+    ``ready`` the calls completed so far, ``finish`` the content and calls left. What they hand out
+    adds up to what ``parse_calls`` gives for the whole text."""
 
     def __init__(self, names: set[str] | None = None) -> None:
         self.names, self.text, self.sent, self.calling = names, "", 0, False
+        self.given = 0  # calls handed out by ``ready``
 
     def feed(self, piece: str) -> str:
         self.text += piece
@@ -419,11 +421,21 @@ class CallStream:
         out, self.sent = self.text[self.sent : max(safe, self.sent)], max(safe, self.sent)
         return out
 
+    def ready(self) -> list[tuple[str, str]]:
+        """The calls completed since the last ``ready`` (a call is complete once its JSON object is:
+        the grammar guarantees that what follows keeps it)."""
+        if not self.calling:
+            return []
+        calls = parse_calls(self.text, self.names)[1][self.given :]
+        self.given += len(calls)
+        return calls
+
     def finish(self) -> tuple[str, list[tuple[str, str]]]:
-        """The content not yet sent and the calls (none if the text holds no readable call)."""
+        """The content not yet sent and the calls not yet handed out by ``ready`` (none if the text
+        holds no readable call)."""
         content, calls = parse_calls(self.text, self.names)
-        if content != self.text:  # the blocks read (calls, or an empty list): the text before was sent
-            return "", calls
+        if content != self.text or self.given:  # the blocks read: the text before them was sent
+            return "", calls[self.given :]
         return self.text[self.sent :], []
 
 
