@@ -302,7 +302,9 @@ def test_smollm2_with_a_weather_tool():
 
 def test_a_call_streams_as_soon_as_it_is_complete(client):
     """The call's pieces arrive before the tokens of its closing tag (seen through their logprobs)."""
-    stream = ask(client, tool_choice="required", parallel_tool_calls=False, seed=0, stream=True, logprobs=True)
+    stream = ask(
+        client, tool_choice="required", parallel_tool_calls=False, seed=0, stream=True, logprobs=True
+    )
     kinds = []
     for chunk in stream:
         (choice,) = chunk.choices
