@@ -271,3 +271,41 @@ def test_health_reports_no_leaked_slots(server):
             time.sleep(0.05)
     assert h["active"] == 0 and h["waiting"] == 0
     assert json.dumps(h)
+
+
+@pytest.mark.slow  # a server start, a browser, a constrained call
+def test_playground_shows_tool_calls(tmp_path):
+    """Chat with a tool and tool choice "required": the reply shows the call, name(arguments)."""
+    import string
+
+    printable = "".join(c for c in string.printable if c not in "\t\r\x0b\x0c")
+    tok = CharTokenizer.from_text(printable, special_tokens=["<|endoftext|>"])
+    model = tiny_model(vocab_size=tok.vocab_size, block_size=2048, n_head=2, pos="rope")
+    ckpt = gptlab.save(model, tok, tmp_path / "tools")
+    tool = {
+        "type": "function",
+        "function": {
+            "name": "paint",
+            "parameters": {
+                "type": "object",
+                "properties": {"color": {"enum": ["red", "green"]}},
+                "required": ["color"],
+                "additionalProperties": False,
+            },
+        },
+    }
+    with serve_load.serve(str(ckpt), max_batch=2, extra=["--device", "cpu"], timeout=60) as url:
+        with chromium_page(url) as (page, expect, external):
+            page.click("#tab-chat")
+            page.fill("#tools", json.dumps([tool]))
+            page.select_option("#tool_choice", "required")
+            page.fill("#max_tokens", "200")
+            page.fill("#seed", "1")
+            page.click("#send")
+            expect(page.locator("#status")).to_contain_text("finish", timeout=120_000)
+            calls = page.locator("#output .assistant .toolcall")
+            expect(calls.first).to_be_visible(timeout=10_000)
+            for text in calls.all_inner_texts():  # one call or more (parallel_tool_calls)
+                assert text.startswith("tool call: paint(") and text.endswith(")")
+                assert json.loads(text[len("tool call: paint(") : -1])["color"] in ("red", "green")
+            assert page.locator("#output .error").count() == 0 and external == []

@@ -6,7 +6,7 @@ import argparse
 import os
 import sys
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from gptlab.generate import DecodeEngine, SampleConfig
@@ -123,3 +123,52 @@ def prepare_decode(
 def print_plan(engine: DecodeEngine, batch: int, config: SampleConfig | None = None) -> None:
     """The decode plan for ``batch`` sequences, on one line of stderr (``--verbose``, the server's start)."""
     sys.stderr.write(f"{engine.plan(batch, config=config)}\n")
+
+
+def add_structure_arguments(p: argparse.ArgumentParser, grammars: bool = True) -> None:
+    """``--json-schema FILE`` (and, with ``grammars``, ``--regex PATTERN`` and ``--grammar FILE``): the
+    output follows a JSON schema, a regex or a Lark grammar (``SampleConfig``'s structured output)."""
+    group = p.add_mutually_exclusive_group()
+    group.add_argument(
+        "--json-schema",
+        metavar="FILE",
+        help="the output is JSON valid against the JSON Schema in FILE ('{}' in FILE: any JSON)",
+    )
+    if grammars:
+        group.add_argument("--regex", metavar="PATTERN", help="the output matches this regular expression")
+        group.add_argument(
+            "--grammar",
+            metavar="FILE",
+            help="the output is a string of the Lark grammar in FILE (start: ...)",
+        )
+
+
+def structure_from_args(args: argparse.Namespace) -> dict[str, Any]:
+    """The ``SampleConfig`` fields that ``add_structure_arguments``' options set (files read here)."""
+    import json
+    from pathlib import Path
+
+    from gptlab.errors import GptlabError
+
+    def read(option: str, name: str) -> str:
+        path = Path(name)
+        if not path.is_file():
+            raise GptlabError(f"{option} {name}: file not found")
+        try:
+            return path.read_text(encoding="utf-8")
+        except UnicodeDecodeError as exc:
+            raise GptlabError(
+                f"{option} {name}: not UTF-8 text (invalid byte at offset {exc.start})"
+            ) from None
+
+    out: dict[str, Any] = {}
+    if getattr(args, "json_schema", None):
+        try:
+            out["json_schema"] = json.loads(read("--json-schema", args.json_schema))
+        except json.JSONDecodeError as exc:
+            raise GptlabError(f"--json-schema {args.json_schema}: not JSON ({exc})") from None
+    if getattr(args, "regex", None):
+        out["regex"] = args.regex
+    if getattr(args, "grammar", None):
+        out["grammar"] = read("--grammar", args.grammar)
+    return out

@@ -2,6 +2,7 @@
 
 gptlab sample runs/shakespeare --prompt "ROMEO:" --max-new-tokens 200 --temperature 0.8 --top-k 40
 gptlab sample ckpt/ --prompt-file prompt.txt --beam-width 4 --dtype int8 --num-samples 3 --seed 1
+gptlab sample smollm2 --prompt "A user record: " --json-schema user.schema.json   (or --regex, --grammar)
 """
 
 from __future__ import annotations
@@ -16,10 +17,12 @@ from typing import Any
 from gptlab.cli.options import (
     add_compile_argument,
     add_device_argument,
+    add_structure_arguments,
     add_weights_argument,
     device_from_args,
     prepare_decode,
     print_plan,
+    structure_from_args,
     weights_format,
 )
 from gptlab.errors import GptlabError
@@ -59,6 +62,7 @@ def register(subparsers: Any) -> None:
         "--stop-token", action="append", type=int, default=[], metavar="ID", help="a stop token id"
     )
     p.add_argument("--seed", type=int)
+    add_structure_arguments(p)
     add_weights_argument(p)
     add_device_argument(p)
     p.add_argument(
@@ -116,6 +120,7 @@ def run(args: argparse.Namespace) -> int:
     import gptlab
     from gptlab.generate import SampleConfig, stream_events
     from gptlab.generate.decode import read_prompt
+    from gptlab.generate.grammar import check_constraint
     from gptlab.generate.seq2seq import check_generative
 
     if args.num_samples < 1:
@@ -139,6 +144,7 @@ def run(args: argparse.Namespace) -> int:
         stop=args.stop,
         stop_tokens=args.stop_token,
         seed=args.seed,
+        **structure_from_args(args),
     )
     prompt = _prompt(args)
     device = device_from_args(args)
@@ -154,6 +160,7 @@ def run(args: argparse.Namespace) -> int:
         raise GptlabError(f"{args.checkpoint} has no tokenizer.json; pass --tokenizer PATH")
     check_generative(model, str(args.checkpoint))  # a masked-language model cannot generate
     decoder, _ = read_prompt(model, tokenizer, prompt)  # fail before printing anything
+    check_constraint(config, tokenizer)  # a schema or grammar the engine cannot compile: one error line
     # an encoder-decoder: the prompt is the source (not echoed), the output its target
     echo = prompt if decoder is model else ""
     not_for = "beam search" if args.beam_width > 1 else None if decoder is model else "an encoder-decoder"

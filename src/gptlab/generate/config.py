@@ -22,6 +22,12 @@ class SampleConfig:
     tokenizer's ``<|endoftext|>``) or a stop string; neither is emitted. Past the model's
     context, ``slide=True`` goes on over a window of the last ``block_size`` tokens;
     ``slide=False`` stops there with ``finish_reason="context"``.
+
+    Structured output (``generate/grammar.py``): at most one of ``json_schema`` (a JSON Schema;
+    ``{"type": "object"}`` is any JSON object), ``regex`` and ``grammar`` (a Lark grammar, which may
+    inline JSON schemas with ``%json{...}``) restricts every step to the tokens that keep the text a
+    prefix of that language, and allows a stop token only where the text is complete; a reply that
+    is complete ends with ``finish_reason="stop"``. Not with beam search.
     """
 
     max_new_tokens: int = 256
@@ -40,6 +46,9 @@ class SampleConfig:
     seed: int | None = None
     logit_bias: dict[int, float] = field(default_factory=dict)  # token id -> added to its logit
     slide: bool = True  # past the context: a sliding window (True) or stop with "context" (False)
+    json_schema: dict[str, Any] | None = None  # the reply is JSON valid against this schema
+    regex: str | None = None  # the reply matches this regular expression
+    grammar: str | None = None  # the reply is a string of this Lark grammar
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -125,6 +134,26 @@ class SampleConfig:
             f"got {self.logit_bias!r}",
         )
         need(isinstance(self.slide, bool), f"slide must be true or false, got {self.slide!r}")
+        need(
+            self.json_schema is None or isinstance(self.json_schema, dict),
+            f"json_schema must be a JSON object (a JSON Schema) or null, got {type(self.json_schema).__name__}",
+        )
+        for name in ("regex", "grammar"):
+            value = getattr(self, name)
+            need(
+                value is None or (isinstance(value, str) and value != ""),
+                f"{name} must be a non-empty string or null, got {value!r}",
+            )
+        constraints = self.constraints()
+        need(
+            len(constraints) <= 1,
+            f"give at most one of json_schema, regex and grammar, got {', '.join(constraints)}",
+        )
+        need(
+            not (constraints and self.beam_width > 1),
+            f"beam search (beam_width={self.beam_width}) does not take a {constraints[0] if constraints else ''}; "
+            "set beam_width=1 to sample under it",
+        )
         if self.beam_width > 1:
             truncation = [n for n in ("top_k", "top_p", "min_p") if getattr(self, n) is not None]
             need(
@@ -136,6 +165,15 @@ class SampleConfig:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
+
+    def constraints(self) -> list[str]:
+        """The structured-output options that are set (``json_schema``, ``regex``, ``grammar``)."""
+        return [n for n in ("json_schema", "regex", "grammar") if getattr(self, n) is not None]
+
+    @property
+    def constrained(self) -> bool:
+        """A grammar restricts the tokens (a json_schema, a regex or a Lark grammar is set)."""
+        return bool(self.constraints())
 
     # ------------------------------------------------------------------ JSON
     def to_dict(self) -> dict[str, Any]:

@@ -7,6 +7,9 @@ A decode runs one of these engines (docs/design/decode-engines.md):
               frozen (the static step compiled with frozen weights, CPU)  |  cuda-graphs  |  compiled  |  eager
     sampler   per-request (``TokenStep``'s ``Sampler``)  |  in-graph (``graph_sampling``)
 
+A request whose output a grammar constrains (``json_schema``, ``regex``, ``grammar``) takes the
+per-request sampler, which applies the grammar's mask per row; the printed plan says so.
+
 The plan is a pure function of what the model is (``ModelFacts``: device, compiler, matrix bytes,
 weight format, activation dtype), what the caller asked (``DecodeSettings``: ``--compile``, whether a
 static cache is allowed, the planned tokens) and the request (batch, sampling options, cache dtype,
@@ -234,6 +237,8 @@ def static_blocker(
     """Why this request cannot take the static cache, or None."""
     if facts.alibi_half:
         return "ALiBi in half precision: over the static cache its bias would round the scores"
+    if config is not None and config.constrained:
+        return f"a {config.constraints()[0]} masks the tokens: the per-request sampler applies it"
     if config is not None and not supports(config):
         return "an option the in-graph sampler lacks (beam search, …)"
     if cache_dtype is not None and not cache_dtype.is_floating_point:
@@ -277,6 +282,8 @@ def plan_decoding(
     float_cache = cache_dtype is None or cache_dtype.is_floating_point
     fused = compiled and facts.device == "cpu" and batch == 1 and float_cache
     reason = f"{why}; {blocker or static_why}"
+    if config is not None and config.constrained and blocker is None:
+        reason += f"; a {config.constraints()[0]} masks the tokens in the per-request sampler"
     if compiled and facts.device == "cpu" and batch == 1 and not float_cache:
         reason += "; an int8 cache dequantises on reads: layer by layer"
     return DecodePlan(facts.device, batch, "dynamic", "fused" if fused else "layers", "per-request", reason)

@@ -3,6 +3,7 @@
     penalties:   l_i ← l_i / r  (l_i > 0) or l_i·r (l_i ≤ 0) for every token i seen (repetition, CTRL)
                  l_i ← l_i − α_f·count_i − α_p·[count_i > 0]   (frequency and presence)
     logit bias:  l_i ← l_i + b_i                                  (OpenAI's logit_bias)
+    grammar:     l_i ← −∞ for every token i the grammar does not allow here   (structured output)
     temperature: p_i = exp(l_i/τ) / Σ_j exp(l_j/τ)
     greedy:      next = argmax_i p_i                            (τ = 0)
     top-k:       keep the k most probable tokens, renormalise
@@ -106,12 +107,20 @@ class Sampler:
         seed = config.seed if config.seed is not None else int(torch.randint(0, 2**62, (1,)).item())
         self.generator = torch.Generator().manual_seed(seed % 2**64)  # negative seeds: same as torch's
 
-    def process(self, logits: torch.Tensor, history: Sequence[int]) -> torch.Tensor:
-        """Penalised, biased, temperature-scaled, truncated logits (vocab,), float32 on the CPU."""
+    def process(
+        self, logits: torch.Tensor, history: Sequence[int], allowed: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Penalised, biased, temperature-scaled, truncated logits (vocab,), float32 on the CPU.
+
+        ``allowed`` (bool, vocab): the tokens a grammar allows; the others are −∞ before the
+        temperature and the truncations, so that top-k/top-p/min-p choose among allowed tokens only.
+        """
         c = self.config
         logits = logits[: self.vocab_size].float().cpu()
         logits = apply_logit_bias(apply_penalties(logits, history, c), c.logit_bias)
         logits = torch.nan_to_num(logits, nan=float("-inf"), posinf=torch.finfo(logits.dtype).max)
+        if allowed is not None:
+            logits = logits.masked_fill(~allowed[: logits.numel()], float("-inf"))
         if self.greedy:
             return logits
         if c.temperature != 1.0:

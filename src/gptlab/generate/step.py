@@ -1,12 +1,14 @@
 """One request's per-token step, from next-token logits to a token, its text and whether to stop.
 
-    l'   = Sampler.process(l, history)           penalties, logit bias, /τ, top-k/top-p/min-p
+    l'   = Sampler.process(l, history, allowed)  penalties, logit bias, the grammar's mask (structured
+                                                  output: ``grammar.Constraint``), /τ, top-k/top-p/min-p
     y    = Sampler.choose(l')                     argmax (τ = 0) or y ~ softmax(l')
     log p(y) = l_y − log Σ_j exp(l_j)             of the model's raw logits l, whatever the sampling
                                                   settings: OpenAI's ``logprobs`` (as vLLM's default
                                                   ``raw_logprobs``) and what the playground shades
     y ∈ stop tokens             → finish "stop"   (y is not emitted)
     text = TextStream.push(y)   → a UTF-8-safe piece; a completed stop string → finish "stop"
+    the grammar is complete     → finish "stop"   (nothing more may follow; the reply is whole)
     n_new = max_new_tokens      → finish "length"
     the context is full         → the window slides (a notice, once), or with
                                   ``slide=False`` finish "context"
@@ -29,6 +31,7 @@ import torch
 from gptlab.errors import GptlabError
 from gptlab.generate.config import SampleConfig
 from gptlab.generate.decoder import Decoder
+from gptlab.generate.grammar import Constraint
 from gptlab.generate.sampling import Sampler
 from gptlab.generate.textstream import TextStream
 
@@ -123,6 +126,8 @@ class TokenStep:
     ``top_n`` None: no probabilities; 0: the chosen token's; N: also the N most probable.
     After each ``advance``, ``reason`` is None while the request goes on (feed ``token``
     to the model next), else why it finished; ``close()`` then gives the closing event.
+    A config with a ``json_schema``, ``regex`` or ``grammar`` compiles it here (``constraint``; a
+    ``GptlabError`` names what could not be compiled) and masks every step with it.
     """
 
     def __init__(
@@ -138,6 +143,13 @@ class TokenStep:
         self.config, self.tokenizer, self.index, self.top_n = config, tokenizer, index, top_n
         self.sampler = Sampler(config, vocab_size(model, tokenizer))
         self.stops = stop_token_ids(config, tokenizer)
+        self.constraint: Constraint | None = None
+        if config.constrained:
+            if tokenizer is None:
+                raise GptlabError(
+                    f"a {config.constraints()[0]} constrains text: it needs the model's tokenizer"
+                )
+            self.constraint = Constraint(config, tokenizer, self.sampler.vocab_size, self.stops)
         self.history = list(prompt_ids)  # prompt + generated: what the penalties look at
         self.text = TextStream(tokenizer, config.stop) if tokenizer is not None else None
         self.n_new = 0  # emitted tokens
@@ -157,11 +169,18 @@ class TokenStep:
         completions ``logprobs``: ``completion_tokens`` counts it too).
         """
         raw: torch.Tensor | None = None
+        grammar = self.constraint
+        if grammar is not None and grammar.done:  # complete before any token (an empty language)
+            self.reason = "stop"
+            return None
         if isinstance(logits, int):
             token = logits
         else:
             raw = logits
-            token = self.sampler.choose(self.sampler.process(logits, self.history))
+            allowed = grammar.allowed() if grammar is not None else None
+            token = self.sampler.choose(self.sampler.process(logits, self.history, allowed))
+            if allowed is not None and not bool(allowed[token]):  # no draw was possible: an allowed one
+                token = int(torch.nonzero(allowed)[0])
         self.sampled += 1
         if token in self.stops:
             self.reason = "stop"
@@ -169,6 +188,8 @@ class TokenStep:
             if self.top_n is not None and raw is not None:
                 self._probabilities(self.stop_event, raw)
             return None
+        if grammar is not None:
+            grammar.consume(token)
         self.history.append(token)
         self.n_new += 1
         self.token = token
@@ -177,6 +198,8 @@ class TokenStep:
             self._probabilities(event, raw)
         if self.text is not None and self.text.stopped:
             self.reason = "stop"
+        elif grammar is not None and grammar.done:
+            self.reason = "stop"  # the grammar admits nothing more: the reply is complete
         elif self.n_new >= self.config.max_new_tokens:
             self.reason = "length"
         elif full is not None and not self.config.slide:

@@ -80,6 +80,7 @@ UNION_FIELDS = {
     ),
     "stop": "a string, a list of strings, or null",
     "content": "a string, a list of content parts, or null",
+    "tool_choice": '"none", "auto", "required", {"type": "function", "function": {"name": ...}}, or null',
 }
 
 

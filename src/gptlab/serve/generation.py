@@ -19,6 +19,7 @@ class Generation:
     prompt_tokens: int
     warnings: list[str] = field(default_factory=list)
     texts: list[str] = field(default_factory=list)  # each prompt's text (for echo)
+    tool_names: set[str] | None = None  # a chat with tools: the functions whose calls are read back
 
     async def events(self) -> AsyncIterator[TokenEvent | EndEvent]:
         """Every event; an error event raises ``APIError``; leaving early cancels what is left."""

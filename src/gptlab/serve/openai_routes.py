@@ -25,6 +25,7 @@ from gptlab.serve.logprobs import chat_logprobs, completion_logprobs
 from gptlab.serve.schemas import ChatCompletionRequest, CompletionRequest
 from gptlab.serve.service import Service
 from gptlab.serve.transport import DONE, sse, sse_response, watched
+from gptlab.tokenizers.tools import CallStream, parse_calls
 
 
 class _Shape(ABC):
@@ -40,12 +41,12 @@ class _Shape(ABC):
         return []
 
     @abstractmethod
-    def piece(self, event: TokenEvent) -> dict[str, Any] | None:
-        """The streamed choice for one event (None: nothing to send)."""
+    def piece(self, event: TokenEvent) -> list[dict[str, Any]]:
+        """The streamed choices for one event (none: nothing to send)."""
 
     @abstractmethod
-    def ending(self, end: EndEvent) -> dict[str, Any]:
-        """The last streamed choice: its finish reason."""
+    def ending(self, end: EndEvent) -> list[dict[str, Any]]:
+        """The last streamed choices: what was held back, then the finish reason."""
 
     @abstractmethod
     def choice(self, index: int, events: Sequence[TokenEvent], end: EndEvent) -> dict[str, Any]:
@@ -78,17 +79,17 @@ class _Completion(_Shape):
             if text or self.scored[i] is not None
         ]
 
-    def piece(self, event: TokenEvent) -> dict[str, Any] | None:
+    def piece(self, event: TokenEvent) -> list[dict[str, Any]]:
         logprobs = None
         if self.wants_logprobs(event) and event.token_id is not None:  # (it wants one with an id)
             logprobs = completion_logprobs(self.tokenizer, [event], self.offset[event.index])
             self.offset[event.index] += len(token_text(self.tokenizer, event.token_id))
         if not event.text and logprobs is None:
-            return None
-        return self._choice(event.index, event.text, logprobs, None)
+            return []
+        return [self._choice(event.index, event.text, logprobs, None)]
 
-    def ending(self, end: EndEvent) -> dict[str, Any]:
-        return self._choice(end.index, "", None, end.finish_reason)
+    def ending(self, end: EndEvent) -> list[dict[str, Any]]:
+        return [self._choice(end.index, "", None, end.finish_reason)]
 
     def choice(self, index: int, events: Sequence[TokenEvent], end: EndEvent) -> dict[str, Any]:
         echo = self.echo[index]
@@ -105,6 +106,10 @@ class _Chat(_Shape):
     def __init__(self, service: Service, gen: Generation, req: ChatCompletionRequest) -> None:
         super().__init__(service, gen, req.logprobs)
         self.started = {job.index: False for job in gen.jobs}  # the reply's leading whitespace is dropped
+        names = gen.tool_names
+        # with tools, each choice's text is split into content and calls as it streams
+        self.calls = {job.index: CallStream(names) for job in gen.jobs} if names is not None else None
+        self.called = {job.index: 0 for job in gen.jobs}  # calls streamed per choice
 
     def _choice(self, index: int, delta: dict, logprobs: Any, finish: str | None) -> dict[str, Any]:
         return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
@@ -117,24 +122,81 @@ class _Chat(_Shape):
     def wants_logprobs(self, event: TokenEvent) -> bool:
         return super().wants_logprobs(event) and not event.stop  # the end-of-turn token is not reported
 
-    def piece(self, event: TokenEvent) -> dict[str, Any] | None:
+    def piece(self, event: TokenEvent) -> list[dict[str, Any]]:
         text = event.text if self.started[event.index] else event.text.lstrip()
         self.started[event.index] = self.started[event.index] or bool(text)
         logprobs = chat_logprobs(self.tokenizer, [event]) if self.wants_logprobs(event) else None
+        calls: list[dict[str, Any]] = []
+        if self.calls is not None:
+            split = self.calls[event.index]
+            text = split.feed(text)  # text that may start a call is held back
+            calls = self.call_pieces(event.index, split.ready())  # each call once it is complete
         if not text and logprobs is None:
-            return None
-        return self._choice(event.index, {"content": text}, logprobs, None)
+            return calls
+        return [self._choice(event.index, {"content": text}, logprobs, None), *calls]
 
-    def ending(self, end: EndEvent) -> dict[str, Any]:
-        return self._choice(end.index, {}, None, end.finish_reason)
+    def call_pieces(self, index: int, calls: list[tuple[str, str]]) -> list[dict[str, Any]]:
+        """OpenAI's ``delta.tool_calls`` chunks for newly completed calls: id, type and name first,
+        then the arguments in pieces."""
+        out = []
+        for name, arguments in calls:
+            k = self.called[index]
+            self.called[index] += 1
+            head = {
+                "index": k,
+                "id": call_id(),
+                "type": "function",
+                "function": {"name": name, "arguments": ""},
+            }
+            out.append(self._choice(index, {"tool_calls": [head]}, None, None))
+            for i in range(0, len(arguments), ARGUMENT_PIECE):
+                piece = {"index": k, "function": {"arguments": arguments[i : i + ARGUMENT_PIECE]}}
+                out.append(self._choice(index, {"tool_calls": [piece]}, None, None))
+        return out
+
+    def ending(self, end: EndEvent) -> list[dict[str, Any]]:
+        if self.calls is None:
+            return [self._choice(end.index, {}, None, end.finish_reason)]
+        rest, calls = self.calls[end.index].finish()
+        out = [self._choice(end.index, {"content": rest}, None, None)] if rest else []
+        out += self.call_pieces(end.index, calls)
+        out.append(self._choice(end.index, {}, None, finish_reason(end, self.called[end.index] > 0)))
+        return out
 
     def choice(self, index: int, events: Sequence[TokenEvent], end: EndEvent) -> dict[str, Any]:
+        text = "".join(e.text for e in events).lstrip()
+        message: dict[str, Any] = {"role": "assistant", "content": text}
+        finish = end.finish_reason
+        if self.gen.tool_names is not None:
+            content, calls = parse_calls(text, self.gen.tool_names)
+            message["content"] = (content or None) if calls else content  # without its calls (or [])
+            if calls:
+                message["tool_calls"] = [
+                    {"id": call_id(), "type": "function", "function": {"name": name, "arguments": arguments}}
+                    for name, arguments in calls
+                ]
+                finish = finish_reason(end, True)
         return {
             "index": index,
-            "message": {"role": "assistant", "content": "".join(e.text for e in events).lstrip()},
+            "message": message,
             "logprobs": chat_logprobs(self.tokenizer, events) if self.logprobs else None,
-            "finish_reason": end.finish_reason,
+            "finish_reason": finish,
         }
+
+
+def finish_reason(end: EndEvent, called: bool) -> str:
+    """``"tool_calls"`` for a reply with calls that ended by itself; ``"length"`` stays (its last call
+    may have been cut off, and is then left out)."""
+    return "tool_calls" if called and end.finish_reason != "length" else end.finish_reason
+
+
+#: the characters of a call's ``arguments`` per streamed ``delta.tool_calls`` piece
+ARGUMENT_PIECE = 16
+
+
+def call_id() -> str:
+    """A tool call's id, ``call_<24 hex digits>`` (the client sends it back with the result)."""
+    return f"call_{uuid.uuid4().hex[:24]}"
 
 
 async def respond(
@@ -154,9 +216,11 @@ async def respond(
         async for event in watched(request, gen):
             if isinstance(event, EndEvent):
                 ends.append(event)
-                yield shape.ending(event)
-            elif (piece := shape.piece(event)) is not None:
-                yield piece
+                for choice in shape.ending(event):
+                    yield choice
+            else:
+                for piece in shape.piece(event):
+                    yield piece
 
     if stream:
 

@@ -3,10 +3,11 @@
 FastAPI writes the request bodies from the declared models (``schemas.py``); this module adds
 what only the running server knows and what FastAPI does not say by itself:
 
-* the limits of this server: ``max_tokens`` ≤ its cap, token ids and ``logit_bias`` keys below
+* the limits of this server: no ``tools`` where its tokenizer cannot write a call, ``max_tokens`` ≤ its cap, token ids and ``logit_bias`` keys below
   its vocabulary, ``layer`` within the model, a non-empty prompt when the tokenizer has no
   end-of-text token to start from, and, for a character tokenizer without an unknown-character
-  token, the characters a text may use (``pattern``);
+  token, the characters a text may use (``pattern``); for a vocabulary that cannot write JSON,
+  ``response_format`` text only;
 * every status code a route answers, each error in OpenAI's shape (``ErrorResponse``), and
   FastAPI's unused 422 removed (a bad body is a 400 here);
 * the media types of the streamed routes (``text/event-stream``);
@@ -168,12 +169,25 @@ def server_limits(components: dict[str, Any], service: Service) -> None:
         for alt in bias.get("anyOf", []):
             if alt.get("type") == "object":
                 alt["propertyNames"] = {"pattern": digits_below(vocab)}
+        if not service.json_output and "response_format" in schema.get("properties", {}):
+            # a vocabulary that cannot write JSON: free text is the only format this server takes
+            schema["properties"]["response_format"] = {
+                "anyOf": [{"$ref": "#/components/schemas/ResponseFormatText"}, {"type": "null"}],
+                "description": "only text: this model's vocabulary cannot write JSON",
+            }
         if "prompt" in schema.get("properties", {}):
             _token_ids(schema["properties"]["prompt"], vocab)
             if service.tokenizer.eot_id is None:  # nothing to start an empty prompt from
                 _set(schema, "prompt", "string", minLength=1)
                 schema["required"] = sorted({*schema.get("required", []), "prompt"})
     _token_ids(components.get("DetokenizeRequest", {}).get("properties", {}).get("tokens", {}), vocab)
+    if not service.tools:  # a tokenizer that cannot write a call: no tools, no calls in the messages
+        no_tools = {"type": "null", "description": "this model's tokenizer cannot write tool calls"}
+        for name, field in (("ChatCompletionRequest", "tools"), ("ChatCompletionRequest", "tool_choice"),
+                            ("ChatMessage", "tool_calls")):  # fmt: skip
+            props = components.get(name, {}).get("properties", {})
+            if field in props:
+                props[field] = dict(no_tools)
     n_layer = service.model.config.n_layer
     for name in ("AttentionRequest", "InsideAttentionRequest", "InsideRequest"):
         _set(components.get(name, {}), "layer", minimum=-n_layer, maximum=n_layer - 1)

@@ -31,6 +31,7 @@ PENALTY_RANGE = (0.01, 100.0)  # repetition_penalty (1 = off)
 LENGTH_PENALTY_RANGE = (-10.0, 10.0)  # beam search's α
 SEED_RANGE = (-(2**53 - 1), 2**53 - 1)  # JSON's exact integers (I-JSON): every client and validator agrees
 MAX_TOP_K = 2**31 - 1
+MAX_TOOLS = 128  # tools in one chat request, calls in one message (OpenAI's limit)
 
 
 def _whole(value: Any) -> Any:
@@ -84,6 +85,12 @@ def fields(required: tuple[str, ...] = (), /, **properties: dict[str, Any]) -> d
 
 #: beam search is deterministic: no truncation (their "off" values are fine) and no logprobs
 NO_BEAM = fields(beam_width={"maximum": 1})
+#: a JSON reply (``response_format`` json_object or json_schema) is sampled, never beam-searched
+TEXT_FORMAT = fields(
+    response_format={
+        "anyOf": [{"type": "null"}, {"type": "object", "properties": {"type": {"const": "text"}}}]
+    }
+)
 TRUNCATION_OFF: dict[str, dict[str, Any]] = {
     "top_k": {"enum": [0, None]},
     "top_p": {"const": 1},
@@ -103,6 +110,62 @@ class StreamOptions(Strict):
     include_usage: bool = False
 
 
+#: what the ``schema`` of a ``json_schema`` response format is documented as (any JSON Schema object;
+#: the keywords the grammar engine implements are listed in docs/guide/serving.md)
+SCHEMA_OBJECT = {
+    "type": "object",
+    "description": (
+        "a JSON Schema (draft 2020-12 keywords: type, properties, required, additionalProperties, items, "
+        "prefixItems, minItems, maxItems, enum, const, minimum, maximum, exclusiveMinimum, exclusiveMaximum, "
+        "multipleOf, minLength, maxLength, pattern, format, anyOf, oneOf, allOf, $ref, $defs); a keyword "
+        "the engine cannot enforce is a 400 naming it"
+    ),
+}
+MAX_SCHEMA_NAME = 64
+
+
+class ResponseFormatText(Strict):
+    """``{"type": "text"}``: free text (the default)."""
+
+    type: Literal["text"]
+
+
+class ResponseFormatJSONObject(Strict):
+    """``{"type": "json_object"}``: the reply is one JSON object (any keys and values)."""
+
+    type: Literal["json_object"]
+
+
+class JSONSchemaFormat(Strict):
+    """OpenAI's ``json_schema`` object: the schema the reply is valid against, its name and strictness.
+
+    ``strict`` is accepted either way and the schema is always enforced (gptlab's grammar never lets
+    the reply leave it); without ``schema`` the reply is any JSON object.
+    """
+
+    model_config = ConfigDict(strict=True, extra="ignore", allow_inf_nan=False, populate_by_name=True)
+
+    name: str = Field(min_length=1, max_length=MAX_SCHEMA_NAME, pattern=r"^[a-zA-Z0-9_-]+$")
+    description: str | None = None
+    schema_: Annotated[dict[str, Any], WithJsonSchema(SCHEMA_OBJECT)] | None = Field(
+        default=None, alias="schema"
+    )
+    strict: bool | None = None
+
+
+class ResponseFormatJSONSchema(Strict):
+    """``{"type": "json_schema", "json_schema": {...}}``: the reply is JSON valid against the schema."""
+
+    type: Literal["json_schema"]
+    json_schema: JSONSchemaFormat
+
+
+#: OpenAI's ``response_format`` (structured output)
+ResponseFormat = Annotated[
+    ResponseFormatText | ResponseFormatJSONObject | ResponseFormatJSONSchema, Field(discriminator="type")
+]
+
+
 class SamplingFields(Strict):
     """The sampling options shared by every generating endpoint.
 
@@ -110,6 +173,7 @@ class SamplingFields(Strict):
     ``frequency_penalty``, ``presence_penalty``. gptlab's extras: ``top_k``, ``min_p``,
     ``repetition_penalty``, ``beam_width``, ``length_penalty``, ``early_stopping``.
     ``logit_bias`` maps token ids (as strings, like OpenAI) to a bias in [-100, 100].
+    ``response_format`` (OpenAI's structured output): ``text``, ``json_object`` or ``json_schema``.
     """
 
     model: str | None = None
@@ -131,6 +195,19 @@ class SamplingFields(Strict):
     early_stopping: bool = True
     user: str | None = None
     logit_bias: dict[str, Annotated[float, Field(ge=-100, le=100)]] | None = None  # keys: token ids
+    response_format: ResponseFormat | None = (
+        None  # structured output: the reply is JSON (generate/grammar.py)
+    )
+
+    def json_schema(self) -> dict[str, Any] | None:
+        """The schema ``response_format`` asks the reply to follow (``{"type": "object"}`` for a JSON
+        object), or None for free text."""
+        fmt = self.response_format
+        if isinstance(fmt, ResponseFormatJSONSchema):
+            return fmt.json_schema.schema_ if fmt.json_schema.schema_ is not None else {"type": "object"}
+        if isinstance(fmt, ResponseFormatJSONObject):
+            return {"type": "object"}
+        return None
 
     def stop_list(self) -> list[str]:
         """``stop`` as a list (OpenAI allows a string, a list of up to 4, or null)."""
@@ -149,6 +226,7 @@ class CompletionRequest(SamplingFields):
         json_schema_extra={
             "allOf": [
                 either(NO_BEAM, fields(**TRUNCATION_OFF, logprobs={"type": "null"})),
+                either(NO_BEAM, TEXT_FORMAT),
             ]
         }
     )
@@ -170,12 +248,79 @@ class ContentPart(Strict):
     text: str
 
 
+def _object_schema(value: dict[str, Any]) -> dict[str, Any]:
+    if value.get("type") != "object":
+        raise ValueError('must be a JSON Schema of an object: {"type": "object", "properties": {...}}')
+    return value
+
+
+#: a function's ``parameters``: a JSON Schema whose top is an object
+ParametersSchema = Annotated[
+    dict[str, Any],
+    AfterValidator(_object_schema),
+    WithJsonSchema(
+        {
+            "type": "object",
+            "properties": {"type": {"const": "object"}},
+            "required": ["type"],
+            "description": "a JSON Schema of the arguments: an object",
+        }
+    ),
+]
+
+
+class FunctionDefinition(Strict):
+    """OpenAI's ``tools[i].function``: a name, what it does, and its arguments' JSON Schema."""
+
+    name: str = Field(pattern=r"^[a-zA-Z0-9_-]{1,64}$")
+    description: str | None = None
+    parameters: ParametersSchema | None = None  # None: no arguments
+    strict: bool | None = None  # the arguments always follow the schema here (docs/guide/serving.md)
+
+
+class ToolDefinition(Strict):
+    """One tool of ``tools``: a function."""
+
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class FunctionName(Strict):
+    name: str
+
+
+class NamedToolChoice(Strict):
+    """``tool_choice`` naming one function: the reply calls it."""
+
+    type: Literal["function"]
+    function: FunctionName
+
+
+class FunctionCall(Strict):
+    """A call as the assistant made it: ``arguments`` is JSON text."""
+
+    name: str
+    arguments: str
+
+
+class ToolCall(Strict):
+    """One of an assistant message's ``tool_calls``."""
+
+    id: str
+    type: Literal["function"]
+    function: FunctionCall
+
+
 class ChatMessage(Strict):
-    """One message of a chat: its role and its text (a string or OpenAI's content parts)."""
+    """One message of a chat: its role and its text (a string or OpenAI's content parts); an assistant's
+    message may hold ``tool_calls`` (its content then may be null), a ``tool`` message answers the call
+    ``tool_call_id``."""
 
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[ContentPart] | None = None
     name: str | None = None
+    tool_calls: Annotated[list[ToolCall], Field(max_length=MAX_TOOLS)] | None = None
+    tool_call_id: str | None = None
 
     def text(self) -> str:
         """The message's text; a list of content parts keeps the ``{"type": "text"}`` ones."""
@@ -196,11 +341,25 @@ class ChatCompletionRequest(SamplingFields):
                     fields(top_logprobs={"type": "null"}), fields(("logprobs",), logprobs={"const": True})
                 ),
                 either(NO_BEAM, fields(**TRUNCATION_OFF, logprobs={"const": False})),
+                either(NO_BEAM, TEXT_FORMAT),
+                either(fields(tool_choice={"type": "null"}), fields(("tools",), tools={"type": "array"})),
+                either(NO_BEAM, fields(tools={"type": "null"})),  # a call is sampled under its grammar
+                either(fields(tools={"type": "null"}), TEXT_FORMAT),  # one grammar per reply
             ]
         }
     )
 
     messages: list[ChatMessage] = Field(min_length=1)
+    # names are unique (a 400 names the second); the schema can say so only of identical tools
+    tools: (
+        Annotated[
+            list[ToolDefinition],
+            Field(min_length=1, max_length=MAX_TOOLS, json_schema_extra={"uniqueItems": True}),
+        ]
+        | None
+    ) = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None  # needs tools
+    parallel_tool_calls: bool = True
     max_completion_tokens: Annotated[int, Field(ge=0), WHOLE] | None = None
     logprobs: bool = False
     top_logprobs: Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS), WHOLE] | None = None

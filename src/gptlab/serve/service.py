@@ -13,15 +13,18 @@ from __future__ import annotations
 
 import asyncio
 import json
+import string
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
 from gptlab.errors import GptlabError
 from gptlab.generate import SampleConfig
-from gptlab.generate.step import fit_prompt, prompt_budget, token_text
+from gptlab.generate.grammar import can_spell_json, check_constraint
+from gptlab.generate.step import fit_prompt, prompt_budget, token_text, vocab_size
 from gptlab.serve import schemas
 from gptlab.serve.errors import APIError, not_found_model, validation_error
 from gptlab.serve.generation import Generation
@@ -35,6 +38,7 @@ from gptlab.serve.schemas import (
 )
 from gptlab.serve.tasks import cannot_generate, mask_token, task_of
 from gptlab.tokenizers.chat import FALLBACK_STOPS, ChatTemplate, stop_ids, template_for
+from gptlab.tokenizers.tools import Tool, call_grammar, render_with_tools, tool_problem
 
 if TYPE_CHECKING:
     from gptlab.model import GPT
@@ -52,8 +56,39 @@ def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is not a JSON number")
 
 
-def _dicts(messages: Sequence[ChatMessage]) -> list[dict[str, str]]:
-    return [{"role": m.role, "content": m.text()} for m in messages]
+#: the characters a tool prompt and a call are written in (JSON, the tags): a tokenizer that cannot
+#: encode them all (a character tokenizer of a small alphabet) is served without tools
+TOOL_CHARS = frozenset(string.printable) - frozenset("\t\r\x0b\x0c")
+
+
+def _dicts(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    for m in messages:
+        d: dict[str, Any] = {"role": m.role, "content": m.text()}
+        if m.tool_calls:
+            d["tool_calls"] = [c.model_dump() for c in m.tool_calls]
+        if m.tool_call_id is not None:
+            d["tool_call_id"] = m.tool_call_id
+        if m.name is not None and m.role == "tool":
+            d["name"] = m.name
+        out.append(d)
+    return out
+
+
+def tool_capable(tokenizer: Tokenizer) -> bool:
+    """Whether ``tokenizer`` can write the tool prompt and calls (every character of ``TOOL_CHARS``)."""
+    chars = getattr(tokenizer, "chars", None)
+    return chars is None or getattr(tokenizer, "unk", None) is not None or TOOL_CHARS <= set(chars)
+
+
+@dataclass
+class ToolPlan:
+    """What a chat request's tools make of it: the tools in the prompt, the names whose calls are read
+    back (None: the reply is all text), and the grammar the reply is sampled under (None: free)."""
+
+    tools: list[Tool]
+    names: set[str] | None
+    grammar: str | None
 
 
 def chat_prompt(messages: Sequence[ChatMessage]) -> str:
@@ -90,6 +125,8 @@ class Service:
             raise GptlabError(f"max_tokens_cap must be at least 1, got {self.cap}")
         self.max_body_bytes = max_body_bytes
         self.chat_template = template_for(tokenizer)  # the model's own, else a fallback (tokenizers/chat.py)
+        self.tools = tool_capable(tokenizer)  # can the prompt offer tools and the model write calls?
+        self.json_output = can_spell_json(tokenizer)  # response_format json_object / json_schema possible
         self.created = int(time.time())
         model.eval()
         self.scheduler = Scheduler(model, tokenizer, max_batch=max_batch)
@@ -228,7 +265,12 @@ class Service:
         return out
 
     def sample_config(
-        self, req: SamplingFields, max_tokens: int, stop: list[str], seed: int | None
+        self,
+        req: SamplingFields,
+        max_tokens: int,
+        stop: list[str],
+        seed: int | None,
+        grammar: str | None = None,
     ) -> SampleConfig:
         try:
             return SampleConfig(
@@ -247,9 +289,38 @@ class Service:
                 stop_tokens=stop_ids(self.tokenizer),  # eos and end-of-turn tokens (<|im_end|> …)
                 seed=seed,
                 logit_bias=self.logit_bias(req),
+                json_schema=self.json_schema(req),
+                grammar=grammar,
             )
         except GptlabError as exc:
             raise APIError(400, str(exc)) from None
+
+    def json_schema(self, req: SamplingFields) -> dict[str, Any] | None:
+        """``response_format``'s schema, compiled for this tokenizer once (cached by the grammar
+        engine) so that a schema it cannot take is a 400 naming the part, before any job starts."""
+        schema = req.json_schema()
+        if schema is None:
+            return None
+        if not self.json_output:
+            raise APIError(
+                400,
+                "response_format: this model's vocabulary cannot write JSON (it lacks braces, brackets, "
+                "quotes or digits); use response_format text",
+                param="response_format",
+            )
+        if req.beam_width > 1:
+            raise APIError(
+                400,
+                "response_format: beam search (beam_width > 1) does not take a JSON schema; use beam_width 1",
+                param="response_format",
+            )
+        try:
+            check_constraint(
+                SampleConfig(json_schema=schema), self.tokenizer, vocab_size(self.model, self.tokenizer)
+            )
+        except GptlabError as exc:
+            raise APIError(400, f"response_format: {exc}", param="response_format") from None
+        return schema
 
     def start(
         self,
@@ -260,8 +331,10 @@ class Service:
         *,
         top_n: int | None = None,
         warnings: list[str] | None = None,
+        grammar: str | None = None,
     ) -> Generation:
-        """One job per prompt × ``n`` on the scheduler (choice ``p·n + i``, seed ``seed + i``)."""
+        """One job per prompt × ``n`` on the scheduler (choice ``p·n + i``, seed ``seed + i``); with
+        ``grammar`` (llguidance's Lark), every choice is sampled under it."""
         if self.task != "generate":  # a masked-language encoder: every generating endpoint comes here
             raise cannot_generate(self.model_name)
         if top_n is not None and req.beam_width > 1:
@@ -269,7 +342,9 @@ class Service:
                 400, "logprobs are not available with beam search (beam_width > 1)", param="logprobs"
             )
         configs = [
-            self.sample_config(req, max(max_tokens, 1), stop, None if req.seed is None else req.seed + i)
+            self.sample_config(
+                req, max(max_tokens, 1), stop, None if req.seed is None else req.seed + i, grammar=grammar
+            )
             for i in range(req.n)
         ]
         channel = Channel(asyncio.get_running_loop())
@@ -327,17 +402,109 @@ class Service:
         if req.top_logprobs is not None and not req.logprobs:
             raise APIError(400, "top_logprobs needs logprobs=true", param="top_logprobs")
         max_tokens = self.max_tokens(req, self.default_max_tokens()["chat"])
+        plan = self.tool_plan(req)
         warnings: list[str] = []
-        ids = self.chat_ids(req.messages, max_tokens, warnings)
+        ids = self.chat_ids(req.messages, max_tokens, warnings, plan.tools)
         top_n = (req.top_logprobs or 0) if req.logprobs else None
-        return self.start(
+        gen = self.start(
             req,
             [ids],
             max_tokens,
             [*req.stop_list(), *self.chat_template.stop_strings],
             top_n=top_n,
             warnings=warnings,
+            grammar=plan.grammar,
         )
+        gen.tool_names = plan.names
+        return gen
+
+    def tool_plan(self, req: ChatCompletionRequest) -> ToolPlan:
+        """The request's tools checked (a 400 names what is wrong) and what they make of the reply.
+
+        ``tool_choice`` ``"none"`` (or no tools): nothing offered, a text reply. ``"auto"`` (the default
+        with tools): offered; the model writes text or calls, and a call, once started, follows its
+        grammar. ``"required"``: one call or more from the first token; a named function: calls of it.
+        ``parallel_tool_calls=false``: exactly one call.
+        """
+        if req.tool_choice is not None and req.tools is None:
+            raise APIError(
+                400, "tool_choice needs tools: give the functions to choose from", param="tool_choice"
+            )
+        if not self.tools and (req.tools or any(m.tool_calls for m in req.messages)):
+            raise APIError(
+                400,
+                f"{self.model_name!r} cannot take tools: its tokenizer cannot write a call's characters "
+                "(JSON and the <tool_call> tags)",
+                param="tools",
+            )
+        tools = [
+            Tool(
+                t.function.name,
+                t.function.description or "",
+                t.function.parameters
+                if t.function.parameters is not None
+                else {"type": "object", "properties": {}},
+                bool(t.function.strict),
+            )
+            for t in req.tools or []
+        ]
+        if (problem := tool_problem(tools)) is not None:
+            param, message = problem
+            raise APIError(400, message, param=param)
+        choice = req.tool_choice if req.tool_choice is not None else ("auto" if tools else "none")
+        only = None
+        if not isinstance(choice, str):
+            only = choice.function.name
+            if only not in {t.name for t in tools}:
+                raise APIError(
+                    400,
+                    f"tool_choice names the function {only!r}, which is not in tools "
+                    f"({', '.join(t.name for t in tools)})",
+                    param="tool_choice",
+                )
+            choice = "required"
+        if tools and req.json_schema() is not None:
+            raise APIError(
+                400,
+                "response_format json_object / json_schema and tools cannot both shape one reply; "
+                "send one of them",
+                param="response_format",
+            )
+        if choice == "none":
+            return ToolPlan([], None, None)
+        if req.beam_width > 1:
+            raise APIError(
+                400, "tools are not available with beam search (beam_width > 1)", param="beam_width"
+            )
+        grammar = self.tool_constraint(tools, choice, req.parallel_tool_calls, only)
+        names = {t.name for t in tools if only is None or t.name == only}
+        return ToolPlan(tools, names, grammar)
+
+    def tool_constraint(self, tools: list[Tool], choice: str, parallel: bool, only: str | None) -> str | None:
+        """The grammar a reply is sampled under (``tokenizers.tools.call_grammar``: llguidance's Lark),
+        compiled here (cached by the engine) so that parameters it cannot take are a 400 naming the
+        function, before any job starts."""
+        try:
+            grammar = call_grammar(tools, mode=choice, parallel=parallel, only=only)
+        except GptlabError as exc:
+            raise APIError(400, f"tools: {exc}", param="tools") from None
+        try:
+            check_constraint(
+                SampleConfig(grammar=grammar), self.tokenizer, vocab_size(self.model, self.tokenizer)
+            )
+        except GptlabError:  # which function: compile each one's arguments alone
+            for i, tool in enumerate(tools):
+                try:
+                    one = call_grammar([tool], mode="required")
+                    check_constraint(
+                        SampleConfig(grammar=one), self.tokenizer, vocab_size(self.model, self.tokenizer)
+                    )
+                except GptlabError as exc:
+                    raise APIError(
+                        400, f"tools.{i}.function.parameters: {exc}", param=f"tools.{i}.function.parameters"
+                    ) from None
+            raise
+        return grammar
 
     def generate(self, req: GenerateRequest) -> Generation:
         """``/v1/gptlab/generate`` (the playground): one prompt, with probabilities per token."""
@@ -347,14 +514,21 @@ class Service:
         return self.start(req, [ids], max_tokens, req.stop_list(), top_n=req.top_n, warnings=warnings)
 
     # ------------------------------------------------------------ chat
-    def chat_prompt(self, messages: Sequence[ChatMessage]) -> str:
-        """The one place a chat becomes a prompt: the model's chat template (``tokenizers/chat.py``)."""
+    def chat_prompt(self, messages: Sequence[ChatMessage], tools: Sequence[Tool] = ()) -> str:
+        """The one place a chat becomes a prompt: the model's chat template (``tokenizers/chat.py``),
+        with ``tools`` offered and earlier calls and results written as ``tokenizers/tools.py`` says."""
         try:
-            return self.chat_template.render(_dicts(messages))
+            return render_with_tools(self.chat_template, _dicts(messages), tools)
         except GptlabError as exc:
             raise APIError(400, f"messages: {exc}", param="messages") from None
 
-    def chat_ids(self, messages: Sequence[ChatMessage], max_tokens: int, warnings: list[str]) -> list[int]:
+    def chat_ids(
+        self,
+        messages: Sequence[ChatMessage],
+        max_tokens: int,
+        warnings: list[str],
+        tools: Sequence[Tool] = (),
+    ) -> list[int]:
         """The chat's prompt ids; a chat too long for the context drops its oldest turns first.
 
         System (and developer) messages and the last message stay; the kept turns start at a user
@@ -362,7 +536,7 @@ class Service:
         template). If what is left is still too long, the prompt is cut from the left like any other.
         """
         budget = prompt_budget(self.context, max_tokens)
-        ids = self.encode(self.chat_prompt(messages), "messages")
+        ids = self.encode(self.chat_prompt(messages, tools), "messages")
         if len(ids) > budget:
             last = len(messages) - 1
             turns = [i for i, m in enumerate(messages[:last]) if m.role not in ("system", "developer")]
@@ -372,7 +546,8 @@ class Service:
                 dropped = set(turns[:start])
                 try:
                     return self.encode(
-                        self.chat_prompt([m for i, m in enumerate(messages) if i not in dropped]), "messages"
+                        self.chat_prompt([m for i, m in enumerate(messages) if i not in dropped], tools),
+                        "messages",
                     )
                 except APIError:
                     return None

@@ -1,5 +1,7 @@
 // gptlab playground: plain JavaScript, no build step, no external resources.
 // Reads GET /v1/gptlab/limits first and never offers more than the server allows.
+// The JSON-schema box sends OpenAI's response_format (json_schema): the reply then follows the schema.
+// Chat's Tools box sends OpenAI's tools: the reply's calls (delta.tool_calls) show as "tool call: name(arguments)".
 // Generate streams POST /v1/gptlab/generate (server-sent events, one per token with its probability
 // and top alternatives); Chat streams POST /v1/chat/completions with logprobs (the same probabilities);
 // both shade each token, and POST /v1/gptlab/attention is drawn as a heads × positions heatmap.
@@ -131,6 +133,12 @@ function samplingBody() {
   };
   const stop = $("stop").value;
   if (stop) body.stop = [stop.replace(/\\n/g, "\n").replace(/\\t/g, "\t")];
+  const schema = $("json_schema").value.trim();  // structured output: the reply follows the schema
+  if (schema) {
+    let parsed;
+    try { parsed = JSON.parse(schema); } catch (e) { throw new Error("the JSON schema box is not JSON: " + e.message); }
+    body.response_format = { type: "json_schema", json_schema: { name: "playground", schema: parsed, strict: true } };
+  }
   Object.keys(body).forEach((k) => body[k] === undefined && delete body[k]);
   return body;
 }
@@ -193,8 +201,7 @@ async function generate() {
   out.innerHTML = '<span class="prompt-text"></span>';
   out.firstChild.textContent = prompt;
   state.text = prompt;
-  const body = { prompt, ...samplingBody(), top_n: 5 };
-  await running((counter) => readSSE("/v1/gptlab/generate", body, (ev) => {
+  await running((counter) => readSSE("/v1/gptlab/generate", { prompt, ...samplingBody(), top_n: 5 }, (ev) => {
     if (ev.type === "token") { addToken(ev); counter.n += 1; }
     else if (ev.type === "prompt" && ev.warnings.length) $("status").textContent = ev.warnings.join("; ");
     else if (ev.type === "done") doneStatus(counter, ev.usage.completion_tokens, ev.finish_reason, ev.warnings);
@@ -243,9 +250,28 @@ function turnDiv(role, text) {
   return div;
 }
 
+function callDiv(parent, call) {  // a tool call of the reply: name(arguments)
+  const div = document.createElement("div");
+  div.className = "toolcall";
+  div.textContent = "tool call: " + call.function.name + "(" + call.function.arguments + ")";
+  parent.appendChild(div);
+  return div;
+}
+
 function renderChat() {
   $("output").innerHTML = "";
-  for (const m of state.messages) turnDiv(m.role, m.content);
+  for (const m of state.messages) {
+    const div = turnDiv(m.role, m.content);
+    for (const call of m.tool_calls || []) callDiv(div, call);
+  }
+}
+
+function chatTools() {  // the Tools box: OpenAI's tools list, or nothing
+  const text = $("tools").value.trim();
+  if (!text) return {};
+  try { return { tools: JSON.parse(text), tool_choice: $("tool_choice").value }; } catch (e) {
+    throw new Error("the Tools box is not JSON: " + e.message);
+  }
 }
 
 async function chat() {
@@ -258,9 +284,12 @@ async function chat() {
   const reply = turnDiv("assistant", "");
   let text = "";
   let pending = [];  // logprobs of tokens whose text has not arrived yet
-  const body = { messages: [...history, user], ...samplingBody(), stream: true, logprobs: true, top_logprobs: 5 };
-  state.text = [...history, user].map((m) => `${m.role}: ${m.content}`).join("\n") + "\nassistant:";
-  await running((counter) => readSSE("/v1/chat/completions", body, (chunk) => {
+  const calls = [];  // the reply's tool calls, put together from delta.tool_calls pieces
+  const body = () => ({
+    messages: [...history, user], ...samplingBody(), ...chatTools(), stream: true, logprobs: true, top_logprobs: 5,
+  });
+  state.text = [...history, user].map((m) => `${m.role}: ${m.content || ""}`).join("\n") + "\nassistant:";
+  await running((counter) => readSSE("/v1/chat/completions", body(), (chunk) => {
     if (chunk.error) { showError(chunk.error.message); return; }
     if (chunk.warnings) $("status").textContent = chunk.warnings.join("; ");
     const choice = (chunk.choices || [])[0];
@@ -277,9 +306,17 @@ async function chat() {
       text += content;
       state.text += content;
     }
+    for (const piece of (choice.delta && choice.delta.tool_calls) || []) {
+      if (piece.id) calls[piece.index] = { id: piece.id, type: "function", function: { name: piece.function.name, arguments: "" } };
+      const call = calls[piece.index];
+      call.function.arguments += (piece.function && piece.function.arguments) || "";
+      call.div = call.div || callDiv(reply, call);
+      call.div.textContent = "tool call: " + call.function.name + "(" + call.function.arguments + ")";
+    }
     if (choice.finish_reason) doneStatus(counter, counter.n, choice.finish_reason);
   }));
-  state.messages.push(user, { role: "assistant", content: text });
+  const toolCalls = calls.map((c) => ({ id: c.id, type: c.type, function: c.function }));
+  state.messages.push(user, { role: "assistant", content: text || null, ...(toolCalls.length ? { tool_calls: toolCalls } : {}) });
 }
 
 function setMode(mode) {

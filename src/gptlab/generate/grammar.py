@@ -1,0 +1,313 @@
+"""Grammar-constrained decoding: a JSON schema, a regex or a Lark grammar as a mask over the vocabulary.
+
+    allowed_t = { i : bytes(y_<t) + bytes(i) is a prefix of some string of the language L }
+    l'_i      = l_i        if i ∈ allowed_t
+              = −∞         otherwise                 (after penalties and bias, before τ and top-k/p)
+    stop ids  ∈ allowed_t  ⇔  bytes(y_<t) ∈ L          (the reply may end only where it is complete)
+
+The language is compiled by the grammar engine (``llguidance``, an Earley parser over a lexer whose
+token masks are computed on a trie of the vocabulary's bytes): a JSON schema (``json_schema``), a
+regular expression (``regex``) or a Lark grammar (``grammar``, which may inline JSON schemas with
+``%json{...}``). The engine sees gptlab's own tokenizer as a table ``id → bytes`` (``token_table``):
+every kind (characters, a trained BPE, GPT-2, a GGUF or Hugging Face vocabulary) is such a table.
+Special tokens (and ids with no bytes) are never part of the language; the end of the reply is the
+tokenizer's end-of-text (or, where it has none, an id past the vocabulary that is never sampled: the
+reply then ends when the grammar admits nothing more).
+
+The table is built once per tokenizer (``engine_tokenizer``, kept on the tokenizer object) and each compiled
+grammar once per (tokenizer, grammar) (``compile_constraint``: a prototype matcher, copied per
+request). A schema or grammar the engine cannot compile is a ``GptlabError`` with its message, which
+names the offending part. ``Constraint`` is one request's matcher: ``allowed()`` → a boolean mask,
+``consume(token)`` advances it, ``done`` says that nothing more may follow.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections import OrderedDict
+from collections.abc import Collection
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from gptlab.errors import GptlabError
+
+if TYPE_CHECKING:
+    import llguidance
+
+    from gptlab.generate.config import SampleConfig
+    from gptlab.tokenizers.base import Tokenizer
+
+#: JSON as the engine writes it: no free whitespace (a small model cannot loop on blanks), the
+#: separators of Python's ``json.dumps`` (``{"a": 1, "b": [2, 3]}``), the tokens BPE vocabularies know best
+JSON_OPTIONS: dict[str, Any] = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+#: compiled grammars kept per tokenizer (a server sees the same few schemas again and again)
+CACHED_GRAMMARS = 64
+
+
+@dataclass(frozen=True)
+class TokenTable:
+    """A vocabulary as the grammar engine sees it.
+
+    ``tokens[i]`` are token ``i``'s bytes; ``special`` ids never match text (special tokens, an
+    ``unk``, gaps of the id range); ``eos`` ends a reply where the grammar accepts: the tokenizer's
+    end-of-text, or ``len(tokens) - 1``, an id added past the vocabulary when it has none.
+    """
+
+    tokens: list[bytes]
+    special: frozenset[int]
+    eos: int
+
+
+def token_table(tokenizer: Tokenizer) -> TokenTable:
+    """``tokenizer`` as ``TokenTable`` (every gptlab tokenizer decodes one id to its bytes)."""
+    n = tokenizer.vocab_size
+    special = set(tokenizer.special_tokens.values())
+    for name in ("unk_id", "bos_id"):  # a char tokenizer's unk, a pretrained one's BOS
+        extra = getattr(tokenizer, name, None)
+        if isinstance(extra, int):
+            special.add(extra)
+    tokens: list[bytes] = []
+    for i in range(n):
+        try:
+            data = tokenizer.token_bytes(i)
+        except GptlabError:  # a gap in the ids
+            data = b""
+        if not data:
+            special.add(i)
+            data = f"<|gptlab:unused {i}|>".encode()
+        tokens.append(data)
+    eos = tokenizer.eot_id
+    if eos is None or not 0 <= eos < n:
+        eos = n
+        tokens.append(b"<|gptlab:end|>")
+        special.add(eos)
+    return TokenTable(tokens, frozenset(special), eos)
+
+
+class _Wrapped:
+    """What ``llguidance.TokenizerWrapper`` reads: the table, and text → ids for the engine's own uses."""
+
+    def __init__(self, tokenizer: Tokenizer, table: TokenTable) -> None:
+        self.tokens = table.tokens
+        self.eos_token_id = table.eos
+        self.bos_token_id: int | None = None
+        self.special_token_ids = sorted(table.special)
+        self._tokenizer = tokenizer
+
+    def __call__(self, data: bytes | str) -> list[int]:
+        text = data.decode("utf-8", errors="replace") if isinstance(data, bytes) else data
+        try:
+            return list(self._tokenizer.encode_ordinary(text))
+        except GptlabError:  # a character outside a char vocabulary: the characters it has
+            ids: list[int] = []
+            for c in text:
+                try:
+                    ids.extend(self._tokenizer.encode_ordinary(c))
+                except GptlabError:
+                    pass
+            return ids
+
+
+@dataclass
+class _Engine:
+    """One tokenizer's engine view and its compiled grammars (least recently used first)."""
+
+    tokenizer: llguidance.LLTokenizer
+    table: TokenTable
+    compiled: OrderedDict[str, llguidance.LLMatcher]
+    lock: threading.Lock
+
+
+#: where a tokenizer keeps its engine view (as a model keeps its ``DecodeEngine``)
+ATTRIBUTE = "_gptlab_grammar_engine"
+_BUILD_LOCK = threading.Lock()
+
+
+def _llguidance() -> Any:
+    try:
+        import llguidance
+    except ImportError:  # pragma: no cover - a dependency of gptlab
+        raise GptlabError(
+            "structured output needs the llguidance package (pip install llguidance==1.9.1)"
+        ) from None
+    return llguidance
+
+
+def _engine(tokenizer: Tokenizer) -> _Engine:
+    with _BUILD_LOCK:  # the server's request handlers and its scheduler thread may ask at once
+        found = getattr(tokenizer, ATTRIBUTE, None)
+        if not isinstance(found, _Engine):
+            lg = _llguidance()
+            table = token_table(tokenizer)
+            lltok = lg.LLTokenizer(lg.TokenizerWrapper(_Wrapped(tokenizer, table)))
+            found = _Engine(lltok, table, OrderedDict(), threading.Lock())
+            setattr(tokenizer, ATTRIBUTE, found)
+        return found
+
+
+def engine_tokenizer(tokenizer: Tokenizer) -> llguidance.LLTokenizer:
+    """The engine's view of ``tokenizer`` (built once per tokenizer object, then cached)."""
+    return _engine(tokenizer).tokenizer
+
+
+def grammar_source(config: SampleConfig) -> tuple[str, str] | None:
+    """``(what, the engine's grammar)`` of the constraint ``config`` sets, or None.
+
+    ``what`` names it in errors: ``"json_schema"``, ``"regex"`` or ``"grammar"``.
+    """
+    lg = _llguidance()
+    if config.json_schema is not None:
+        try:
+            return "json_schema", lg.LLMatcher.grammar_from_json_schema(
+                json.dumps(config.json_schema), defaults=JSON_OPTIONS
+            )
+        except (ValueError, TypeError) as exc:
+            raise GptlabError(f"json_schema: {exc}") from None
+    if config.regex is not None:
+        return "regex", lg.LLMatcher.grammar_from_regex(config.regex)
+    if config.grammar is not None:
+        return "grammar", lg.LLMatcher.grammar_from_lark(config.grammar)
+    return None
+
+
+def _prototype(engine: _Engine, what: str, grammar: str) -> llguidance.LLMatcher:
+    """The compiled matcher of ``grammar`` (compiled once; a request takes a copy)."""
+    with engine.lock:
+        found = engine.compiled.get(grammar)
+        if found is not None:
+            engine.compiled.move_to_end(grammar)
+            return found
+    matcher: llguidance.LLMatcher = _llguidance().LLMatcher(engine.tokenizer, grammar, log_level=0)
+    if matcher.is_error():
+        raise GptlabError(f"the {what} could not be compiled: {matcher.get_error().strip()}")
+    with engine.lock:
+        engine.compiled[grammar] = matcher
+        while len(engine.compiled) > CACHED_GRAMMARS:
+            engine.compiled.popitem(last=False)
+    return matcher
+
+
+def check_constraint(config: SampleConfig, tokenizer: Tokenizer, vocab: int | None = None) -> None:
+    """Compile ``config``'s constraint for ``tokenizer`` (cached) and check that some token of the
+    first ``vocab`` ids may start the reply: a ``GptlabError`` naming what fails, else nothing."""
+    if config.constrained:
+        constraint = Constraint(config, tokenizer, vocab or tokenizer.vocab_size)
+        if not constraint.done:
+            constraint.allowed()
+
+
+class Constraint:
+    """One request's position in its grammar: which tokens may come next, and whether it is complete.
+
+    ``vocab`` is the sampler's vocabulary (the mask's length); ``stops`` are the ids that end the reply
+    (end-of-text, end-of-turn, the request's ``stop_tokens``): each is allowed exactly when the text
+    so far is a complete string of the language, whatever the grammar says of it as text.
+
+    A step costs the engine's mask (computed from its token trie, a few to a hundred microseconds)
+    and a few vector operations over the vocabulary; it runs on the thread that samples, between the
+    model's steps (on a worker thread, the hand-over cost more than the mask: docs/benchmarks.md).
+    """
+
+    def __init__(
+        self, config: SampleConfig, tokenizer: Tokenizer, vocab: int, stops: Collection[int] = ()
+    ) -> None:
+        source = grammar_source(config)
+        if source is None:
+            raise GptlabError("no json_schema, regex or grammar is set: nothing to constrain")
+        self.what = source[0]
+        engine = _engine(tokenizer)
+        self.matcher = _prototype(engine, *source).deep_copy()
+        self.vocab = vocab
+        table = engine.table
+        ends = [s for s in stops if 0 <= s < vocab]
+        # stop ids are set here, whatever the engine's mask says of them (it also sets its end-of-text
+        # bit where nothing can follow, complete or not): special ones (never text) are allowed exactly
+        # where the text is complete, ordinary ones (text to the grammar) only there
+        self.special_stops = torch.tensor([s for s in ends if s in table.special], dtype=torch.long)
+        self.text_stops = torch.tensor([s for s in ends if s not in table.special], dtype=torch.long)
+        self.end = table.eos if table.eos < vocab and table.eos not in ends else None  # never a stop here
+        self.tokenizer = tokenizer
+        self.consumed = 0
+        self.done = self._complete()
+
+    def _complete(self) -> bool:
+        """Nothing may follow and the text is whole: the reply is complete. (Stopped short of a whole
+        text, nothing of this vocabulary can go on: ``allowed()`` raises.)"""
+        return bool(self.matcher.is_stopped()) and bool(self.matcher.is_accepting())
+
+    @property
+    def accepting(self) -> bool:
+        """The text so far is a complete string of the language (the reply may end here)."""
+        return bool(self.matcher.is_accepting())
+
+    @property
+    def error(self) -> str:
+        return str(self.matcher.get_error())
+
+    def allowed(self) -> torch.Tensor:
+        """The tokens that may come next: a boolean tensor (vocab,), stop ids set where the text is complete.
+
+        Raises ``GptlabError`` when no token of this vocabulary can continue an incomplete text (a
+        vocabulary without a character the language needs).
+        """
+        bitmask = self.matcher.compute_bitmask()
+        bits = np.unpackbits(np.frombuffer(bitmask, dtype=np.uint8), count=self.vocab, bitorder="little")
+        mask = torch.from_numpy(bits.view(np.bool_))  # (shares ``bits``' memory)
+        if self.end is not None:
+            mask[self.end] = False
+        if self.special_stops.numel() or self.text_stops.numel():
+            complete = self.accepting
+            if self.special_stops.numel():
+                mask[self.special_stops] = complete
+            if self.text_stops.numel():
+                mask[self.text_stops] &= complete
+        if not bits.any():
+            error = self.error
+            raise GptlabError(
+                f"the {self.what} allows no token of this vocabulary after "
+                f"{self.consumed} generated token(s)" + (f": {error}" if error else "")
+            )
+        return mask
+
+    def consume(self, token: int) -> None:
+        """Advance past ``token`` (one the mask allowed; a stop id ends the reply and is not consumed)."""
+        if not self.matcher.consume_token(token):
+            raise GptlabError(f"the {self.what} does not allow token {token} here: {self.error}")
+        self.consumed += 1
+        self.done = self._complete()
+
+    def allowed_ids(self, limit: int | None = None) -> list[int]:
+        """The ids ``allowed()`` admits, in id order (at most ``limit``): for display."""
+        ids = torch.nonzero(self.allowed()).flatten().tolist()
+        return [int(i) for i in ids[:limit]]
+
+
+def accepts(config: SampleConfig, tokenizer: Tokenizer, ids: list[int], *, complete: bool = False) -> bool:
+    """Whether ``ids`` (their bytes) are a prefix of ``config``'s language, or with ``complete`` a whole
+    string of it: what a reply that ended with "length" (a prefix) or "stop" (whole) must be."""
+    source = grammar_source(config)
+    if source is None:
+        return True
+    matcher = _prototype(_engine(tokenizer), *source).deep_copy()
+    if matcher.try_consume_tokens(list(ids)) != len(ids):
+        return False
+    return bool(matcher.is_accepting()) if complete else True
+
+
+#: every character a JSON text of any schema may need outside its strings
+JSON_CHARACTERS = '{}[]",: -+.0123456789eEtrufalsn'
+
+
+def can_spell_json(tokenizer: Tokenizer) -> bool:
+    """Whether ``tokenizer`` can write JSON: each of ``JSON_CHARACTERS`` encodes and decodes back."""
+    for c in JSON_CHARACTERS:
+        try:
+            if tokenizer.decode(tokenizer.encode_ordinary(c)) != c:
+                return False
+        except GptlabError:
+            return False
+    return True
