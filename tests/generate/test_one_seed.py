@@ -88,3 +88,67 @@ def test_inductors_compiled_steps_draw_what_the_layers_draw(tiny_model, options)
     assert engine_of(model).plan(1).step == "fused"
     one = generate_ids(model, torch.tensor([PROMPTS[1]]), N, seed=32, **options)[0, len(PROMPTS[1]) :]
     assert one.tolist() == expected[1]
+
+
+TEXT_OPTIONS = {"temperature": 0.9, "top_k": 7, "presence_penalty": 0.3}
+
+
+def served_texts(model: torch.nn.Module, tok, prompts: list[str], seed: int) -> tuple[list[str], object]:
+    """Each prompt sent at once, concurrently, to a fresh server, with the same seed → the texts and
+    the server's session (its lanes)."""
+    import threading
+
+    from fastapi.testclient import TestClient
+
+    from gptlab.serve import create_app
+
+    app = create_app(model, tok, model_name="tiny", max_batch=4, max_tokens_cap=64, max_body_bytes=4096)
+    out = [""] * len(prompts)
+    with TestClient(app) as client:
+
+        def call(i: int) -> None:
+            body = {"prompt": prompts[i], "max_tokens": N, "seed": seed, **TEXT_OPTIONS}
+            r = client.post("/v1/completions", json=body)
+            assert r.status_code == 200, r.text
+            out[i] = r.json()["choices"][0]["text"]
+
+        threads = [threading.Thread(target=call, args=(i,)) for i in range(len(prompts))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=120)
+        session = app.state.scheduler.session
+    return out, session
+
+
+@pytest.mark.parametrize("static", [False, True], ids=["dynamic-lane", "static-lane"])
+def test_the_server_draws_what_the_library_draws_for_a_seed(tiny_model, char_tok, static):
+    from gptlab.generate import SampleConfig, generate_text
+
+    model = tiny_model(vocab_size=char_tok.vocab_size, pos="rope", jitter=0.3)
+    prompts = ["abc", "hello", "xyz"]
+    config = SampleConfig(max_new_tokens=N, seed=41, **TEXT_OPTIONS)
+    prepare_decoding(model, compile="off", static=False)
+    expected = [generate_text(model, char_tok, p, config) for p in prompts]
+    prepare_decoding(model, compile="off", static=static)  # the server's static lane on a CPU when asked
+    texts, lanes = served_texts(model, char_tok, prompts, 41)
+    assert texts == expected
+    if static:  # the static lane really decoded them
+        assert lanes.static is not None and lanes.static.captures > 0
+
+
+def test_gptlab_sample_draws_sample_i_with_seed_plus_i(tiny_model, char_tok, tmp_path, capsys):
+    import gptlab
+    from gptlab.cli import main
+    from gptlab.generate import SampleConfig, generate_text
+
+    model = tiny_model(vocab_size=char_tok.vocab_size, pos="rope", jitter=0.3)
+    ckpt = gptlab.save(model, char_tok, tmp_path / "c")
+    args = ["sample", str(ckpt), "--prompt", "abc", "--max-new-tokens", str(N), "--num-samples", "2"]
+    args += ["--seed", "8", "--temperature", "0.9", "--top-k", "7", "--presence-penalty", "0.3"]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    loaded, tok = gptlab.load(ckpt)
+    for i in range(2):
+        text = generate_text(loaded, tok, "abc", SampleConfig(max_new_tokens=N, seed=8 + i, **TEXT_OPTIONS))
+        assert "abc" + text in out
