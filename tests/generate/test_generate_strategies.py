@@ -114,7 +114,10 @@ def test_the_same_seed_gives_the_same_tokens_and_other_seeds_differ():
 def test_sampling_follows_the_tempered_distribution():
     logits = torch.tensor([1.0, 0.0, -1.0])
     sampler = Sampler(SampleConfig(temperature=2.0, seed=0), 3)
-    counts = torch.bincount(torch.tensor([sampler(logits, []) for _ in range(3000)]), minlength=3).float()
+    z = sampler.process(logits, [])
+    # a draw is a function of (seed, position): 3,000 positions are 3,000 independent draws
+    counts = torch.bincount(torch.tensor([sampler.choose(z, i) for i in range(3000)]), minlength=3).float()
+    assert len({sampler.choose(z, 7) for _ in range(20)}) == 1  # the same position draws the same token
     expected = torch.softmax(logits / 2.0, -1) * 3000
     assert ((counts - expected).abs() < 5 * expected.sqrt()).all()
 

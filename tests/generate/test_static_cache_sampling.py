@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from gptlab.generate import SampleConfig, Sampler
-from gptlab.generate.graph_sampling import row_options, sample_rows, uniforms
+from gptlab.generate.sampling import row_options, sample_rows, uniforms
 
 V = 12
 

@@ -23,7 +23,7 @@ import torch
 
 from gptlab.generate.decoder import Decoder
 from gptlab.generate.engine import engine_of
-from gptlab.generate.graph_sampling import supports
+from gptlab.generate.sampling import supports
 from gptlab.generate.session import BatchSession
 from gptlab.generate.static import StaticSession
 
@@ -99,7 +99,7 @@ class Lanes:
         if fast:
             assert self.static is not None and steps is not None
             configs = [steps[i].config for i in fast]
-            seeds = [steps[i].sampler.generator.initial_seed() for i in fast]
+            seeds = [steps[i].sampler.seed for i in fast]
             for i, chosen in zip(
                 fast, self.static.add_many([prompts[i] for i in fast], configs, seeds), strict=True
             ):

@@ -87,7 +87,7 @@ def _start_static(engine: DecodeEngine, plan: DecodePlan, request: Request) -> t
         plan, len(prompts), max_len, request.cache_dtype, vocab_size(model, tokenizer)
     )
     steps = [TokenStep(request.config_of(i), tokenizer, model, p, index=i) for i, p in enumerate(prompts)]
-    seeds_drawn = [step.sampler.generator.initial_seed() for step in steps]
+    seeds_drawn = [step.sampler.seed for step in steps]
     added = session.add_many(prompts, [step.config for step in steps], seeds_drawn)
     rows = []
     for step, (slot, token) in zip(steps, added, strict=True):

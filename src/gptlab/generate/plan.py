@@ -5,7 +5,7 @@ A decode runs one of these engines (docs/design/decode-engines.md):
     session   dynamic (``BatchSession``: rows grow on demand)  |  static (``StaticSession``: fixed shapes)
     step      layers (module by module)  |  fused (one compiled graph, one row, CPU)
               frozen (the static step compiled with frozen weights, CPU)  |  cuda-graphs  |  compiled  |  eager
-    sampler   per-request (``TokenStep``'s ``Sampler``)  |  in-graph (``graph_sampling``)
+    sampler   per-request (``TokenStep``'s ``Sampler``)  |  in-graph (``sampling``, the same functions on every row of the graph)
 
 A request whose output a grammar constrains (``json_schema``, ``regex``, ``grammar``) takes the
 per-request sampler, which applies the grammar's mask per row; the printed plan says so.
@@ -31,7 +31,7 @@ from gptlab.compiling import can_compile
 from gptlab.errors import GptlabError
 from gptlab.generate.config import SampleConfig
 from gptlab.generate.decoder import Decoder
-from gptlab.generate.graph_sampling import supports
+from gptlab.generate.sampling import supports
 from gptlab.model.quantized import STREAM_MIN_BYTES
 
 # Below this many generated tokens a compilation costs more than the compiled step saves.

@@ -1,55 +1,207 @@
-"""From next-token logits to a token (blueprint §12, "Output Generation").
+"""From next-token logits to a token (blueprint §12, "Output Generation"): one sampler for every engine.
 
-    penalties:   l_i ← l_i / r  (l_i > 0) or l_i·r (l_i ≤ 0) for every token i seen (repetition, CTRL)
-                 l_i ← l_i − α_f·count_i − α_p·[count_i > 0]   (frequency and presence)
-    logit bias:  l_i ← l_i + b_i                                  (OpenAI's logit_bias)
-    grammar:     l_i ← −∞ for every token i the grammar does not allow here   (structured output)
-    temperature: p_i = exp(l_i/τ) / Σ_j exp(l_j/τ)
-    greedy:      next = argmax_i p_i                            (τ = 0)
-    top-k:       keep the k most probable tokens, renormalise
-    top-p:       keep the smallest set whose probabilities sum to ≥ p (the nucleus)
-    min-p:       keep tokens with p_i ≥ min_p · max_j p_j
-    sample:      next ~ Categorical(p)
+Every step is a tensor operation on a batch of rows ``(B, V)``, each option a per-row tensor
+``(B,)``, so the same functions run for one request (``Sampler``: B = 1) and inside a captured
+decode step (``StaticSession``: every row of a batch, any mix of options):
 
-Extreme options cannot poison a draw: ``l − max l`` is divided by τ (the same softmax, no overflow);
-a τ too small for float32 is greedy; top-p always keeps the most probable token; a row left with
-no finite logit, or with NaN, falls back to ``argmax`` of the finite logits; any integer seed is
-taken modulo 2⁶⁴ (what ``torch.Generator`` accepts).
+    penalties:   l_{b,i} ← l/r_b (l > 0) or l·r_b (l ≤ 0) where c_{b,i} > 0      (repetition, CTRL)
+                 l_{b,i} ← l − α_f,b·c_{b,i} − α_p,b·[c_{b,i} > 0] + β_{b,i}     (frequency, presence, bias)
+                 (c: the row's token counts over prompt + generated; β: OpenAI's logit_bias)
+    grammar:     l_{b,i} ← −∞ for every token i the grammar does not allow here   (structured output)
+    greedy:      next_b = argmax_i l_{b,i}                                       (τ_b = 0)
+    temperature: z_{b,i} = (l_{b,i} − max_j l_{b,j}) / τ_b                        (≤ 0: never overflows)
+    top-k:       z_{b,i} = −∞ unless z_{b,i} ≥ the k_b-th largest z_b            (k_b = V: off)
+    top-p:       keep the most probable tokens until their mass reaches p_b     (p_b = 1: off)
+    min-p:       z_{b,i} = −∞ where p_{b,i} < min_p_b · max_j p_{b,j}
+    draw:        next_b = argmax_i (z_{b,i} + g_{b,i}),  g = −log(−log u)        (Gumbel-max ~ softmax(z_b))
 
-Each step is one small function; ``Sampler`` applies them in that order with its
-own ``torch.Generator``, so a seed makes a request reproducible on its own.
+The uniform numbers come from a counter-based hash, ``u_{b,i} = h(seed_b, position_b, i)``, where
+``position_b`` is the position of the row's last token (prompt + generated − 1), not from a
+generator's state. So **a seed means the same tokens on every engine**: eager or compiled, the
+dynamic or the static cache, one row or a batch (row b of a batch is a single run with its seed),
+and a captured CUDA graph replays its draws with no random state inside.
+
+Extreme options cannot poison a draw: a τ too small for float32 is greedy; top-p always keeps the
+most probable token; a row left with no finite logit, or with NaN, falls back to ``argmax`` of the
+finite logits; any integer seed is taken modulo 2⁶² (``Sampler.seed``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import dataclasses
+from collections.abc import Callable, Sequence
 
 import torch
 
 from gptlab.generate.config import SampleConfig
 
+_MASK32 = 0xFFFFFFFF
+SEED_BITS = 62
+
+#: the options the graph applies (or that act outside it: stops, text, the window); any other
+#: option away from its default (beam search, a grammar, ...) means the dynamic path
+IN_GRAPH = frozenset(
+    {
+        "max_new_tokens",
+        "temperature",
+        "top_k",
+        "top_p",
+        "min_p",
+        "repetition_penalty",
+        "frequency_penalty",
+        "presence_penalty",
+        "logit_bias",
+        "seed",
+        "stop",
+        "stop_tokens",
+        "slide",
+        "prompt_lookup",  # the plan leaves it out of a static decode: it changes passes, never tokens
+    }
+)
+
+
+def supports(config: SampleConfig) -> bool:
+    """True when ``config`` can be sampled inside the graph: every other option is at its default."""
+    default = SampleConfig()
+    return all(
+        getattr(config, f.name) == getattr(default, f.name)
+        for f in dataclasses.fields(config)
+        if f.name not in IN_GRAPH
+    )
+
+
+#: the per-row options, in the order ``row_options`` gives them
+ROW_OPTIONS = ("temperature", "top_k", "top_p", "min_p", "seed", "repetition", "frequency", "presence")
+
+
+def row_options(config: SampleConfig, vocab: int, seed: int) -> tuple[float | int, ...]:
+    """One row's ``ROW_OPTIONS``, with the "off" values filled in."""
+    top_k = vocab if config.top_k is None else min(config.top_k, vocab)
+    top_p = 1.0 if config.top_p is None else config.top_p
+    min_p = 0.0 if config.min_p is None else config.min_p
+    c = config
+    return (
+        float(c.temperature),
+        top_k,
+        top_p,
+        min_p,
+        seed % (1 << SEED_BITS),
+        float(c.repetition_penalty),
+        float(c.frequency_penalty),
+        float(c.presence_penalty),
+    )
+
+
+def penalise(
+    logits: torch.Tensor,  # (B, V) float32
+    counts: torch.Tensor,  # (B, V) how often each token is in the row's history
+    repetition: torch.Tensor,  # (B,) 1 = off
+    frequency: torch.Tensor,  # (B,) 0 = off
+    presence: torch.Tensor,  # (B,) 0 = off
+    bias: torch.Tensor,  # (B, V) 0 = off
+) -> torch.Tensor:
+    """Repetition (CTRL), frequency and presence penalties, then the logit bias.
+
+    With the "off" values every operation leaves a logit exactly as it was (l/1, l·1, l − 0, l + 0).
+    """
+    present = counts > 0
+    r = repetition[:, None]
+    logits = torch.where(present, torch.where(logits > 0, logits / r, logits * r), logits)
+    logits = logits - frequency[:, None] * counts - presence[:, None] * present.to(logits.dtype)
+    return logits + bias
+
+
+def _mix(x: torch.Tensor) -> torch.Tensor:
+    """A 32-bit integer hash (xor-shift-multiply) on int64 values in [0, 2³²), without overflow."""
+    x = ((x >> 16) ^ x) * 0x45D9F3B & _MASK32
+    x = ((x >> 16) ^ x) * 0x45D9F3B & _MASK32
+    return (x >> 16) ^ x
+
+
+def uniforms(seed: torch.Tensor, position: torch.Tensor, vocab: int) -> torch.Tensor:
+    """``u_{b,i} ∈ (0, 1)`` (B, V) float32 from ``seed`` (B,) and ``position`` (B,) int64."""
+    row = _mix(_mix(seed & _MASK32) ^ _mix((seed >> 32) & _MASK32) ^ _mix(position & _MASK32))  # (B,)
+    col = torch.arange(vocab, device=seed.device, dtype=torch.int64) * 0x9E3779B1 & _MASK32  # (V,)
+    bits = _mix(row[:, None] ^ col[None, :]) >> 8  # 24 bits: (bits + 0.5)/2²⁴ is exact in float32
+    return (bits.to(torch.float32) + 0.5) / float(1 << 24)
+
+
+def scale(logits: torch.Tensor, temperature: torch.Tensor) -> torch.Tensor:
+    """``z = (l − max l)/τ`` per row (B, V) (a greedy row, τ = 0, is divided by 1)."""
+    greedy = temperature <= 0
+    top = logits.amax(dim=-1, keepdim=True).clamp(min=torch.finfo(logits.dtype).min)  # a row of −∞ stays so
+    return (logits - top) / torch.where(greedy, torch.ones_like(temperature), temperature)[:, None]
+
+
+def truncate(z: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
+    """Top-k, then top-p, then min-p on temperature-scaled logits ``z`` (B, V); dropped tokens → −∞."""
+    ordered, _ = torch.sort(z, dim=-1, descending=True)  # (B, V)
+    rank = torch.arange(z.size(-1), device=z.device)[None, :]
+    ordered = ordered.masked_fill(rank >= top_k[:, None], float("-inf"))  # top-k on the sorted rows
+    probs = torch.softmax(ordered, dim=-1)
+    before = torch.cumsum(probs, dim=-1) - probs  # mass of the strictly more probable tokens
+    nucleus = (before < top_p[:, None]) | (top_p[:, None] >= 1)  # p = 1 keeps all (cumsum may round to 1)
+    kept = (rank < top_k[:, None]) & nucleus  # the first token always stays
+    last = (kept.sum(dim=-1, keepdim=True) - 1).clamp(min=0)  # (B, 1) the least probable kept token
+    threshold = ordered.gather(-1, last)
+    z = z.masked_fill(z < threshold, float("-inf"))
+    p = torch.softmax(z, dim=-1)
+    return z.masked_fill(p < min_p[:, None] * p.amax(dim=-1, keepdim=True), float("-inf"))
+
+
+def draw(z: torch.Tensor, seed: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
+    """``argmax_i (z_{b,i} + g_{b,i})`` (B,): a draw from ``softmax(z_b)`` (Gumbel-max)."""
+    gumbel = -torch.log(-torch.log(uniforms(seed, position, z.size(-1))))
+    return torch.argmax(z + gumbel, dim=-1)
+
+
+def sample_rows(
+    logits: torch.Tensor,  # (B, V) float32, penalised
+    temperature: torch.Tensor,  # (B,) 0 = greedy
+    top_k: torch.Tensor,  # (B,) int64, V = off
+    top_p: torch.Tensor,  # (B,) 1 = off
+    min_p: torch.Tensor,  # (B,) 0 = off
+    seed: torch.Tensor,  # (B,) int64
+    position: torch.Tensor,  # (B,) int64, the position of the row's last token
+) -> torch.Tensor:
+    """The next token of every row (B,) int64."""
+    greedy = temperature <= 0
+    drawn = draw(truncate(scale(logits, temperature), top_k, top_p, min_p), seed, position)
+    return torch.where(greedy, torch.argmax(logits, dim=-1), drawn)
+
+
+def greedy_rows(logits: torch.Tensor, *_: torch.Tensor) -> torch.Tensor:
+    """``argmax_i l_{b,i}`` (B,): the cheaper graph when every row is greedy."""
+    return torch.argmax(logits, dim=-1)
+
+
+#: the sampler a captured step uses, by flavour (every row greedy, or any mix)
+ROW_SAMPLERS: dict[str, Callable[..., torch.Tensor]] = {"greedy": greedy_rows, "sample": sample_rows}
+
+
+# ------------------------------------------------------------------ one row
+def token_counts(history: Sequence[int], vocab: int) -> torch.Tensor:
+    """``c_i``: how often token ``i`` occurs in ``history`` (vocab,) float32 (ids past ``vocab`` ignored)."""
+    seen = torch.tensor(list(history), dtype=torch.long)
+    return torch.bincount(seen[seen < vocab], minlength=vocab).to(torch.float32)
+
+
+def _row(x: float | int, dtype: torch.dtype) -> torch.Tensor:
+    return torch.tensor([x], dtype=dtype)
+
 
 def apply_penalties(logits: torch.Tensor, history: Sequence[int], config: SampleConfig) -> torch.Tensor:
-    """Repetition (CTRL), frequency and presence penalties over the tokens in ``history``."""
+    """One row's repetition, frequency and presence penalties over ``history`` (``penalise``)."""
     if not history or (
         config.repetition_penalty == 1.0
         and config.frequency_penalty == 0.0
         and config.presence_penalty == 0.0
     ):
         return logits
-    seen = torch.tensor(list(history), dtype=torch.long, device=logits.device)
-    seen = seen[seen < logits.numel()]
-    counts = torch.bincount(seen, minlength=logits.numel()).to(logits.dtype)  # (vocab,)
-    present = counts > 0
-    logits = logits.clone()
-    if config.repetition_penalty != 1.0:
-        r = config.repetition_penalty
-        logits = torch.where(present, torch.where(logits > 0, logits / r, logits * r), logits)
-    if config.frequency_penalty or config.presence_penalty:
-        logits = (
-            logits - config.frequency_penalty * counts - config.presence_penalty * present.to(logits.dtype)
-        )
-    return logits
+    counts = token_counts(history, logits.numel()).to(logits.dtype)
+    options = (config.repetition_penalty, config.frequency_penalty, config.presence_penalty)
+    r, f, p = (_row(x, logits.dtype) for x in options)
+    return penalise(logits[None], counts[None], r, f, p, torch.zeros_like(logits)[None])[0]
 
 
 def apply_logit_bias(logits: torch.Tensor, bias: dict[int, float]) -> torch.Tensor:
@@ -62,41 +214,32 @@ def apply_logit_bias(logits: torch.Tensor, bias: dict[int, float]) -> torch.Tens
     return logits.index_add(0, index, values)
 
 
+def _truncate_row(logits: torch.Tensor, k: int, p: float, m: float) -> torch.Tensor:
+    return truncate(logits[None], _row(k, torch.long), _row(p, logits.dtype), _row(m, logits.dtype))[0]
+
+
 def top_k_filter(logits: torch.Tensor, k: int) -> torch.Tensor:
-    """Keep exactly the ``k`` largest logits (ties broken by ``topk``); the rest become −∞."""
-    if k >= logits.numel():
-        return logits
-    keep = torch.topk(logits, k).indices
-    return torch.full_like(logits, float("-inf")).scatter(0, keep, logits[keep])
+    """Keep the ``k`` largest logits (and any tied with the k-th); the rest become −∞."""
+    return logits if k >= logits.numel() else _truncate_row(logits, k, 1.0, 0.0)
 
 
 def top_p_filter(logits: torch.Tensor, p: float) -> torch.Tensor:
     """Keep the smallest set of most probable tokens whose probabilities sum to ≥ ``p``."""
-    if p >= 1.0:
-        return logits
-    sorted_logits, order = torch.sort(logits, descending=True)
-    probs = torch.softmax(sorted_logits, dim=-1)
-    before = torch.cumsum(probs, dim=-1) - probs  # mass of the strictly more probable tokens
-    drop_sorted = before >= p
-    drop_sorted[0] = False  # the most probable token always stays (p may round to 0 in float32)
-    drop = torch.zeros_like(drop_sorted).scatter(0, order, drop_sorted)
-    return logits.masked_fill(drop, float("-inf"))
+    return logits if p >= 1.0 else _truncate_row(logits, logits.numel(), p, 0.0)
 
 
 def min_p_filter(logits: torch.Tensor, min_p: float) -> torch.Tensor:
-    """Keep tokens with ``p_i ≥ min_p · max_j p_j`` (i.e. ``l_i ≥ max l + log min_p``)."""
-    if min_p <= 0.0:
-        return logits
-    probs = torch.softmax(logits, dim=-1)
-    return logits.masked_fill(probs < min_p * probs.max(), float("-inf"))
+    """Keep tokens with ``p_i ≥ min_p · max_j p_j``."""
+    return logits if min_p <= 0.0 else _truncate_row(logits, logits.numel(), 1.0, min_p)
 
 
 class Sampler:
-    """One request's logit processing and sampling, with its own ``torch.Generator``.
+    """One request's logit processing and draw: the functions above on one row.
 
-    ``sampler(logits (vocab,), history) -> token id``. Logits beyond ``vocab_size``
-    (a padded embedding) are never chosen. With ``seed=None`` the generator is seeded
-    from torch's global generator, so ``torch.manual_seed`` still makes runs repeatable.
+    ``sampler(logits (vocab,), history) -> token id``. Logits beyond ``vocab_size`` (a padded
+    embedding) are never chosen. ``seed`` is the request's (``seed=None``: one drawn from torch's
+    global generator, so ``torch.manual_seed`` still makes runs repeatable); the static path seeds
+    the row inside its graph with the same number, and both draw ``h(seed, position, i)``.
     """
 
     def __init__(self, config: SampleConfig, vocab_size: int) -> None:
@@ -105,12 +248,21 @@ class Sampler:
         # a temperature that float32 cannot divide by is the limit τ → 0: greedy
         self.greedy = config.greedy or float(torch.tensor(config.temperature, dtype=torch.float32)) == 0.0
         seed = config.seed if config.seed is not None else int(torch.randint(0, 2**62, (1,)).item())
-        self.generator = torch.Generator().manual_seed(seed % 2**64)  # negative seeds: same as torch's
+        self.seed = seed % (1 << SEED_BITS)  # negative seeds too
+        self._seed = _row(self.seed, torch.long)
+        t, k, p, m = row_options(config, vocab_size, self.seed)[:4]
+        self._options = (
+            _row(t, torch.float32),
+            _row(k, torch.long),
+            _row(p, torch.float32),
+            _row(m, torch.float32),
+        )
+        self._truncates = config.top_k is not None or config.top_p is not None or config.min_p is not None
 
     def process(
         self, logits: torch.Tensor, history: Sequence[int], allowed: torch.Tensor | None = None
     ) -> torch.Tensor:
-        """Penalised, biased, temperature-scaled, truncated logits (vocab,), float32 on the CPU.
+        """Penalised, biased, masked, temperature-scaled, truncated logits (vocab,), float32 on the CPU.
 
         ``allowed`` (bool, vocab): the tokens a grammar allows; the others are −∞ before the
         temperature and the truncations, so that top-k/top-p/min-p choose among allowed tokens only.
@@ -123,25 +275,18 @@ class Sampler:
             logits = logits.masked_fill(~allowed[: logits.numel()], float("-inf"))
         if self.greedy:
             return logits
-        if c.temperature != 1.0:
-            logits = (logits - logits.max()) / c.temperature  # ≤ 0: never overflows to +inf
-        if c.top_k is not None:
-            logits = top_k_filter(logits, c.top_k)
-        if c.top_p is not None:
-            logits = top_p_filter(logits, c.top_p)
-        if c.min_p is not None:
-            logits = min_p_filter(logits, c.min_p)
-        return logits
+        temperature, top_k, top_p, min_p = self._options
+        z = scale(logits[None], temperature)
+        return (truncate(z, top_k, top_p, min_p) if self._truncates else z)[0]
 
-    def choose(self, logits: torch.Tensor) -> int:
-        """Argmax when greedy, else a draw from ``softmax(logits)``; argmax when no draw is possible."""
+    def choose(self, logits: torch.Tensor, position: int = 0) -> int:
+        """Argmax when greedy, else the draw ``argmax_i(z_i + g_i)`` with ``u = h(seed, position, i)``;
+        the argmax of the finite logits when no draw is possible (every logit −inf or NaN)."""
         if self.greedy:
             return int(torch.argmax(logits).item())
-        probs = torch.softmax(logits, dim=-1)
-        try:  # torch checks the distribution itself (NaN, inf, a zero sum): no extra pass per token
-            return int(torch.multinomial(probs, 1, generator=self.generator).item())
-        except RuntimeError:  # no draw is possible (every logit −inf after the filters): the argmax
+        if not bool(logits.max() > float("-inf")):
             return int(torch.argmax(torch.nan_to_num(logits, nan=float("-inf"))).item())
+        return int(draw(logits[None], self._seed, _row(position, torch.long))[0])
 
     def __call__(self, logits: torch.Tensor, history: Sequence[int]) -> int:
-        return self.choose(self.process(logits, history))
+        return self.choose(self.process(logits, history), max(len(history) - 1, 0))

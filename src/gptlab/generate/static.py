@@ -38,7 +38,7 @@ from gptlab.errors import GptlabError
 from gptlab.generate.config import SampleConfig
 from gptlab.generate.decoder import Decoder
 from gptlab.generate.frozen_step import FrozenSteps
-from gptlab.generate.graph_sampling import ROW_OPTIONS, row_options
+from gptlab.generate.sampling import ROW_OPTIONS, row_options
 from gptlab.generate.static_step import RowState, decode_bucket, prefill_rows
 from gptlab.generate.window import Window
 from gptlab.model.kvcache import StaticKVCache, default_cache_dtype

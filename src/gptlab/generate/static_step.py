@@ -15,7 +15,7 @@ from typing import Protocol
 import torch
 
 from gptlab.generate.decoder import Decoder, logits_of
-from gptlab.generate.graph_sampling import ROW_OPTIONS, ROW_SAMPLERS, penalise
+from gptlab.generate.sampling import ROW_OPTIONS, ROW_SAMPLERS, penalise
 from gptlab.model.kvcache import LayerCache, StaticKVCache, mark_static
 
 

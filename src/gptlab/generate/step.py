@@ -2,7 +2,8 @@
 
     l'   = Sampler.process(l, history, allowed)  penalties, logit bias, the grammar's mask (structured
                                                   output: ``grammar.Constraint``), /τ, top-k/top-p/min-p
-    y    = Sampler.choose(l')                     argmax (τ = 0) or y ~ softmax(l')
+    y    = Sampler.choose(l', position)           argmax (τ = 0) or y ~ softmax(l'), drawn with
+                                                  u = h(seed, position, i): the same on every engine
     log p(y) = l_y − log Σ_j exp(l_j)             of the model's raw logits l, whatever the sampling
                                                   settings: OpenAI's ``logprobs`` (as vLLM's default
                                                   ``raw_logprobs``) and what the playground shades
@@ -178,7 +179,8 @@ class TokenStep:
         else:
             raw = logits
             allowed = grammar.allowed() if grammar is not None else None
-            token = self.sampler.choose(self.sampler.process(logits, self.history, allowed))
+            processed = self.sampler.process(logits, self.history, allowed)
+            token = self.sampler.choose(processed, len(self.history) - 1)  # the last token's position
             if allowed is not None and not bool(allowed[token]):  # no draw was possible: an allowed one
                 token = int(torch.nonzero(allowed)[0])
         self.sampled += 1
