@@ -9,6 +9,8 @@ from typing import Any
 from gptlab import configs
 from gptlab.errors import GptlabError
 
+PROMPT_LOOKUP = ("auto", "on", "off")
+
 
 @dataclass
 class SampleConfig:
@@ -21,7 +23,9 @@ class SampleConfig:
     Generation stops at ``max_new_tokens``, at a stop token (``stop_tokens`` plus the
     tokenizer's ``<|endoftext|>``) or a stop string; neither is emitted. Past the model's
     context, ``slide=True`` goes on over a window of the last ``block_size`` tokens;
-    ``slide=False`` stops there with ``finish_reason="context"``.
+    ``slide=False`` stops there with ``finish_reason="context"``. ``prompt_lookup`` drafts tokens
+    from the text so far and verifies them in one forward pass: it never changes the output, only
+    how many passes it takes (``gptlab.generate.lookup``; the decode plan says when it runs).
     """
 
     max_new_tokens: int = 256
@@ -40,6 +44,8 @@ class SampleConfig:
     seed: int | None = None
     logit_bias: dict[int, float] = field(default_factory=dict)  # token id -> added to its logit
     slide: bool = True  # past the context: a sliding window (True) or stop with "context" (False)
+    # drafts from the text so far, verified in one pass (gptlab.generate.lookup): same output, fewer passes
+    prompt_lookup: str = "auto"  # "auto" (one sequence on the dynamic cache), "on", "off"
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -125,6 +131,10 @@ class SampleConfig:
             f"got {self.logit_bias!r}",
         )
         need(isinstance(self.slide, bool), f"slide must be true or false, got {self.slide!r}")
+        need(
+            self.prompt_lookup in PROMPT_LOOKUP,
+            f"prompt_lookup must be one of {', '.join(PROMPT_LOOKUP)}, got {self.prompt_lookup!r}",
+        )
         if self.beam_width > 1:
             truncation = [n for n in ("top_k", "top_p", "min_p") if getattr(self, n) is not None]
             need(
