@@ -63,6 +63,13 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument("--seed", type=int)
     add_structure_arguments(p)
+    p.add_argument(
+        "--prompt-lookup",
+        choices=["auto", "on", "off"],
+        default="auto",
+        help="draft tokens from the text so far and verify them in one pass: the same output in fewer "
+        "passes where it copies its input (auto: one sample at a time; default auto)",
+    )
     add_weights_argument(p)
     add_device_argument(p)
     p.add_argument(
@@ -145,6 +152,7 @@ def run(args: argparse.Namespace) -> int:
         stop_tokens=args.stop_token,
         seed=args.seed,
         **structure_from_args(args),
+        prompt_lookup=args.prompt_lookup,
     )
     prompt = _prompt(args)
     device = device_from_args(args)

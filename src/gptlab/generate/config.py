@@ -9,6 +9,8 @@ from typing import Any
 from gptlab import configs
 from gptlab.errors import GptlabError
 
+PROMPT_LOOKUP = ("auto", "on", "off")
+
 
 @dataclass
 class SampleConfig:
@@ -21,7 +23,9 @@ class SampleConfig:
     Generation stops at ``max_new_tokens``, at a stop token (``stop_tokens`` plus the
     tokenizer's ``<|endoftext|>``) or a stop string; neither is emitted. Past the model's
     context, ``slide=True`` goes on over a window of the last ``block_size`` tokens;
-    ``slide=False`` stops there with ``finish_reason="context"``.
+    ``slide=False`` stops there with ``finish_reason="context"``. ``prompt_lookup`` drafts tokens
+    from the text so far and verifies them in one forward pass: it never changes the output, only
+    how many passes it takes (``gptlab.generate.lookup``; the decode plan says when it runs).
 
     Structured output (``generate/grammar.py``): at most one of ``json_schema`` (a JSON Schema;
     ``{"type": "object"}`` is any JSON object), ``regex`` and ``grammar`` (a Lark grammar, which may
@@ -49,6 +53,8 @@ class SampleConfig:
     json_schema: dict[str, Any] | None = None  # the reply is JSON valid against this schema
     regex: str | None = None  # the reply matches this regular expression
     grammar: str | None = None  # the reply is a string of this Lark grammar
+    # drafts from the text so far, verified in one pass (gptlab.generate.lookup): same output, fewer passes
+    prompt_lookup: str = "auto"  # "auto" (one sequence on the dynamic cache), "on", "off"
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -153,6 +159,10 @@ class SampleConfig:
             not (constraints and self.beam_width > 1),
             f"beam search (beam_width={self.beam_width}) does not take a {constraints[0] if constraints else ''}; "
             "set beam_width=1 to sample under it",
+        )
+        need(
+            self.prompt_lookup in PROMPT_LOOKUP,
+            f"prompt_lookup must be one of {', '.join(PROMPT_LOOKUP)}, got {self.prompt_lookup!r}",
         )
         if self.beam_width > 1:
             truncation = [n for n in ("top_k", "top_p", "min_p") if getattr(self, n) is not None]

@@ -21,7 +21,9 @@ from gptlab.generate.beam import beam_events
 from gptlab.generate.config import SampleConfig
 from gptlab.generate.decoder import Decoder
 from gptlab.generate.engine import DecodeEngine, engine_of
+from gptlab.generate.lookup import PromptLookup
 from gptlab.generate.plan import DecodePlan
+from gptlab.generate.session import BatchSession
 from gptlab.generate.step import TokenEvent, TokenStep, fit_prompt, session_len, vocab_size
 from gptlab.generate.window import ContextWarning, Session
 
@@ -37,6 +39,7 @@ class Row:
     slot: int
     step: TokenStep
     logits: torch.Tensor | int
+    drafter: PromptLookup | None = None  # prompt lookup, where the plan says so
 
 
 def fit_prompts(model: Decoder, prompts: Sequence[Sequence[int]], config: SampleConfig) -> list[list[int]]:
@@ -74,7 +77,8 @@ def _start_dynamic(engine: DecodeEngine, plan: DecodePlan, request: Request) -> 
         step = TokenStep(
             request.config_of(i), request.tokenizer, model, session.tokens[slot], index=i, top_n=request.top_n
         )
-        rows.append(Row(slot, step, logits))
+        drafter = PromptLookup(session.tokens[slot]) if plan.draft == "prompt-lookup" else None
+        rows.append(Row(slot, step, logits, drafter))
     return session, rows
 
 
@@ -133,7 +137,10 @@ def decode_rows(session: Session, rows: list[Row]) -> Iterator[TokenEvent]:
                     warnings.warn(event.notice, ContextWarning, stacklevel=3)
                 yield event
             if r.step.reason is None and r.step.token is not None:
-                feed[r.slot] = r.step.token
+                if r.drafter is not None and isinstance(session, BatchSession):
+                    yield from feed_drafted(session, r, r.drafter)
+                else:
+                    feed[r.slot] = r.step.token
         for r in [r for r in active if r.step.reason is not None]:
             session.remove(r.slot)
             yield r.step.close()
@@ -142,6 +149,37 @@ def decode_rows(session: Session, rows: list[Row]) -> Iterator[TokenEvent]:
             by_slot = {r.slot: r for r in active}
             for slot, logits in session.step(feed).items():
                 by_slot[slot].logits = logits
+
+
+def feed_drafted(session: BatchSession, r: Row, lookup: PromptLookup) -> Iterator[TokenEvent]:
+    """Feed the row's chosen token with a draft after it (``gptlab.generate.lookup``), verify the draft
+    in one pass and emit what the row's own step chooses; leaves ``r.logits`` for the next token."""
+    while True:
+        token = r.step.token
+        assert token is not None
+        lookup.append(token)
+        left = r.step.config.max_new_tokens - r.step.n_new  # tokens the row may still emit
+        draft = lookup.propose(min(session.room(r.slot) - 1, left))
+        if not draft:
+            r.logits = session.step({r.slot: token})[r.slot]
+            return
+        logits = session.extend(r.slot, [token, *draft])  # logits[i]: after token, draft[:i]
+        for i, guess in enumerate(draft):
+            event = r.step.advance(logits[i])
+            if event is not None:
+                yield event
+            if r.step.reason is not None:
+                lookup.verified(len(draft), i)
+                return
+            if r.step.token != guess:  # keep token, draft[:i]; feed the step's own choice next
+                session.rewind(r.slot, len(draft) - i)
+                lookup.verified(len(draft), i)
+                break
+            lookup.append(guess)
+        else:
+            lookup.verified(len(draft), len(draft))
+            r.logits = logits[len(draft)]
+            return
 
 
 def decode_events(

@@ -112,11 +112,13 @@ class DecodePlan:
     step: str  # a key of STEPS
     sampler: str  # "per-request" | "in-graph"
     why: str
+    draft: str = "none"  # "none" | "prompt-lookup" (gptlab.generate.lookup)
 
     def __str__(self) -> str:
+        drafts = ", prompt-lookup drafts" if self.draft == "prompt-lookup" else ""
         return (
             f"decode plan ({self.device}, batch {self.batch}): {self.session} cache, "
-            f"{STEPS[self.step]}, {self.sampler} sampler ({self.why})"
+            f"{STEPS[self.step]}, {self.sampler} sampler{drafts} ({self.why})"
         )
 
 
@@ -286,4 +288,14 @@ def plan_decoding(
         reason += f"; a {config.constraints()[0]} masks the tokens in the per-request sampler"
     if compiled and facts.device == "cpu" and batch == 1 and not float_cache:
         reason += "; an int8 cache dequantises on reads: layer by layer"
-    return DecodePlan(facts.device, batch, "dynamic", "fused" if fused else "layers", "per-request", reason)
+    step = "fused" if fused else "layers"
+    return DecodePlan(facts.device, batch, "dynamic", step, "per-request", reason, _draft(config, batch))
+
+
+def _draft(config: SampleConfig | None, batch: int) -> str:
+    """Prompt lookup (``SampleConfig.prompt_lookup``) on the dynamic cache: ``on`` for any batch of one
+    sequence; ``auto`` likewise, its drafting paused at run time where drafts keep failing
+    (``lookup.Backoff``); never for a batch (its rows would verify drafts of different lengths)."""
+    if config is None or batch != 1 or config.beam_width > 1 or config.prompt_lookup == "off":
+        return "none"
+    return "prompt-lookup"

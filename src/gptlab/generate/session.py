@@ -248,6 +248,47 @@ class BatchSession:
             out[s] = logits[i]
         return out
 
+    def room(self, slot: int) -> int:
+        """Tokens ``slot`` can still take before its window must slide."""
+        self._check(slot)
+        return self.max_len - self.end[slot]
+
+    @torch.inference_mode()
+    def extend(self, slot: int, ids: Sequence[int]) -> torch.Tensor:
+        """Append ``ids`` to one slot in one pass → the logits after each of them, ``(len(ids), vocab)``.
+
+        Query i (cache index ``end + i``) sees the row's keys ``[start, end + i]``: what ``len(ids)``
+        one-token steps would see. The ids must fit (``room``); ``rewind`` takes back those not kept.
+        """
+        self._check(slot)
+        k, end, start = len(ids), self.end[slot], self.start[slot]
+        if not 0 < k <= self.room(slot):
+            raise GptlabError(f"extend: {k} tokens do not fit in slot {slot} ({self.room(slot)} left)")
+        device = self.model.device
+        self.reserve(end + k)
+        idx = torch.tensor([list(ids)], dtype=torch.long, device=device)
+        pos = torch.arange(end - start, end - start + k, device=device)
+        mask = None  # the causal mask: queries are the last k of end + k keys
+        if start:
+            j = torch.arange(end + k, device=device)
+            i = torch.arange(end, end + k, device=device)
+            mask = ((j[None, :] >= start) & (j[None, :] <= i[:, None]))[None, None]  # (1, 1, k, end + k)
+        logits = self._run(
+            idx, pos, mask, slice(slot, slot + 1), slice(end, end + k), end + k, last_only=False
+        )
+        self.end[slot] += k
+        self.tokens[slot].extend(int(t) for t in ids)
+        return logits[0]
+
+    def rewind(self, slot: int, n: int) -> None:
+        """Forget the last ``n`` tokens of ``slot`` (their keys stay in memory, past ``end``, unread)."""
+        self._check(slot)
+        if not 0 <= n <= self.length(slot):
+            raise GptlabError(f"rewind: slot {slot} holds {self.length(slot)} tokens, cannot drop {n}")
+        if n:
+            self.end[slot] -= n
+            del self.tokens[slot][-n:]
+
     @torch.inference_mode()
     def copy(self, dst: Sequence[int], src: Sequence[int]) -> None:
         """Slot ``dst[i]`` becomes a copy of slot ``src[i]`` (free destinations are taken)."""
@@ -289,9 +330,12 @@ class BatchSession:
         rows: Rows,
         write: Positions,
         read_end: int,
+        last_only: bool = True,
     ) -> torch.Tensor:
-        """One forward pass through the planned cache rows → last-position logits (n, vocab) float32."""
+        """One forward pass through the planned cache rows → last-position logits ``(n, vocab)`` float32
+        (``last_only=False``: every position's, ``(n, T, vocab)``)."""
         plan = self._plan
         plan.rows, plan.write, plan.read_end = rows, write, read_end
-        out = self.model.run(idx, pos=pos, cache=self, attn_mask=mask, last_only=True)
-        return logits_of(out)[:, -1].float()
+        out = self.model.run(idx, pos=pos, cache=self, attn_mask=mask, last_only=last_only)
+        logits = logits_of(out).float()
+        return logits[:, -1] if last_only else logits
