@@ -9,12 +9,14 @@ Three figures, through the server's decode loop (``gptlab.serve.scheduler.Schedu
   10-token question: cold (the cache off; and a miss with it on, which also stores the blocks) and
   warm (the same prefix asked before with another question). Medians of ``--runs``, a fresh prefix each;
   ``ratio`` = warm / cold (target ≤ 0.3).
-* ``chat``: a 5-turn conversation through ``gptlab.cli.chat.reply`` (the model's chat template, greedy,
-  ``--reply`` tokens a turn) with a ~300-token system prompt: the sum over turns of the time to the
-  first token (each turn's prefill), with one ``PrefixCache`` for the conversation and without.
+* ``chat``: a 5-turn conversation as ``gptlab chat`` runs it (the model's chat template, greedy,
+  ``--reply`` tokens a turn, ``stream_events``) with a ~300-token system prompt: the sum over turns of
+  the time to the first token (each turn's prefill), with one ``PrefixCache`` for the conversation and
+  without, and whether the replies are the same.
 * ``memory``: ``--requests`` requests in waves of ``max_batch``, each one of 40 random prefixes of
   100–600 tokens plus a random suffix, under a ``--budget-mb`` budget: the cache's largest size seen
-  (never above the budget), its counters, and the process's resident memory before and after.
+  (never above the budget), its counters, the process's resident memory before and after, and the
+  batch's own KV cache at the longest request (``batch_kv_mb``, held while it runs, not the cache's).
 
 ``--model demo`` is a random model of the demo's shape (``char-best``: 4 layers, 4 heads, 96 wide,
 RoPE) with its context widened to 1,024 tokens so that a 600-token prefix fits (timings do not depend
@@ -122,7 +124,9 @@ async def ttft(model, tokenizer, prefix: int, runs: int, vocab: int) -> dict:
 
 
 def chat(model, tokenizer, reply_tokens: int) -> dict:
-    from gptlab.cli.chat import reply
+    """Five turns as ``gptlab chat`` runs them (``cli.chat.reply``'s ``stream_events``), timing each
+    turn's first token event (its prefill)."""
+    from gptlab.generate import stream_events
     from gptlab.tokenizers.chat import stop_ids, template_for
 
     template = template_for(tokenizer)
@@ -137,25 +141,30 @@ def chat(model, tokenizer, reply_tokens: int) -> dict:
     while len(tokenizer.encode(system)) < 300:  # ~300 tokens whatever the tokenizer
         system += " " + rule
     questions = ["What is a cache?", "Why is it fast?", "And when is it slow?", "Give an example.", "Thanks!"]
-    out = {}
+    out: dict = {}
+    replies: dict[str, list[str]] = {}
     for label, cache in (("without_ms", None), ("with_ms", PrefixCache(budget_of(256)))):
         history = [{"role": "system", "content": system}]
-        total, prompt_tokens = 0.0, 0
+        total, turns = 0.0, []
         for q in questions:
             history.append({"role": "user", "content": q})
-            prompt_tokens = len(tokenizer.encode(template.render(history), allowed_special="all"))
+            prompt = template.render(history)
             t0 = time.perf_counter()
-            pieces, first = [], None
-            for piece in reply(model, tokenizer, template, history, config, cache):
-                first = first or time.perf_counter() - t0
-                pieces.append(piece)
-            total += first or time.perf_counter() - t0
-            history.append({"role": "assistant", "content": "".join(pieces).strip()})
+            first, pieces = None, []
+            for event in stream_events(
+                model, tokenizer, prompt, config, want_probs=False, prefix_cache=cache
+            ):
+                first = first if first is not None else time.perf_counter() - t0
+                pieces.append(event.text)
+            total += first or 0.0
+            turns.append("".join(pieces).strip())
+            history.append({"role": "assistant", "content": turns[-1]})
         out[label] = round(total * 1000, 1)
+        replies[label] = turns
         if cache is not None:
             out["reused_tokens"] = cache.tokens_reused
             out["looked_up_tokens"] = cache.tokens_looked_up
-    out["last_prompt_tokens"] = prompt_tokens
+    out["same_replies"] = replies["with_ms"] == replies["without_ms"]
     out["ratio"] = round(out["with_ms"] / out["without_ms"], 3)
     return out
 
@@ -177,6 +186,12 @@ async def memory(model, tokenizer, requests: int, budget_mb: float, vocab: int) 
         peak = max(peak, scheduler.prefix_cache.bytes)
     stats = scheduler.prefix_cache.stats()
     seconds = time.perf_counter() - t0
+    # the batch's own KV cache at the longest request's length (it grows to it, then shrinks when idle)
+    rows = scheduler.session.dynamic
+    per_position = sum(
+        t.element_size() * t.size(0) * t.size(1) * t.size(3) for s in rows.stores for t in s.tensors()
+    )
+    longest = 1 << (max(map(len, pool)) + 20 - 1).bit_length()
     scheduler.close()
     return {
         "budget_mb": budget_mb,
@@ -184,6 +199,7 @@ async def memory(model, tokenizer, requests: int, budget_mb: float, vocab: int) 
         "within_budget": peak <= stats["budget_bytes"],
         "rss_before_mb": round(before, 1),
         "rss_after_mb": round(rss_mb(), 1),
+        "batch_kv_mb": round(per_position * min(longest, rows.max_len) / 2**20, 1),
         "hits": stats["hits"],
         "misses": stats["misses"],
         "evictions": stats["evictions"],
@@ -201,7 +217,9 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--reply", type=int, default=24, help="tokens per chat reply")
     parser.add_argument("--requests", type=int, default=200)
-    parser.add_argument("--budget-mb", type=float, default=64)
+    parser.add_argument(
+        "--budget-mb", type=float, default=16, help="the memory part's budget (below its working set)"
+    )
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--parts", default="ttft,chat,memory", help="which figures, comma-separated")
     args = parser.parse_args()

