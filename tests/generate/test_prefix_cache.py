@@ -191,3 +191,34 @@ def test_bad_budgets_are_refused():
     with pytest.raises(GptlabError):
         PrefixCache(-5)
     assert budget_of(1.5) == 3 << 19
+
+
+def test_gptlab_chat_prefills_only_what_each_turn_adds(tmp_path, monkeypatch, capsys):
+    """Two turns of ``gptlab chat``: the 2nd turn's prefill is its new tokens (to a block), the rest reused."""
+    import io
+
+    import gptlab
+    from gptlab.cli import chat as chat_cli
+    from gptlab.cli import main
+    from gptlab.tokenizers import CharTokenizer
+    from gptlab.tokenizers.chat import template_for
+
+    tok = CharTokenizer.from_text("abcdefghijklmnopqrstuvwxyz ABCDEFGHIJKLMNOPQRSTUVWXYZ:\n.,?!'")
+    model = tiny_model(vocab_size=tok.vocab_size, block_size=256, n_layer=1, n_head=2, pos="rope")
+    ckpt = gptlab.save(model, tok, tmp_path / "ckpt")
+    seen, real = [], chat_cli.reply
+
+    def spy(model, tokenizer, template, messages, config, cache):
+        seen.append((template.render(messages), cache))
+        return real(model, tokenizer, template, messages, config, cache)
+
+    monkeypatch.setattr(chat_cli, "reply", spy)
+    monkeypatch.setattr("sys.stdin", io.StringIO("hello there, how are you doing today?\nand then?\n"))
+    assert main(["chat", str(ckpt), "--max-new-tokens", "12", "--system", "You are terse. " * 4]) == 0
+    capsys.readouterr()
+    (first, cache), (second, same) = seen
+    assert same is cache and second.startswith(first)
+    assert template_for(tok).name == "plain"
+    p1, p2 = len(first), len(second)  # characters are tokens here
+    assert cache.tokens_looked_up == p1 + p2 and cache.hits == 1
+    assert p2 - cache.tokens_reused <= (p2 - p1) + cache.block_tokens  # only the new turn is prefilled
