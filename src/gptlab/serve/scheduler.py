@@ -69,7 +69,7 @@ T = TypeVar("T")  # what a call on the scheduler thread returns
 #: Cache positions per row allocated before any request: the cache grows (doubling) to what requests need.
 KV_START_TOKENS = 64
 #: The prefix cache's default budget (MiB, ``--prefix-cache-mb``): about the weights of a 100M-parameter
-#: model, ~5,700 tokens of SmolLM2-135M's keys and values in the float32 CPU cache (9 prompts of 600
+#: model, ~5,800 tokens of SmolLM2-135M's keys and values in the float32 CPU cache (9 prompts of 600
 #: tokens), small beside a machine that runs such a model; 0 turns it off.
 PREFIX_CACHE_MB = 256
 
