@@ -93,7 +93,9 @@ def test_chat_logprobs_shape_streaming_too(client, tok):
     ) as r:
         chunks = [json.loads(e)["choices"][0] for e in sse_events(r)[:-1]]
     streamed = [item for c in chunks if c["logprobs"] for item in c["logprobs"]["content"]]
-    assert streamed == content
+    # the same tokens; the values to float rounding (the 2nd request reuses the 1st's cached prefix)
+    assert [i["token"] for i in streamed] == [i["token"] for i in content]
+    assert [i["logprob"] for i in streamed] == pytest.approx([i["logprob"] for i in content], abs=1e-5)
     assert client.post("/v1/chat/completions", json=body).json()["choices"][0]["logprobs"] is None
     assert_error(client.post("/v1/chat/completions", json={**body, "top_logprobs": 2}), 400, "top_logprobs")
     assert_error(client.post("/v1/chat/completions", json={**body, "logprobs": True, "beam_width": 2}), 400)

@@ -108,9 +108,9 @@ def test_chat_cli_streams_keeps_history_and_resets(tiny_chat, monkeypatch, capsy
 
     real = chat_cli.reply
 
-    def spy(model, tokenizer, template, messages, config):
+    def spy(model, tokenizer, template, messages, config, *cache):
         seen.append([dict(m) for m in messages])
-        return real(model, tokenizer, template, messages, config)
+        return real(model, tokenizer, template, messages, config, *cache)
 
     monkeypatch.setattr(chat_cli, "reply", spy)
     out = _chat(monkeypatch, capsys, tiny_chat, "hello\nhow are you\n/reset\nagain\n/exit\nnever read\n")

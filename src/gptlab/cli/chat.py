@@ -1,7 +1,9 @@
 """``gptlab chat CKPT``: an interactive terminal chat with the model's own chat template.
 
 Each line you type is a user message; the reply streams as it is generated and joins the history,
-which is rendered with the template again for the next turn. ``/reset`` forgets the history,
+which is rendered with the template again for the next turn. The keys and values of each turn (its
+prompt and reply) stay in a prefix cache (``--prefix-cache-mb``), so the next turn prefills only
+the tokens it adds. ``/reset`` forgets the history,
 ``/exit`` (or end of input) quits. Input may come from a pipe: ``printf 'Hi\\n/exit\\n' | gptlab chat CKPT``.
 
 ``--tools FILE.py`` offers the public functions of a Python file to the model (``tokenizers/tools.py``:
@@ -34,6 +36,7 @@ if TYPE_CHECKING:
 
     from gptlab.generate import SampleConfig
     from gptlab.generate.decoder import Decoder
+    from gptlab.generate.prefix_cache import PrefixCache
     from gptlab.tokenizers.base import Tokenizer
     from gptlab.tokenizers.chat import ChatTemplate
 
@@ -71,6 +74,14 @@ def register(subparsers: Any) -> None:
     p.add_argument("--top-p", type=float)
     p.add_argument("--seed", type=int)
     add_structure_arguments(p, grammars=False)  # --json-schema: every reply is JSON of that schema
+    p.add_argument(
+        "--prefix-cache-mb",
+        type=float,
+        default=256,
+        metavar="N",
+        help="MiB of the conversation's keys and values kept between turns, so a turn prefills only "
+        "what it adds; 0 prefills the whole chat every turn (default 256)",
+    )
     add_weights_argument(p)
     add_device_argument(p)
     p.add_argument("--threads", type=int, help="torch threads (default: torch's choice)")
@@ -187,12 +198,16 @@ def reply(
     template: ChatTemplate,
     messages: list[dict[str, str]],
     config: SampleConfig,
+    prefix_cache: PrefixCache | None = None,
 ) -> Iterator[str]:
-    """Stream the assistant's reply to ``messages``: yields text pieces, stops at an end-of-turn token."""
+    """Stream the assistant's reply to ``messages``: yields text pieces, stops at an end-of-turn token.
+
+    With ``prefix_cache`` (one per conversation), the prompt reuses the keys and values of the
+    turns before it and leaves its own and its reply's for the next turn."""
     from gptlab.generate import stream_events
 
     prompt = template.render(messages)
-    for event in stream_events(model, tokenizer, prompt, config, want_probs=False):
+    for event in stream_events(model, tokenizer, prompt, config, want_probs=False, prefix_cache=prefix_cache):
         if event.text:
             yield event.text
 
@@ -203,6 +218,7 @@ def run(args: argparse.Namespace) -> int:
     import gptlab
     from gptlab.generate import SampleConfig
     from gptlab.generate.grammar import check_constraint
+    from gptlab.generate.prefix_cache import PrefixCache, budget_of
     from gptlab.tokenizers.chat import stop_ids
 
     if args.threads is not None:
@@ -229,6 +245,7 @@ def run(args: argparse.Namespace) -> int:
         **structure_from_args(args),
     )
     check_constraint(config, tokenizer)  # --json-schema: one error line before the chat starts
+    cache = PrefixCache(budget_of(args.prefix_cache_mb))  # the conversation's keys and values
     start = [{"role": "system", "content": args.system}] if args.system else []
     history = list(start)
     interactive = sys.stdin.isatty()
@@ -259,7 +276,7 @@ def run(args: argparse.Namespace) -> int:
             sys.stdout.flush()
             continue
         pieces = []
-        for piece in reply(model, tokenizer, template, history, config):
+        for piece in reply(model, tokenizer, template, history, config, cache):
             pieces.append(piece)
             sys.stdout.write(piece)
             sys.stdout.flush()

@@ -71,6 +71,14 @@ def register(subparsers: Any) -> None:
         help="refuse request bodies larger than this (default 1 MiB)",
     )
     p.add_argument(
+        "--prefix-cache-mb",
+        type=float,
+        default=256,
+        metavar="N",
+        help="MiB of keys and values of recent prompts (and finished replies) kept for the next request "
+        "that starts with the same tokens, least recently used evicted first; 0 turns it off (default 256)",
+    )
+    p.add_argument(
         "--log-level", default="warning", choices=("critical", "error", "warning", "info", "debug")
     )
     p.set_defaults(func=run)
@@ -88,6 +96,8 @@ def run(args: argparse.Namespace) -> int:
         raise GptlabError(f"--port must be between 0 and 65535, got {args.port}")
     if args.max_batch < 1:
         raise GptlabError(f"--max-batch must be at least 1, got {args.max_batch}")
+    if args.prefix_cache_mb < 0:
+        raise GptlabError(f"--prefix-cache-mb must be 0 (off) or more, got {args.prefix_cache_mb}")
     if args.max_tokens_cap is not None and args.max_tokens_cap < 1:
         raise GptlabError(f"--max-tokens-cap must be at least 1, got {args.max_tokens_cap}")
     check_bind(args.host, args.port)
@@ -111,6 +121,7 @@ def run(args: argparse.Namespace) -> int:
         max_tokens_cap=args.max_tokens_cap,
         api_key=args.api_key or None,
         max_body_bytes=args.max_body_bytes,
+        prefix_cache_mb=args.prefix_cache_mb,
     )
     if not is_loopback(args.host) and not args.api_key:
         sys.stderr.write(

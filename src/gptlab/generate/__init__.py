@@ -13,7 +13,9 @@ An encoder–decoder model goes through the same functions (the prompt is its so
 How a model decodes is one printable ``DecodePlan`` (``plan_decoding``): a dynamic or a static
 cache, layer by layer or a compiled step (the fused one-row CPU step, the frozen CPU step, CUDA
 graphs), a per-request or in-graph sampler. ``prepare_decoding(model, compile=..., static=...)``
-sets what the caller wants and keeps the compiled steps on the model's ``DecodeEngine``.
+sets what the caller wants and keeps the compiled steps on the model's ``DecodeEngine``. A
+``PrefixCache`` passed to ``stream_events`` (the server's scheduler and ``gptlab chat`` keep one) lets a
+prompt reuse the keys and values of a prefix decoded before.
 """
 
 from gptlab.generate.beam import beam_search
@@ -28,6 +30,7 @@ from gptlab.generate.decode import (
 )
 from gptlab.generate.engine import DecodeEngine, engine_of, prepare_decoding
 from gptlab.generate.plan import DecodePlan, DecodeSettings, ModelFacts, plan_decoding
+from gptlab.generate.prefix_cache import PrefixCache
 from gptlab.generate.sampling import Sampler
 from gptlab.generate.session import BatchSession
 from gptlab.generate.static import StaticSession
@@ -42,6 +45,7 @@ __all__ = [
     "DecodePlan",
     "DecodeSettings",
     "ModelFacts",
+    "PrefixCache",
     "SampleConfig",
     "Sampler",
     "Session",

@@ -23,6 +23,7 @@ from gptlab.generate.beam import beam_search
 from gptlab.generate.config import SampleConfig
 from gptlab.generate.decoder import Decoder
 from gptlab.generate.loop import decode_events, decode_rows, fit_prompts, start
+from gptlab.generate.prefix_cache import PrefixCache
 from gptlab.generate.seq2seq import bind_source, check_generative
 from gptlab.generate.step import TokenEvent
 from gptlab.model.encdec import EncoderDecoder
@@ -83,14 +84,20 @@ def stream_events(
     *,
     cache_dtype: torch.dtype | None = None,
     want_probs: bool = True,
+    prefix_cache: PrefixCache | None = None,
 ) -> Iterator[TokenEvent]:
     """Generate from ``prompt``, yielding a ``TokenEvent`` per token (with its probability and the top 5).
 
     For an encoder–decoder the prompt is the source and the events are its target's tokens.
+    ``prefix_cache`` (a ``PrefixCache`` kept between calls, as ``gptlab chat`` keeps one): the
+    prompt reuses the keys and values of the longest prefix cached there, and leaves its own and
+    its reply's. An encoder–decoder does not use it (its keys depend on the source as well).
     """
     config = config or SampleConfig()
     decoder, ids = read_prompt(model, tokenizer, prompt)
-    yield from decode_events(decoder, tokenizer, ids, config, cache_dtype, want_probs)
+    if getattr(model.config, "arch", "decoder") != "decoder":
+        prefix_cache = None
+    yield from decode_events(decoder, tokenizer, ids, config, cache_dtype, want_probs, prefix_cache)
 
 
 def stream(

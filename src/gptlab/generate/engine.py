@@ -23,6 +23,7 @@ from gptlab.generate.decoder import Decoder
 from gptlab.generate.frozen_step import FrozenSteps
 from gptlab.generate.fused_step import one_token_step
 from gptlab.generate.plan import DecodePlan, DecodeSettings, ModelFacts, plan_decoding
+from gptlab.generate.prefix_cache import PrefixCache
 from gptlab.generate.session import BatchSession
 from gptlab.generate.static import StaticSession
 
@@ -81,10 +82,20 @@ class DecodeEngine:
         max_len: int | None = None,
         cache_dtype: torch.dtype | None = None,
         capacity: int | None = None,
+        prefix_cache: PrefixCache | None = None,
     ) -> BatchSession:
-        """A ``BatchSession`` that runs ``plan``'s step (the fused one-row step, or layer by layer)."""
+        """A ``BatchSession`` that runs ``plan``'s step (the fused one-row step, or layer by layer),
+        reading and filling ``prefix_cache`` if given (only the dynamic cache uses one)."""
         one_token = self.one_token if plan.step == "fused" else None
-        return BatchSession(self.model, max_batch, max_len, cache_dtype, capacity, one_token=one_token)
+        return BatchSession(
+            self.model,
+            max_batch,
+            max_len,
+            cache_dtype,
+            capacity,
+            one_token=one_token,
+            prefix_cache=prefix_cache,
+        )
 
     def new_static_session(
         self,

@@ -9,6 +9,10 @@ batch of admitted requests is, it fits. Where the model's decode plan for ``max_
 not static (``gptlab.generate.plan``) there is no static lane and every call goes straight to the
 ``BatchSession``.
 
+A prefix cache (``gptlab.generate.prefix_cache``) belongs to the dynamic lane: the requests it
+prefills reuse and leave their keys and values there. The static lane bypasses it (its rows are
+prefilled in full), so which lane a request takes is decided as before and each is correct.
+
 A request in the static lane keeps its ``TokenStep`` (stops, text, finish reason), which is handed
 the token chosen inside the graph; the seed its ``Sampler`` drew seeds the row there.
 """
@@ -23,6 +27,7 @@ import torch
 
 from gptlab.generate.decoder import Decoder
 from gptlab.generate.engine import engine_of
+from gptlab.generate.prefix_cache import PrefixCache
 from gptlab.generate.sampling import supports
 from gptlab.generate.session import BatchSession
 from gptlab.generate.static import StaticSession
@@ -41,13 +46,16 @@ class Lanes:
         max_len: int | None = None,
         capacity: int | None = None,
         vocab: int | None = None,
+        prefix_cache: PrefixCache | None = None,
     ) -> None:
         engine = engine_of(model)
         #: how these lanes decode (printed at the server's start)
         self.plan = engine.plan(max_batch)
         # capacity: the dynamic lane's starting cache length, grown as rows need (the static lane's is fixed)
         dynamic_plan = engine.plan(max_batch, want_probs=True)  # what a request wanting logprobs gets
-        self.dynamic = engine.dynamic_session(dynamic_plan, max_batch, max_len, capacity=capacity)
+        self.dynamic = engine.dynamic_session(
+            dynamic_plan, max_batch, max_len, capacity=capacity, prefix_cache=prefix_cache
+        )
         self.max_batch, self.max_len = max_batch, self.dynamic.max_len
         self.static: StaticSession | None = None
         if self.plan.session == "static":

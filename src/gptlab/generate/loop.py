@@ -23,6 +23,7 @@ from gptlab.generate.decoder import Decoder
 from gptlab.generate.engine import DecodeEngine, engine_of
 from gptlab.generate.lookup import PromptLookup
 from gptlab.generate.plan import DecodePlan
+from gptlab.generate.prefix_cache import PrefixCache
 from gptlab.generate.session import BatchSession
 from gptlab.generate.step import TokenEvent, TokenStep, fit_prompt, session_len, vocab_size
 from gptlab.generate.window import ContextWarning, Session
@@ -63,6 +64,7 @@ class Request:
     cache_dtype: torch.dtype | None
     seeds: Sequence[int | None] | None
     top_n: int | None
+    prefix_cache: PrefixCache | None = None
 
     def config_of(self, i: int) -> SampleConfig:
         return self.config if self.seeds is None else self.config.replace(seed=self.seeds[i])
@@ -71,7 +73,9 @@ class Request:
 def _start_dynamic(engine: DecodeEngine, plan: DecodePlan, request: Request) -> tuple[Session, list[Row]]:
     model, prompts = engine.model, request.prompts
     max_len = session_len(model, prompts, request.config)
-    session = engine.dynamic_session(plan, len(prompts), max_len, request.cache_dtype)
+    session = engine.dynamic_session(
+        plan, len(prompts), max_len, request.cache_dtype, prefix_cache=request.prefix_cache
+    )
     rows = []
     for i, (slot, logits) in enumerate(session.add_many(prompts)):
         step = TokenStep(
@@ -113,12 +117,16 @@ def start(
     cache_dtype: torch.dtype | None,
     seeds: Sequence[int | None] | None = None,
     top_n: int | None = None,
+    prefix_cache: PrefixCache | None = None,
 ) -> tuple[Session, list[Row]]:
-    """Fit the prompts, plan the decode and prefill every prompt (one pass) → the session and a row each."""
+    """Fit the prompts, plan the decode and prefill every prompt (one pass) → the session and a row each.
+
+    ``prefix_cache``: reused and filled where the plan picks the dynamic cache; the static cache
+    bypasses it (the plan decides, so a request is correct either way)."""
     fitted = fit_prompts(model, prompts, config)
     engine = engine_of(model)
     plan = engine.plan(len(fitted), config=config, cache_dtype=cache_dtype, want_probs=top_n is not None)
-    request = Request(tokenizer, fitted, config, cache_dtype, seeds, top_n)
+    request = Request(tokenizer, fitted, config, cache_dtype, seeds, top_n, prefix_cache)
     return STARTS[plan.session](engine, plan, request)
 
 
@@ -189,11 +197,16 @@ def decode_events(
     config: SampleConfig,
     cache_dtype: torch.dtype | None = None,
     want_probs: bool = False,
+    prefix_cache: PrefixCache | None = None,
 ) -> Iterator[TokenEvent]:
     """The events of one request from token ids, on the model to decode (a decoder, or a bound one):
-    beam search, or ``start`` and ``decode_rows`` (with the top 5 alternatives when ``want_probs``)."""
+    beam search (no prefix cache), or ``start`` and ``decode_rows`` (with the top 5 alternatives when
+    ``want_probs``; reusing and filling ``prefix_cache`` on the dynamic cache)."""
     if config.beam_width > 1:
         yield from beam_events(model, tokenizer, fit_prompts(model, [ids], config)[0], config, cache_dtype)
         return
-    session, rows = start(model, tokenizer, [ids], config, cache_dtype, top_n=5 if want_probs else None)
+    top_n = 5 if want_probs else None
+    session, rows = start(
+        model, tokenizer, [ids], config, cache_dtype, top_n=top_n, prefix_cache=prefix_cache
+    )
     yield from decode_rows(session, rows)

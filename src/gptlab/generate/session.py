@@ -33,6 +33,7 @@ import torch
 from gptlab.compiling import Compiled
 from gptlab.errors import GptlabError
 from gptlab.generate.decoder import Decoder, logits_of
+from gptlab.generate.prefix_cache import Layout, PrefixCache
 from gptlab.generate.window import Window
 from gptlab.model.kvcache import KVStore, Positions, Rows, default_cache_dtype, make_store
 
@@ -85,9 +86,12 @@ class BatchSession:
         cache_dtype: torch.dtype | None = None,
         capacity: int | None = None,
         one_token: Compiled | None = None,
+        prefix_cache: PrefixCache | None = None,
     ) -> None:
         """``one_token``: a compiled ``fused_step.decode_one_token`` to run each step of a session of one
-        row with a float cache (the model's ``DecodeEngine`` gives it when the plan says ``fused``)."""
+        row with a float cache (the model's ``DecodeEngine`` gives it when the plan says ``fused``).
+        ``prefix_cache``: where prompts find the keys and values of a prefix seen before, and where
+        prompts and freed rows leave theirs (``gptlab.generate.prefix_cache``)."""
         config = model.config
         self.window = Window(model, max_batch, max_len)
         self.model = model
@@ -110,6 +114,11 @@ class BatchSession:
         self.start = [0] * max_batch
         self.end = [0] * max_batch
         self.tokens: dict[int, list[int]] = {}  # slot -> ids whose keys/values are cached
+        self.prefix_cache = prefix_cache if prefix_cache is not None and prefix_cache.enabled else None
+        #: per stored tensor of a layer: its dtype and (L, H_kv, d), what a prefix cache's blocks must match
+        self.layout: Layout = tuple(
+            (t.dtype, (config.n_layer, t.size(1), t.size(3))) for t in self.stores[0].tensors()
+        )
 
     # --------------------------------------------------------------- slots
     @property
@@ -130,7 +139,9 @@ class BatchSession:
         return self.window.notice()
 
     def remove(self, slot: int) -> None:
+        """Free ``slot``; with a prefix cache, its tokens' keys and values are kept there first."""
         self._check(slot)
+        self._remember(slot)
         del self.tokens[slot]
         if not self.tokens:  # nothing cached: give back what a long request made the cache grow to
             self._resize(self.start_capacity)
@@ -182,32 +193,80 @@ class BatchSession:
 
         Row b holds its prompt at cache indices ``[P_b, T)`` with ``P_b = T − len_b``;
         positions are ``index − P_b``. A padding query row attends to itself only, so
-        no softmax row is empty.
+        no softmax row is empty. With a prefix cache, row b's first ``m_b`` tokens are copied
+        from it to ``[P_b, P_b + m_b)`` (the same positions) and the pass runs the queries from
+        ``Q0 = min_b (P_b + m_b)`` only; the prompts that found a prefix and those that did not
+        are prefilled in two passes, so a cold prompt does not make the others recompute theirs.
         """
         ids = [self.fit(p) for p in prompts]
         slots = self._take(len(ids))
-        _n, T = len(ids), max(map(len, ids))
+        found = [self._lookup(p) for p in ids]
+        logits: dict[int, torch.Tensor] = {}
+        for hit in (False, True):
+            group = [b for b, (m, _) in enumerate(found) if (m > 0) == hit]
+            if group:
+                out = self._prefill(
+                    [slots[b] for b in group], [ids[b] for b in group], [found[b] for b in group]
+                )
+                logits.update(zip(group, out, strict=True))
+        for s in slots:
+            self._remember(s)  # the prompts' blocks, for the requests that come while these decode
+        return [(s, logits[b]) for b, s in enumerate(slots)]
+
+    def _prefill(
+        self, slots: list[int], ids: list[list[int]], found: list[tuple[int, list[torch.Tensor]]]
+    ) -> list[torch.Tensor]:
+        """One left-padded pass over ``ids`` into ``slots``, after the cached prefixes ``found``."""
+        n, T = len(ids), max(map(len, ids))
         device = self.model.device
         pads = [T - len(p) for p in ids]
+        q0 = min(pad + m for pad, (m, _) in zip(pads, found, strict=True))
+        self.reserve(T)
+        for s, pad, (_, tensors) in zip(slots, pads, found, strict=True):
+            self._copy_in(s, pad, tensors)
         idx = torch.tensor(
-            [[0] * pad + p for pad, p in zip(pads, ids, strict=True)], dtype=torch.long, device=device
+            [([0] * pad + p)[q0:] for pad, p in zip(pads, ids, strict=True)], dtype=torch.long, device=device
         )
-        if any(pads):
+        if any(pads) or q0:
             start = torch.tensor(pads, device=device)[:, None]  # (n, 1)
-            j = torch.arange(T, device=device)
-            pos = (j[None, :] - start).clamp(min=0)  # (n, T)
-            causal = j[None, :] <= j[:, None]  # (T, T)
-            mask = (causal[None] & (j[None, None, :] >= start[:, :, None])) | torch.eye(
-                T, dtype=torch.bool, device=device
-            )[None]
-            mask = mask[:, None]  # (n, 1, T, T)
+            j = torch.arange(T, device=device)  # keys
+            i = j[q0:]  # queries
+            pos = (i[None, :] - start).clamp(min=0)  # (n, T − Q0)
+            seen = (j[None, None, :] <= i[None, :, None]) & (j[None, None, :] >= start[:, :, None])
+            mask = (seen | (j[None, None, :] == i[None, :, None]))[:, None]  # (n, 1, T − Q0, T)
         else:
             pos, mask = torch.arange(T, device=device), None
-        self.reserve(T)
-        logits = self._run(idx, pos, mask, _rows(slots), slice(0, T), T)
+        logits = self._run(idx, pos, mask, _rows(slots), slice(q0, T), T)
         for b, s in enumerate(slots):
             self.start[s], self.end[s], self.tokens[s] = pads[b], T, list(ids[b])
-        return [(s, logits[b]) for b, s in enumerate(slots)]
+        return [logits[b] for b in range(n)]
+
+    # --------------------------------------------------------------- the prefix cache
+    def _lookup(self, ids: list[int]) -> tuple[int, list[torch.Tensor]]:
+        if self.prefix_cache is None:
+            return 0, []
+        return self.prefix_cache.lookup(ids, self.layout)
+
+    def _copy_in(self, slot: int, at: int, tensors: list[torch.Tensor]) -> None:
+        """Write a cached prefix (per stored tensor: (L, H_kv, m, d)) into ``slot`` from cache index ``at``."""
+        for kind, t in enumerate(tensors):
+            for layer, store in enumerate(self.stores):
+                store.tensors()[kind][slot, :, at : at + t.size(2)] = t[layer]
+
+    @torch.inference_mode()
+    def _remember(self, slot: int) -> None:
+        """Leave ``slot``'s keys and values in the prefix cache, keyed by its tokens from position 0."""
+        if self.prefix_cache is None:
+            return
+        start, stores = self.start[slot], self.stores
+
+        def extract(a: int, b: int) -> list[torch.Tensor]:
+            kinds = range(len(stores[0].tensors()))
+            return [
+                torch.stack([st.tensors()[k][slot, :, start + a : start + b] for st in stores]) for k in kinds
+            ]
+
+        self.prefix_cache.store(self.tokens[slot], self.layout, extract)
 
     @torch.inference_mode()
     def step(self, tokens: dict[int, int]) -> dict[int, torch.Tensor]:

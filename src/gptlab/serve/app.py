@@ -43,6 +43,7 @@ from gptlab.serve import (
     tasks,
 )
 from gptlab.serve.middleware import APIKey, BodyLimit
+from gptlab.serve.scheduler import PREFIX_CACHE_MB
 from gptlab.serve.service import Service
 
 if TYPE_CHECKING:
@@ -72,13 +73,15 @@ def create_app(
     max_tokens_cap: int | None = None,
     api_key: str | None = None,
     max_body_bytes: int = 1 << 20,
+    prefix_cache_mb: float = PREFIX_CACHE_MB,
 ) -> FastAPI:
     """A FastAPI app serving ``model`` with ``tokenizer``; the scheduler thread starts now.
 
     ``max_tokens_cap`` (default: 1024, or the context length if larger; past the context
     the window slides) bounds ``max_tokens``; ``api_key`` (if set) is required as
     ``Authorization: Bearer KEY`` on every ``/v1`` route; a body larger than
-    ``max_body_bytes`` is refused with 413.
+    ``max_body_bytes`` is refused with 413. ``prefix_cache_mb`` MiB hold the keys and values of
+    recent prompts for the next ones that start alike (0: no prefix cache; docs/guide/serving.md).
     """
     service = Service(
         model,
@@ -87,6 +90,7 @@ def create_app(
         max_batch=max_batch,
         max_tokens_cap=max_tokens_cap,
         max_body_bytes=max_body_bytes,
+        prefix_cache_mb=prefix_cache_mb,
     )
 
     @contextlib.asynccontextmanager

@@ -1,6 +1,6 @@
 """gptlab's own routes and the playground.
 
-GET  /health                 liveness and scheduler load
+GET  /health                 liveness, scheduler load and the prefix cache's counters (``Health``)
 GET  /v1/gptlab/limits       every limit a request must respect (the playground reads it)
 POST /v1/gptlab/generate     one prompt, SSE per token: text, probability, top alternatives
 POST /v1/gptlab/attention    one layer's attention weights (plain path) for a text
@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import FileResponse, Response
 from fastapi.staticfiles import StaticFiles
+from pydantic import BaseModel, Field
 
 from gptlab.serve.errors import APIError
 from gptlab.serve.jobs import EndEvent
@@ -30,10 +31,38 @@ if TYPE_CHECKING:
 STATIC = Path(__file__).parent / "static"
 
 
+class PrefixCacheStats(BaseModel):
+    """The prefix cache's counters (``gptlab.generate.prefix_cache``; all 0 with ``--prefix-cache-mb 0``)."""
+
+    budget_bytes: int = Field(description="the byte budget (--prefix-cache-mb); 0: off")
+    bytes: int = Field(description="bytes of keys and values held (never above the budget)")
+    blocks: int = Field(description="blocks held, each block_tokens positions of every layer")
+    block_tokens: int
+    hits: int = Field(description="prompts that reused a cached prefix")
+    misses: int = Field(description="prompts that found none")
+    tokens_looked_up: int = Field(description="prompt tokens of every lookup")
+    tokens_reused: int = Field(description="prompt tokens copied from the cache instead of prefilled")
+    evictions: int = Field(description="blocks evicted to stay within the budget")
+
+
+class Health(BaseModel):
+    """``GET /health``: liveness, the scheduler's load and the prefix cache."""
+
+    status: str
+    model: str
+    n_layer: int
+    active: int = Field(description="requests decoding now")
+    waiting: int = Field(description="requests queued for a slot")
+    max_batch: int
+    steps: int = Field(description="batched decode steps run")
+    tokens: int = Field(description="tokens generated")
+    prefix_cache: PrefixCacheStats
+
+
 def router(service: Service) -> APIRouter:
     r = APIRouter()
 
-    @r.get("/health")
+    @r.get("/health", response_model=Health)
     async def health() -> dict[str, Any]:
         return service.health()
 

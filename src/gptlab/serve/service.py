@@ -24,11 +24,12 @@ from pydantic import BaseModel, ValidationError
 from gptlab.errors import GptlabError
 from gptlab.generate import SampleConfig
 from gptlab.generate.grammar import can_spell_json, check_constraint
+from gptlab.generate.prefix_cache import budget_of
 from gptlab.generate.step import fit_prompt, prompt_budget, token_text, vocab_size
 from gptlab.serve import schemas
 from gptlab.serve.errors import APIError, not_found_model, validation_error
 from gptlab.serve.generation import Generation
-from gptlab.serve.scheduler import Channel, EndEvent, Job, Scheduler
+from gptlab.serve.scheduler import PREFIX_CACHE_MB, Channel, EndEvent, Job, Scheduler
 from gptlab.serve.schemas import (
     ChatCompletionRequest,
     ChatMessage,
@@ -112,6 +113,7 @@ class Service:
         max_batch: int = 8,
         max_tokens_cap: int | None = None,
         max_body_bytes: int = 1 << 20,
+        prefix_cache_mb: float = PREFIX_CACHE_MB,
     ) -> None:
         if tokenizer is None:
             raise GptlabError(
@@ -129,7 +131,7 @@ class Service:
         self.json_output = can_spell_json(tokenizer)  # response_format json_object / json_schema possible
         self.created = int(time.time())
         model.eval()
-        self.scheduler = Scheduler(model, tokenizer, max_batch=max_batch)
+        self.scheduler = Scheduler(model, tokenizer, max_batch, prefix_cache_bytes=budget_of(prefix_cache_mb))
 
     def close(self) -> None:
         self.scheduler.close()
@@ -177,12 +179,8 @@ class Service:
         }
 
     def health(self) -> dict[str, Any]:
-        return {
-            "status": "ok",
-            "model": self.model_name,
-            "n_layer": self.model.config.n_layer,
-            **self.scheduler.stats(),
-        }
+        stats = {"status": "ok", "model": self.model_name, "n_layer": self.model.config.n_layer}
+        return {**stats, **self.scheduler.stats()}  # load, and the prefix cache's counters
 
     # ------------------------------------------------------------ requests
     def parse(self, raw: bytes, cls: type[M]) -> M:
