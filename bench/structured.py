@@ -124,13 +124,13 @@ def engine_ms_per_token(tokenizer: Any, config: SampleConfig, tokens: int, runs:
     return statistics.median(out) * 1e3
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", choices=["demo", "smollm2"], default="demo")
     parser.add_argument("--tokens", type=int, default=48)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     model, tokenizer, prompt = model_and_prompt(args.model)
     eos = tokenizer.eot_id
@@ -186,7 +186,8 @@ def main() -> None:
             }
         )
     )
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())
