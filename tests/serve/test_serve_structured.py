@@ -270,6 +270,16 @@ def test_the_playground_route_and_page_take_a_json_schema(http, tok):
     text = "".join(e["text"] for e in tokens)
     check_reply(text, done["finish_reason"], SCHEMAS["flat"], tok)
     assert all(e["prob"] is not None for e in tokens)  # the playground still shades every token
+    # each token says how many tokens the schema allowed there, and which alternatives were among them
+    assert tokens[0]["allowed"] == 1 and tokens[0]["text"] == "{"  # an object starts with "{" alone
+    assert all(1 <= e["allowed"] <= tok.vocab_size for e in tokens)
+    assert all(len(e["top_allowed"]) == len(e["top"]) for e in tokens)
+    assert [a["text"] for a, ok in zip(tokens[0]["top"], tokens[0]["top_allowed"]) if ok] in ([], ["{"])
+    free = {"prompt": "x", "max_tokens": 3, "seed": 4}
+    with http.stream("POST", "/v1/gptlab/generate", json=free) as r:
+        assert all(
+            "allowed" not in json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")
+        )
     assert 'id="json_schema"' in http.get("/").text
     assert "response_format" in http.get("/static/app.js").text
 

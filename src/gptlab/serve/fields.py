@@ -26,6 +26,7 @@ from gptlab.serve.errors import APIError
 from gptlab.serve.schemas import SamplingFields
 
 if TYPE_CHECKING:
+    from gptlab.generate.step import TokenEvent
     from gptlab.model import GPT
     from gptlab.tokenizers.base import Tokenizer
 
@@ -72,3 +73,11 @@ def response_schema(
     except GptlabError as exc:
         raise APIError(400, f"response_format: {exc}", param="response_format") from None
     return schema
+
+
+def grammar_fields(event: TokenEvent) -> dict[str, Any]:
+    """A playground token event's structured-output extras: how many tokens the grammar allowed at that
+    step (``allowed``), and for each alternative whether it was one of them; nothing for free text."""
+    if event.allowed is None:
+        return {}
+    return {"allowed": event.allowed, "top_allowed": event.top_allowed}

@@ -19,6 +19,7 @@ from fastapi.responses import FileResponse, Response
 from fastapi.staticfiles import StaticFiles
 
 from gptlab.serve.errors import APIError
+from gptlab.serve.fields import grammar_fields
 from gptlab.serve.jobs import EndEvent
 from gptlab.serve.schemas import AttentionRequest, GenerateRequest
 from gptlab.serve.service import Service
@@ -75,6 +76,7 @@ def router(service: Service) -> APIRouter:
                                 "id": event.token_id,
                                 "prob": event.prob,
                                 "top": [{"text": a.text, "prob": a.prob} for a in event.top],
+                                **grammar_fields(event),
                             }
                         )
             except APIError as exc:
