@@ -340,3 +340,31 @@ def test_smollm2_chat_replies_follow_a_real_schema():
                 validate(json.loads(text), PERSON)
             else:
                 assert accepts(SampleConfig(json_schema=PERSON), smol, smol.encode(text))
+
+
+@pytest.mark.slow  # a server start and a browser: ≈ 20 s on 2 busy cores
+def test_playground_json_schema_box_in_chromium(tmp_path):
+    """The playground's JSON-schema box: the generated text is JSON of the schema, and a token's tooltip
+    says how many tokens the schema allowed there."""
+    import gptlab
+    from bench import serve_load
+    from tests.serve.test_serve_live import chromium_page
+
+    json_tok = CharTokenizer.from_text(JSON_ALPHABET, special_tokens=["<|endoftext|>"])
+    ckpt = gptlab.save(tiny_model(json_tok.vocab_size, block_size=128), json_tok, tmp_path / "tiny")
+    extra = ["--model-name", "tiny", "--device", "cpu", "--max-tokens-cap", "200"]
+    with serve_load.serve(str(ckpt), max_batch=4, extra=extra, timeout=60) as url:
+        with chromium_page(url) as (page, expect, external):
+            expect(page.locator("#model")).to_contain_text("tiny")
+            page.fill("#prompt", "record: ")
+            page.fill("#max_tokens", "120")
+            page.fill("#seed", "3")
+            page.fill("#json_schema", json.dumps(SCHEMAS["flat"]))
+            page.click("#generate")
+            expect(page.locator("#status")).to_contain_text("finish:", timeout=30_000)
+            text = page.locator("#output").inner_text()[len("record: ") :]
+            finish = page.locator("#status").inner_text().split("finish: ")[1].split()[0]
+            check_reply(text, finish, SCHEMAS["flat"], json_tok)
+            page.locator("#output .tok").first.hover()
+            expect(page.locator("#tooltip")).to_contain_text("the JSON schema allowed 1 of")
+            assert external == []
