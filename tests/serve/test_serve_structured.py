@@ -270,6 +270,16 @@ def test_the_playground_route_and_page_take_a_json_schema(http, tok):
     text = "".join(e["text"] for e in tokens)
     check_reply(text, done["finish_reason"], SCHEMAS["flat"], tok)
     assert all(e["prob"] is not None for e in tokens)  # the playground still shades every token
+    # each token says how many tokens the schema allowed there, and which alternatives were among them
+    assert tokens[0]["allowed"] == 1 and tokens[0]["text"] == "{"  # an object starts with "{" alone
+    assert all(1 <= e["allowed"] <= tok.vocab_size for e in tokens)
+    assert all(len(e["top_allowed"]) == len(e["top"]) for e in tokens)
+    assert [a["text"] for a, ok in zip(tokens[0]["top"], tokens[0]["top_allowed"]) if ok] in ([], ["{"])
+    free = {"prompt": "x", "max_tokens": 3, "seed": 4}
+    with http.stream("POST", "/v1/gptlab/generate", json=free) as r:
+        assert all(
+            "allowed" not in json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")
+        )
     assert 'id="json_schema"' in http.get("/").text
     assert "response_format" in http.get("/static/app.js").text
 
@@ -330,3 +340,31 @@ def test_smollm2_chat_replies_follow_a_real_schema():
                 validate(json.loads(text), PERSON)
             else:
                 assert accepts(SampleConfig(json_schema=PERSON), smol, smol.encode(text))
+
+
+@pytest.mark.slow  # a server start and a browser: ≈ 20 s on 2 busy cores
+def test_playground_json_schema_box_in_chromium(tmp_path):
+    """The playground's JSON-schema box: the generated text is JSON of the schema, and a token's tooltip
+    says how many tokens the schema allowed there."""
+    import gptlab
+    from bench import serve_load
+    from tests.serve.test_serve_live import chromium_page
+
+    json_tok = CharTokenizer.from_text(JSON_ALPHABET, special_tokens=["<|endoftext|>"])
+    ckpt = gptlab.save(tiny_model(json_tok.vocab_size, block_size=128), json_tok, tmp_path / "tiny")
+    extra = ["--model-name", "tiny", "--device", "cpu", "--max-tokens-cap", "200"]
+    with serve_load.serve(str(ckpt), max_batch=4, extra=extra, timeout=60) as url:
+        with chromium_page(url) as (page, expect, external):
+            expect(page.locator("#model")).to_contain_text("tiny")
+            page.fill("#prompt", "record: ")
+            page.fill("#max_tokens", "120")
+            page.fill("#seed", "3")
+            page.fill("#json_schema", json.dumps(SCHEMAS["flat"]))
+            page.click("#generate")
+            expect(page.locator("#status")).to_contain_text("finish:", timeout=30_000)
+            text = page.locator("#output").inner_text()[len("record: ") :]
+            finish = page.locator("#status").inner_text().split("finish: ")[1].split()[0]
+            check_reply(text, finish, SCHEMAS["flat"], json_tok)
+            page.locator("#output .tok").first.hover()
+            expect(page.locator("#tooltip")).to_contain_text("the JSON schema allowed 1 of")
+            assert external == []

@@ -14,11 +14,12 @@ Special tokens (and ids with no bytes) are never part of the language; the end o
 tokenizer's end-of-text (or, where it has none, an id past the vocabulary that is never sampled: the
 reply then ends when the grammar admits nothing more).
 
-The table is built once per tokenizer (``engine_tokenizer``, kept on the tokenizer object) and each compiled
-grammar once per (tokenizer, grammar) (``compile_constraint``: a prototype matcher, copied per
-request). A schema or grammar the engine cannot compile is a ``GptlabError`` with its message, which
-names the offending part. ``Constraint`` is one request's matcher: ``allowed()`` → a boolean mask,
-``consume(token)`` advances it, ``done`` says that nothing more may follow.
+The table is built once per tokenizer (``engine_tokenizer``, kept on the tokenizer object) and each
+grammar compiled once per tokenizer (a prototype matcher, least recently used dropped first, copied
+per request). A schema or grammar the engine cannot compile is a ``GptlabError`` with the engine's
+message, which names the offending part (``check_constraint`` finds it before a request starts).
+``Constraint`` is one request's matcher: ``allowed()`` → a boolean mask, ``consume(token)`` advances
+it, ``done`` says that the text is complete and nothing may follow.
 """
 
 from __future__ import annotations

@@ -68,6 +68,8 @@ class TokenEvent:
     logprob: float | None = None  # log(prob), computed as a log-softmax
     notice: str | None = None
     stop: bool = False  # the stop token that ended the request (text "": never shown, only reported)
+    allowed: int | None = None  # structured output: how many tokens the grammar allowed at this step
+    top_allowed: list[bool] | None = None  # structured output: whether it allowed each of ``top``
 
 
 def stop_token_ids(config: SampleConfig, tokenizer: Tokenizer | None) -> frozenset[int]:
@@ -170,6 +172,7 @@ class TokenStep:
         completions ``logprobs``: ``completion_tokens`` counts it too).
         """
         raw: torch.Tensor | None = None
+        allowed: torch.Tensor | None = None
         grammar = self.constraint
         if grammar is not None and grammar.done:  # complete before any token (an empty language)
             self.reason = "stop"
@@ -188,7 +191,7 @@ class TokenStep:
             self.reason = "stop"
             self.stop_event = TokenEvent("", token, index=self.index, stop=True)
             if self.top_n is not None and raw is not None:
-                self._probabilities(self.stop_event, raw)
+                self._probabilities(self.stop_event, raw, allowed)
             return None
         if grammar is not None:
             grammar.consume(token)
@@ -197,7 +200,7 @@ class TokenStep:
         self.token = token
         event = TokenEvent(self.text.push(token) if self.text is not None else "", token, index=self.index)
         if self.top_n is not None and raw is not None:
-            self._probabilities(event, raw)
+            self._probabilities(event, raw, allowed)
         if self.text is not None and self.text.stopped:
             self.reason = "stop"
         elif grammar is not None and grammar.done:
@@ -216,10 +219,11 @@ class TokenStep:
         tail = self.text.finish() if self.text is not None else ""
         return TokenEvent(tail, None, finish_reason=self.reason, index=self.index)
 
-    def _probabilities(self, event: TokenEvent, raw: torch.Tensor) -> None:
+    def _probabilities(self, event: TokenEvent, raw: torch.Tensor, allowed: torch.Tensor | None) -> None:
         """``log softmax(l)`` of the raw logits over the model's whole output, as the echoed prompt's
         (``scoring.prompt_logprobs``): temperature, penalties, bias and truncation only choose the token.
-        The alternatives are tokens the sampler may choose (ids below the tokenizer's vocabulary)."""
+        The alternatives are tokens the sampler may choose (ids below the tokenizer's vocabulary); under
+        a grammar, the event also says how many tokens it allowed and which alternatives."""
         logp = torch.log_softmax(raw.float().cpu(), dim=-1)
         event.logprob = float(logp[event.token_id])
         event.prob = math.exp(event.logprob)
@@ -230,3 +234,6 @@ class TokenStep:
                 Alternative(token_text(self.tokenizer, i), math.exp(v), i, v)
                 for v, i in zip(values.tolist(), ids.tolist(), strict=True)
             ]
+        if allowed is not None:
+            event.allowed = int(allowed.sum())
+            event.top_allowed = [bool(allowed[a.token_id]) for a in event.top]

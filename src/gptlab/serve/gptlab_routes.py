@@ -20,6 +20,7 @@ from fastapi.staticfiles import StaticFiles
 from pydantic import BaseModel, Field
 
 from gptlab.serve.errors import APIError
+from gptlab.serve.fields import grammar_fields
 from gptlab.serve.jobs import EndEvent
 from gptlab.serve.schemas import AttentionRequest, GenerateRequest
 from gptlab.serve.service import Service
@@ -104,6 +105,7 @@ def router(service: Service) -> APIRouter:
                                 "id": event.token_id,
                                 "prob": event.prob,
                                 "top": [{"text": a.text, "prob": a.prob} for a in event.top],
+                                **grammar_fields(event),
                             }
                         )
             except APIError as exc:

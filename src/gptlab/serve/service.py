@@ -28,6 +28,7 @@ from gptlab.generate.prefix_cache import budget_of
 from gptlab.generate.step import fit_prompt, prompt_budget, token_text, vocab_size
 from gptlab.serve import schemas
 from gptlab.serve.errors import APIError, not_found_model, validation_error
+from gptlab.serve.fields import logit_bias, response_schema
 from gptlab.serve.generation import Generation
 from gptlab.serve.scheduler import PREFIX_CACHE_MB, Channel, EndEvent, Job, Scheduler
 from gptlab.serve.schemas import (
@@ -247,21 +248,6 @@ class Service:
         )
         return default if chosen is None else chosen
 
-    def logit_bias(self, req: SamplingFields) -> dict[int, float]:
-        """OpenAI's ``{"token id": bias}`` → ``{id: bias}``, each id in the vocabulary, each bias in [-100, 100]."""
-        out = {}
-        for key, bias in (req.logit_bias or {}).items():
-            if not (key.isascii() and key.isdigit()) or int(key) >= self.tokenizer.vocab_size:
-                raise APIError(
-                    400,
-                    f"logit_bias: {key!r} is not a token id of this model (0..{self.tokenizer.vocab_size - 1})",
-                    param="logit_bias",
-                )
-            if not -100 <= bias <= 100:
-                raise APIError(400, f"logit_bias: {bias} is outside [-100, 100]", param="logit_bias")
-            out[int(key)] = bias
-        return out
-
     def sample_config(
         self,
         req: SamplingFields,
@@ -286,39 +272,12 @@ class Service:
                 stop=stop,
                 stop_tokens=stop_ids(self.tokenizer),  # eos and end-of-turn tokens (<|im_end|> …)
                 seed=seed,
-                logit_bias=self.logit_bias(req),
-                json_schema=self.json_schema(req),
+                logit_bias=logit_bias(req, self.tokenizer),
+                json_schema=response_schema(req, self.tokenizer, self.model, self.json_output),
                 grammar=grammar,
             )
         except GptlabError as exc:
             raise APIError(400, str(exc)) from None
-
-    def json_schema(self, req: SamplingFields) -> dict[str, Any] | None:
-        """``response_format``'s schema, compiled for this tokenizer once (cached by the grammar
-        engine) so that a schema it cannot take is a 400 naming the part, before any job starts."""
-        schema = req.json_schema()
-        if schema is None:
-            return None
-        if not self.json_output:
-            raise APIError(
-                400,
-                "response_format: this model's vocabulary cannot write JSON (it lacks braces, brackets, "
-                "quotes or digits); use response_format text",
-                param="response_format",
-            )
-        if req.beam_width > 1:
-            raise APIError(
-                400,
-                "response_format: beam search (beam_width > 1) does not take a JSON schema; use beam_width 1",
-                param="response_format",
-            )
-        try:
-            check_constraint(
-                SampleConfig(json_schema=schema), self.tokenizer, vocab_size(self.model, self.tokenizer)
-            )
-        except GptlabError as exc:
-            raise APIError(400, f"response_format: {exc}", param="response_format") from None
-        return schema
 
     def start(
         self,

@@ -91,7 +91,7 @@ async function loadModel() {
 }
 
 // ----------------------------------------------------------------- tokens, shaded by probability
-function tokenSpan(text, prob, alts) {  // alts: [{text, prob}], best first
+function tokenSpan(text, prob, alts, grammar) {  // alts: [{text, prob}], best first; grammar: {allowed, top_allowed}
   const span = document.createElement("span");
   span.className = "tok";
   span.textContent = text;
@@ -99,10 +99,15 @@ function tokenSpan(text, prob, alts) {  // alts: [{text, prob}], best first
     span.style.background = probColor(prob);
     span.dataset.prob = prob.toFixed(4);
     const lines = [`p = ${prob.toFixed(4)}  "${esc(showable(text))}"`, ""];
-    for (const alt of alts || []) {
-      const mark = alt.text === text ? ' class="chosen"' : "";
-      lines.push(`<span${mark}>${(alt.prob * 100).toFixed(1).padStart(5)}%  "${esc(showable(alt.text))}"</span>`);
+    if (grammar && grammar.allowed !== undefined) {  // structured output: what the schema let through here
+      const vocab = state.limits ? ` of ${state.limits.vocab_size}` : "";
+      lines.splice(1, 0, `the JSON schema allowed ${grammar.allowed}${vocab} tokens here`);
     }
+    (alts || []).forEach((alt, i) => {
+      const banned = grammar && grammar.top_allowed && !grammar.top_allowed[i];
+      const mark = alt.text === text ? ' class="chosen"' : banned ? ' class="banned"' : "";
+      lines.push(`<span${mark}>${(alt.prob * 100).toFixed(1).padStart(5)}%  "${esc(showable(alt.text))}"${banned ? "  (not allowed)" : ""}</span>`);
+    });
     span.addEventListener("mousemove", (e) => showTip(e, lines.join("\n")));
     span.addEventListener("mouseleave", hideTip);
   }
@@ -111,7 +116,7 @@ function tokenSpan(text, prob, alts) {  // alts: [{text, prob}], best first
 
 function addToken(ev) {
   if (!ev.text) return;
-  $("output").appendChild(tokenSpan(ev.text, ev.prob, ev.top));
+  $("output").appendChild(tokenSpan(ev.text, ev.prob, ev.top, ev));
   state.text += ev.text;
   $("output").scrollTop = $("output").scrollHeight;
 }
@@ -134,11 +139,7 @@ function samplingBody() {
   const stop = $("stop").value;
   if (stop) body.stop = [stop.replace(/\\n/g, "\n").replace(/\\t/g, "\t")];
   const schema = $("json_schema").value.trim();  // structured output: the reply follows the schema
-  if (schema) {
-    let parsed;
-    try { parsed = JSON.parse(schema); } catch (e) { throw new Error("the JSON schema box is not JSON: " + e.message); }
-    body.response_format = { type: "json_schema", json_schema: { name: "playground", schema: parsed, strict: true } };
-  }
+  if (schema) body.response_format = { type: "json_schema", json_schema: { name: "playground", schema: JSON.parse(schema) } };
   Object.keys(body).forEach((k) => body[k] === undefined && delete body[k]);
   return body;
 }
