@@ -3,32 +3,73 @@
 On a CPU, inductor (``torch.compile``'s default back-end) writes C++ and builds it with the
 machine's compiler; on CUDA it writes Triton. ``Compiled(fn)`` compiles lazily on first use
 and, where no compiler is found or compilation fails, warns once and keeps calling ``fn``
-itself, so a compiled path is only ever faster, never an error. ``GPTLAB_COMPILE=0`` turns
-these compiled kernels off (the first call of each compiles, which takes seconds on a cold
-cache; inductor keeps its results on disk).
+itself, so a compiled path is only ever faster, never an error. The first call of each
+compiles, which takes seconds on a cold cache (inductor keeps its results on disk).
+
+Two process-wide settings, given by the caller and read nowhere else (the library reads no
+environment variable: the CLI turns ``GPTLAB_COMPILE=0`` and ``$CXX`` into them):
+``configure(compile=False)`` runs every ``Compiled`` eagerly and makes ``can_compile`` say no, so
+the decode plan says so too; ``configure(cxx="clang++")`` names the C++ compiler inductor uses.
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
 import shutil
 import types
 import warnings
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 COMPILE_FAILED = "torch.compile failed"  # in the warning; pytest turns it into an error (pyproject.toml)
 
 
+@dataclass(frozen=True)
+class Toolchain:
+    """The process-wide compile settings (``configure``): whether to compile at all, and with which C++ compiler."""
+
+    compile: bool = True
+    cxx: str | None = None  # None: the first of g++, clang++, c++ on the PATH
+
+
+_toolchain = Toolchain()
+
+
+def configure(*, compile: bool = True, cxx: str | None = None) -> Toolchain:
+    """Set the process-wide compile settings (the module docstring) → the previous ones.
+
+    ``compile=False`` turns every ``Compiled`` of the project off, those built before the call
+    included (the one-row kernels of ``gptlab.model.quantized`` are built at import).
+    """
+    global _toolchain
+    previous, _toolchain = _toolchain, Toolchain(compile, cxx)
+    return previous
+
+
+def toolchain() -> Toolchain:
+    """The settings ``configure`` last set (the defaults if it was never called)."""
+    return _toolchain
+
+
 def cxx_compiler() -> str | None:
-    """The C++ compiler inductor would use (``$CXX``, g++, clang++ or c++), or None."""
-    return next((c for c in (os.environ.get("CXX"), "g++", "clang++", "c++") if c and shutil.which(c)), None)
+    """The C++ compiler inductor would use (``configure``'s ``cxx``, else g++, clang++ or c++), or None."""
+    names = (_toolchain.cxx,) if _toolchain.cxx else ("g++", "clang++", "c++")
+    return next((c for c in names if shutil.which(c)), None)
+
+
+def compile_blocker(device_type: str) -> str | None:
+    """Why ``torch.compile`` cannot generate kernels for ``device_type`` here, or None."""
+    if not _toolchain.compile:
+        return "compiling switched off (compiling.configure(compile=False): GPTLAB_COMPILE=0)"
+    if device_type == "cpu" and cxx_compiler() is None:
+        return "no C++ compiler for torch.compile (install g++ or name one: CXX)"
+    return None
 
 
 def can_compile(device_type: str) -> bool:
-    """True where ``torch.compile`` can generate kernels for ``device_type``."""
-    return device_type != "cpu" or cxx_compiler() is not None
+    """True where ``torch.compile`` can generate kernels for ``device_type`` (``compile_blocker`` is None)."""
+    return compile_blocker(device_type) is None
 
 
 class Compiled:
@@ -42,7 +83,8 @@ class Compiled:
     settings that must hold while it compiles (``freezing`` is read outside ``options``' reach),
     set around every call; ``settings`` other ``torch.compile`` arguments
     (``mode="reduce-overhead"`` captures CUDA graphs, ``fullgraph=True``, a ``backend``).
-    ``enabled=False`` (or ``device_type`` without a compiler) runs ``fn`` itself.
+    ``enabled=False`` (or ``device_type`` without a compiler, or ``configure(compile=False)``, even
+    after this object was built) runs ``fn`` itself.
 
     The first call that fails to compile turns the compiled path off for good, with a warning;
     ``failure`` keeps the exception and ``compiled_calls`` counts the calls that ran compiled, so a
@@ -72,9 +114,18 @@ class Compiled:
         self.patch, self.distinct_sizes = patch, distinct_sizes
         self._compiled: Callable[..., Any] | None = None
         self.settings = settings  # more torch.compile arguments: mode, fullgraph, backend
-        self.enabled = enabled and os.environ.get("GPTLAB_COMPILE", "1") != "0" and can_compile(device_type)
+        self._enabled = enabled and can_compile(device_type)
         self.compiled_calls = 0
         self.failure: Exception | None = None
+
+    @property
+    def enabled(self) -> bool:
+        """True while calls go through ``torch.compile`` (not switched off, no failure yet)."""
+        return self._enabled and _toolchain.compile
+
+    @enabled.setter
+    def enabled(self, on: bool) -> None:
+        self._enabled = on
 
     def __call__(self, *args: Any) -> Any:
         if not self.enabled:
@@ -83,6 +134,10 @@ class Compiled:
             if self._compiled is None:
                 import torch
 
+                if _toolchain.cxx:  # inductor's own setting (it reads $CXX when none is given)
+                    import torch._inductor.config
+
+                    torch._inductor.config.cpp.cxx = (None, _toolchain.cxx)  # type: ignore[attr-defined]
                 extra = dict(self.settings, **({"options": self.options} if self.options else {}))
                 self._compiled = torch.compile(self.fn, dynamic=self.dynamic, **extra)
             with self.held_settings():

@@ -33,7 +33,8 @@ BIG = 538 * 2**20  # SmolLM2-135M in float32
         ("auto", "cuda", True, BIG, None, True),  # CUDA graphs for a long-lived session
         ("auto", "cuda", True, BIG, CUDA_PAYBACK_TOKENS, True),
         ("auto", "cuda", True, BIG, 500, False),  # 500 tokens do not pay back ≈ 50 s of compiling
-        ("on", "cuda", False, 1024, 1, True),  # obeyed (inductor makes GPU kernels without g++)
+        ("on", "cuda", True, 1024, 1, True),  # obeyed whatever the size
+        ("on", "cuda", False, BIG, None, False),  # compiling switched off (no C++ compiler is no bar there)
         ("off", "cuda", True, BIG, None, False),
         ("auto", "mps", True, BIG, None, False),
         ("on", "cpu", True, 1024, 1, True),  # obeyed whatever the size
@@ -62,7 +63,7 @@ def test_bf16_weights_on_an_emulating_cpu_compute_in_float32_so_their_step_compi
     linear = next(m for m in model.modules() if type(m).__name__ == "PackedBF16Linear")
     assert linear.weight.dtype == torch.bfloat16  # ... bf16 matrices
     with mock.patch("gptlab.generate.plan.STREAM_MIN_BYTES", 0):  # as if the model were large
-        on = prepare_decode("auto", model, planned_tokens=None, env={}).plan(1).step == "fused"
+        on = prepare_decode("auto", model, planned_tokens=None).plan(1).step == "fused"
     assert on is can_compile("cpu")
 
 

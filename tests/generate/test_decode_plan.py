@@ -2,7 +2,7 @@
 
 ``plan_decoding(facts, settings, batch, …)`` is pure, so a fake CUDA or CPU machine is a
 ``ModelFacts`` built by hand; a real tiny model checks that the engine holds what it compiled and
-that ``gptlab sample`` passes ``GPTLAB_STATIC`` / ``GPTLAB_COMPILE`` in.
+that ``gptlab sample`` passes ``--static`` / ``GPTLAB_STATIC`` / ``GPTLAB_COMPILE`` in.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import pytest
 import torch
 
 import gptlab
+from gptlab import compiling
 from gptlab.cli import main
 from gptlab.generate import (
     DecodeSettings,
@@ -26,6 +27,7 @@ from gptlab.generate import (
     plan_decoding,
     prepare_decoding,
 )
+from gptlab.generate.plan import STEPS
 from gptlab.model import GPT, GPTConfig
 from gptlab.tokenizers import CharTokenizer
 from tests._tiny import tiny_model
@@ -105,7 +107,7 @@ def test_the_plan_prints_on_one_line_with_its_reasons():
     assert text.startswith("decode plan (cpu, batch 1): dynamic cache, layer by layer, per-request sampler (")
     assert "100 tokens do not pay back" in text and "\n" not in text
     text = str(plan_decoding(CUDA, DecodeSettings(static=False), 8))
-    assert "GPTLAB_STATIC=0" in text
+    assert "--static off" in text
 
 
 def test_a_bad_compile_setting_is_one_error():
@@ -161,23 +163,28 @@ def test_sample_verbose_prints_the_plan_and_the_environment_takes_effect(ckpt, c
     assert main(args) == 0
     err = capsys.readouterr().err
     assert "decode plan (cpu, batch 1): dynamic cache, layer by layer" in err
-    monkeypatch.setenv("GPTLAB_STATIC", "0")  # read by the CLI, passed in as a setting
+    assert main([*args, "--static", "off"]) == 0
+    assert "static cache off (static=False: --static off)" in capsys.readouterr().err
+    monkeypatch.setenv("GPTLAB_STATIC", "0")  # read by the CLI: the default of --static
     assert main(args) == 0
-    assert "static cache off (static=False: GPTLAB_STATIC=0)" in capsys.readouterr().err
+    assert "static cache off (static=False: --static off)" in capsys.readouterr().err
     monkeypatch.delenv("GPTLAB_STATIC")
-    monkeypatch.setenv("GPTLAB_COMPILE", "0")
+    monkeypatch.setenv("GPTLAB_COMPILE", "0")  # read by the CLI: compiling switched off, for this command
     assert main([*args, "--compile", "on"]) == 0
-    assert "--compile off" in capsys.readouterr().err  # GPTLAB_COMPILE=0 is --compile off
+    err = capsys.readouterr().err
+    assert "compile: off (compiling switched off" in err and "layer by layer" in err
+    assert compiling.toolchain().compile  # main restored the process-wide setting
 
 
 def test_gptlab_static_from_the_cli_reaches_the_plan():
     from gptlab.cli.options import prepare_decode
 
     model = _tiny()
-    assert prepare_decode("auto", model, None, env={"GPTLAB_STATIC": "0"}).settings.static is False
+    assert prepare_decode("auto", model, None, static="off").settings.static is False
     settings = engine_of(model).settings
     assert plan_decoding(CUDA, settings, 4).session == "dynamic"  # what it means on a GPU
-    assert prepare_decode("auto", model, None, env={}).settings.static is None
+    assert prepare_decode("auto", model, None).settings.static is None
+    assert prepare_decode("auto", model, None, static="on").settings.static is True
     assert plan_decoding(CUDA, engine_of(model).settings, 4).session == "static"
 
 
@@ -216,3 +223,56 @@ def test_generate_has_no_import_cycle_no_registry_and_reads_no_environment():
         text = path.read_text()
         assert "os.environ" not in text and "getenv" not in text, path.name
         assert "WeakKeyDictionary" not in text, path.name
+
+
+def _ran_compiled(model: GPT) -> int:
+    """Calls that ran through torch.compile, over every step the model's engine built (public counters)."""
+    return sum(step.compiled_calls for step in engine_of(model).compiled_steps)
+
+
+@pytest.mark.parametrize("switched_off", [False, True], ids=["compiling", "GPTLAB_COMPILE=0"])
+@pytest.mark.parametrize(
+    "asked",
+    [
+        None,
+        "off",
+        "auto",
+        pytest.param("on", marks=pytest.mark.slow),  # a cold compile of the one-row step
+    ],
+)
+def test_the_printed_plan_is_what_runs(asked, switched_off):
+    """For every compile setting, with compiling switched on and off (what ``GPTLAB_COMPILE=0``
+    sets, through the CLI): a plan that says compiled ran compiled, one that says layer by layer
+    ran nothing compiled. (``prepare_decoding(model, compile="on")`` under ``GPTLAB_COMPILE=0``
+    printed "one compiled graph per token" and ran layer by layer.)"""
+    model = _tiny()
+    previous = compiling.configure(compile=not switched_off)
+    try:
+        plan = prepare_decoding(model, compile=asked).plan(1)
+        out = generate_ids(model, torch.tensor([[1, 2, 3]]), 4, temperature=0)
+    finally:
+        compiling.configure(compile=previous.compile, cxx=previous.cxx)
+    said_compiled = "compiled" in STEPS[plan.step]  # what the printed line says the step is
+    assert STEPS[plan.step] in str(plan) and said_compiled == (plan.step == "fused")
+    assert said_compiled == (_ran_compiled(model) > 0), str(plan)
+    if switched_off or asked in (None, "off"):
+        assert plan.step == "layers" and not said_compiled
+    if switched_off and asked == "on":
+        assert "switched off" in plan.why
+    assert out.shape == (1, 7)
+
+
+def test_compile_on_with_compiling_switched_off_plans_and_runs_layer_by_layer():
+    """The issue's case, fast: the library reads no GPTLAB_COMPILE; the switch is a setting the plan sees."""
+    model = _tiny()
+    previous = compiling.configure(compile=False)
+    try:
+        engine = prepare_decoding(model, compile="on")
+        assert engine.plan(1).step == "layers" and "switched off" in str(engine.plan(1))
+        assert "compiled" not in STEPS[engine.plan(1).step]
+        assert engine.plan(4).step == "layers"  # and no frozen batch step either
+        generate_ids(model, torch.tensor([[1, 2], [3, 4]]), 3, temperature=0)
+        generate_ids(model, torch.tensor([[1, 2]]), 3, temperature=0)
+        assert _ran_compiled(model) == 0
+    finally:
+        compiling.configure(compile=previous.compile, cxx=previous.cxx)

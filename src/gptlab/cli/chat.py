@@ -102,7 +102,7 @@ def run(args: argparse.Namespace) -> int:
     template = _template(tokenizer, args.template)
     # a session's length is unknown: auto judges by one reply, so a short chat is not kept waiting
     # for a compilation (~40 s for SmolLM2) that pays back only after ~1,000 tokens
-    prepare_decode(args.compile, model, planned_tokens=args.max_new_tokens)
+    prepare_decode(args.compile, model, planned_tokens=args.max_new_tokens, static=args.static)
     config = SampleConfig(
         max_new_tokens=args.max_new_tokens,
         temperature=args.temperature,

@@ -157,7 +157,9 @@ def run(args: argparse.Namespace) -> int:
     # an encoder-decoder: the prompt is the source (not echoed), the output its target
     echo = prompt if decoder is model else ""
     not_for = "beam search" if args.beam_width > 1 else None if decoder is model else "an encoder-decoder"
-    engine = prepare_decode(args.compile, model, args.num_samples * args.max_new_tokens, not_for)
+    engine = prepare_decode(
+        args.compile, model, args.num_samples * args.max_new_tokens, not_for, static=args.static
+    )
     if args.verbose:
         print_plan(engine, args.beam_width, config)
     cache_dtype = {"model": None, "fp32": torch.float32, "bf16": torch.bfloat16, "int8": torch.int8}[

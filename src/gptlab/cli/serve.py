@@ -96,7 +96,8 @@ def run(args: argparse.Namespace) -> int:
         args.checkpoint, weights_format(args.dtype, device, args.checkpoint, args.max_batch), device
     )
     if task_of(model) == "generate":
-        print_plan(prepare_decode(args.compile, model, None), args.max_batch)  # a server: a long session
+        engine = prepare_decode(args.compile, model, None, static=args.static)  # a server: a long session
+        print_plan(engine, args.max_batch)
     else:
         sys.stderr.write(
             "a masked-language encoder does not generate: the playground shows Inside and fills [MASK]s "
