@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import shutil
+import threading
 import types
 import warnings
 from collections.abc import Callable
@@ -72,6 +73,11 @@ def can_compile(device_type: str) -> bool:
     return compile_blocker(device_type) is None
 
 
+#: what ``Compiled``'s ``build(args)`` returns: a job that makes the compiled function, or None
+#: where it cannot (``torch.compile`` then makes it)
+Job = Callable[[], Callable[..., Any] | None]
+
+
 class Compiled:
     """``fn`` through ``torch.compile``, or ``fn`` itself.
 
@@ -86,9 +92,21 @@ class Compiled:
     ``enabled=False`` (or ``device_type`` without a compiler, or ``configure(compile=False)``, even
     after this object was built) runs ``fn`` itself.
 
-    The first call that fails to compile turns the compiled path off for good, with a warning;
-    ``failure`` keeps the exception and ``compiled_calls`` counts the calls that ran compiled, so a
-    test (or a benchmark) can tell the compiled path from its eager fallback.
+    How the compiled form is made, at the first call (``args``: that call's arguments):
+
+    * ``load(args)`` (optional): a compiled form kept from an earlier process, or None; ``source``
+      is then ``"loaded"`` and nothing compiles;
+    * ``build(args)`` (optional): called at once, it returns a job that makes the compiled form
+      (by default, and where ``build`` or its job gives None: ``torch.compile``, in the background
+      run once on copies of ``args``); ``source`` is ``"compiled"``.
+    * ``background=True``: the job runs in a thread while calls keep running ``fn`` (counted in
+      ``eager_calls``); the call after it finishes switches to the compiled form. The thread
+      starts after the first (eager) call returns, so what that call compiles (the one-row
+      kernels) is not compiled twice at once. Without ``background`` the first call waits.
+
+    A compilation that fails turns the compiled path off for good, with a warning; ``failure``
+    keeps the exception and ``compiled_calls`` counts the calls that ran compiled, so a test (or a
+    benchmark) can tell the compiled path from its eager fallback.
     """
 
     def __init__(
@@ -102,6 +120,9 @@ class Compiled:
         distinct_sizes: bool = False,
         device_type: str = "cpu",
         enabled: bool = True,
+        load: Callable[[tuple[Any, ...]], Callable[..., Any] | None] | None = None,
+        build: Callable[[tuple[Any, ...]], Job | None] | None = None,
+        background: bool = False,
         **settings: Any,
     ) -> None:
         if isinstance(fn, types.FunctionType):
@@ -115,7 +136,13 @@ class Compiled:
         self._compiled: Callable[..., Any] | None = None
         self.settings = settings  # more torch.compile arguments: mode, fullgraph, backend
         self._enabled = enabled and can_compile(device_type)
+        self.loader, self.builder, self.background = load, build, background
+        self._thread: threading.Thread | None = None
+        self._built: Callable[..., Any] | None = None  # what the thread made
+        self._error: Exception | None = None  # what the thread raised
         self.compiled_calls = 0
+        self.eager_calls = 0  # calls that ran ``fn`` while the compiled form was being made
+        self.source = ""  # "loaded" | "compiled", once there is a compiled form
         self.failure: Exception | None = None
 
     @property
@@ -127,27 +154,108 @@ class Compiled:
     def enabled(self, on: bool) -> None:
         self._enabled = on
 
+    @property
+    def pending(self) -> bool:
+        """True while a background compilation runs."""
+        return self._thread is not None and self._compiled is None and self.failure is None
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Wait for a background compilation (tests, benchmarks) → True when it has finished."""
+        if self._thread is not None:
+            self._thread.join(timeout)
+            return not self._thread.is_alive()
+        return True
+
     def __call__(self, *args: Any) -> Any:
         if not self.enabled:
             return self.fn(*args)
         try:
             if self._compiled is None:
-                import torch
-
-                if _toolchain.cxx:  # inductor's own setting (it reads $CXX when none is given)
-                    import torch._inductor.config
-
-                    torch._inductor.config.cpp.cxx = (None, _toolchain.cxx)  # type: ignore[attr-defined]
-                extra = dict(self.settings, **({"options": self.options} if self.options else {}))
-                self._compiled = torch.compile(self.fn, dynamic=self.dynamic, **extra)
+                ready = self._ready(args)
+                if ready is None:  # compiling in the background: this call runs eagerly
+                    self.eager_calls += 1
+                    out = self.fn(*args)
+                    if self._thread is None:
+                        self._start(args)
+                    return out
+                self._compiled = ready
             with self.held_settings():
                 out = self._compiled(*args)
         except Exception as exc:  # a missing header, a broken toolchain: keep working, uncompiled
-            self.enabled, self.failure = False, exc
-            warnings.warn(f"{self.what}: {COMPILE_FAILED} ({exc}); using the eager kernel", stacklevel=2)
+            self._fail(exc)
             return self.fn(*args)
         self.compiled_calls += 1
         return out
+
+    def _fail(self, exc: Exception) -> None:
+        self.enabled, self.failure = False, exc
+        warnings.warn(f"{self.what}: {COMPILE_FAILED} ({exc}); using the eager kernel", stacklevel=3)
+
+    def _ready(self, args: tuple[Any, ...]) -> Callable[..., Any] | None:
+        """The compiled form if there is one now (loaded, or built here when not in the background)."""
+        if self._thread is not None:  # the background job: finished?
+            if self._thread.is_alive():
+                return None
+            if self._error is not None:
+                raise self._error
+            return self._built
+        if self.loader is not None:
+            loaded = self.loader(args)
+            if loaded is not None:
+                self.source = "loaded"
+                return loaded
+        if self.background:
+            return None
+        self.source = "compiled"
+        return self._job(args)()
+
+    def _job(self, args: tuple[Any, ...]) -> Callable[[], Callable[..., Any]]:
+        """The job that makes the compiled form: ``build``'s, falling back to ``torch.compile`` where
+        ``build`` gives no job or its job gives None (what it cannot make)."""
+        default = self._torch_compile(args)
+        custom = self.builder(args) if self.builder is not None else None
+        if custom is None:
+            return default
+
+        def job() -> Callable[..., Any]:
+            return custom() or default()
+
+        return job
+
+    def _torch_compile(self, args: tuple[Any, ...]) -> Callable[[], Callable[..., Any]]:
+        """``torch.compile(fn)``; in the background compiled by one call on copies of ``args``, in
+        this call's grad and inference modes (a compilation in other modes would be redone)."""
+        import torch
+
+        copies = _copies(args) if self.background else ()
+        inference, grad = torch.is_inference_mode_enabled(), torch.is_grad_enabled()
+
+        def job() -> Callable[..., Any]:
+            if _toolchain.cxx:  # inductor's own setting (it reads $CXX when none is given)
+                from torch._inductor import config as inductor
+
+                inductor.cpp.cxx = (None, _toolchain.cxx)  # type: ignore[attr-defined]
+            extra = dict(self.settings, **({"options": self.options} if self.options else {}))
+            compiled = torch.compile(self.fn, dynamic=self.dynamic, **extra)
+            if self.background:
+                with torch.inference_mode(inference), torch.set_grad_enabled(grad), self.held_settings():
+                    compiled(*copies)
+            return compiled
+
+        return job
+
+    def _start(self, args: tuple[Any, ...]) -> None:
+        job = self._job(args)
+        self.source = "compiled"
+
+        def run() -> None:
+            try:
+                self._built = job()
+            except Exception as exc:  # reported by the next call, in the caller's thread
+                self._error = exc
+
+        self._thread = threading.Thread(target=run, name=f"compile {self.what}", daemon=True)
+        self._thread.start()
 
     def held_settings(self) -> contextlib.AbstractContextManager:
         """The settings held while the compiled function runs (and compiles, at its first call and
@@ -164,3 +272,10 @@ class Compiled:
         if self.distinct_sizes:
             stack.enter_context(torch.fx.experimental._config.patch(use_duck_shape=False))  # type: ignore[attr-defined]
         return stack
+
+
+def _copies(args: Any) -> Any:
+    """``args`` with every tensor cloned (in lists and tuples too): what a background compile may write."""
+    if isinstance(args, (list, tuple)):
+        return type(args)(_copies(a) for a in args)
+    return args.clone() if hasattr(args, "clone") and hasattr(args, "shape") else args

@@ -57,8 +57,10 @@ GREEDY, BEAM = SampleConfig(temperature=0), SampleConfig(beam_width=2)
         (CPU, ON, 1, {"cache_dtype": torch.int8}, ("dynamic", "layers", "per-request")),
         (CPU_INT8, ON, 4, {}, ("dynamic", "layers", "per-request")),  # int8 keeps its own kernels
         (CPU_NO_COMPILER, ON, 1, {}, ("dynamic", "layers", "per-request")),
-        (CPU, dataclasses.replace(AUTO, planned_tokens=100), 1, {}, ("dynamic", "layers", "per-request")),
-        (CPU, AUTO, 1, {}, ("dynamic", "fused", "per-request")),  # a long-lived session pays back
+        # auto weighs no payback for the one-row step: it compiles in the background (or loads)
+        (CPU, dataclasses.replace(AUTO, planned_tokens=100), 1, {}, ("dynamic", "fused", "per-request")),
+        (CPU, AUTO, 1, {}, ("dynamic", "fused", "per-request")),
+        (CPU, dataclasses.replace(AUTO, planned_tokens=100), 2, {}, ("dynamic", "layers", "per-request")),
         (CPU, DecodeSettings(compile="off", static=True), 2, {}, ("static", "eager", "in-graph")),
         (CPU, DecodeSettings(compile="on", static=False), 4, {}, ("dynamic", "layers", "per-request")),
         # CUDA: the static cache with CUDA graphs by default; anything the graph cannot sample is dynamic
@@ -103,9 +105,13 @@ def test_the_facts_follow_the_machine_and_the_model():
 
 
 def test_the_plan_prints_on_one_line_with_its_reasons():
+    text = str(plan_decoding(CPU, dataclasses.replace(AUTO, planned_tokens=100), 2))
+    assert text.startswith("decode plan (cpu, batch 2): dynamic cache, layer by layer, per-request sampler (")
+    assert "the frozen step pays from" in text and "\n" not in text
     text = str(plan_decoding(CPU, dataclasses.replace(AUTO, planned_tokens=100), 1))
-    assert text.startswith("decode plan (cpu, batch 1): dynamic cache, layer by layer, per-request sampler (")
-    assert "100 tokens do not pay back" in text and "\n" not in text
+    assert "one compiled graph per token" in text and "compiled in this process, eager until it is ready" in text
+    text = str(plan_decoding(CPU, DecodeSettings(compile="on", compile_cache="/c", compile_wait=True), 1))
+    assert "kept in /c, the first step waits for it" in text
     text = str(plan_decoding(CUDA, DecodeSettings(static=False), 8))
     assert "--static off" in text
 
@@ -248,7 +254,7 @@ def test_the_printed_plan_is_what_runs(asked, switched_off):
     model = _tiny()
     previous = compiling.configure(compile=not switched_off)
     try:
-        plan = prepare_decoding(model, compile=asked).plan(1)
+        plan = prepare_decoding(model, compile=asked, compile_wait=True).plan(1)
         out = generate_ids(model, torch.tensor([[1, 2, 3]]), 4, temperature=0)
     finally:
         compiling.configure(compile=previous.compile, cxx=previous.cxx)

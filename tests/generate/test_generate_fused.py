@@ -27,7 +27,7 @@ VARIANTS = {
 
 def _model(fmt: str, **options) -> GPT:
     model = gptlab.quantize(tiny_model(vocab_size=97, block_size=24, n_embd=64, **options), fmt)
-    prepare_decoding(model, compile="on")
+    prepare_decoding(model, compile="on", compile_wait=True)  # compiled from the first step
     return model
 
 

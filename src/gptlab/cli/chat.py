@@ -100,9 +100,15 @@ def run(args: argparse.Namespace) -> int:
     if tokenizer is None:
         raise GptlabError(f"{args.checkpoint} has no tokenizer.json; chat needs the model's tokenizer")
     template = _template(tokenizer, args.template)
-    # a session's length is unknown: auto judges by one reply, so a short chat is not kept waiting
-    # for a compilation (~40 s for SmolLM2) that pays back only after ~1,000 tokens
-    prepare_decode(args.compile, model, planned_tokens=args.max_new_tokens, static=args.static)
+    # a session's length is unknown: auto judges frozen batches and CUDA graphs (which make the
+    # first step wait) by one reply; the one-row step compiles in the background, or loads
+    prepare_decode(
+        args.compile,
+        model,
+        planned_tokens=args.max_new_tokens,
+        static=args.static,
+        compile_cache=args.compile_cache,
+    )
     config = SampleConfig(
         max_new_tokens=args.max_new_tokens,
         temperature=args.temperature,

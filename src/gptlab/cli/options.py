@@ -103,6 +103,14 @@ def add_compile_argument(p: argparse.ArgumentParser, env: Mapping[str, str] = os
         "GPTLAB_COMPILE=0 makes off the default and switches every compiled kernel off",
     )
     p.add_argument(
+        "--compile-cache",
+        default=default_compile_cache(env),
+        metavar="DIR",
+        help="where the compiled decode step is kept, so that a later process loads it instead of "
+        "compiling (default $XDG_CACHE_HOME/gptlab/compiled, else ~/.cache/gptlab/compiled; "
+        "'none': compile in each process)",
+    )
+    p.add_argument(
         "--static",
         choices=list(STATIC_CHOICES),
         default="off" if env.get("GPTLAB_STATIC", "1") == "0" else "auto",
@@ -110,6 +118,12 @@ def add_compile_argument(p: argparse.ArgumentParser, env: Mapping[str, str] = os
         "(CUDA graphs, batches of a CPU that compiles), on for every batch, off never "
         "(GPTLAB_STATIC=0 makes off the default)",
     )
+
+
+def default_compile_cache(env: Mapping[str, str] = os.environ) -> str:
+    """``--compile-cache``'s default: ``$XDG_CACHE_HOME/gptlab/compiled``, else ``~/.cache/gptlab/compiled``."""
+    base = env.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "gptlab", "compiled")
 
 
 #: ``--static`` → ``prepare_decoding``'s ``static``
@@ -122,8 +136,10 @@ def prepare_decode(
     planned_tokens: int | None,
     not_for: str | None = None,
     static: str = "auto",
+    compile_cache: str | None = None,
 ) -> DecodeEngine:
-    """``--compile`` and ``--static`` → ``prepare_decoding(model, …)`` → its engine.
+    """``--compile``, ``--static`` and ``--compile-cache`` (``none``/None: none) →
+    ``prepare_decoding(model, …)`` → its engine.
 
     What ``--compile`` chose, and why, goes to stderr as one ``compile:`` line on a CPU or CUDA, so
     the choice is never silent (``print_plan`` shows the whole plan). ``not_for`` names a decode that
@@ -135,8 +151,13 @@ def prepare_decode(
     if requested == "on" and not_for is not None:
         sys.stderr.write(f"compile: off (the compiled step decodes one sequence, not {not_for})\n")
     asked = "off" if not_for is not None else requested
+    store = None if compile_cache in (None, "", "none") else compile_cache
     engine = prepare_decoding(
-        model, compile=asked, static=STATIC_CHOICES[static], planned_tokens=planned_tokens
+        model,
+        compile=asked,
+        static=STATIC_CHOICES[static],
+        planned_tokens=planned_tokens,
+        compile_cache=store,
     )
     one, batches = engine.plan(1), engine.plan(2)
     on = one.step in COMPILED_STEPS

@@ -96,7 +96,10 @@ def run(args: argparse.Namespace) -> int:
         args.checkpoint, weights_format(args.dtype, device, args.checkpoint, args.max_batch), device
     )
     if task_of(model) == "generate":
-        engine = prepare_decode(args.compile, model, None, static=args.static)  # a server: a long session
+        # a server: a long session
+        engine = prepare_decode(
+            args.compile, model, None, static=args.static, compile_cache=args.compile_cache
+        )
         print_plan(engine, args.max_batch)
     else:
         sys.stderr.write(

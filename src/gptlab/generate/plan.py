@@ -12,7 +12,11 @@ weight format, activation dtype), what the caller asked (``DecodeSettings``: ``-
 static cache is allowed, the planned tokens) and the request (batch, sampling options, cache dtype,
 probabilities wanted). Whether compiling pays is decided here too (``decode_compile_pays`` for the
 one-row step and CUDA graphs, ``frozen_batches_pay`` for batches on a CPU); the figures behind the
-thresholds are in docs/benchmarks.md#decoding. Library code reads no environment variable: the CLI
+thresholds are in docs/benchmarks.md#decoding. The one-row CPU step weighs no payback: it compiles
+in the background while decoding goes on eagerly, and with ``compile_cache`` it is stored for later
+processes (``gptlab.generate.fused_step``), so it costs no wait; ``auto`` compiles it wherever it
+gains (a compiler, matrices that stream from memory). The frozen batch step and CUDA graphs still
+make the first step wait, so ``auto`` still weighs their payback. Library code reads no environment variable: the CLI
 turns ``--static``/``GPTLAB_STATIC=0`` and ``--compile``/``GPTLAB_COMPILE=0`` into settings, and
 ``gptlab.compiling.configure(compile=False)`` is a fact the plan reads (``ModelFacts.compiler``), so
 ``prepare_decoding(model, compile="on")`` prints what then runs.
@@ -33,8 +37,6 @@ from gptlab.generate.decoder import Decoder
 from gptlab.generate.graph_sampling import supports
 from gptlab.model.quantized import STREAM_MIN_BYTES
 
-# Below this many generated tokens a compilation costs more than the compiled step saves.
-PAYBACK_TOKENS = 1024
 # On CUDA the static path's CUDA graphs: a compilation of tens of seconds, paid back only by a long generation.
 CUDA_PAYBACK_TOKENS = 8192
 # A frozen graph is not in inductor's on-disk graph cache, so each process compiles it again.
@@ -62,6 +64,10 @@ class DecodeSettings:
     static cache (``--static off``, ``GPTLAB_STATIC=0``); True uses it for every batch, on any device. ``planned_tokens``:
     tokens this process will generate (None: a long-lived session, chat or a server). ``lookahead``
     and ``compile_options`` are ``StaticSession``'s (a test's ``torch.compile`` back-end).
+    ``compile_cache``: a directory where the compiled one-row step is kept for later processes
+    (None: compiled in each process; the CLI's default is ``~/.cache/gptlab/compiled``).
+    ``compile_wait``: the first decode step waits for the compiled one-row step instead of
+    decoding eagerly while it compiles (tests, benchmarks).
     """
 
     compile: str | None = None
@@ -69,6 +75,8 @@ class DecodeSettings:
     planned_tokens: int | None = None
     lookahead: int | None = None
     compile_options: Mapping[str, object] | None = field(default=None, hash=False)
+    compile_cache: str | None = None
+    compile_wait: bool = False
 
     def __post_init__(self) -> None:
         if self.compile is not None and self.compile not in COMPILE_CHOICES:
@@ -148,9 +156,10 @@ def decode_compile_pays(
     """Whether to compile the decode step here, and why (a pure function of its inputs).
 
     ``on``/``off`` are obeyed (``on`` without a C++ compiler on a CPU, or with compiling switched
-    off, runs layer by layer, with the reason ``no_compiler``). ``auto`` compiles on a CPU that has a C++ compiler, for a model whose matrices stream
-    from memory (``weight_bytes ≥ STREAM_MIN_BYTES``) and when enough tokens are planned to pay the
-    compilation back (``planned_tokens`` None: a long-lived session). On CUDA the question is whether
+    off, runs layer by layer, with the reason ``no_compiler``). ``auto`` compiles on a CPU that has
+    a C++ compiler, for a model whose matrices stream from memory (``weight_bytes ≥
+    STREAM_MIN_BYTES``), however few tokens are planned: that step compiles in the background (or
+    loads from the store) while decoding goes on, so it costs no wait. On CUDA the question is whether
     to capture the static path's CUDA graphs: ``auto`` does for a long-lived session or from
     ``CUDA_PAYBACK_TOKENS`` planned tokens. Other devices run layer by layer.
     """
@@ -179,9 +188,7 @@ def decode_compile_pays(
         return True, "--compile on"
     if weight_bytes < STREAM_MIN_BYTES:
         return False, f"a small model ({weight_bytes / 2**20:.0f} MiB of matrices): nothing to gain"
-    if planned_tokens is not None and planned_tokens < PAYBACK_TOKENS:
-        return False, f"{planned_tokens} tokens do not pay back a compilation (from {PAYBACK_TOKENS})"
-    return True, "a large model and a long generation: the compiled step pays back its compilation"
+    return True, "a large model: the compiled step gains, and compiling it costs no wait"
 
 
 def frozen_batches_pay(
@@ -271,6 +278,13 @@ def _static_step(facts: ModelFacts, settings: DecodeSettings, compiled: bool) ->
     return "frozen" if settings.compile_options is None else "compiled"
 
 
+def fused_how(settings: DecodeSettings) -> str:
+    """How the one-row step comes to be: waited for or in the background, stored or not."""
+    when = "the first step waits for it" if settings.compile_wait else "eager until it is ready"
+    where = f"kept in {settings.compile_cache}" if settings.compile_cache else "compiled in this process"
+    return f"{where}, {when}"
+
+
 def plan_decoding(
     facts: ModelFacts,
     settings: DecodeSettings,
@@ -297,6 +311,8 @@ def plan_decoding(
     float_cache = cache_dtype is None or cache_dtype.is_floating_point
     fused = compiled and facts.device == "cpu" and batch == 1 and float_cache
     reason = f"{why}; {blocker or static_why}"
+    if fused:
+        reason += "; " + fused_how(settings)
     if compiled and facts.device == "cpu" and batch == 1 and not float_cache:
         reason += "; an int8 cache dequantises on reads: layer by layer"
     return DecodePlan(facts.device, batch, "dynamic", "fused" if fused else "layers", "per-request", reason)
