@@ -109,7 +109,9 @@ def test_the_plan_prints_on_one_line_with_its_reasons():
     assert text.startswith("decode plan (cpu, batch 2): dynamic cache, layer by layer, per-request sampler (")
     assert "the frozen step pays from" in text and "\n" not in text
     text = str(plan_decoding(CPU, dataclasses.replace(AUTO, planned_tokens=100), 1))
-    assert "one compiled graph per token" in text and "compiled in this process, eager until it is ready" in text
+    assert (
+        "one compiled graph per token" in text and "compiled in this process, eager until it is ready" in text
+    )
     text = str(plan_decoding(CPU, DecodeSettings(compile="on", compile_cache="/c", compile_wait=True), 1))
     assert "kept in /c, the first step waits for it" in text
     text = str(plan_decoding(CUDA, DecodeSettings(static=False), 8))
