@@ -41,7 +41,11 @@ if model_name == "demo":  # gptlab demo's model (the char-best recipe), random w
     config = GPTConfig(vocab_size=65, block_size=64, n_layer=4, n_head=4, n_embd=96, d_ff=288, pos="rope",
                        norm="rmsnorm", mlp="relu2", bias=False, qk_norm=True)
     model = gptlab.quantize(GPT(config).eval(), dtype)
-else:
+elif model_name == "smollm2" or model_name.endswith(".gguf"):  # a GGUF file (smollm2: the packaged one)
+    from gptlab.sources import load_source
+    model, _ = load_source(model_name)
+    model = gptlab.quantize(model.eval(), dtype)
+else:  # a checkpoint
     model, _ = gptlab.load(model_name, quantize=dtype)
 engine = prepare_decoding(model, compile="on", compile_cache=None if store == "none" else store)
 step = engine.one_token
