@@ -171,14 +171,20 @@ class Compiled:
             return self.fn(*args)
         try:
             if self._compiled is None:
-                ready = self._ready(args)
-                if ready is None:  # compiling in the background: this call runs eagerly
-                    self.eager_calls += 1
-                    out = self.fn(*args)
-                    if self._thread is None:
-                        self._start(args)
-                    return out
-                self._compiled = ready
+                self._compiled = self._ready(args)
+        except Exception as exc:  # a missing header, a broken toolchain: keep working, uncompiled
+            self._fail(exc)
+            return self.fn(*args)
+        if self._compiled is None:  # compiling in the background: this call runs eagerly
+            self.eager_calls += 1
+            out = self.fn(*args)
+            if self._thread is None:
+                try:
+                    self._start(args)
+                except Exception as exc:
+                    self._fail(exc)
+            return out
+        try:
             with self.held_settings():
                 out = self._compiled(*args)
         except Exception as exc:  # a missing header, a broken toolchain: keep working, uncompiled
