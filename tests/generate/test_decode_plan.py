@@ -284,3 +284,20 @@ def test_compile_on_with_compiling_switched_off_plans_and_runs_layer_by_layer():
         assert _ran_compiled(model) == 0
     finally:
         compiling.configure(compile=previous.compile, cxx=previous.cxx)
+
+
+def test_the_cli_keeps_compiled_steps_in_the_users_cache_unless_told_otherwise(tmp_path):
+    from gptlab.cli.options import default_compile_cache, prepare_decode
+
+    assert default_compile_cache({"XDG_CACHE_HOME": str(tmp_path)}) == str(tmp_path / "gptlab" / "compiled")
+    assert default_compile_cache({}).endswith(str(Path(".cache") / "gptlab" / "compiled"))
+    model = _tiny()
+    assert prepare_decode("on", model, None, compile_cache=str(tmp_path)).settings.compile_cache == str(
+        tmp_path
+    )
+    assert prepare_decode("on", model, None, compile_cache="none").settings.compile_cache is None
+    args = ["sample", "unused", "--compile-cache", str(tmp_path)]
+    from gptlab.cli import build_parser
+
+    parsed = build_parser().parse_args(args)
+    assert parsed.compile_cache == str(tmp_path) and parsed.static == "auto"
