@@ -240,7 +240,9 @@ def main() -> None:
     model = build(args.preset, args.dtype)
     # --static: every batch through a static cache (a frozen step with --compile); otherwise the
     # dynamic cache (batch 1 as one compiled graph per step with --compile)
-    engine = prepare_decoding(model, compile="on" if args.compile else "off", static=bool(args.static))
+    engine = prepare_decoding(
+        model, compile="on" if args.compile else "off", static=bool(args.static), compile_wait=True
+    )
     torch.manual_seed(1)
     prompts = torch.randint(0, model.config.vocab_size, (args.batch, args.prompt_tokens)).tolist()
     t = time.perf_counter()

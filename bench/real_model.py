@@ -77,7 +77,7 @@ def run_decode(ckpt: Path, new_tokens: int, dtype: str = "fp32", hf: bool = True
     ours()  # warm-up (the one-row kernels compile here)
     eager = max(ours() for _ in range(2))
     print(f"gptlab eager: {eager}", file=sys.stderr, flush=True)
-    prepare_decoding(model, compile="on")
+    prepare_decoding(model, compile="on", compile_wait=True)  # timed compiled from its first token
     ours()
     compiled = max(ours() for _ in range(2))
     print(f"gptlab compiled: {compiled}", file=sys.stderr, flush=True)

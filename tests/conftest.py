@@ -74,3 +74,12 @@ def char_tok():
     from gptlab.tokenizers import CharTokenizer
 
     return CharTokenizer.from_text(ALPHABET)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _own_compile_cache(tmp_path_factory):
+    """The CLI keeps compiled decode steps in ``$XDG_CACHE_HOME/gptlab/compiled``: a test run uses its
+    own, so it neither loads a step another run compiled nor fills the user's cache."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("xdg-cache")))
+        yield

@@ -37,8 +37,9 @@ def test_sample_compile_gives_the_same_greedy_text(ckpt, capsys):
     layered = capsys.readouterr().out
     assert main(["sample", *args, "--compile", "on"]) == 0  # each decode step one compiled graph
     captured = capsys.readouterr()
-    assert captured.out == layered
+    assert captured.out == layered  # whether the tokens came from the eager or the compiled step
     assert "compile: on" in captured.err
+    assert "one-row step ran: " in captured.err  # which step decoded how many tokens
 
 
 def test_sample_compile_auto_skips_a_small_model_and_says_why(ckpt, capsys):

@@ -16,7 +16,6 @@ def _poly(x: torch.Tensor) -> torch.Tensor:
 @pytest.mark.slow  # a cold inductor compile: ~20 s on 2 busy cores
 @pytest.mark.skipif(not can_compile("cpu"), reason="no C++ compiler for torch.compile")
 def test_a_compiled_function_runs_compiled(monkeypatch):
-    monkeypatch.delenv("GPTLAB_COMPILE", raising=False)
     fn = Compiled(_poly, "a test polynomial")
     x = torch.arange(5.0)
     assert torch.equal(fn(x), _poly(x))
@@ -34,7 +33,6 @@ def _broken(monkeypatch) -> Compiled:
         return run
 
     monkeypatch.setattr(compiling, "can_compile", lambda device_type: True)
-    monkeypatch.delenv("GPTLAB_COMPILE", raising=False)
     monkeypatch.setattr(torch, "compile", broken_compile)
     return Compiled(_poly, "a test polynomial")
 
@@ -53,3 +51,27 @@ def test_a_broken_compile_fails_any_test_it_happens_in(monkeypatch):
     fn = _broken(monkeypatch)
     with pytest.raises(UserWarning, match="torch.compile failed"):
         fn(torch.arange(5.0))
+
+
+def test_compiling_switched_off_runs_eagerly_even_for_a_kernel_built_before(monkeypatch):
+    fn = _broken(monkeypatch)  # were it called compiled, it would raise
+    assert fn.enabled
+    previous = compiling.configure(compile=False)
+    try:
+        assert not fn.enabled and compiling.compile_blocker("cuda") is not None
+        assert "switched off" in (compiling.compile_blocker("cpu") or "")
+        assert torch.equal(fn(torch.arange(5.0)), _poly(torch.arange(5.0)))  # eager: no warning, no error
+        assert fn.compiled_calls == 0 and fn.failure is None
+    finally:
+        compiling.configure(compile=previous.compile, cxx=previous.cxx)
+    assert fn.enabled  # switched back on
+
+
+def test_a_named_compiler_that_is_absent_means_no_compiler():
+    previous = compiling.configure(cxx="no-such-compiler-here++")
+    try:
+        assert compiling.cxx_compiler() is None and not compiling.can_compile("cpu")
+        assert "no C++ compiler" in (compiling.compile_blocker("cpu") or "")
+        assert compiling.can_compile("cuda")  # CUDA's kernels need no C++ compiler
+    finally:
+        compiling.configure(compile=previous.compile, cxx=previous.cxx)

@@ -2,7 +2,7 @@
 
 ``plan_decoding(facts, settings, batch, …)`` is pure, so a fake CUDA or CPU machine is a
 ``ModelFacts`` built by hand; a real tiny model checks that the engine holds what it compiled and
-that ``gptlab sample`` passes ``GPTLAB_STATIC`` / ``GPTLAB_COMPILE`` in.
+that ``gptlab sample`` passes ``--static`` / ``GPTLAB_STATIC`` / ``GPTLAB_COMPILE`` in.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import pytest
 import torch
 
 import gptlab
+from gptlab import compiling
 from gptlab.cli import main
 from gptlab.generate import (
     DecodeSettings,
@@ -26,6 +27,7 @@ from gptlab.generate import (
     plan_decoding,
     prepare_decoding,
 )
+from gptlab.generate.plan import STEPS
 from gptlab.model import GPT, GPTConfig
 from gptlab.tokenizers import CharTokenizer
 from tests._tiny import tiny_model
@@ -55,8 +57,10 @@ GREEDY, BEAM = SampleConfig(temperature=0), SampleConfig(beam_width=2)
         (CPU, ON, 1, {"cache_dtype": torch.int8}, ("dynamic", "layers", "per-request")),
         (CPU_INT8, ON, 4, {}, ("dynamic", "layers", "per-request")),  # int8 keeps its own kernels
         (CPU_NO_COMPILER, ON, 1, {}, ("dynamic", "layers", "per-request")),
-        (CPU, dataclasses.replace(AUTO, planned_tokens=100), 1, {}, ("dynamic", "layers", "per-request")),
-        (CPU, AUTO, 1, {}, ("dynamic", "fused", "per-request")),  # a long-lived session pays back
+        # auto weighs no payback for the one-row step: it compiles in the background (or loads)
+        (CPU, dataclasses.replace(AUTO, planned_tokens=100), 1, {}, ("dynamic", "fused", "per-request")),
+        (CPU, AUTO, 1, {}, ("dynamic", "fused", "per-request")),
+        (CPU, dataclasses.replace(AUTO, planned_tokens=100), 2, {}, ("dynamic", "layers", "per-request")),
         (CPU, DecodeSettings(compile="off", static=True), 2, {}, ("static", "eager", "in-graph")),
         (CPU, DecodeSettings(compile="on", static=False), 4, {}, ("dynamic", "layers", "per-request")),
         # CUDA: the static cache with CUDA graphs by default; anything the graph cannot sample is dynamic
@@ -101,11 +105,17 @@ def test_the_facts_follow_the_machine_and_the_model():
 
 
 def test_the_plan_prints_on_one_line_with_its_reasons():
+    text = str(plan_decoding(CPU, dataclasses.replace(AUTO, planned_tokens=100), 2))
+    assert text.startswith("decode plan (cpu, batch 2): dynamic cache, layer by layer, per-request sampler (")
+    assert "the frozen step pays from" in text and "\n" not in text
     text = str(plan_decoding(CPU, dataclasses.replace(AUTO, planned_tokens=100), 1))
-    assert text.startswith("decode plan (cpu, batch 1): dynamic cache, layer by layer, per-request sampler (")
-    assert "100 tokens do not pay back" in text and "\n" not in text
+    assert (
+        "one compiled graph per token" in text and "compiled in this process, eager until it is ready" in text
+    )
+    text = str(plan_decoding(CPU, DecodeSettings(compile="on", compile_cache="/c", compile_wait=True), 1))
+    assert "kept in /c, the first step waits for it" in text
     text = str(plan_decoding(CUDA, DecodeSettings(static=False), 8))
-    assert "GPTLAB_STATIC=0" in text
+    assert "--static off" in text
 
 
 def test_a_bad_compile_setting_is_one_error():
@@ -161,23 +171,28 @@ def test_sample_verbose_prints_the_plan_and_the_environment_takes_effect(ckpt, c
     assert main(args) == 0
     err = capsys.readouterr().err
     assert "decode plan (cpu, batch 1): dynamic cache, layer by layer" in err
-    monkeypatch.setenv("GPTLAB_STATIC", "0")  # read by the CLI, passed in as a setting
+    assert main([*args, "--static", "off"]) == 0
+    assert "static cache off (static=False: --static off)" in capsys.readouterr().err
+    monkeypatch.setenv("GPTLAB_STATIC", "0")  # read by the CLI: the default of --static
     assert main(args) == 0
-    assert "static cache off (static=False: GPTLAB_STATIC=0)" in capsys.readouterr().err
+    assert "static cache off (static=False: --static off)" in capsys.readouterr().err
     monkeypatch.delenv("GPTLAB_STATIC")
-    monkeypatch.setenv("GPTLAB_COMPILE", "0")
+    monkeypatch.setenv("GPTLAB_COMPILE", "0")  # read by the CLI: compiling switched off, for this command
     assert main([*args, "--compile", "on"]) == 0
-    assert "--compile off" in capsys.readouterr().err  # GPTLAB_COMPILE=0 is --compile off
+    err = capsys.readouterr().err
+    assert "compile: off (compiling switched off" in err and "layer by layer" in err
+    assert compiling.toolchain().compile  # main restored the process-wide setting
 
 
 def test_gptlab_static_from_the_cli_reaches_the_plan():
     from gptlab.cli.options import prepare_decode
 
     model = _tiny()
-    assert prepare_decode("auto", model, None, env={"GPTLAB_STATIC": "0"}).settings.static is False
+    assert prepare_decode("auto", model, None, static="off").settings.static is False
     settings = engine_of(model).settings
     assert plan_decoding(CUDA, settings, 4).session == "dynamic"  # what it means on a GPU
-    assert prepare_decode("auto", model, None, env={}).settings.static is None
+    assert prepare_decode("auto", model, None).settings.static is None
+    assert prepare_decode("auto", model, None, static="on").settings.static is True
     assert plan_decoding(CUDA, engine_of(model).settings, 4).session == "static"
 
 
@@ -216,3 +231,73 @@ def test_generate_has_no_import_cycle_no_registry_and_reads_no_environment():
         text = path.read_text()
         assert "os.environ" not in text and "getenv" not in text, path.name
         assert "WeakKeyDictionary" not in text, path.name
+
+
+def _ran_compiled(model: GPT) -> int:
+    """Calls that ran through torch.compile, over every step the model's engine built (public counters)."""
+    return sum(step.compiled_calls for step in engine_of(model).compiled_steps)
+
+
+@pytest.mark.parametrize("switched_off", [False, True], ids=["compiling", "GPTLAB_COMPILE=0"])
+@pytest.mark.parametrize(
+    "asked",
+    [
+        None,
+        "off",
+        "auto",
+        pytest.param("on", marks=pytest.mark.slow),  # a cold compile of the one-row step
+    ],
+)
+def test_the_printed_plan_is_what_runs(asked, switched_off):
+    """For every compile setting, with compiling switched on and off (what ``GPTLAB_COMPILE=0``
+    sets, through the CLI): a plan that says compiled ran compiled, one that says layer by layer
+    ran nothing compiled. (``prepare_decoding(model, compile="on")`` under ``GPTLAB_COMPILE=0``
+    printed "one compiled graph per token" and ran layer by layer.)"""
+    model = _tiny()
+    previous = compiling.configure(compile=not switched_off)
+    try:
+        plan = prepare_decoding(model, compile=asked, compile_wait=True).plan(1)
+        out = generate_ids(model, torch.tensor([[1, 2, 3]]), 4, temperature=0)
+    finally:
+        compiling.configure(compile=previous.compile, cxx=previous.cxx)
+    said_compiled = "compiled" in STEPS[plan.step]  # what the printed line says the step is
+    assert STEPS[plan.step] in str(plan) and said_compiled == (plan.step == "fused")
+    assert said_compiled == (_ran_compiled(model) > 0), str(plan)
+    if switched_off or asked in (None, "off"):
+        assert plan.step == "layers" and not said_compiled
+    if switched_off and asked == "on":
+        assert "switched off" in plan.why
+    assert out.shape == (1, 7)
+
+
+def test_compile_on_with_compiling_switched_off_plans_and_runs_layer_by_layer():
+    """The issue's case, fast: the library reads no GPTLAB_COMPILE; the switch is a setting the plan sees."""
+    model = _tiny()
+    previous = compiling.configure(compile=False)
+    try:
+        engine = prepare_decoding(model, compile="on")
+        assert engine.plan(1).step == "layers" and "switched off" in str(engine.plan(1))
+        assert "compiled" not in STEPS[engine.plan(1).step]
+        assert engine.plan(4).step == "layers"  # and no frozen batch step either
+        generate_ids(model, torch.tensor([[1, 2], [3, 4]]), 3, temperature=0)
+        generate_ids(model, torch.tensor([[1, 2]]), 3, temperature=0)
+        assert _ran_compiled(model) == 0
+    finally:
+        compiling.configure(compile=previous.compile, cxx=previous.cxx)
+
+
+def test_the_cli_keeps_compiled_steps_in_the_users_cache_unless_told_otherwise(tmp_path):
+    from gptlab.cli.options import default_compile_cache, prepare_decode
+
+    assert default_compile_cache({"XDG_CACHE_HOME": str(tmp_path)}) == str(tmp_path / "gptlab" / "compiled")
+    assert default_compile_cache({}).endswith(str(Path(".cache") / "gptlab" / "compiled"))
+    model = _tiny()
+    assert prepare_decode("on", model, None, compile_cache=str(tmp_path)).settings.compile_cache == str(
+        tmp_path
+    )
+    assert prepare_decode("on", model, None, compile_cache="none").settings.compile_cache is None
+    args = ["sample", "unused", "--compile-cache", str(tmp_path)]
+    from gptlab.cli import build_parser
+
+    parsed = build_parser().parse_args(args)
+    assert parsed.compile_cache == str(tmp_path) and parsed.static == "auto"

@@ -97,7 +97,7 @@ def test_compile_on_a_cpu_sends_batches_of_float32_activations_to_the_frozen_ste
 
     with mock.patch("gptlab.hardware.native_bf16", return_value=False):  # bf16 emulated: float32 activations
         model = quantize(tiny(), weights)
-    engine = prepare_decode("on", model, planned_tokens=100, env={})
+    engine = prepare_decode("on", model, planned_tokens=100)
     assert engine is engine_of(model)
     on = engine.plan(1).step == "fused"
     assert on == can_compile("cpu")

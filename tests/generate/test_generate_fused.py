@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import gptlab
+from gptlab import compiling
 from gptlab.compiling import can_compile
 from gptlab.generate import BatchSession, engine_of, generate_ids, prepare_decoding
 from gptlab.generate.fused_step import one_token_step
@@ -26,7 +27,7 @@ VARIANTS = {
 
 def _model(fmt: str, **options) -> GPT:
     model = gptlab.quantize(tiny_model(vocab_size=97, block_size=24, n_embd=64, **options), fmt)
-    prepare_decoding(model, compile="on")
+    prepare_decoding(model, compile="on", compile_wait=True)  # compiled from the first step
     return model
 
 
@@ -103,5 +104,9 @@ def test_the_compiled_step_is_used_only_where_it_applies(monkeypatch):
     assert BatchSession(model, 1, cache_dtype=torch.int8, one_token=engine.one_token).one_token is None
     assert BatchSession(model, 2, one_token=engine.one_token).one_token is None
     assert engine_of(gptlab.quantize(GPT(model.config), "bf16")).plan(1).step == "layers"  # not asked for
-    monkeypatch.setenv("GPTLAB_COMPILE", "0")  # what compiling.Compiled reads: the step runs eagerly
-    assert BatchSession(model, 1, one_token=one_token_step()).one_token is None
+    previous = compiling.configure(compile=False)  # what GPTLAB_COMPILE=0 sets: the step runs eagerly
+    try:
+        assert BatchSession(model, 1, one_token=one_token_step()).one_token is None
+        assert engine_of(gptlab.quantize(GPT(model.config), "bf16")).plan(1).step == "layers"
+    finally:
+        compiling.configure(compile=previous.compile, cxx=previous.cxx)

@@ -123,8 +123,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
+    from gptlab import compiling
+    from gptlab.cli.options import compile_settings
+
     shown = warnings.showwarning
     warnings.showwarning = _warning_line
+    asked = compile_settings()  # GPTLAB_COMPILE, CXX: read here only
+    toolchain = compiling.configure(compile=asked.compile, cxx=asked.cxx)
     try:
         result = args.func(args)
     except GptlabError as exc:
@@ -138,6 +143,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     finally:
         warnings.showwarning = shown
+        compiling.configure(compile=toolchain.compile, cxx=toolchain.cxx)
     return int(result or 0)
 
 

@@ -232,9 +232,15 @@ def run(args: argparse.Namespace) -> int:
     if args.tools and getattr(args, "json_schema", None):
         raise GptlabError("--tools and --json-schema cannot both shape a reply; give one of them")
     functions = load_tools(args.tools) if args.tools else {}
-    # a session's length is unknown: auto judges by one reply, so a short chat is not kept waiting
-    # for a compilation (~40 s for SmolLM2) that pays back only after ~1,000 tokens
-    prepare_decode(args.compile, model, planned_tokens=args.max_new_tokens)
+    # a session's length is unknown: auto judges frozen batches and CUDA graphs (which make the
+    # first step wait) by one reply; the one-row step compiles in the background, or loads
+    prepare_decode(
+        args.compile,
+        model,
+        planned_tokens=args.max_new_tokens,
+        static=args.static,
+        compile_cache=args.compile_cache,
+    )
     config = SampleConfig(
         max_new_tokens=args.max_new_tokens,
         temperature=args.temperature,

@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from gptlab.compiling import Toolchain
     from gptlab.generate import DecodeEngine, SampleConfig
     from gptlab.generate.decoder import Decoder
 
@@ -79,16 +80,54 @@ def resolve_dtype(dtype: str, device: str, bf16: str = "bf16", otherwise: str = 
     return dtype
 
 
-def add_compile_argument(p: argparse.ArgumentParser) -> None:
+def compile_settings(env: Mapping[str, str] = os.environ) -> Toolchain:
+    """The process-wide compile settings from the environment (``gptlab.compiling.configure``'s
+    arguments): ``GPTLAB_COMPILE=0`` switches every compiled kernel off, ``$CXX`` names the C++
+    compiler. The only place they are read; ``main`` sets them for the command and restores them."""
+    from gptlab.compiling import Toolchain
+
+    return Toolchain(compile=env.get("GPTLAB_COMPILE", "1") != "0", cxx=env.get("CXX") or None)
+
+
+def add_compile_argument(p: argparse.ArgumentParser, env: Mapping[str, str] = os.environ) -> None:
+    """``--compile`` (default ``off`` under ``GPTLAB_COMPILE=0``) and ``--static`` (default ``off``
+    under ``GPTLAB_STATIC=0``): the decode settings of sample, chat and serve."""
     p.add_argument(
         "--compile",
         choices=["auto", "on", "off"],
-        default="auto",
+        default="off" if env.get("GPTLAB_COMPILE", "1") == "0" else "auto",
         help="run each decode step as one compiled graph. CPU: one sequence through the one-row "
         "kernels; several (and the server) through a static cache with the weights frozen into the "
         "graph. CUDA: CUDA graphs. auto (default): on with a compiler, for a large model and a "
-        "generation long enough to pay back the compilation (seconds to two minutes)",
+        "generation long enough to pay back the compilation (seconds to two minutes). "
+        "GPTLAB_COMPILE=0 makes off the default and switches every compiled kernel off",
     )
+    p.add_argument(
+        "--compile-cache",
+        default=default_compile_cache(env),
+        metavar="DIR",
+        help="where the compiled decode step is kept, so that a later process loads it instead of "
+        "compiling (default $XDG_CACHE_HOME/gptlab/compiled, else ~/.cache/gptlab/compiled; "
+        "'none': compile in each process)",
+    )
+    p.add_argument(
+        "--static",
+        choices=list(STATIC_CHOICES),
+        default="off" if env.get("GPTLAB_STATIC", "1") == "0" else "auto",
+        help="decode through the static (fixed-shape) cache: auto (default) where the plan picks it "
+        "(CUDA graphs, batches of a CPU that compiles), on for every batch, off never "
+        "(GPTLAB_STATIC=0 makes off the default)",
+    )
+
+
+def default_compile_cache(env: Mapping[str, str] = os.environ) -> str:
+    """``--compile-cache``'s default: ``$XDG_CACHE_HOME/gptlab/compiled``, else ``~/.cache/gptlab/compiled``."""
+    base = env.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "gptlab", "compiled")
+
+
+#: ``--static`` → ``prepare_decoding``'s ``static``
+STATIC_CHOICES: dict[str, bool | None] = {"auto": None, "on": True, "off": False}
 
 
 def prepare_decode(
@@ -96,22 +135,30 @@ def prepare_decode(
     model: Decoder,
     planned_tokens: int | None,
     not_for: str | None = None,
-    env: Mapping[str, str] = os.environ,
+    static: str = "auto",
+    compile_cache: str | None = None,
 ) -> DecodeEngine:
-    """``--compile``, ``GPTLAB_STATIC`` and ``GPTLAB_COMPILE`` → ``prepare_decoding(model, …)`` → its engine.
+    """``--compile``, ``--static`` and ``--compile-cache`` (``none``/None: none) →
+    ``prepare_decoding(model, …)`` → its engine.
 
     What ``--compile`` chose, and why, goes to stderr as one ``compile:`` line on a CPU or CUDA, so
     the choice is never silent (``print_plan`` shows the whole plan). ``not_for`` names a decode that
     the compiled steps do not serve (beam search, an encoder–decoder): it then stays layer by layer.
-    ``GPTLAB_STATIC=0`` keeps every decode off the static cache; ``GPTLAB_COMPILE=0`` is ``--compile off``.
+    ``--static off`` keeps every decode off the static cache.
     """
     from gptlab.generate import prepare_decoding
 
     if requested == "on" and not_for is not None:
         sys.stderr.write(f"compile: off (the compiled step decodes one sequence, not {not_for})\n")
-    asked = "off" if not_for is not None or env.get("GPTLAB_COMPILE", "1") == "0" else requested
-    static = False if env.get("GPTLAB_STATIC", "1") == "0" else None
-    engine = prepare_decoding(model, compile=asked, static=static, planned_tokens=planned_tokens)
+    asked = "off" if not_for is not None else requested
+    store = None if compile_cache in (None, "", "none") else compile_cache
+    engine = prepare_decoding(
+        model,
+        compile=asked,
+        static=STATIC_CHOICES[static],
+        planned_tokens=planned_tokens,
+        compile_cache=store,
+    )
     one, batches = engine.plan(1), engine.plan(2)
     on = one.step in COMPILED_STEPS
     why = batches.why if one.device == "cpu" and on else one.why

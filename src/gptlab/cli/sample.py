@@ -172,7 +172,14 @@ def run(args: argparse.Namespace) -> int:
     # an encoder-decoder: the prompt is the source (not echoed), the output its target
     echo = prompt if decoder is model else ""
     not_for = "beam search" if args.beam_width > 1 else None if decoder is model else "an encoder-decoder"
-    engine = prepare_decode(args.compile, model, args.num_samples * args.max_new_tokens, not_for)
+    engine = prepare_decode(
+        args.compile,
+        model,
+        args.num_samples * args.max_new_tokens,
+        not_for,
+        static=args.static,
+        compile_cache=args.compile_cache,
+    )
     if args.verbose:
         print_plan(engine, args.beam_width, config)
     cache_dtype = {"model": None, "fp32": torch.float32, "bf16": torch.bfloat16, "int8": torch.int8}[
@@ -205,4 +212,7 @@ def run(args: argparse.Namespace) -> int:
     out.flush()
     rate = n_tokens / seconds if seconds > 0 else 0.0
     sys.stderr.write(f"{n_tokens} tokens in {seconds:.2f} s: {rate:.1f} tokens/s ({weights} weights)\n")
+    ran = engine.ran()  # which one-row step decoded how many tokens (eager while it compiled)
+    if ran:
+        sys.stderr.write(ran + "\n")
     return 0

@@ -106,7 +106,11 @@ def run(args: argparse.Namespace) -> int:
         args.checkpoint, weights_format(args.dtype, device, args.checkpoint, args.max_batch), device
     )
     if task_of(model) == "generate":
-        print_plan(prepare_decode(args.compile, model, None), args.max_batch)  # a server: a long session
+        # a server: a long session
+        engine = prepare_decode(
+            args.compile, model, None, static=args.static, compile_cache=args.compile_cache
+        )
+        print_plan(engine, args.max_batch)
     else:
         sys.stderr.write(
             "a masked-language encoder does not generate: the playground shows Inside and fills [MASK]s "

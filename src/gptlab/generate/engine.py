@@ -15,13 +15,15 @@ without one.
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 from gptlab.compiling import Compiled
 from gptlab.generate.config import SampleConfig
 from gptlab.generate.decoder import Decoder
 from gptlab.generate.frozen_step import FrozenSteps
-from gptlab.generate.fused_step import one_token_step
+from gptlab.generate.fused_step import StoredStep, one_token_step
 from gptlab.generate.plan import DecodePlan, DecodeSettings, ModelFacts, plan_decoding
 from gptlab.generate.prefix_cache import PrefixCache
 from gptlab.generate.session import BatchSession
@@ -64,10 +66,36 @@ class DecodeEngine:
 
     @property
     def one_token(self) -> Compiled:
-        """The compiled one-row step (``fused_step.decode_one_token``), built once per model."""
+        """The compiled one-row step (``fused_step.decode_one_token``), built once per model: loaded
+        from ``settings.compile_cache`` or compiled (into it), in the background unless
+        ``settings.compile_wait``."""
         if self._one_token is None:
-            self._one_token = one_token_step()
+            self._one_token = one_token_step(
+                self.settings.compile_cache, background=not self.settings.compile_wait
+            )
         return self._one_token
+
+    def ran(self) -> str:
+        """Which one-row step ran for how many tokens so far, in words ("" when none was compiled):
+        e.g. ``eager 12 tokens, then compiled 116 (compiled in this process)``."""
+        step = self._one_token
+        if step is None or not (step.eager_calls or step.compiled_calls or step.failure):
+            return ""
+        how = {"loaded": f"loaded from {self.settings.compile_cache}", "compiled": "compiled in this process"}
+        parts = [f"eager {step.eager_calls} tokens"] if step.eager_calls else []
+        if step.compiled_calls:
+            parts.append(f"compiled {step.compiled_calls}")
+        text = ", then ".join(parts) + f" ({how.get(step.source, 'not compiled')}"
+        if step.failure is not None:
+            text += f"; compiling failed: {type(step.failure).__name__}"
+        elif step.pending:
+            text += "; still compiling"
+        store = getattr(step.builder, "__self__", None)
+        if isinstance(store, StoredStep) and store.stored:
+            text += f", kept in {self.settings.compile_cache}"
+        if isinstance(store, StoredStep) and store.skipped:
+            text += f"; {store.skipped}"
+        return "one-row step ran: " + text + ")"
 
     @property
     def compiled_steps(self) -> list[Compiled]:
@@ -149,6 +177,8 @@ def prepare_decoding(
     planned_tokens: int | None = None,
     lookahead: int | None = None,
     compile_options: dict[str, object] | None = None,
+    compile_cache: str | os.PathLike[str] | None = None,
+    compile_wait: bool = False,
 ) -> DecodeEngine:
     """Give ``model`` a new ``DecodeEngine`` with these ``DecodeSettings`` (what they mean: there) → it.
 
@@ -156,8 +186,14 @@ def prepare_decoding(
     Python, ``prepare_decoding(model, compile="on")`` compiles the one-sequence CPU step and sends
     batches to the frozen step, ``prepare_decoding(model, static=True, compile="off")`` decodes
     through the static cache eagerly. Steps compiled under the previous engine are dropped.
+    ``compile_cache=DIR`` keeps the compiled one-row step there for later processes (they load it
+    instead of compiling); ``compile_wait=True`` makes the first step wait for it instead of
+    decoding eagerly meanwhile (``DecodeSettings``).
     """
-    settings = DecodeSettings(compile, static, planned_tokens, lookahead, compile_options)
+    cache = None if compile_cache is None else os.fspath(compile_cache)
+    settings = DecodeSettings(
+        compile, static, planned_tokens, lookahead, compile_options, cache, compile_wait
+    )
     engine = DecodeEngine(model, settings)
     setattr(model, ATTRIBUTE, engine)
     return engine

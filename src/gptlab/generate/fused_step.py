@@ -14,15 +14,50 @@ into a dozen kernels per layer.
 
 ``one_token_step()`` wraps it in a ``Compiled``; the model's ``DecodeEngine``
 (``gptlab.generate.engine``) holds that one object, so every session of the model reuses the
-graph. ``plan_decoding`` decides when it runs: a session of one row on a CPU with a float KV cache,
-when compiling pays. Its logits equal the layer-by-layer path's (tested).
+graph. ``plan_decoding`` decides when it runs: a session of one row on a CPU with a float KV cache.
+Its logits equal the layer-by-layer path's (tested).
+
+**Paid for once per machine and model** (``one_token_step(store=DIR)``): the step is exported
+(``torch.export``, the cache length and capacity as symbols) and compiled ahead of time by
+AOTInductor into a package, ``DIR/<key>/step.pt2``, that a later process loads in milliseconds
+(``torch._C._aoti.AOTIModelPackageLoader``) instead of compiling again. The weights are not in
+the package: the loaded step reads the live model's tensors (``load_constants``, user-managed), so
+the key is what the compiled code depends on, not the weights' values: torch's version, the
+CPU's capability (``torch.backends.cpu.get_cpu_capability()``), the thread count inductor wrote
+into its loops, the source of gptlab's model and of this step, the model's config, the module
+tree with each tensor's name, dtype, shape and stride (the weight format, ``streams``), the cache
+dtype and the inductor options. ``step.json`` beside the package records that key and the
+package's sha256, as a checkpoint's ``checksums.json`` does; a package whose record is missing,
+foreign or whose checksum differs is not loaded (a warning; it is compiled again and replaced).
+Writes are atomic (``gptlab.fileio``). A model that AOTInductor cannot export (bf16 matrices
+multiplied through oneDNN's prepacked copies, in a model too small to stream its weights) is
+compiled by ``torch.compile`` in the process, as without a store.
+
+**Never waited for** (``background=True``): the first call runs the eager step and starts the
+compilation in a thread; decoding goes on eagerly until the compiled (or loaded) step is ready,
+then switches (``Compiled.eager_calls`` / ``compiled_calls`` count the tokens of each).
 """
 
 from __future__ import annotations
 
-import torch
+import copy
+import dataclasses
+import hashlib
+import json
+import operator
+import os
+import uuid
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
-from gptlab.compiling import Compiled
+import torch
+from torch import nn
+
+import gptlab
+from gptlab.compiling import Compiled, Job
+from gptlab.fileio import atomic_write, atomic_write_json
 from gptlab.generate.decoder import Decoder, logits_of
 
 # Inductor inlines a cheap elementwise producer into each consumer. In front of a one-row
@@ -63,6 +98,237 @@ def decode_one_token(
     return logits_of(out)[:, -1].float()
 
 
-def one_token_step() -> Compiled:
-    """``decode_one_token`` through ``torch.compile`` (compiled at its first call, one graph for every length)."""
-    return Compiled(decode_one_token, "the compiled decode step", dynamic=True, options=_OPTIONS)
+def one_token_step(store: str | os.PathLike[str] | None = None, background: bool = False) -> Compiled:
+    """``decode_one_token`` compiled at its first call, one graph for every length: through
+    ``torch.compile``, or, with a ``store`` directory, loaded from it or compiled ahead of time
+    into it (the module docstring); ``background``: meanwhile decode eagerly."""
+    stored = None if store is None else StoredStep(Path(store))
+    return Compiled(
+        decode_one_token,
+        "the compiled decode step",
+        dynamic=True,
+        options=_OPTIONS,
+        load=None if stored is None else stored.load,
+        build=None if stored is None else stored.build,
+        background=background,
+    )
+
+
+#: the version of the stored artefact's layout (a change makes every older one foreign)
+FORMAT = 1
+PACKAGE, RECORD = "step.pt2", "step.json"
+# the sources whose code the exported step runs: a change to any of them is a new key
+_SOURCES = ("model", "generate/fused_step.py", "generate/decoder.py")
+
+
+class _Step(nn.Module):
+    """``decode_one_token`` as a module to export: ``span``'s length is the cache's ``end``."""
+
+    def __init__(self, model: Decoder) -> None:
+        super().__init__()
+        self.m = model
+
+    def forward(
+        self,
+        idx: torch.Tensor,
+        pos: torch.Tensor,
+        keys: list[torch.Tensor],
+        values: list[torch.Tensor],
+        span: torch.Tensor,
+    ) -> torch.Tensor:
+        return decode_one_token(self.m, idx, pos, keys, values, span.size(0))
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _code_digest() -> str:
+    root, h = Path(gptlab.__file__).parent, hashlib.sha256()
+    for name in _SOURCES:
+        for path in sorted((root / name).rglob("*.py")) if (root / name).is_dir() else [root / name]:
+            h.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes())
+    return h.hexdigest()
+
+
+def _tensors(module: nn.Module) -> dict[str, torch.Tensor]:
+    """A module's own tensors: parameters, buffers and tensor attributes (oneDNN's packed copies)."""
+    own = {**module._parameters, **module._buffers}
+    own.update((k, v) for k, v in vars(module).items() if isinstance(v, torch.Tensor))
+    return {k: v for k, v in own.items() if v is not None}
+
+
+def _structure(model: nn.Module) -> str:
+    """The module tree, each module's class and ``streams`` flag, each tensor's dtype, shape, stride."""
+    lines = []
+    for name, module in model.named_modules():
+        lines.append(
+            f"{name} {type(module).__module__}.{type(module).__qualname__} {getattr(module, 'streams', '')}"
+        )
+        for key, t in sorted(_tensors(module).items()):
+            stride = tuple(t.stride()) if t.layout == torch.strided else str(t.layout)
+            lines.append(f"  {key} {t.dtype} {tuple(t.shape)} {stride}")
+    return hashlib.sha256("\n".join(lines).encode()).hexdigest()
+
+
+def _shared_copy(model: Decoder) -> Decoder:
+    """A copy of the module tree sharing every tensor: export swaps the copy's parameters for fake
+    ones while the original keeps decoding. A module that streams its weights never reads its
+    oneDNN copy (an opaque tensor AOTInductor cannot take): the copy drops it."""
+    memo: dict[int, Any] = {}
+    for module in model.modules():  # type: ignore[attr-defined]
+        for t in _tensors(module).values():
+            memo[id(t)] = t
+    twin = copy.deepcopy(model, memo)
+    for module in twin.modules():  # type: ignore[attr-defined]
+        if getattr(module, "streams", False) and getattr(module, "packed", None) is not None:
+            module.packed = None
+    return twin
+
+
+class StoredStep:
+    """The compiled one-row step kept in ``root``: ``load(args)`` and ``build(args)`` for ``Compiled``."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.skipped = ""  # why the step was compiled in the process instead (not storable)
+        self.stored = False  # this process compiled it into the store
+
+    def key(self, model: Decoder, cache_dtype: torch.dtype) -> dict[str, Any]:
+        """What the compiled code depends on (the module docstring)."""
+        config = getattr(model, "config", None)
+        return {
+            "format": FORMAT,
+            "torch": torch.__version__,
+            "cpu": torch.backends.cpu.get_cpu_capability(),
+            "threads": torch.get_num_threads(),
+            "code": _code_digest(),
+            "config": (
+                dataclasses.asdict(config)
+                if dataclasses.is_dataclass(config) and not isinstance(config, type)
+                else repr(config)
+            ),
+            "modules": _structure(model) if isinstance(model, nn.Module) else repr(model),
+            "cache": str(cache_dtype),
+            "options": _OPTIONS,
+        }
+
+    def folder(self, key: dict[str, Any]) -> Path:
+        digest = hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()
+        return self.root / digest[:32]
+
+    def load(self, args: tuple[Any, ...]) -> Callable[..., Any] | None:
+        """The stored step for these arguments' model and cache, verified; None when there is none
+        (or it is damaged or foreign: a warning, and it is compiled again)."""
+        model, keys = args[0], args[3]
+        key = self.key(model, keys[0].dtype)
+        folder = self.folder(key)
+        if not (folder / RECORD).exists():
+            return None
+        try:
+            record = json.loads((folder / RECORD).read_text())
+            recorded = json.loads(json.dumps(key, default=str))
+            if record.get("key") != recorded:
+                raise ValueError("its key is not this model's, CPU's or torch's")
+            if _sha256(folder / PACKAGE) != record.get("sha256"):
+                raise ValueError("its sha256 differs from the one recorded")
+            return _loaded(folder / PACKAGE, model)
+        except (OSError, ValueError, RuntimeError, AttributeError) as exc:
+            warnings.warn(
+                f"the stored decode step in {folder} is not used ({exc}); compiling it again", stacklevel=2
+            )
+            return None
+
+    def build(self, args: tuple[Any, ...]) -> Job | None:
+        """Export and compile the step into the store (a job, for a thread), then load it; None
+        where the step cannot be exported (``torch.compile`` then compiles it in the process)."""
+        model, keys = args[0], args[3]
+        twin = _Step(_shared_copy(model))
+        if any(getattr(m, "packed", None) is not None for m in twin.modules()):
+            self.skipped = "oneDNN's prepacked bf16 weights cannot be exported"
+            return None
+        key = self.key(model, keys[0].dtype)
+        n_kv, d_k, dtype, layers = keys[0].size(1), keys[0].size(3), keys[0].dtype, len(keys)
+
+        def job() -> Callable[..., Any] | None:
+            # (made here, outside the caller's inference mode: AOTInductor runs them as ordinary tensors)
+            examples = (
+                torch.tensor([[0]]),
+                torch.tensor([1]),
+                [torch.zeros(1, n_kv, 8, d_k, dtype=dtype) for _ in range(layers)],
+                [torch.zeros(1, n_kv, 8, d_k, dtype=dtype) for _ in range(layers)],
+                torch.empty(2),
+            )
+            try:
+                return self._compile(twin, examples, key, model)
+            except Exception as exc:  # export or AOTInductor cannot take this model
+                self.skipped = (
+                    f"not stored: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+                )
+                return None
+
+        return job
+
+    def _compile(
+        self, twin: _Step, examples: tuple[Any, ...], key: dict[str, Any], model: Decoder
+    ) -> Callable[..., Any]:
+        """Export ``twin``, compile it into the store (package, then its record), load it for ``model``."""
+        from torch.export import Dim
+
+        folder, layers = self.folder(key), len(examples[2])
+        capacity, end = Dim("capacity", min=2, max=1 << 24), Dim("end", min=1, max=1 << 24)
+        shapes = {
+            "idx": None,
+            "pos": None,
+            "keys": [{2: capacity}] * layers,
+            "values": [{2: capacity}] * layers,
+            "span": {0: end},
+        }
+        with torch.inference_mode():
+            program = torch.export.export(twin, examples, dynamic_shapes=shapes, strict=False)
+        folder.mkdir(parents=True, exist_ok=True)
+        built = folder / f".{PACKAGE}.{os.getpid()}.{uuid.uuid4().hex}.pt2"
+        try:
+            from torch._inductor import aoti_compile_and_package
+
+            options = {**_OPTIONS, "aot_inductor.package_constants_in_so": False}
+            aoti_compile_and_package(program, package_path=str(built), inductor_configs=options)
+            digest = _sha256(built)
+            atomic_write(folder / PACKAGE, lambda tmp: os.replace(built, tmp))
+        finally:
+            built.unlink(missing_ok=True)
+        atomic_write_json(folder / RECORD, {"key": key, "sha256": digest, "file": PACKAGE})
+        self.stored = True
+        return _loaded(folder / PACKAGE, model)
+
+
+def _loaded(package: Path, model: Decoder) -> Callable[..., Any]:
+    """The AOTInductor package as ``decode_one_token``'s signature, reading ``model``'s own tensors."""
+    loader = torch._C._aoti.AOTIModelPackageLoader(str(package), "model", False, 1, -1)
+    wrapper = _Step(model)
+    constants = {name: operator.attrgetter(name)(wrapper) for name in loader.get_constant_fqns()}
+    loader.load_constants(constants, False, True, True)  # (not on device, check all, user-managed)
+    span = torch.empty(0)
+
+    def step(
+        m: Decoder,
+        idx: torch.Tensor,
+        pos: torch.Tensor,
+        keys: list[torch.Tensor],
+        values: list[torch.Tensor],
+        end: int,
+    ) -> torch.Tensor:
+        nonlocal span
+        if m is not model or keys[0].size(2) < 2:  # outside what was exported: the eager step
+            return decode_one_token(m, idx, pos, keys, values, end)
+        if span.numel() < end:
+            span = torch.empty(max(2 * end, 64))
+        out: torch.Tensor = loader.boxed_run([idx, pos, *keys, *values, span[:end]])[0]
+        return out
+
+    step.constants = constants  # type: ignore[attr-defined]  # kept alive: the loader reads them
+    return step

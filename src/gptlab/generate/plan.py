@@ -15,8 +15,14 @@ weight format, activation dtype), what the caller asked (``DecodeSettings``: ``-
 static cache is allowed, the planned tokens) and the request (batch, sampling options, cache dtype,
 probabilities wanted). Whether compiling pays is decided here too (``decode_compile_pays`` for the
 one-row step and CUDA graphs, ``frozen_batches_pay`` for batches on a CPU); the figures behind the
-thresholds are in docs/benchmarks.md#decoding. Library code reads no environment variable: the CLI
-turns ``GPTLAB_STATIC=0`` and ``GPTLAB_COMPILE=0`` into settings.
+thresholds are in docs/benchmarks.md#decoding. The one-row CPU step weighs no payback: it compiles
+in the background while decoding goes on eagerly, and with ``compile_cache`` it is stored for later
+processes (``gptlab.generate.fused_step``), so it costs no wait; ``auto`` compiles it wherever it
+gains (a compiler, matrices that stream from memory). The frozen batch step and CUDA graphs still
+make the first step wait, so ``auto`` still weighs their payback. Library code reads no environment variable: the CLI
+turns ``--static``/``GPTLAB_STATIC=0`` and ``--compile``/``GPTLAB_COMPILE=0`` into settings, and
+``gptlab.compiling.configure(compile=False)`` is a fact the plan reads (``ModelFacts.compiler``), so
+``prepare_decoding(model, compile="on")`` prints what then runs.
 """
 
 from __future__ import annotations
@@ -27,20 +33,19 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from gptlab.compiling import can_compile
+from gptlab.compiling import compile_blocker
 from gptlab.errors import GptlabError
 from gptlab.generate.config import SampleConfig
 from gptlab.generate.decoder import Decoder
 from gptlab.generate.sampling import supports
 from gptlab.model.quantized import STREAM_MIN_BYTES
 
-# Below this many generated tokens a compilation costs more than the compiled step saves.
-PAYBACK_TOKENS = 1024
 # On CUDA the static path's CUDA graphs: a compilation of tens of seconds, paid back only by a long generation.
 CUDA_PAYBACK_TOKENS = 8192
 # A frozen graph is not in inductor's on-disk graph cache, so each process compiles it again.
 FROZEN_PAYBACK_TOKENS = 8192
 COMPILE_CHOICES = ("auto", "on", "off")
+NO_COMPILER = "no C++ compiler for torch.compile (install g++ or set CXX)"
 
 #: what each step is, in words (the printed plan)
 STEPS = {
@@ -59,9 +64,13 @@ class DecodeSettings:
 
     ``compile``: ``auto``/``on``/``off`` (``--compile``), or None for the library's default (CUDA graphs
     on CUDA, layer by layer elsewhere). ``static``: None lets the plan choose; False never uses the
-    static cache (``GPTLAB_STATIC=0``); True uses it for every batch, on any device. ``planned_tokens``:
+    static cache (``--static off``, ``GPTLAB_STATIC=0``); True uses it for every batch, on any device. ``planned_tokens``:
     tokens this process will generate (None: a long-lived session, chat or a server). ``lookahead``
     and ``compile_options`` are ``StaticSession``'s (a test's ``torch.compile`` back-end).
+    ``compile_cache``: a directory where the compiled one-row step is kept for later processes
+    (None: compiled in each process; the CLI's default is ``~/.cache/gptlab/compiled``).
+    ``compile_wait``: the first decode step waits for the compiled one-row step instead of
+    decoding eagerly while it compiles (tests, benchmarks).
     """
 
     compile: str | None = None
@@ -69,6 +78,8 @@ class DecodeSettings:
     planned_tokens: int | None = None
     lookahead: int | None = None
     compile_options: Mapping[str, object] | None = field(default=None, hash=False)
+    compile_cache: str | None = None
+    compile_wait: bool = False
 
     def __post_init__(self) -> None:
         if self.compile is not None and self.compile not in COMPILE_CHOICES:
@@ -85,15 +96,18 @@ class ModelFacts:
     weights: str = "fp32"  # "fp32" | "bf16" | "int8"
     activations: torch.dtype = torch.float32
     alibi_half: bool = False  # ALiBi in bf16/fp16: the static cache's bias would round the scores
+    no_compiler: str = NO_COMPILER  # why not, when ``compiler`` is False
 
     @classmethod
     def of(cls, model: Decoder) -> ModelFacts:
         device = str(getattr(model, "device", torch.device("cpu"))).split(":")[0]
         dtype = getattr(model, "dtype", torch.float32)
         half = dtype in (torch.bfloat16, torch.float16)
+        blocker = compile_blocker(device)
         return cls(
             device=device,
-            compiler=can_compile(device),
+            compiler=blocker is None,
+            no_compiler=blocker or NO_COMPILER,
             # (a bound encoder–decoder is not a module: nothing there to compile)
             matrix_bytes=matrix_bytes(model) if isinstance(model, nn.Module) else 0,
             weights=str(getattr(model, "quantization", "fp32")),
@@ -137,14 +151,20 @@ def matrix_bytes(model: nn.Module) -> int:
 
 
 def decode_compile_pays(
-    requested: str, device_type: str, compiler: bool, weight_bytes: int, planned_tokens: int | None
+    requested: str,
+    device_type: str,
+    compiler: bool,
+    weight_bytes: int,
+    planned_tokens: int | None,
+    no_compiler: str = NO_COMPILER,
 ) -> tuple[bool, str]:
     """Whether to compile the decode step here, and why (a pure function of its inputs).
 
-    ``on``/``off`` are obeyed (``on`` without a C++ compiler on a CPU runs layer by layer, with the
-    reason). ``auto`` compiles on a CPU that has a C++ compiler, for a model whose matrices stream
-    from memory (``weight_bytes ≥ STREAM_MIN_BYTES``) and when enough tokens are planned to pay the
-    compilation back (``planned_tokens`` None: a long-lived session). On CUDA the question is whether
+    ``on``/``off`` are obeyed (``on`` without a C++ compiler on a CPU, or with compiling switched
+    off, runs layer by layer, with the reason ``no_compiler``). ``auto`` compiles on a CPU that has
+    a C++ compiler, for a model whose matrices stream from memory (``weight_bytes ≥
+    STREAM_MIN_BYTES``), however few tokens are planned: that step compiles in the background (or
+    loads from the store) while decoding goes on, so it costs no wait. On CUDA the question is whether
     to capture the static path's CUDA graphs: ``auto`` does for a long-lived session or from
     ``CUDA_PAYBACK_TOKENS`` planned tokens. Other devices run layer by layer.
     """
@@ -153,6 +173,8 @@ def decode_compile_pays(
     if requested == "off":
         return False, "--compile off"
     if device_type == "cuda":
+        if not compiler:
+            return False, no_compiler
         if requested == "on" or planned_tokens is None:
             return True, "CUDA graphs of the static decode step" + (
                 "" if requested == "on" else " (a long session)"
@@ -166,14 +188,12 @@ def decode_compile_pays(
     if device_type != "cpu":
         return False, f"the compiled CPU step does not apply on {device_type}"
     if not compiler:
-        return False, "no C++ compiler for torch.compile (install g++ or set CXX)"
+        return False, no_compiler
     if requested == "on":
         return True, "--compile on"
     if weight_bytes < STREAM_MIN_BYTES:
         return False, f"a small model ({weight_bytes / 2**20:.0f} MiB of matrices): nothing to gain"
-    if planned_tokens is not None and planned_tokens < PAYBACK_TOKENS:
-        return False, f"{planned_tokens} tokens do not pay back a compilation (from {PAYBACK_TOKENS})"
-    return True, "a large model and a long generation: the compiled step pays back its compilation"
+    return True, "a large model: the compiled step gains, and compiling it costs no wait"
 
 
 def frozen_batches_pay(
@@ -196,6 +216,8 @@ def frozen_batches_pay(
 def _compile_default(facts: ModelFacts, settings: DecodeSettings) -> tuple[bool, str]:
     """No ``--compile`` given: the library's default for the device."""
     if facts.device == "cuda":
+        if not facts.compiler:
+            return False, facts.no_compiler
         return True, "CUDA graphs: the library's default on CUDA"
     return False, "not compiled (prepare_decoding(model, compile=...) or --compile asks)"
 
@@ -203,7 +225,12 @@ def _compile_default(facts: ModelFacts, settings: DecodeSettings) -> tuple[bool,
 def _compile_asked(facts: ModelFacts, settings: DecodeSettings) -> tuple[bool, str]:
     assert settings.compile is not None
     return decode_compile_pays(
-        settings.compile, facts.device, facts.compiler, facts.matrix_bytes, settings.planned_tokens
+        settings.compile,
+        facts.device,
+        facts.compiler,
+        facts.matrix_bytes,
+        settings.planned_tokens,
+        facts.no_compiler,
     )
 
 
@@ -258,6 +285,13 @@ def _static_step(facts: ModelFacts, settings: DecodeSettings, compiled: bool) ->
     return "frozen" if settings.compile_options is None else "compiled"
 
 
+def fused_how(settings: DecodeSettings) -> str:
+    """How the one-row step comes to be: waited for or in the background, stored or not."""
+    when = "the first step waits for it" if settings.compile_wait else "eager until it is ready"
+    where = f"kept in {settings.compile_cache}" if settings.compile_cache else "compiled in this process"
+    return f"{where}, {when}"
+
+
 def plan_decoding(
     facts: ModelFacts,
     settings: DecodeSettings,
@@ -271,7 +305,7 @@ def plan_decoding(
     decide = _compile_default if settings.compile is None else _compile_asked
     compiled, why = decide(facts, settings)
     if settings.static is False:
-        static, static_why = False, "static cache off (static=False: GPTLAB_STATIC=0)"
+        static, static_why = False, "static cache off (static=False: --static off)"
     elif settings.static:
         static, static_why = True, "static cache asked for"
     else:
@@ -286,6 +320,8 @@ def plan_decoding(
     reason = f"{why}; {blocker or static_why}"
     if config is not None and config.constrained and blocker is None:
         reason += f"; a {config.constraints()[0]} masks the tokens in the per-request sampler"
+    if fused:
+        reason += "; " + fused_how(settings)
     if compiled and facts.device == "cpu" and batch == 1 and not float_cache:
         reason += "; an int8 cache dequantises on reads: layer by layer"
     step = "fused" if fused else "layers"

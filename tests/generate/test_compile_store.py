@@ -1,0 +1,219 @@
+"""The compiled one-row step is paid for once and never waited for (``gptlab.generate.fused_step``).
+
+Properties, not timings: a later process loads the stored step instead of compiling it (its public
+counters and the engine's report say so); a damaged or foreign artefact is not loaded (a warning,
+then it is compiled again); greedy tokens are the same eager, compiled, loaded, and when decoding
+switches from the eager step to the compiled one mid-generation, and the report gives the split.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+
+import gptlab
+from gptlab.compiling import Compiled, can_compile
+from gptlab.generate import engine_of, generate_ids, prepare_decoding
+from gptlab.generate.fused_step import PACKAGE, RECORD, StoredStep, decode_one_token
+from tests._tiny import tiny_model
+
+ROOT = Path(__file__).resolve().parents[2]
+needs_compiler = pytest.mark.skipif(not can_compile("cpu"), reason="no C++ compiler for torch.compile")
+PROMPT = [[3, 1, 4, 1, 5]]
+NEW = 24
+
+
+def _model() -> torch.nn.Module:
+    return tiny_model(vocab_size=61, n_layer=2, n_head=4, n_embd=32, pos="rope", norm="rmsnorm")
+
+
+def _greedy(model) -> list[int]:
+    return generate_ids(model, torch.tensor(PROMPT), NEW, temperature=0)[0].tolist()
+
+
+def _eager(model) -> list[int]:
+    prepare_decoding(model, compile="off")
+    return _greedy(model)
+
+
+def _args(model) -> tuple:
+    """The arguments of a first decode call (what ``StoredStep.load`` keys on)."""
+    keys = [torch.zeros(1, 4, 16, 8) for _ in range(2)]
+    return (model, torch.tensor([[1]]), torch.tensor([0]), keys, [k.clone() for k in keys], 1)
+
+
+def _gated_build(release_after: int, built: list[str]):
+    """A stand-in for the ahead-of-time compilation: its job finishes once the step has run eagerly
+    ``release_after`` times and gives the eager step itself as "compiled" (the switch is under test)."""
+
+    def build(self: StoredStep, args: tuple):
+        step = engine_of(args[0]).one_token
+        done = threading.Event()
+
+        def job():
+            while step.eager_calls < release_after and not done.wait(0.005):
+                pass
+            built.append("built")
+            return decode_one_token
+
+        return job
+
+    return build
+
+
+def test_decoding_goes_on_eagerly_while_the_step_compiles_then_switches(monkeypatch, tmp_path):
+    """The background switch: the same greedy tokens as all-eager, and the report gives the split."""
+    model = _model()
+    eager = _eager(model)
+    built: list[str] = []
+    monkeypatch.setattr(StoredStep, "build", _gated_build(5, built))
+    monkeypatch.setattr("gptlab.compiling.can_compile", lambda device_type: True)
+    engine = prepare_decoding(model, compile="on", compile_cache=tmp_path)
+    assert engine.plan(1).step == "fused" and "eager until it is ready" in str(engine.plan(1))
+    assert _greedy(model) == eager
+    step = engine.one_token
+    assert built == ["built"]
+    assert step.eager_calls >= 5 and step.compiled_calls > 0
+    assert (
+        step.eager_calls + step.compiled_calls == NEW - 1
+    )  # every decode step ran once, one way or the other
+    report = engine.ran()
+    assert report.startswith(
+        f"one-row step ran: eager {step.eager_calls} tokens, then compiled {step.compiled_calls}"
+    )
+
+
+def test_waiting_for_the_step_runs_it_compiled_from_the_first_token(monkeypatch, tmp_path):
+    model = _model()
+    eager = _eager(model)
+    monkeypatch.setattr(StoredStep, "build", _gated_build(0, []))
+    monkeypatch.setattr("gptlab.compiling.can_compile", lambda device_type: True)
+    engine = prepare_decoding(model, compile="on", compile_cache=tmp_path, compile_wait=True)
+    assert _greedy(model) == eager
+    assert (engine.one_token.eager_calls, engine.one_token.compiled_calls) == (0, NEW - 1)
+    assert "the first step waits for it" in str(engine.plan(1))
+
+
+def _store_a_fake(store: StoredStep, model, *, key_change: dict | None = None, damage: bool = False) -> Path:
+    key = store.key(model, torch.float32)
+    folder = store.folder(key)
+    folder.mkdir(parents=True)
+    (folder / PACKAGE).write_bytes(b"not a package, but its checksum is recorded")
+    import hashlib
+
+    digest = hashlib.sha256((folder / PACKAGE).read_bytes()).hexdigest()
+    if damage:
+        (folder / PACKAGE).write_bytes(b"not a package, and changed since")
+    record = {"key": {**key, **(key_change or {})}, "sha256": digest, "file": PACKAGE}
+    (folder / RECORD).write_text(json.dumps(record, default=str))
+    return folder
+
+
+@pytest.mark.parametrize(
+    ("change", "damage", "said"),
+    [
+        ({"cpu": "ANOTHER"}, False, "its key is not"),  # another CPU kind's step, in this key's folder
+        ({"torch": "0.0.1"}, False, "its key is not"),
+        (None, True, "its sha256 differs"),  # the package changed after it was recorded
+    ],
+)
+def test_a_damaged_or_foreign_step_is_not_loaded_and_is_compiled_again(
+    tmp_path, monkeypatch, change, damage, said
+):
+    model = _model()
+    store = StoredStep(tmp_path)
+    _store_a_fake(store, model, key_change=change, damage=damage)
+    with pytest.warns(UserWarning, match=f"is not used \\({said}.*compiling it again"):
+        assert store.load(_args(model)) is None
+    # through the step: it warns, then builds (the stand-in compilation), and decodes the same tokens
+    eager = _eager(model)
+    built: list[str] = []
+    monkeypatch.setattr(StoredStep, "build", _gated_build(0, built))
+    monkeypatch.setattr("gptlab.compiling.can_compile", lambda device_type: True)
+    engine = prepare_decoding(model, compile="on", compile_cache=tmp_path, compile_wait=True)
+    with pytest.warns(UserWarning, match="compiling it again"):
+        assert _greedy(model) == eager
+    assert built == ["built"] and engine.one_token.source == "compiled"
+
+
+def test_the_key_follows_what_the_compiled_code_depends_on():
+    store = StoredStep(Path("unused"))
+    fp32, int8 = _model(), gptlab.quantize(_model(), "int8")
+    base = store.key(fp32, torch.float32)
+    assert base["cpu"] == torch.backends.cpu.get_cpu_capability() and base["torch"] == torch.__version__
+    assert store.key(_model(), torch.float32) == base  # the same model and machine: the same key
+    assert store.key(int8, torch.float32)["modules"] != base["modules"]  # the weight format
+    assert store.key(fp32, torch.bfloat16) != base  # the cache's dtype
+    wider = tiny_model(vocab_size=61, n_layer=2, n_head=4, n_embd=64, pos="rope", norm="rmsnorm")
+    assert store.key(wider, torch.float32)["config"] != base["config"]
+    assert store.folder(base) != store.folder(store.key(int8, torch.float32))
+
+
+SECOND_PROCESS = """
+import json, sys, torch
+import gptlab
+from gptlab.generate import generate_ids, prepare_decoding
+model, _ = gptlab.load(sys.argv[1])
+engine = prepare_decoding(model, compile="on", compile_cache=sys.argv[2])
+out = generate_ids(model, torch.tensor({prompt}), {new}, temperature=0)[0].tolist()
+step = engine.one_token
+print(json.dumps(dict(tokens=out, source=step.source, compiled=step.compiled_calls, eager=step.eager_calls,
+                      report=engine.ran())))
+"""
+
+
+@pytest.mark.slow  # an ahead-of-time compilation of the tiny step: 50-100 s on 2 busy cores
+@needs_compiler
+def test_a_second_process_loads_the_stored_step_instead_of_compiling(tmp_path):
+    ckpt = gptlab.save(_model(), None, tmp_path / "ckpt")
+    model, _ = gptlab.load(ckpt)
+    eager = _eager(model)
+    engine = prepare_decoding(model, compile="on", compile_cache=tmp_path / "store", compile_wait=True)
+    compiled = _greedy(model)
+    assert engine.one_token.source == "compiled" and engine.one_token.compiled_calls == NEW - 1
+    assert "kept in" in engine.ran()
+    (folder,) = (tmp_path / "store").iterdir()
+    record = json.loads((folder / RECORD).read_text())
+    import hashlib
+
+    assert record["sha256"] == hashlib.sha256((folder / PACKAGE).read_bytes()).hexdigest()
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"), OMP_NUM_THREADS=str(torch.get_num_threads()))
+    script = SECOND_PROCESS.format(prompt=PROMPT, new=NEW)
+    run = subprocess.run(
+        [sys.executable, "-c", script, str(ckpt), str(tmp_path / "store")],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+        cwd=ROOT,
+    )
+    assert run.returncode == 0, run.stderr
+    second = json.loads(run.stdout.strip().splitlines()[-1])
+    # loaded at its first call: no eager token, nothing compiled, every step through the package
+    assert (second["source"], second["eager"], second["compiled"]) == ("loaded", 0, NEW - 1), second
+    assert "loaded from" in second["report"]
+    assert eager == compiled == second["tokens"]  # greedy: eager, compiled, loaded from the store
+
+
+def test_a_compiled_step_that_fails_in_the_background_falls_back_and_says_so(monkeypatch):
+    def job_fails(args):
+        def job():
+            raise RuntimeError("inductor: no such header <Python.h>")
+
+        return job
+
+    monkeypatch.setattr("gptlab.compiling.can_compile", lambda device_type: True)
+    step = Compiled(lambda x: x + 1, "a test step", build=job_fails, background=True)
+    x = torch.arange(3.0)
+    assert torch.equal(step(x), x + 1)  # eager, and the compilation starts
+    step.wait()
+    with pytest.raises(UserWarning, match="a test step: torch.compile failed .*Python.h"):
+        step(x)  # pyproject turns the fallback's warning into an error in tests
+    assert not step.enabled and step.compiled_calls == 0 and step.eager_calls == 1
