@@ -30,7 +30,9 @@ class HandModel(torch.nn.Module):
     def run(self, idx, pos=None, cache=None, attn_mask=None, last_only=False, **_):
         B, T = idx.shape
         p = pos.expand(B, T) if pos.dim() == 1 else pos
-        return SimpleNamespace(logits=self.table[p[:, -1], idx[:, -1]][:, None])
+        if last_only:
+            return SimpleNamespace(logits=self.table[p[:, -1], idx[:, -1]][:, None])
+        return SimpleNamespace(logits=self.table[p, idx])  # (B, T, V): every position (prompt lookup)
 
 
 def hand_model(vocab: int = 5, block: int = 16, seed: int = 0, scale: float = 2.0) -> HandModel:

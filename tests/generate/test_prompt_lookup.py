@@ -136,3 +136,12 @@ def test_what_the_plan_prints_is_what_runs(tiny_model):
 def test_an_unknown_mode_is_refused():
     with pytest.raises(Exception, match="prompt_lookup must be one of auto, on, off"):
         SampleConfig(prompt_lookup="sometimes")
+
+
+def test_auto_leaves_drafts_out_beside_the_compiled_one_row_step():
+    facts = ModelFacts(device="cpu", compiler=True, matrix_bytes=0)
+    settings = DecodeSettings(compile="on")
+    auto = plan_decoding(facts, settings, 1, config=SampleConfig())
+    assert auto.step == "fused" and auto.draft == "none"
+    on = plan_decoding(facts, settings, 1, config=SampleConfig(prompt_lookup="on"))
+    assert on.step == "fused" and on.draft == "prompt-lookup"

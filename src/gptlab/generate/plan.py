@@ -325,13 +325,19 @@ def plan_decoding(
     if compiled and facts.device == "cpu" and batch == 1 and not float_cache:
         reason += "; an int8 cache dequantises on reads: layer by layer"
     step = "fused" if fused else "layers"
-    return DecodePlan(facts.device, batch, "dynamic", step, "per-request", reason, _draft(config, batch))
+    return DecodePlan(
+        facts.device, batch, "dynamic", step, "per-request", reason, _draft(config, batch, step)
+    )
 
 
-def _draft(config: SampleConfig | None, batch: int) -> str:
-    """Prompt lookup (``SampleConfig.prompt_lookup``) on the dynamic cache: ``on`` for any batch of one
-    sequence; ``auto`` likewise, its drafting paused at run time where drafts keep failing
-    (``lookup.Backoff``); never for a batch (its rows would verify drafts of different lengths)."""
+def _draft(config: SampleConfig | None, batch: int, step: str) -> str:
+    """Prompt lookup (``SampleConfig.prompt_lookup``) on the dynamic cache, for one sequence (a batch's
+    rows would verify drafts of different lengths): ``on`` always; ``auto`` where the step runs layer
+    by layer, its drafting paused at run time where drafts keep failing (``lookup.Backoff``). A draft
+    is verified layer by layer, so beside the compiled one-row step (``fused``), several times
+    faster a token, it pays only for long accepted drafts: ``auto`` leaves it out there."""
     if config is None or batch != 1 or config.beam_width > 1 or config.prompt_lookup == "off":
+        return "none"
+    if config.prompt_lookup == "auto" and step != "layers":
         return "none"
     return "prompt-lookup"
