@@ -1,4 +1,4 @@
-"""Weights for inference: ``quantize(model, "fp32" | "bf16" | "int8")``.
+"""Weights for inference: ``quantize(model, "fp32" | "bf16" | "int8" | "int4")``.
 
 Every ``nn.Linear`` becomes an inference linear ``y = x·Wᵀ + b`` whose weight is stored as
 
@@ -10,7 +10,16 @@ Every ``nn.Linear`` becomes an inference linear ``y = x·Wᵀ + b`` whose weight
   ``s_o = max_k |W_o,k| / 127``, so ``y ≈ (x·qᵀ) ⊙ s``; the token embedding is int8 too, one
   scale per row, ``e_x = q_x·s_x`` (a tied table is the head's own int8 matrix: a row of W_e is an
   output channel of the head, so it is stored once); activations and norms are bf16 where bf16 is
-  native, float32 elsewhere.
+  native, float32 elsewhere;
+* int4 (weight-only, groups of ``INT4_GROUP`` = 32 inputs, PyTorch's layout): ``w = (q − 8)·s + z``
+  with ``q ∈ [0, 15]`` and one scale ``s`` and offset ``z`` per group of 32 weights of an output
+  channel, multiplied by ``torch.ops.aten._weight_int4pack_mm_for_cpu``. From float weights the
+  groups are asymmetric min/max (``s = (max − min)/15``, ``z = min + 8s``); a GGUF file's Q4_0
+  (``w = d·(q − 8)``: ``s = d``, ``z = 0``) and Q4_1 (``w = d·q + m``: ``s = d``, ``z = m + 8d``)
+  blocks are carried over as they are (``gptlab.interop.gguf``). The kernel reads ``s`` and ``z``
+  as bf16, so an fp16 ``d`` rounds to 8 significant bits (a relative 2⁻⁹ at most) and the
+  activations enter it as bf16. The output head and the token table are int8 (no int4 kernel
+  gathers rows), as llama.cpp's 4-bit files keep them at 8 bits or more.
 
 A decode step multiplies one row by every matrix, so it is bound by how fast the weights stream
 from memory. On a CPU that one-row product is ``gemv``, ``y_o = s_o·Σ_k x_k·w_ok``, written as one
@@ -31,7 +40,8 @@ import ctypes
 import ctypes.util
 import itertools
 from collections.abc import Callable
-from typing import TypeVar
+from dataclasses import dataclass
+from typing import Any, TypeVar
 
 import torch
 import torch.nn.functional as F
@@ -45,6 +55,9 @@ from gptlab.model.kvcache import quantize_int8
 M = TypeVar("M", bound=nn.Module)  # a model, returned as the type it came in as
 
 _FUSED = hasattr(torch.ops.aten, "_weight_int8pack_mm")
+_INT4 = hasattr(torch.ops.aten, "_weight_int4pack_mm_for_cpu")
+#: inputs per int4 group (one s, z pair): a GGUF Q4 block's 32
+INT4_GROUP = 32
 
 
 def gemv(
@@ -206,6 +219,130 @@ class Int8Linear(InferenceLinear):
         return F.linear(x2, self.weight.to(x2.dtype)) * scales
 
 
+@dataclass(frozen=True)
+class Int4Parts:
+    """An int4 matrix as ``w = (q − 8)·s + z``: ``q`` (N, K) uint8 in [0, 15]; ``scales`` and ``zeros``
+    (N, K / ``INT4_GROUP``) float32, one pair per group of 32 inputs of an output channel."""
+
+    q: torch.Tensor
+    scales: torch.Tensor
+    zeros: torch.Tensor
+
+    def dequantize(self) -> torch.Tensor:
+        """The float32 matrix (N, K) the parts stand for."""
+        g = self.q.size(1) // self.scales.size(1)
+        s, z = self.scales.repeat_interleave(g, 1), self.zeros.repeat_interleave(g, 1)
+        return (self.q.float() - 8) * s + z
+
+
+def int4_supported(out_features: int, in_features: int) -> bool:
+    """True where torch has the CPU int4 kernel and it takes the shape (N a multiple of 16, K of 32)."""
+    return _INT4 and out_features % 16 == 0 and in_features % INT4_GROUP == 0
+
+
+def quantize_int4(w: torch.Tensor, group: int = INT4_GROUP) -> Int4Parts:
+    """Asymmetric min/max groups of ``group`` inputs: ``s = (max − min)/15``, ``q = round((w − min)/s)``,
+    ``z = min + 8s``, so ``w ≈ (q − 8)·s + z`` (a constant group has ``s = 0``: ``q = 0``, ``z = min``)."""
+    n, k = w.shape
+    g = w.detach().float().reshape(n, k // group, group)
+    lo, hi = g.amin(-1), g.amax(-1)
+    s = (hi - lo) / 15
+    safe = torch.where(s > 0, s, torch.ones_like(s))
+    q = ((g - lo[..., None]) / safe[..., None]).round().clamp(0, 15).to(torch.uint8)
+    return Int4Parts(q.reshape(n, k), s, lo + 8 * s)
+
+
+def pack_nibbles(q: torch.Tensor) -> torch.Tensor:
+    """(N, K) values in [0, 15] → (N, K/2) uint8, input ``2j`` in the low nibble and ``2j + 1`` in the high:
+    how an int4 matrix is stored in a checkpoint (the kernel's own layout depends on the CPU)."""
+    q = q.to(torch.uint8)
+    return q[:, 0::2] | (q[:, 1::2] << 4)
+
+
+def unpack_nibbles(packed: torch.Tensor) -> torch.Tensor:
+    """``pack_nibbles``'s inverse: (N, K/2) uint8 → (N, K) uint8."""
+    return torch.stack([packed & 15, packed >> 4], -1).reshape(packed.size(0), -1)
+
+
+class Int4Linear(InferenceLinear):
+    """``y = x·Wᵀ + b`` with ``W = (q − 8)·s + z`` in groups of 32 inputs (``Int4Parts``), through
+    ``_weight_int4pack_mm_for_cpu``: the weight as the kernel packs it (a layout of the CPU kind, made
+    at load), one (s, z) bf16 pair per group as the kernel reads them, x in bf16, y in x's dtype.
+
+    Saved (``state_dict``) as ``weight``: the nibbles in ``pack_nibbles``' portable layout, and
+    ``scales_and_zeros`` (K/32, N, 2) bf16. Only the CPU has this kernel here.
+    """
+
+    fmt = "int4 groups of 32"
+
+    def __init__(self, linear: Linear, parts: Int4Parts | None = None, dtype: torch.dtype = torch.bfloat16) -> None:
+        super().__init__(linear)
+        n, k = self.out_features, self.in_features
+        if not int4_supported(n, k):
+            raise GptlabError(f"no int4 kernel for a {n}×{k} matrix (needs {n} % 16 == 0, {k} % 32 == 0)")
+        if parts is None:
+            parts = quantize_int4(linear.weight.detach())
+        sz = torch.stack([parts.scales.t(), parts.zeros.t()], -1).to(torch.bfloat16).contiguous()
+        self._set(parts.q, sz)
+        bias = linear.bias.detach().to(dtype) if linear.bias is not None and not linear.bias.is_meta else None
+        self.register_buffer("bias", bias)
+
+    def _set(self, q: torch.Tensor, scales_and_zeros: torch.Tensor) -> None:
+        """Hold ``q`` (N, K) in the kernel's packed layout and the (K/32, N, 2) bf16 scales and zeros."""
+        packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.to(torch.int32).contiguous(), 1)
+        self.register_buffer("weight", packed, persistent=False)
+        self.register_buffer("scales_and_zeros", scales_and_zeros, persistent=False)
+
+    def unpacked(self) -> torch.Tensor:
+        """q (N, K) uint8, read back through the kernel itself (it packs per CPU kind): the identity
+        times ``W`` with ``s = 1``, ``z = 8`` is ``qᵀ``, exact in bf16 (integers ≤ 15)."""
+        k = self.in_features
+        ones = torch.zeros_like(self.scales_and_zeros)
+        ones[..., 0], ones[..., 1] = 1, 8
+        rows = []
+        for i in range(0, k, 512):
+            eye = torch.eye(k, dtype=torch.bfloat16)[i : i + 512].contiguous()
+            rows.append(torch.ops.aten._weight_int4pack_mm_for_cpu(eye, self.weight, INT4_GROUP, ones))
+        return torch.cat(rows).t().round().to(torch.uint8).contiguous()
+
+    def parts(self) -> Int4Parts:
+        """The matrix as held: q, and the bf16 scales and zeros widened to float32."""
+        sz = self.scales_and_zeros.float()
+        return Int4Parts(self.unpacked(), sz[..., 0].t().contiguous(), sz[..., 1].t().contiguous())
+
+    @classmethod
+    def stored(
+        cls, weight: torch.Tensor, scales_and_zeros: torch.Tensor, bias: torch.Tensor | None, dtype: torch.dtype
+    ) -> Int4Linear:
+        """The layer of a checkpoint: ``pack_nibbles`` output (N, K/2) and (K/32, N, 2) scales and zeros."""
+        n, k = weight.size(0), weight.size(1) * 2
+        with torch.device("meta"):
+            shape = nn.Linear(k, n, bias=False)
+        layer = cls.__new__(cls)
+        InferenceLinear.__init__(layer, shape)
+        layer._set(unpack_nibbles(weight), scales_and_zeros.to(torch.bfloat16).contiguous())
+        layer.register_buffer("bias", bias.to(dtype) if bias is not None else None)
+        return layer
+
+    def _save_to_state_dict(self, destination: dict[str, Any], prefix: str, keep_vars: bool) -> None:
+        destination[prefix + "weight"] = pack_nibbles(self.unpacked())
+        destination[prefix + "scales_and_zeros"] = self.scales_and_zeros
+        if self.bias is not None:
+            destination[prefix + "bias"] = self.bias
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        x2 = x.reshape(-1, self.in_features)
+        if x2.device.type != "cpu":
+            raise GptlabError("int4 weights run on the CPU (torch's int4 kernel for CUDA takes another layout)")
+        sz = self.scales_and_zeros
+        y = torch.ops.aten._weight_int4pack_mm_for_cpu(x2.to(sz.dtype).contiguous(), self.weight, INT4_GROUP, sz)
+        y = y.to(x.dtype)
+        if self.bias is not None:
+            y = y + self.bias.to(y.dtype)
+        return y.reshape(*shape[:-1], self.out_features)
+
+
 class Int8Embedding(nn.Module):
     """``e_x = q_x · s_x``: int8 rows ``q`` (V, d_model) and one scale per row ``s`` (V,), in ``s``'s dtype."""
 
@@ -316,6 +453,24 @@ def _to_int8(model: nn.Module) -> None:
     _int8_embedding(model, act)
 
 
+def _to_int4(model: nn.Module) -> None:
+    """int4 matrices where the kernel takes their shape (else int8); the output head and the token
+    table int8; activations, norms as ``_to_int8``'s. A layer already int4 or int8 stays as it is."""
+    act = activation_dtype(next(itertools.chain(model.parameters(), model.buffers())).device)
+    head = getattr(model, "lm_head", None)
+    if isinstance(head, Linear) and not isinstance(head, Int4Linear | Int8Linear):
+        model.lm_head = Int8Linear(head, act)
+
+    def make(linear: Linear) -> nn.Module:
+        if int4_supported(linear.out_features, linear.in_features):
+            return Int4Linear(linear, dtype=act)
+        return Int8Linear(linear, act)
+
+    replace_linears(model, make)
+    _cast_params(model, act)
+    _int8_embedding(model, act)
+
+
 def _to_bf16(model: nn.Module) -> None:
     """bf16 matrices; activations, embeddings and norms in bf16 where bf16 is native, else float32.
 
@@ -347,12 +502,13 @@ QUANTIZERS = {
     "fp32": _to_fp32,
     "bf16": _to_bf16,
     "int8": _to_int8,
+    "int4": _to_int4,
 }
 
 
 @torch.no_grad()
 def quantize(model: M, mode: str) -> M:
-    """Convert ``model`` in place for inference (``"fp32"``, ``"bf16"`` or ``"int8"``) and return it.
+    """Convert ``model`` in place for inference (``"fp32"``, ``"bf16"``, ``"int8"`` or ``"int4"``) and return it.
 
     An int8 model can be saved (``gptlab.save``: int8 weights and scales) but not trained; keep the
     float weights for that. The freed float memory is handed back to the system (``release_memory``).
@@ -362,7 +518,7 @@ def quantize(model: M, mode: str) -> M:
     current = getattr(model, "quantization", None)
     if current == mode:
         return model
-    if current in ("bf16", "int8"):
+    if current in ("bf16", "int8", "int4"):
         raise GptlabError(
             f"this model is already {current}; load the float checkpoint again to use another format"
         )
