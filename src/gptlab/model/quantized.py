@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import itertools
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -235,6 +236,45 @@ class Int4Parts:
         return (self.q.float() - 8) * s + z
 
 
+#: From this many rows an int4 matrix is dequantized to bf16 and multiplied by the float kernels: the
+#: int4 kernel works 4 rows at a time and is ~10× slower than a bf16 GEMM at 505 rows (docs/benchmarks.md).
+INT4_DEQUANT_ROWS = 16
+
+
+@functools.cache
+def kernel_layout() -> tuple[int, bool]:
+    """How ``_convert_weight_to_int4pack_for_cpu`` orders nibbles on this CPU kind: (rows per block,
+    blocked). It packs the rows in blocks (64 with AVX-512, 32 with AVX2); in a ``blocked`` block, byte
+    ``(k, j)`` holds rows ``j`` (low nibble) and ``j + B/2`` (high), else rows ``2j`` and ``2j + 1``; a last
+    partial block is in pairs. Found once by packing a probe and reading it back each way."""
+    probe = torch.randint(0, 16, (80, 64), dtype=torch.int32, generator=torch.Generator().manual_seed(0))
+    packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(probe, 1)
+    for layout in ((64, True), (32, True), (64, False), (32, False), (16, False)):
+        if torch.equal(_unpack(packed, 80, 64, *layout).to(torch.int32), probe):
+            return layout
+    raise GptlabError("this torch packs int4 weights in a layout gptlab does not know")
+
+
+def _unpack(packed: torch.Tensor, n: int, k: int, block: int, blocked: bool) -> torch.Tensor:
+    flat = packed.reshape(-1)
+    full = n // block * block
+    out = []
+    if full:
+        b = flat[: full * k // 2].view(full // block, k, block // 2)
+        lo, hi = b & 15, b >> 4
+        qt = torch.cat([lo, hi], -1) if blocked else torch.stack([lo, hi], -1).view(full // block, k, block)
+        out.append(qt.transpose(1, 2).reshape(full, k))
+    if n > full:
+        b = flat[full * k // 2 :].view(k, (n - full) // 2)
+        out.append(torch.stack([b & 15, b >> 4], -1).view(k, n - full).t())
+    return torch.cat(out) if len(out) > 1 else out[0].contiguous()
+
+
+def unpack_kernel_layout(packed: torch.Tensor, n: int, k: int) -> torch.Tensor:
+    """q (N, K) uint8 from the int4 kernel's packed (N, K/2) weight (``kernel_layout``)."""
+    return _unpack(packed, n, k, *kernel_layout())
+
+
 def int4_supported(out_features: int, in_features: int) -> bool:
     """True where torch has the CPU int4 kernel and it takes the shape (N a multiple of 16, K of 32)."""
     return _INT4 and out_features % 16 == 0 and in_features % INT4_GROUP == 0
@@ -282,6 +322,8 @@ class Int4Linear(InferenceLinear):
             raise GptlabError(f"no int4 kernel for a {n}×{k} matrix (needs {n} % 16 == 0, {k} % 32 == 0)")
         if parts is None:
             parts = quantize_int4(linear.weight.detach())
+        if tuple(parts.q.shape) != (n, k) or tuple(parts.scales.shape) != (n, k // INT4_GROUP):
+            raise GptlabError(f"int4 parts of shape {tuple(parts.q.shape)} for a {n}×{k} matrix")
         sz = torch.stack([parts.scales.t(), parts.zeros.t()], -1).to(torch.bfloat16).contiguous()
         self._set(parts.q, sz)
         bias = linear.bias.detach().to(dtype) if linear.bias is not None and not linear.bias.is_meta else None
@@ -294,16 +336,16 @@ class Int4Linear(InferenceLinear):
         self.register_buffer("scales_and_zeros", scales_and_zeros, persistent=False)
 
     def unpacked(self) -> torch.Tensor:
-        """q (N, K) uint8, read back through the kernel itself (it packs per CPU kind): the identity
-        times ``W`` with ``s = 1``, ``z = 8`` is ``qᵀ``, exact in bf16 (integers ≤ 15)."""
-        k = self.in_features
-        ones = torch.zeros_like(self.scales_and_zeros)
-        ones[..., 0], ones[..., 1] = 1, 8
-        rows = []
-        for i in range(0, k, 512):
-            eye = torch.eye(k, dtype=torch.bfloat16)[i : i + 512].contiguous()
-            rows.append(torch.ops.aten._weight_int4pack_mm_for_cpu(eye, self.weight, INT4_GROUP, ones))
-        return torch.cat(rows).t().round().to(torch.uint8).contiguous()
+        """q (N, K) uint8, read back from the kernel's layout (``kernel_layout``)."""
+        return unpack_kernel_layout(self.weight, self.out_features, self.in_features)
+
+    def dequantized(self) -> torch.Tensor:
+        """``W = (q − 8)·s + z`` (N, K) in bf16, as ``(q·s) + (z − 8s)``: what many rows multiply."""
+        n, k = self.out_features, self.in_features
+        sz = self.scales_and_zeros
+        s, z = sz[..., 0].t(), sz[..., 1].t()
+        q = self.unpacked().view(n, k // INT4_GROUP, INT4_GROUP).to(torch.bfloat16)
+        return (q * s[..., None] + (z - 8 * s)[..., None]).view(n, k)
 
     def parts(self) -> Int4Parts:
         """The matrix as held: q, and the bf16 scales and zeros widened to float32."""
@@ -335,9 +377,12 @@ class Int4Linear(InferenceLinear):
         x2 = x.reshape(-1, self.in_features)
         if x2.device.type != "cpu":
             raise GptlabError("int4 weights run on the CPU (torch's int4 kernel for CUDA takes another layout)")
-        sz = self.scales_and_zeros
-        y = torch.ops.aten._weight_int4pack_mm_for_cpu(x2.to(sz.dtype).contiguous(), self.weight, INT4_GROUP, sz)
-        y = y.to(x.dtype)
+        if x2.size(0) >= INT4_DEQUANT_ROWS:  # a prefill: the kernel is compute-bound there
+            y = F.linear(x2, self.dequantized().to(x2.dtype))
+        else:
+            sz = self.scales_and_zeros
+            y = torch.ops.aten._weight_int4pack_mm_for_cpu(x2.to(sz.dtype).contiguous(), self.weight, INT4_GROUP, sz)
+            y = y.to(x.dtype)
         if self.bias is not None:
             y = y + self.bias.to(y.dtype)
         return y.reshape(*shape[:-1], self.out_features)
