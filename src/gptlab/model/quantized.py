@@ -426,6 +426,19 @@ def _int8_embedding(model: nn.Module, act: torch.dtype) -> None:
         model.wte = Int8Embedding(q, scale.squeeze(1).to(act))
 
 
+def held_weights(model: nn.Module) -> str:
+    """How many matrix weights a quantized model holds in each format: ``"…in int4, …in int8"``."""
+    counts: dict[str, int] = {}
+    seen: set[int] = set()
+    for m in model.modules():
+        if isinstance(m, InferenceLinear | Int8Embedding) and id(m.weight) not in seen:
+            seen.add(id(m.weight))
+            kind = "int4" if isinstance(m, Int4Linear) else "int8" if m.weight.dtype == torch.int8 else "float"
+            n = m.out_features * m.in_features if isinstance(m, InferenceLinear) else m.weight.numel()
+            counts[kind] = counts.get(kind, 0) + n
+    return ", ".join(f"{n:,} weights in {kind}" for kind, n in counts.items())
+
+
 def activation_dtype(device: torch.device | str) -> torch.dtype:
     """What an int8 model computes in: bf16 where bf16 is native on ``device``, else float32.
 

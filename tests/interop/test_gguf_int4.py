@@ -1,0 +1,108 @@
+"""GGUF Q4_0 / Q4_1 / Q8_0 weights kept as they ship (``from_gguf(quantize="keep")``): the 4-bit
+blocks become int4 layers without a float copy, carried over exactly (against the gguf package's own
+dequantization), the other matrices int8; saved as an int4 checkpoint and loaded back unchanged."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+gguf = pytest.importorskip("gguf", reason="the gguf package reads GGUF files")
+
+from gguf import GGMLQuantizationType as Q  # noqa: E402
+from gguf.quants import dequantize, quantize  # noqa: E402
+
+import gptlab  # noqa: E402
+from gptlab.cli import main  # noqa: E402
+from gptlab.interop.gguf import from_gguf, int4_parts, read_gguf  # noqa: E402
+from gptlab.model.quantized import Int4Linear, Int8Embedding, Int8Linear, int4_supported  # noqa: E402
+from tests.interop.test_gguf import tiny_llama, write_llama  # noqa: E402
+
+pytestmark = pytest.mark.skipif(not int4_supported(16, 32), reason="this torch has no CPU int4 kernel")
+IDS = torch.tensor([[5, 17, 99, 3, 250, 42, 7, 7, 100, 200, 1, 64]])
+
+
+class Record:
+    """What ``int4_parts`` reads of a ``gguf`` tensor record: its type and its (rows, bytes) data."""
+
+    def __init__(self, kind: Q, data: np.ndarray) -> None:
+        self.tensor_type, self.data = kind, data
+
+
+@pytest.mark.parametrize("kind", [Q.Q4_0, Q.Q4_1])
+def test_blocks_carry_over_exactly(kind):
+    rng = np.random.default_rng(int(kind))
+    w = (rng.standard_normal((48, 128)) * rng.uniform(0.01, 2, (48, 1))).astype(np.float32)
+    w[3, :32] = 0.7  # a constant block
+    blocks = quantize(w, kind)
+    parts = int4_parts(Record(kind, blocks))
+    want = torch.from_numpy(np.asarray(dequantize(blocks, kind), dtype=np.float32))
+    assert parts.q.shape == (48, 128) and int(parts.q.max()) <= 15
+    torch.testing.assert_close(parts.dequantize(), want, rtol=0, atol=1e-6 * float(want.abs().max()))
+
+
+def logits(model: torch.nn.Module) -> torch.Tensor:
+    with torch.no_grad():
+        return model(IDS)[0].float()
+
+
+@pytest.fixture(scope="module", params=[(Q.Q4_1, True), (Q.Q4_0, False)], ids=["q4_1-tied", "q4_0-untied"])
+def q4_file(request, tmp_path_factory):
+    kind, tie = request.param
+    path = tmp_path_factory.mktemp("gguf") / "tiny.gguf"
+    write_llama(path, tiny_llama(tie=tie), kind)
+    return path
+
+
+def test_keep_loads_the_blocks_as_int4_layers(q4_file):
+    kept = from_gguf(q4_file, quantize="keep")
+    assert kept.quantization == "int4" and isinstance(kept.wte, Int8Embedding)
+    block = kept.blocks[0]
+    for lin in (block.attn.qkv, block.attn.proj, block.mlp.gate, block.mlp.up, block.mlp.proj):
+        assert isinstance(lin, Int4Linear)
+    assert isinstance(kept.lm_head, Int8Linear | Int4Linear)
+    # each int4 layer holds the file's blocks: its dequantization is the float import's matrix
+    # (up to the kernel's bf16 scales: 8 significant bits)
+    dense = from_gguf(q4_file)
+    for name in ("attn.qkv", "mlp.proj"):
+        held = block.get_submodule(name).parts().dequantize()
+        ref = dense.blocks[0].get_submodule(name).weight.detach()
+        assert (held - ref).abs().max() <= 2**-7 * ref.abs().max()
+    ref = logits(dense)
+    assert (logits(kept) - ref).abs().max() < 0.05 * ref.abs().max()
+
+
+def test_q8_0_matrices_become_int8(tmp_path):
+    path = tmp_path / "q8.gguf"
+    write_llama(path, tiny_llama(tie=False), Q.Q8_0)
+    kept = from_gguf(path, quantize="keep")
+    assert kept.quantization == "int8" and isinstance(kept.blocks[0].attn.qkv, Int8Linear)
+    ref = logits(from_gguf(path))
+    assert (logits(kept) - ref).abs().max() < 0.02 * ref.abs().max()
+    f32 = tmp_path / "f32.gguf"
+    write_llama(f32, tiny_llama(tie=False))
+    assert getattr(from_gguf(f32, quantize="keep"), "quantization", None) in (None, "fp32")
+
+
+def test_int4_checkpoint_from_the_file_is_the_same_model(q4_file, tmp_path, capsys):
+    from gptlab.generate.decode import generate_ids
+
+    assert main(["convert", "--from-gguf", str(q4_file), "--out", str(tmp_path / "ck"), "--dtype", "keep"]) == 0
+    assert "int4" in capsys.readouterr().out
+    kept = from_gguf(q4_file, quantize="keep")
+    loaded, tok = gptlab.load(tmp_path / "ck")
+    assert loaded.quantization == "int4" and tok is not None
+    torch.testing.assert_close(logits(loaded), logits(kept), rtol=0, atol=0)
+    a = generate_ids(kept, IDS, 8, temperature=0.0)
+    assert torch.equal(generate_ids(loaded, IDS, 8, temperature=0.0), a)
+    direct, _ = gptlab.load(q4_file)  # a GGUF file loads with its weights kept by default
+    assert direct.quantization == "int4"
+    torch.testing.assert_close(logits(direct), logits(kept), rtol=0, atol=0)
+    as_float, _ = gptlab.load(q4_file, quantize="fp32")
+    assert not any(isinstance(m, Int4Linear) for m in as_float.modules())
+
+
+def test_reader_reports_the_kept_types(q4_file):
+    kinds = {t.tensor_type.name for t in read_gguf(q4_file).tensors if len(t.shape) == 2}
+    assert kinds & {"Q4_0", "Q4_1"}
