@@ -126,7 +126,9 @@ def load_gguf_as(
     elif quantize in (None, "keep"):
         quantize = "keep"
     if quantize not in (None, "fp32") and not cpu:
-        raise GptlabError(f"{path}: {quantize} weights run on the CPU; load it with --device cpu or as fp32/bf16")
+        raise GptlabError(
+            f"{path}: {quantize} weights run on the CPU; load it with --device cpu or as fp32/bf16"
+        )
     streamed = quantize if quantize not in (None, "fp32") else None
     model = gguf.from_gguf(path, dtype=dtype if streamed is None else None, quantize=streamed)
     if streamed is None:

@@ -27,7 +27,9 @@ def register(subparsers: Any) -> None:
         "file's Q4_0/Q4_1 blocks are carried over, not requantized); the output head and the token "
         "table int8. int8: one scale per output channel. Converted tensor by tensor. Not for training.",
     )
-    p.add_argument("source", metavar="SRC", help="checkpoint, run directory, Hugging Face folder, GGUF file, smollm2")
+    p.add_argument(
+        "source", metavar="SRC", help="checkpoint, run directory, Hugging Face folder, GGUF file, smollm2"
+    )
     p.add_argument("--to", choices=FORMATS, required=True, help="weight format to write")
     p.add_argument("--out", required=True, metavar="DIR", help="output directory (must be new or empty)")
     p.set_defaults(func=run)
@@ -43,6 +45,11 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise GptlabError(f"{out}: already exists and is not an empty directory; choose a new --out")
+    from gptlab.model import GPT
+    from gptlab.tokenizers.base import Tokenizer
+
+    model: GPT
+    tokenizer: Tokenizer | None
     started = time.perf_counter()
     path = source_path(args.source)
     kind = source_kind(path)

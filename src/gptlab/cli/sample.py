@@ -189,5 +189,7 @@ def run(args: argparse.Namespace) -> int:
     out.write("\n")
     out.flush()
     rate = n_tokens / seconds if seconds > 0 else 0.0
-    sys.stderr.write(f"{n_tokens} tokens in {seconds:.2f} s: {rate:.1f} tokens/s ({weights} weights)\n")
+    sys.stderr.write(
+        f"{n_tokens} tokens in {seconds:.2f} s: {rate:.1f} tokens/s ({getattr(model, 'quantization', weights)} weights)\n"
+    )
     return 0

@@ -375,9 +375,7 @@ def int4_parts(record: Any) -> Int4Parts:
     return Int4Parts(torch.from_numpy(q), torch.from_numpy(d), torch.from_numpy(z))
 
 
-def _fixed_parts(
-    arch: GgufArchitecture, hf: dict[str, Any], records: list[tuple[str, Any]]
-) -> Int4Parts:
+def _fixed_parts(arch: GgufArchitecture, hf: dict[str, Any], records: list[tuple[str, Any]]) -> Int4Parts:
     """The parts of HF tensors (name, record) with the architecture's row fixes, stacked by rows (q | k | v)."""
     pieces = []
     for name, record in records:

@@ -32,11 +32,11 @@ from gptlab.errors import GptlabError
 from gptlab.model import GPT, GPTConfig, build_model
 from gptlab.model.quantized import (
     QUANTIZERS,
+    InferenceLinear,
     Int4Linear,
     Int4Parts,
     Int8Embedding,
     Int8Linear,
-    InferenceLinear,
     activation_dtype,
     map_large_blocks,
     quantize,
@@ -92,6 +92,7 @@ def build_quantized(
             if tied and path == "lm_head":
                 continue  # a tied head is made from the token table by quantize() below
             linear = model.get_submodule(path)
+            assert isinstance(linear, nn.Linear)
             parts = (int4 or {}).get(path) if mode == "int4" else None
             for leaf in ("weight", "bias") if parts is None else ("bias",):
                 if getattr(linear, leaf) is not None:
@@ -174,14 +175,17 @@ def load_int4(config: GPTConfig, state: Mapping[str, torch.Tensor], source: str 
                     get(f"{path}.weight"), get(f"{path}.scales_and_zeros"), optional(f"{path}.bias"), act
                 )
             else:
-                layer = _stored_int8(model.get_submodule(path), get(f"{path}.weight"), get(f"{path}.scales"), act)
+                layer = _stored_int8(
+                    model.get_submodule(path), get(f"{path}.weight"), get(f"{path}.scales"), act
+                )
                 bias = optional(f"{path}.bias")
                 layer.register_buffer("bias", bias)
             parent, _, child = path.rpartition(".")
             setattr(model.get_submodule(parent), child, layer)
-        model.wte = Int8Embedding(get("wte.weight"), get("wte.scales").to(act))
+        table = Int8Embedding(get("wte.weight"), get("wte.scales").to(act))
+        model.wte = table  # type: ignore[assignment]
         if config.tie_embeddings:
-            model.lm_head = _stored_int8(model.lm_head, model.wte.weight, model.wte.scales, act)
+            model.lm_head = _stored_int8(model.lm_head, table.weight, table.scales, act)  # type: ignore[assignment]
         for name in (k for k in loaded if k not in used):  # norms (and any other small tensor)
             parent, _, leaf = name.rpartition(".")
             try:

@@ -314,8 +314,11 @@ class Int4Linear(InferenceLinear):
     """
 
     fmt = "int4 groups of 32"
+    scales_and_zeros: torch.Tensor
 
-    def __init__(self, linear: Linear, parts: Int4Parts | None = None, dtype: torch.dtype = torch.bfloat16) -> None:
+    def __init__(
+        self, linear: Linear, parts: Int4Parts | None = None, dtype: torch.dtype = torch.bfloat16
+    ) -> None:
         super().__init__(linear)
         n, k = self.out_features, self.in_features
         if not int4_supported(n, k):
@@ -354,7 +357,11 @@ class Int4Linear(InferenceLinear):
 
     @classmethod
     def stored(
-        cls, weight: torch.Tensor, scales_and_zeros: torch.Tensor, bias: torch.Tensor | None, dtype: torch.dtype
+        cls,
+        weight: torch.Tensor,
+        scales_and_zeros: torch.Tensor,
+        bias: torch.Tensor | None,
+        dtype: torch.dtype,
     ) -> Int4Linear:
         """The layer of a checkpoint: ``pack_nibbles`` output (N, K/2) and (K/32, N, 2) scales and zeros."""
         n, k = weight.size(0), weight.size(1) * 2
@@ -376,12 +383,16 @@ class Int4Linear(InferenceLinear):
         shape = x.shape
         x2 = x.reshape(-1, self.in_features)
         if x2.device.type != "cpu":
-            raise GptlabError("int4 weights run on the CPU (torch's int4 kernel for CUDA takes another layout)")
+            raise GptlabError(
+                "int4 weights run on the CPU (torch's int4 kernel for CUDA takes another layout)"
+            )
         if x2.size(0) >= INT4_DEQUANT_ROWS:  # a prefill: the kernel is compute-bound there
             y = F.linear(x2, self.dequantized().to(x2.dtype))
         else:
             sz = self.scales_and_zeros
-            y = torch.ops.aten._weight_int4pack_mm_for_cpu(x2.to(sz.dtype).contiguous(), self.weight, INT4_GROUP, sz)
+            y = torch.ops.aten._weight_int4pack_mm_for_cpu(
+                x2.to(sz.dtype).contiguous(), self.weight, INT4_GROUP, sz
+            )
             y = y.to(x.dtype)
         if self.bias is not None:
             y = y + self.bias.to(y.dtype)
@@ -433,7 +444,9 @@ def held_weights(model: nn.Module) -> str:
     for m in model.modules():
         if isinstance(m, InferenceLinear | Int8Embedding) and id(m.weight) not in seen:
             seen.add(id(m.weight))
-            kind = "int4" if isinstance(m, Int4Linear) else "int8" if m.weight.dtype == torch.int8 else "float"
+            kind = (
+                "int4" if isinstance(m, Int4Linear) else "int8" if m.weight.dtype == torch.int8 else "float"
+            )
             n = m.out_features * m.in_features if isinstance(m, InferenceLinear) else m.weight.numel()
             counts[kind] = counts.get(kind, 0) + n
     return ", ".join(f"{n:,} weights in {kind}" for kind, n in counts.items())
