@@ -130,10 +130,11 @@ def load_gguf_as(
             f"{path}: {quantize} weights run on the CPU; load it with --device cpu or as fp32/bf16"
         )
     streamed = quantize if quantize not in (None, "fp32") else None
-    model = gguf.from_gguf(path, dtype=dtype if streamed is None else None, quantize=streamed)
+    f = gguf.read_gguf(path)  # parsed once for both (its metadata holds the whole vocabulary)
+    model = gguf.from_gguf(f, dtype=dtype if streamed is None else None, quantize=streamed)
     if streamed is None:
         model = model.to(device)
-    return model, gguf.tokenizer_from_gguf(path)
+    return model, gguf.tokenizer_from_gguf(f)
 
 
 #: Source kind → reader returning ``(model in float32, tokenizer or None)``.

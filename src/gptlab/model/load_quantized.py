@@ -68,10 +68,12 @@ def build_quantized(
     source: str | os.PathLike[str],
     int4: Mapping[str, Callable[[], Int4Parts]] | None = None,
     int8: Collection[str] = (),
+    table: Callable[[], tuple[torch.Tensor, torch.Tensor]] | None = None,
 ) -> GPT:
     """A ``GPT`` in ``mode`` (``"bf16"``, ``"int8"``, ``"int4"``) from float tensors under gptlab names, read
     one at a time. ``int4`` (mode int4): linear path → its parts, read instead of its float weight;
-    ``int8``: linear paths made int8 in an int4 model."""
+    ``int8``: linear paths made int8 in an int4 model; ``table`` (int8 and int4): the token table as
+    int8 rows (V, d) and their scales (V,), made without its float copy (a tied head shares them)."""
     if mode not in STREAMED:
         raise GptlabError(f"weights are converted while loading to {' or '.join(STREAMED)}, not {mode!r}")
     map_large_blocks()  # each float weight is freed back to the system, not kept in the heap
@@ -111,6 +113,16 @@ def build_quantized(
             parent, _, child = path.rpartition(".")
             setattr(model.get_submodule(parent), child, layer)
             del linear, layer
+        if table is not None and mode in ("int8", "int4"):
+            q, scales = table()
+            rows = pad_vocab(model, {"wte.weight": q, "wte.scales": scales.float()})
+            act = activation_dtype("cpu")
+            embedding = Int8Embedding(rows["wte.weight"], rows["wte.scales"].to(act))
+            model.wte = embedding  # type: ignore[assignment]
+            done.add("wte.weight")
+            if tied:  # the head is the table's int8 matrix, stored once
+                head = _stored_int8(model.lm_head, embedding.weight, embedding.scales, act)
+                model.lm_head = head  # type: ignore[assignment]
         for name in expected:
             if name not in done:
                 parent, _, leaf = name.rpartition(".")
@@ -119,7 +131,7 @@ def build_quantized(
                     module._parameters[leaf] = nn.Parameter(take(name), requires_grad=False)
                 else:
                     module._buffers[leaf] = take(name)
-        if tied:
+        if tied and table is None:
             model.lm_head.weight = model.wte.weight
     quantize(model, mode)  # the tied head, the int8 token table, the norms' dtype; then malloc_trim
     return model
