@@ -11,7 +11,8 @@ Per process:
     load_s        process spawn → model ready (interpreter, imports, reading the file)
     prefill_s     a ``--prompt-tokens`` prompt (Tiny Shakespeare) to its first token: first and second call
     decode_tps    steady greedy decode after a 6-token prompt, tokens per second (wall), median of 3
-    decode_cpu_tps  the same per CPU second of the process (steadier on a busy machine; gptlab only)
+    decode_cpu_tps  the same per CPU second of the process (steadier on a busy machine); for llama.cpp
+                  from two processes decoding ``--new-tokens`` and 8 tokens: the difference of their CPU times
     rss_mb        resident memory after decoding; max_rss_mb the process's peak
 llama.cpp is npm's ``node-llama-cpp`` (``make llama-cpp``: ``.cache/llama-cpp``, or ``--llama-cpp DIR``),
 timed by its ``bench.mjs`` the same way. Medians over the rounds.
@@ -62,8 +63,20 @@ def run_gptlab(job: dict, weights: str, compile_mode: str) -> dict:
     return out
 
 
+def child_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
 def run_llama_cpp(job: dict, llama_dir: Path) -> dict:
-    started = time.time()
+    short = run_llama_cpp_once({**job, "new_tokens": 8}, llama_dir)
+    out = run_llama_cpp_once(job, llama_dir)
+    out["decode_cpu_tps"] = (job["new_tokens"] - 8) / max(out.pop("cpu_s") - short["cpu_s"], 1e-9)
+    return out
+
+
+def run_llama_cpp_once(job: dict, llama_dir: Path) -> dict:
+    started, cpu = time.time(), child_cpu()
     request = {"model": job["model"], "threads": job["threads"], "prefill_ids": job["prefill_ids"]}
     request |= {"decode_ids": job["decode_ids"], "new_tokens": job["new_tokens"]}
     done = subprocess.run(
@@ -83,6 +96,7 @@ def run_llama_cpp(job: dict, llama_dir: Path) -> dict:
         "rss_mb": out["rss_mb"],
         "max_rss_mb": out["max_rss_mb"],
         "generated": out["generated"],
+        "cpu_s": child_cpu() - cpu,
     }
 
 
@@ -183,6 +197,9 @@ def main(argv: list[str] | None = None) -> int:
             agree = next((i for i, (a, b) in enumerate(zip(got, ref, strict=False)) if a != b), len(got))
             result[fmt]["greedy_tokens_agreeing_with_llama_cpp"] = agree
             result[fmt]["decode_vs_llama_cpp"] = round(result[fmt]["decode_tps"] / base["decode_tps"], 2)
+            result[fmt]["decode_cpu_vs_llama_cpp"] = round(
+                result[fmt]["decode_cpu_tps"] / base["decode_cpu_tps"], 2
+            )
             result[fmt]["max_rss_vs_llama_cpp"] = round(result[fmt]["max_rss_mb"] / base["max_rss_mb"], 2)
             result[fmt]["prefill_vs_llama_cpp"] = round(
                 base["prefill_second_s"] / result[fmt]["prefill_second_s"], 2
