@@ -139,3 +139,19 @@ def test_smollm2_int4_perplexity_is_within_one_percent_of_the_dequantised_model(
     del kept
     dense = _perplexity(from_gguf("smollm2"), ids)  # float32: every block dequantized
     assert abs(int4 / dense - 1) < 0.01, (int4, dense)
+
+
+def test_the_server_serves_the_file_as_it_ships(q4_file):
+    from fastapi.testclient import TestClient
+
+    from gptlab.cli.options import weights_format
+    from gptlab.serve import create_app
+    from gptlab.serve.launch import load_for_serving
+
+    weights = weights_format("auto", "cpu", str(q4_file))
+    assert weights == "keep"
+    model, tok = load_for_serving(str(q4_file), weights)
+    assert model.quantization == "int4"
+    with TestClient(create_app(model, tok, model_name="tiny")) as client:
+        reply = client.post("/v1/completions", json={"prompt": "ab", "max_tokens": 4, "temperature": 0})
+    assert reply.status_code == 200 and reply.json()["usage"]["completion_tokens"] >= 1
