@@ -155,3 +155,18 @@ def test_the_server_serves_the_file_as_it_ships(q4_file):
     with TestClient(create_app(model, tok, model_name="tiny")) as client:
         reply = client.post("/v1/completions", json={"prompt": "ab", "max_tokens": 4, "temperature": 0})
     assert reply.status_code == 200 and reply.json()["usage"]["completion_tokens"] >= 1
+
+
+def test_quantize_command_writes_int4_checkpoints(q4_file, tmp_path, capsys):
+    assert main(["quantize", str(q4_file), "--to", "int4", "--out", str(tmp_path / "a")]) == 0
+    assert "weights in int4" in capsys.readouterr().out
+    from_file, _ = gptlab.load(tmp_path / "a")
+    kept = from_gguf(q4_file, quantize="keep")
+    torch.testing.assert_close(logits(from_file), logits(kept), rtol=0, atol=0)  # Q4 blocks kept as they are
+    gptlab.save(from_gguf(q4_file), None, tmp_path / "f32")
+    assert main(["quantize", str(tmp_path / "f32"), "--to", "int4", "--out", str(tmp_path / "b")]) == 0
+    requantized, _ = gptlab.load(tmp_path / "b")
+    assert requantized.quantization == "int4" and isinstance(requantized.blocks[0].mlp.up, Int4Linear)
+    ref = logits(from_gguf(q4_file))
+    assert (logits(requantized) - ref).abs().max() < 0.1 * ref.abs().max()
+    assert main(["quantize", str(tmp_path / "b"), "--to", "int4", "--out", str(tmp_path / "a")]) == 2
