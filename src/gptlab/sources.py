@@ -134,8 +134,8 @@ def load_gguf_as(
     model = gguf.from_gguf(f, dtype=dtype if streamed is None else None, quantize=streamed)
     if streamed is None:
         model = model.to(device)
-    elif getattr(model, "quantization", None) is None:  # keep, and the file holds float weights only
-        quantize_model(model, "fp32")
+    if quantize == "fp32" or (quantize == "keep" and getattr(model, "quantization", None) is None):
+        quantize_model(model, "fp32")  # (keep of a float-only file) as a checkpoint's load(quantize="fp32")
     return model, gguf.tokenizer_from_gguf(f)
 
 

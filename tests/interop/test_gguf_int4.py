@@ -83,6 +83,7 @@ def test_q8_0_matrices_become_int8(tmp_path):
     f32 = tmp_path / "f32.gguf"
     write_llama(f32, tiny_llama(tie=False))
     assert getattr(from_gguf(f32, quantize="keep"), "quantization", None) in (None, "fp32")
+    assert gptlab.load(f32)[0].quantization == "fp32"  # a float-only file stays float
 
 
 def test_int4_checkpoint_from_the_file_is_the_same_model(q4_file, tmp_path, capsys):
