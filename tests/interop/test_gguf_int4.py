@@ -15,8 +15,10 @@ from gguf.quants import dequantize, quantize  # noqa: E402
 
 import gptlab  # noqa: E402
 from gptlab.cli import main  # noqa: E402
-from gptlab.interop.gguf import from_gguf, int4_parts, read_gguf  # noqa: E402
-from gptlab.model.quantized import Int4Linear, Int8Embedding, Int8Linear, int4_supported  # noqa: E402
+from gptlab.interop.gguf import from_gguf, read_gguf  # noqa: E402
+from gptlab.interop.gguf_kept import int4_parts  # noqa: E402
+from gptlab.model.int4 import Int4Linear, int4_supported  # noqa: E402
+from gptlab.model.quantized import Int8Embedding, Int8Linear  # noqa: E402
 from tests.interop.test_gguf import tiny_llama, write_llama  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not int4_supported(16, 32), reason="this torch has no CPU int4 kernel")

@@ -8,19 +8,18 @@ import pytest
 import torch
 
 import gptlab
-from gptlab.model.quantized import (
+from gptlab.model.int4 import (
     INT4_DEQUANT_ROWS,
     INT4_GROUP,
     Int4Linear,
     Int4Parts,
-    Int8Embedding,
-    Int8Linear,
     int4_supported,
     pack_nibbles,
     quantize_int4,
     unpack_kernel_layout,
     unpack_nibbles,
 )
+from gptlab.model.quantized import Int8Embedding, Int8Linear
 
 pytestmark = pytest.mark.skipif(not int4_supported(16, 32), reason="this torch has no CPU int4 kernel")
 

@@ -198,7 +198,7 @@ def _describe(model: GPT) -> str:
     c = model.config
     fmt = getattr(model, "quantization", None)
     if fmt in ("int8", "int4"):  # the quantized weights are buffers, not parameters
-        from gptlab.model.quantized import held_weights
+        from gptlab.model.int4 import held_weights
 
         return f"{c.n_layer} layers, d_model {c.n_embd}, {held_weights(model)} + scales"
     return f"{c.n_layer} layers, d_model {c.n_embd}, {model.num_params()['total']:,} parameters"

@@ -39,7 +39,7 @@ def run(args: argparse.Namespace) -> int:
     import time
 
     from gptlab.checkpoint import save
-    from gptlab.model.quantized import held_weights
+    from gptlab.model.int4 import held_weights
     from gptlab.sources import source_kind, source_path
 
     out = Path(args.out)

@@ -30,11 +30,10 @@ from torch import nn
 
 from gptlab.errors import GptlabError
 from gptlab.model import GPT, GPTConfig, build_model
+from gptlab.model.int4 import Int4Linear, Int4Parts
 from gptlab.model.quantized import (
     QUANTIZERS,
     InferenceLinear,
-    Int4Linear,
-    Int4Parts,
     Int8Embedding,
     Int8Linear,
     activation_dtype,
