@@ -3,6 +3,7 @@ real llama.cpp on the same file: prefill, steady decode and memory. Prints one J
 
     python bench/int4_decode.py                             # int4, int8, bf16 (+ llama.cpp), one round
     python bench/int4_decode.py --formats int4 --rounds 2 --new-tokens 32 --threads 1
+    python bench/int4_decode.py --perplexity               # only the perplexities (2,048 held-out tokens)
 
 Each engine and round runs in a fresh process (alternating: llama.cpp, then each gptlab format), so
 peak memory is the process's own. gptlab loads the file with ``gptlab.load`` (int4: as it ships, the
@@ -148,6 +149,40 @@ def worker(job: dict, weights: str, compile_mode: str) -> None:
     print(json.dumps(out))
 
 
+def perplexities(tokens: int = 2048, window: int = 512) -> dict:
+    """Perplexity on the held-out end of Tiny Shakespeare: the file dequantised (float32), the same with
+    only its token table requantised per row (what Q8_0 → int8 costs), kept (int4), and int8."""
+    import math
+
+    import torch
+
+    from gptlab.interop.gguf import from_gguf, tokenizer_from_gguf
+    from gptlab.model.quantized import quantize_rows
+
+    text = (ROOT.parent / "shared" / "data" / "tinyshakespeare.txt").read_text()[-12000:]
+    ids = torch.tensor(tokenizer_from_gguf(gguf_file()).encode(text)[: tokens + 1])
+
+    def ppl(model: torch.nn.Module) -> float:
+        total, count = 0.0, 0
+        with torch.no_grad():
+            for i in range(0, ids.numel() - 1, window):
+                y = ids[i + 1 : i + window + 1]
+                loss = model(ids[i : i + y.numel()][None], y[None])[1]
+                total, count = total + float(loss) * y.numel(), count + y.numel()
+        return round(math.exp(total / count), 4)
+
+    dense = from_gguf(gguf_file())
+    out = {"tokens": ids.numel() - 1, "dequantised_fp32": ppl(dense)}
+    with torch.no_grad():
+        q, s = quantize_rows(dense.wte.weight)
+        dense.wte.weight.copy_(q.float() * s)
+    out["fp32_table_requantised_per_row"] = ppl(dense)
+    del dense
+    out["kept_int4"] = ppl(from_gguf(gguf_file(), quantize="keep"))
+    out["int8"] = ppl(from_gguf(gguf_file(), quantize="int8"))
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--formats", default="int4,int8,bf16", help="gptlab weight formats (%(default)s)")
@@ -157,11 +192,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--new-tokens", type=int, default=32)
     p.add_argument("--compile", default="off", help="gptlab's --compile (off, on, auto)")
     p.add_argument("--llama-cpp", type=Path, default=ROOT / ".cache" / "llama-cpp", help="node-llama-cpp dir")
+    p.add_argument("--perplexity", action="store_true", help="only the perplexities, in this process")
     p.add_argument("--worker", help=argparse.SUPPRESS)
     p.add_argument("--weights", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.worker:
         worker(json.loads(args.worker), args.weights, args.compile)
+        return 0
+    if args.perplexity:
+        print(json.dumps(perplexities()))
         return 0
     formats = [f.strip() for f in args.formats.split(",") if f.strip()]
     prefill_ids, decode_ids = token_ids(args.prompt_tokens)
