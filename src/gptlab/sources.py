@@ -115,6 +115,30 @@ def load_gguf(path: Path) -> tuple[GPT, Tokenizer | None]:
     return gguf.from_gguf(path), gguf.tokenizer_from_gguf(path)
 
 
+def load_gguf_as(
+    path: Path, device: str | torch.device, dtype: torch.dtype | None, quantize: str | None
+) -> tuple[GPT, Tokenizer | None]:
+    """``load`` of a GGUF file: kept as it ships (``quantize`` None or ``"keep"``) on a CPU, else as asked."""
+    gguf = gguf_module()
+    cpu = torch.device(device).type == "cpu"
+    if quantize in (None, "keep") and (dtype is not None or not cpu):
+        quantize = None  # a float dtype, or another device: float weights
+    elif quantize in (None, "keep"):
+        quantize = "keep"
+    if quantize not in (None, "fp32") and not cpu:
+        raise GptlabError(
+            f"{path}: {quantize} weights run on the CPU; load it with --device cpu or as fp32/bf16"
+        )
+    streamed = quantize if quantize not in (None, "fp32") else None
+    f = gguf.read_gguf(path)  # parsed once for both (its metadata holds the whole vocabulary)
+    model = gguf.from_gguf(f, dtype=dtype if streamed is None else None, quantize=streamed)
+    if streamed is None:
+        model = model.to(device)
+    if quantize == "fp32" or (quantize == "keep" and getattr(model, "quantization", None) is None):
+        quantize_model(model, "fp32")  # (keep of a float-only file) as a checkpoint's load(quantize="fp32")
+    return model, gguf.tokenizer_from_gguf(f)
+
+
 #: Source kind → reader returning ``(model in float32, tokenizer or None)``.
 SOURCES: dict[str, Callable[[Path], tuple[GPT, Tokenizer | None]]] = {
     "gptlab": load_gptlab,
@@ -208,9 +232,16 @@ def load(
     """``gptlab.load``: a checkpoint directory (or a run directory: its latest checkpoint) →
     ``(model, tokenizer_or_None)``; a LoRA run's adapters merged into their base.
 
-    ``quantize`` (``"fp32"``, ``"bf16"``, ``"int8"``): the model for inference in that format
+    ``quantize`` (``"fp32"``, ``"bf16"``, ``"int8"``, ``"int4"``): the model for inference in that format
     (``gptlab.checkpoint.load``).
+
+    A GGUF file (or ``smollm2``) loads as llama.cpp runs it: its Q4_0/Q4_1 matrices int4 and its other
+    quantized ones int8 (``quantize`` None or ``"keep"``, on the CPU); ``quantize="fp32"`` asks for
+    float32 weights (dequantized), the other formats convert to that format.
     """
+    gguf_file = source_path(path)
+    if gguf_file.is_file() and gguf_file.suffix.lower() == ".gguf":
+        return load_gguf_as(gguf_file, device, dtype, quantize)
     directory = checkpoint.resolve_checkpoint(path)
     if lora_files.is_lora_checkpoint(directory):  # the one place LoRA adapters are merged on load
         checkpoint.verify_checksums(directory)

@@ -75,7 +75,7 @@ def test_quantized_models_generate_and_shrink():
     with pytest.raises(GptlabError, match="already int8"):
         gptlab.quantize(model, "bf16")
     with pytest.raises(GptlabError, match="choose one of"):
-        gptlab.quantize(model, "int4")
+        gptlab.quantize(model, "int3")
 
 
 # ------------------------------------------------------------- the one-row (decode) kernel

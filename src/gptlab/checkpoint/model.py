@@ -4,7 +4,9 @@ An int8 model (``gptlab.quantize(model, "int8")``) is saved as it is held: each 
 ``q`` (out, in) plus ``scales`` (out,), the token table as int8 rows plus one scale per row (a tied
 head is stored once, as the table), the rest as floats; ``config.json`` says
 ``"quantization": {"format": "int8", ...}`` and ``load`` rebuilds the int8 modules from it without
-ever making float32 weights. ``load(..., quantize="int8" | "bf16")`` of a float checkpoint converts
+ever making float32 weights. An int4 model is saved the same way (``INT4_FORMAT``: nibbles in a
+portable order plus bf16 scales and zeros; packed for this CPU's kernel when loaded).
+``load(..., quantize="int8" | "int4" | "bf16")`` of a float checkpoint converts
 each tensor as it is read (``gptlab.model.load_quantized``).
 """
 
@@ -44,6 +46,13 @@ INT8_FORMAT = {
     "format": "int8",
     "scheme": "symmetric; one scale per output channel of each matrix and per row of the token table",
 }
+#: What config.json says about an int4 checkpoint.
+INT4_FORMAT = {
+    "format": "int4",
+    "scheme": "w = (q - 8)*s + z in groups of 32 inputs: weight = q as nibbles (input 2j low, 2j+1 high), "
+    "scales_and_zeros (K/32, N, 2) bf16; matrices without scales_and_zeros, and the token table, int8",
+}
+FORMATS = {"int8": INT8_FORMAT, "int4": INT4_FORMAT}
 
 
 def read_config(path: str | os.PathLike[str]) -> GPTConfig:
@@ -117,13 +126,13 @@ def write_files(model: GPT, tokenizer: Tokenizer | None, directory: str | os.Pat
             "a model quantized to bf16 for inference cannot be saved; save it before quantize(), "
             "or store bf16 weights with model.to(torch.bfloat16) / gptlab convert --dtype bf16"
         )
-    extra: dict[str, Any] = {"quantization": INT8_FORMAT} if fmt == "int8" else {}
+    extra: dict[str, Any] = {"quantization": FORMATS[fmt]} if fmt in FORMATS else {}
     extra.update(context_extra(model))
     directory.mkdir(parents=True, exist_ok=True)
     write_tensors(
         directory / WEIGHTS_FILE,
         model_state(model),
-        metadata={"format": "pt", "gptlab_format": "1", **({"quantization": "int8"} if extra else {})},
+        metadata={"format": "pt", "gptlab_format": "1", **({"quantization": fmt} if fmt in FORMATS else {})},
     )
     if tokenizer is not None:
         tokenizer.save(directory / TOKENIZER_FILE)
@@ -131,16 +140,18 @@ def write_files(model: GPT, tokenizer: Tokenizer | None, directory: str | os.Pat
 
 
 def stored_format(path: str | os.PathLike[str]) -> str | None:
-    """``"int8"`` for a checkpoint saved in int8, else None (float weights)."""
+    """``"int8"`` or ``"int4"`` for a checkpoint saved so, else None (float weights)."""
     directory = resolve_checkpoint(path)
     config = directory / CONFIG_FILE
     data = read_json(config) if config.is_file() else {}
     quant = data.get("quantization") if isinstance(data, dict) else None
     if quant is None:
         return None
-    if not isinstance(quant, dict) or quant.get("format") != "int8":
-        raise GptlabError(f"{config}: unknown quantization {quant!r}; this gptlab reads int8 checkpoints")
-    return "int8"
+    if not isinstance(quant, dict) or quant.get("format") not in FORMATS:
+        raise GptlabError(
+            f"{config}: unknown quantization {quant!r}; this gptlab reads {' and '.join(FORMATS)} checkpoints"
+        )
+    return str(quant["format"])
 
 
 def load(
@@ -151,9 +162,9 @@ def load(
 ) -> tuple[GPT, Tokenizer | None]:
     """Read a checkpoint directory (or a run directory: its latest checkpoint) → ``(model, tokenizer_or_None)``.
 
-    ``quantize`` (``"fp32"``, ``"bf16"``, ``"int8"``): the model for inference in that format, as
+    ``quantize`` (``"fp32"``, ``"bf16"``, ``"int8"``, ``"int4"``): the model for inference in that format, as
     ``gptlab.quantize`` makes it; on a CPU, bf16 and int8 are converted tensor by tensor while reading.
-    An int8 checkpoint loads as int8 (``quantize`` None or ``"int8"``).
+    An int8 (int4) checkpoint loads as it is stored (``quantize`` None or its format).
     """
     directory = resolve_checkpoint(path)
     verify_checksums(directory)  # a changed byte is refused, naming its file
@@ -174,7 +185,8 @@ def load(
                 f"{directory}: holds {stored} weights for the CPU, which cannot be loaded as {asked}; "
                 f"use --dtype {stored} (or auto), or convert the float model again"
             )
-        model = load_quantized.load_int8(config, read_tensors(weights), weights)
+        loader = load_quantized.load_int4 if stored == "int4" else load_quantized.load_int8
+        model = loader(config, read_tensors(weights), weights)
     elif quantize in load_quantized.STREAMED and cpu and dtype is None:
         model = load_quantized.build_quantized(config, read_tensors_lazily(weights), quantize, weights)
     else:  # built and filled on the device itself: the weights never pass through the CPU on the way

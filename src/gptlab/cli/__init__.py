@@ -29,6 +29,7 @@ COMMANDS = [
     "fill",
     "tokenizer",
     "convert",
+    "quantize",
     "trace",
     "attention",
     "size",

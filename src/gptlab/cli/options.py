@@ -19,7 +19,7 @@ COMPILED_STEPS = frozenset({"fused", "frozen", "cuda-graphs", "compiled"})
 DEVICE_HELP = "auto (CUDA, else Apple's MPS, else the CPU), cpu, cuda, cuda:N or mps (default auto)"
 
 
-WEIGHT_FORMATS = ("auto", "fp32", "bf16", "int8")
+WEIGHT_FORMATS = ("auto", "fp32", "bf16", "int8", "int4")
 
 
 def add_weights_argument(p: argparse.ArgumentParser) -> None:
@@ -29,7 +29,8 @@ def add_weights_argument(p: argparse.ArgumentParser) -> None:
         choices=WEIGHT_FORMATS,
         default="auto",
         help="weight format (default auto: bf16 where bf16 is native; on a CPU that emulates bf16, bf16 "
-        "matrices with float32 activations for one sequence, fp32 for several; an int8 checkpoint stays int8)",
+        "matrices with float32 activations for one sequence, fp32 for several; an int8 or int4 checkpoint stays "
+        "so; a GGUF file keeps its weights: Q4_0/Q4_1 int4, other quantized types int8)",
     )
 
 
@@ -51,7 +52,11 @@ def weights_format(dtype: str, device: str, checkpoint: str, sequences: int = 1)
     from gptlab.checkpoint import stored_format
     from gptlab.errors import GptlabError
     from gptlab.hardware import inference_weights
+    from gptlab.sources import source_path
 
+    gguf = source_path(checkpoint)
+    if gguf.is_file() and gguf.suffix.lower() == ".gguf":  # as llama.cpp runs it, or as asked
+        return "keep" if dtype == "auto" and device.split(":")[0] == "cpu" else resolve_dtype(dtype, device)
     stored = stored_format(checkpoint)
     if stored is None:
         return inference_weights(device, sequences) if dtype == "auto" else resolve_dtype(dtype, device)

@@ -211,7 +211,9 @@ def run(args: argparse.Namespace) -> int:
     out.write("\n")
     out.flush()
     rate = n_tokens / seconds if seconds > 0 else 0.0
-    sys.stderr.write(f"{n_tokens} tokens in {seconds:.2f} s: {rate:.1f} tokens/s ({weights} weights)\n")
+    sys.stderr.write(
+        f"{n_tokens} tokens in {seconds:.2f} s: {rate:.1f} tokens/s ({getattr(model, 'quantization', weights)} weights)\n"
+    )
     ran = engine.ran()  # which one-row step decoded how many tokens (eager while it compiled)
     if ran:
         sys.stderr.write(ran + "\n")

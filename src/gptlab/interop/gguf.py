@@ -255,6 +255,7 @@ class GgufArchitecture:
     hf_config: Callable[[GgufFile, set[str]], dict[str, Any]]
     renames: tuple[tuple[str, str], ...]
     fixes: tuple[tuple[str, Fix], ...] = ()
+    rows_only: bool = False  # the fixes move whole rows: quantized blocks (along a row) can be kept
 
     def hf_name(self, name: str) -> str | None:
         for pattern, target in self.renames:
@@ -288,6 +289,7 @@ ARCHITECTURES: dict[str, GgufArchitecture] = {
             (r".*\.q_proj\.(weight|bias)", _unpermute_rope("num_attention_heads")),
             (r".*\.k_proj\.(weight|bias)", _unpermute_rope("num_key_value_heads")),
         ),
+        rows_only=True,
     ),
     "gpt2": GgufArchitecture(
         family=gpt2.FAMILY,
@@ -352,6 +354,10 @@ def from_gguf(
     naming it. ``quantize="int8" | "bf16"``: the model for inference in that format (as
     ``gptlab.quantize`` makes it), each tensor dequantized and converted in turn, so the float32
     model is never whole in memory.
+
+    ``quantize="keep"``: as the file ships them, as llama.cpp runs it (``gptlab.interop.gguf_kept``):
+    Q4_0/Q4_1 matrices int4 from their blocks, other matrices and the token table int8 (a file of
+    float tensors only: float32); ``"int4"``: the other matrices int4 too.
     """
     from gptlab.interop.hf import config_from_hf, model_from_hf_state
 
@@ -360,6 +366,14 @@ def from_gguf(
     hf = arch.hf_config(f, {t.name for t in f.tensors})
     config = config_from_hf(hf, f.path)
     config.extra.update({"source": f"gguf:{f.path.name}", "gguf_name": f.fields.get("general.name")})
+    if quantize in ("keep", "int4") and dtype is None:
+        from gptlab.interop.gguf_kept import kept_model
+
+        model, quantize = kept_model(f, arch, hf, config, quantize)
+        if model is not None:
+            return model
+    elif quantize == "keep":
+        quantize = None  # a float dtype asked for
     return model_from_hf_state(arch.family, config, hf_state(f, arch, hf), f.path, dtype, quantize)
 
 

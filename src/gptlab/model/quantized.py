@@ -1,4 +1,4 @@
-"""Weights for inference: ``quantize(model, "fp32" | "bf16" | "int8")``.
+"""Weights for inference: ``quantize(model, "fp32" | "bf16" | "int8" | "int4")``.
 
 Every ``nn.Linear`` becomes an inference linear ``y = x·Wᵀ + b`` whose weight is stored as
 
@@ -10,7 +10,16 @@ Every ``nn.Linear`` becomes an inference linear ``y = x·Wᵀ + b`` whose weight
   ``s_o = max_k |W_o,k| / 127``, so ``y ≈ (x·qᵀ) ⊙ s``; the token embedding is int8 too, one
   scale per row, ``e_x = q_x·s_x`` (a tied table is the head's own int8 matrix: a row of W_e is an
   output channel of the head, so it is stored once); activations and norms are bf16 where bf16 is
-  native, float32 elsewhere.
+  native, float32 elsewhere;
+* int4 (weight-only, groups of ``INT4_GROUP`` = 32 inputs, PyTorch's layout): ``w = (q − 8)·s + z``
+  with ``q ∈ [0, 15]`` and one scale ``s`` and offset ``z`` per group of 32 weights of an output
+  channel, multiplied by ``torch.ops.aten._weight_int4pack_mm_for_cpu``. From float weights the
+  groups are asymmetric min/max (``s = (max − min)/15``, ``z = min + 8s``); a GGUF file's Q4_0
+  (``w = d·(q − 8)``: ``s = d``, ``z = 0``) and Q4_1 (``w = d·q + m``: ``s = d``, ``z = m + 8d``)
+  blocks are carried over as they are (``gptlab.interop.gguf``). The kernel reads ``s`` and ``z``
+  as bf16, so an fp16 ``d`` rounds to 8 significant bits (a relative 2⁻⁹ at most) and the
+  activations enter it as bf16. The output head and the token table are int8 (no int4 kernel
+  gathers rows), as llama.cpp's 4-bit files keep them at 8 bits or more (``gptlab.model.int4``).
 
 A decode step multiplies one row by every matrix, so it is bound by how fast the weights stream
 from memory. On a CPU that one-row product is ``gemv``, ``y_o = s_o·Σ_k x_k·w_ok``, written as one
@@ -316,6 +325,13 @@ def _to_int8(model: nn.Module) -> None:
     _int8_embedding(model, act)
 
 
+def _to_int4(model: nn.Module) -> None:
+    """``gptlab.model.int4.to_int4``: int4 matrices, an int8 head and token table."""
+    from gptlab.model.int4 import to_int4
+
+    to_int4(model)
+
+
 def _to_bf16(model: nn.Module) -> None:
     """bf16 matrices; activations, embeddings and norms in bf16 where bf16 is native, else float32.
 
@@ -347,12 +363,13 @@ QUANTIZERS = {
     "fp32": _to_fp32,
     "bf16": _to_bf16,
     "int8": _to_int8,
+    "int4": _to_int4,
 }
 
 
 @torch.no_grad()
 def quantize(model: M, mode: str) -> M:
-    """Convert ``model`` in place for inference (``"fp32"``, ``"bf16"`` or ``"int8"``) and return it.
+    """Convert ``model`` in place for inference (``"fp32"``, ``"bf16"``, ``"int8"`` or ``"int4"``) and return it.
 
     An int8 model can be saved (``gptlab.save``: int8 weights and scales) but not trained; keep the
     float weights for that. The freed float memory is handed back to the system (``release_memory``).
@@ -362,7 +379,7 @@ def quantize(model: M, mode: str) -> M:
     current = getattr(model, "quantization", None)
     if current == mode:
         return model
-    if current in ("bf16", "int8"):
+    if current in ("bf16", "int8", "int4"):
         raise GptlabError(
             f"this model is already {current}; load the float checkpoint again to use another format"
         )

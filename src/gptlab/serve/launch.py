@@ -49,4 +49,4 @@ def load_for_serving(checkpoint: str, dtype: str, device: str = "cpu") -> tuple[
             f"{checkpoint}: the checkpoint has no tokenizer.json; serving needs one "
             "(save the model with its tokenizer: gptlab.save(model, tokenizer, dir))"
         )
-    return quantize(model, dtype), tokenizer
+    return (model if dtype == "keep" else quantize(model, dtype)), tokenizer  # keep: a GGUF file's own

