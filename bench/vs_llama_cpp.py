@@ -10,9 +10,8 @@ rounds (llama.cpp, gptlab, llama.cpp, gptlab, …), so a machine that drifts aff
 
 The files: the shipped ``Q4_1`` file, and ``F32``, ``Q8_0`` and ``Q4_0`` files written from it by
 ``gptlab convert --to-gguf`` (once, into ``--work``). Each format is paired with gptlab's weights at
-equal bits (``PAIRS``): F32 with float32, Q8_0 with int8, Q4_0 and Q4_1 with int4, loaded as
-``gptlab.load_source`` loads the file and converted by ``gptlab.quantize`` where the loader does not
-already give that format.
+equal bits (``PAIRS``): F32 with float32, Q8_0 with int8, Q4_0 and Q4_1 with int4, each loaded as
+``gptlab.load(file)`` loads it (the weights as the file ships them; the run stops if the format differs).
 
 Per engine and round (fresh process):
     load_s        process spawn → model ready (interpreter or Node start, imports, reading the file)
@@ -132,12 +131,11 @@ def worker(job: dict, weights: str, compile_mode: str) -> None:
 
     import gptlab
     from gptlab.generate import generate_ids, prepare_decoding
-    from gptlab.sources import load_source
 
     torch.set_num_threads(job["threads"])
-    model, _ = load_source(job["model"])
-    if weights != "fp32":
-        gptlab.quantize(model, weights)
+    model, _ = gptlab.load(job["model"])  # a GGUF file's weights as it ships them (Q4 → int4, Q8_0 → int8)
+    if getattr(model, "quantization", "fp32") != weights:
+        raise SystemExit(f"error: {job['model']} loaded as {model.quantization}, not {weights}")
     prepare_decoding(model, compile=compile_mode)
     loaded_at = time.time()
 
