@@ -313,7 +313,7 @@ class _Trainer:
                 while self.step < cfg.max_steps:
                     t0 = time.perf_counter()
                     loss, norm = self.train_step()
-                    extra = getattr(self.objective, "step_metrics", dict)()  # contract B: more per step
+                    extra: dict[str, torch.Tensor | float] = getattr(self.objective, "step_metrics", dict)()
                     pending.append((self.step, loss, norm, learning_rate(self.step - 1, cfg), extra))
                     at_eval = self.step % cfg.eval_every == 0 or self.step == cfg.max_steps
                     at_ckpt = self.step % cfg.ckpt_every == 0 or self.step == cfg.max_steps
