@@ -222,3 +222,45 @@ def test_dpo_survives_sigkill_bitwise(base, tmp_path, finetune):
     run_log = {r["step"]: r for r in read_metrics(run / "metrics.jsonl") if "loss" in r}
     assert sorted(run_log) == sorted(ref_log)
     assert all(run_log[s]["reward_accuracy"] == ref_log[s]["reward_accuracy"] for s in ref_log)
+
+
+@pytest.mark.slow  # two torchrun processes start torch
+def test_two_gloo_ranks_equal_one_process(base, tmp_path):
+    from tests.train._torchrun import finish, torchrun_train
+
+    settings = [
+        *SETTINGS,
+        f"init={base / 'base'}",
+        "model.block_size=63",
+        "max_steps=3",
+        "eval_every=3",
+        "eval_batches=2",
+        "lr=1e-2",
+        "dtype=float32",
+        "device=cpu",
+    ]
+    finish(
+        torchrun_train(
+            2,
+            [
+                "--data",
+                str(base / "ds"),
+                "--out",
+                str(tmp_path / "ddp"),
+                "--config",
+                "dpo",
+                *settings,
+                "batch_size=2",
+            ],
+        )
+    )
+    single = train(build_config("dpo", [*settings, "batch_size=4"]), base / "ds", tmp_path / "one")
+    a = ckpt.read_tensors(ckpt.resolve_checkpoint(tmp_path / "ddp") / ADAPTERS_FILE)
+    b = ckpt.read_tensors(single.checkpoint / ADAPTERS_FILE)
+    assert sorted(a) == sorted(b)
+    for k in a:  # each rank's pairs, gradients averaged = the same pairs in one process
+        torch.testing.assert_close(a[k], b[k], rtol=1e-4, atol=1e-5)
+    ddp_eval = [r for r in read_metrics(tmp_path / "ddp" / "metrics.jsonl") if "val_loss" in r][-1]
+    assert ddp_eval["val_loss"] == pytest.approx(single.val_loss, rel=1e-4)
+    one_eval = [r for r in read_metrics(tmp_path / "one" / "metrics.jsonl") if "val_loss" in r][-1]
+    assert ddp_eval["val_reward_accuracy"] == one_eval["val_reward_accuracy"]
