@@ -19,7 +19,10 @@ Files per split (numpy memmaps): ``<split>.bin`` the tokens of every pair's chos
 sequence, end to end; ``<split>.mask.bin`` (uint8) the answer mask beside them; ``<split>.offsets.bin``
 (int64, ``2·pairs + 1``) where each sequence starts. A pair whose sequence is longer than
 ``block_size + 1`` tokens is truncated at the end (``too_long = truncate``, kept while some of
-both answers remain) or dropped. The held-out split is a seeded ``val_fraction`` of the pairs.
+both answers remain) or dropped. The held-out split is a seeded ``val_fraction`` of the pairs, or,
+when the records say ``"split": "train"|"val"`` (every one of them), the split they name: a held-out
+set written to test something the training pairs do not contain (``evals/data/preference.jsonl``).
+Other keys of a record are ignored.
 """
 
 from __future__ import annotations
@@ -63,6 +66,7 @@ KIND = "preference"
 
 #: (prompt messages, chosen answer, rejected answer)
 PreferencePair = tuple[Messages, str, str]
+SPLIT_NAMES = ("train", "val")
 
 
 # ------------------------------------------------------------------ records
@@ -113,9 +117,17 @@ def preference_pair(record: Any) -> PreferencePair:
     return prompt, chosen, rejected
 
 
-def read_pairs(sources: Sequence[Path], skip_bad: bool) -> tuple[list[PreferencePair], int]:
-    """Every valid pair of ``sources`` and the number of bad records skipped."""
+def _split(record: dict[str, Any]) -> str | None:
+    split = record.get("split")
+    if split is not None and split not in SPLIT_NAMES:
+        raise BadRecord(f'"split" must be "train" or "val", got {split!r}')
+    return split
+
+
+def read_pairs(sources: Sequence[Path], skip_bad: bool) -> tuple[list[PreferencePair], list[str | None], int]:
+    """Every valid pair of ``sources``, the split each names (or None), and the number of bad records skipped."""
     pairs: list[PreferencePair] = []
+    splits: list[str | None] = []
     bad = 0
     for path in sources:
         for lineno, record in iter_records(path):
@@ -123,13 +135,14 @@ def read_pairs(sources: Sequence[Path], skip_bad: bool) -> tuple[list[Preference
                 if isinstance(record, BadRecord):
                     raise record
                 pairs.append(preference_pair(record))
+                splits.append(_split(record))
             except BadRecord as exc:
                 if not skip_bad:
                     raise GptlabError(
                         f"{path}:{lineno}: {exc} (fix it, or pass --skip-bad to skip bad records)"
                     ) from None
                 bad += 1
-    return pairs, bad
+    return pairs, splits, bad
 
 
 def encode_answer(
@@ -178,15 +191,21 @@ def prepare_preference(
         )
     tok = build_tokenizer(tokenizer, sources, model_tokenizer)
     render, template = renderer(tok, opt.template)
-    pairs, bad = read_pairs(sources, opt.skip_bad)
+    pairs, named, bad = read_pairs(sources, opt.skip_bad)
     if len(pairs) < 2:
         raise GptlabError(
             f"{len(pairs)} usable preference pair(s) in {', '.join(map(str, sources))}: need at least 2 "
             f"(one for training, one held out)"
         )
-    n_val = max(1, round(len(pairs) * val_fraction))
-    order = np.random.default_rng(0).permutation(len(pairs))
-    held = {int(i) for i in order[:n_val]}
+    if any(s is not None for s in named):  # the records name their split
+        if None in named or set(named) != set(SPLIT_NAMES):
+            raise GptlabError(
+                '"split" must be given on every record or on none, with at least one "train" and one "val" pair'
+            )
+        held = {i for i, s in enumerate(named) if s == "val"}
+    else:
+        n_val = max(1, round(len(pairs) * val_fraction))
+        held = {int(i) for i in np.random.default_rng(0).permutation(len(pairs))[:n_val]}
     length = block_size + 1
     splits: dict[str, dict[str, list[int]]] = {
         s: {"tokens": [], "mask": [], "offsets": [0]} for s in ("train", "val")
@@ -243,6 +262,7 @@ def prepare_preference(
             "tokenizer": tokenizer,
             "tokenizer_kind": getattr(tok, "kind", None),
             "val_fraction": val_fraction,
+            "split_by": "records" if None not in named else "val_fraction",
             "sources": describe_sources(sources),
         }
         atomic_write_json(stage / META_FILE, meta)
