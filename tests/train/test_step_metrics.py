@@ -55,3 +55,16 @@ def test_step_metrics_are_logged_per_step_and_plotted(counting, tmp_path):
     assert (tmp_path / "run" / "loss.png").stat().st_size > 0
     line = Progress(1, 0, False, 1, 1.0, None).postfix(1.0, 0.1, {"mean/loss": 0.51234})
     assert "mean/loss 0.512" in line
+    # gptlab compare --metric: any logged key over training, across runs
+    from gptlab.cli import main
+    from gptlab.errors import GptlabError
+
+    out = tmp_path / "cmp.png"
+    assert (
+        main(["compare", str(tmp_path / "run"), "--metric", "mean/loss,mean/twice", "--out", str(out)]) == 0
+    )
+    assert out.stat().st_size > 0
+    with pytest.raises(GptlabError, match="no run logged 'nope'.*mean/loss"):
+        from gptlab.train.compare import load_runs, plot_runs
+
+        plot_runs(load_runs([tmp_path / "run"]), out, metrics=["nope"])
