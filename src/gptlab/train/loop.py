@@ -14,12 +14,10 @@ waits for Python between steps: the loss is summed on the device, the gradient n
 clipping factor stay tensors, and the losses, norms and the nan/inf check are read once per
 ``log_every`` steps (``_log_steps``), as is the stop request under torchrun.
 
-An objective may report more per step: ``step_metrics() -> {name: value}`` (a float, or a 0-d
-tensor read with the loss, so still no sync per step), called once per optimizer step after the
-backward passes; each key goes into the step's record in ``metrics.jsonl``, the progress line and
-its own panel of ``loss.png`` (``gptlab.train.metrics``). An objective whose evaluation is not a
-per-token loss (``per_token = False``, e.g. DPO's loss per pair) records no perplexity nor bits per
-byte, and ``eval_metrics()`` may add sums over the same evaluation (``val_<name>`` = sum / count).
+An objective may report more per step: ``step_metrics() -> {name: float or 0-d tensor}``, called
+once per optimizer step and read with the loss; each key goes into ``metrics.jsonl``, the progress
+line and a panel of ``loss.png``. ``per_token = False``: an evaluation per example (DPO's per pair),
+no perplexity nor bits per byte; ``eval_metrics()`` adds sums over it (``val_<name>`` = sum / count).
 """
 
 from __future__ import annotations
@@ -45,7 +43,7 @@ from gptlab.model.fp8 import enable_fp8
 from gptlab.train import distributed, init
 from gptlab.train.config import TrainConfig
 from gptlab.train.evaluate import EvalResult
-from gptlab.train.metrics import MetricsLog, Progress
+from gptlab.train.metrics import MetricsLog, Pending, Progress, read_pending
 from gptlab.train.objectives import make_objective
 from gptlab.train.optim import build_optimizer
 from gptlab.train.precision import announce, device_memory, loss_impl
@@ -64,10 +62,6 @@ from gptlab.train.strategy import prepare_model, total_norm
 
 #: I/O errors that stop a run with one line (a full disk, a quota, a file-size limit, a read-only disk, permissions)
 WRITE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EACCES, errno.EPERM}
-
-# (step, loss, gradient norm, learning rate, the objective's step metrics) of steps whose loss is not
-# read yet (reading it is a sync)
-Pending = list[tuple[int, torch.Tensor, torch.Tensor, float, dict[str, torch.Tensor | float]]]
 
 
 @dataclass
@@ -365,12 +359,9 @@ class _Trainer:
             self.log.log(record)
             self.log.plot(self.tokens_per_step)
             figures = [f"train loss {record['train_loss']:.4f}", f"val loss {record['val_loss']:.4f}"]
-            if "val_bpb" in record:
-                figures.append(f"val bpb {record['val_bpb']:.3f}")
+            skip = ("val_loss", "val_ppl", "val_tokens", "val_examples")  # val bpb, and an objective's own
             figures += [
-                f"val {k[4:]} {v:.3f}"
-                for k, v in record.items()
-                if k.startswith("val_") and k[4:] not in ("loss", "bpb", "ppl", "tokens", "examples")
+                f"val {k[4:]} {v:.3f}" for k, v in record.items() if k.startswith("val_") and k not in skip
             ]
             progress.write(f"step {self.step}: " + ", ".join(figures))
         return record["val_loss"]
@@ -378,33 +369,13 @@ class _Trainer:
     def _log_steps(self, pending: Pending) -> tuple[float, dict[str, float]]:
         """Read the pending losses and step metrics (one sync), stop on nan/inf, and append them to
         metrics.jsonl; returns the last step's loss and metrics."""
-        rows = [
-            torch.stack(
-                [
-                    loss.float(),
-                    norm.float(),
-                    *(
-                        torch.as_tensor(v, dtype=torch.float32, device=loss.device).reshape(())
-                        for v in extra.values()
-                    ),
-                ]
-            )
-            for _, loss, norm, _, extra in pending
-        ]
-        values = torch.cat(rows).tolist()
-        at = 0
-        for (step, _, _, lr, extra), row in zip(pending, rows, strict=True):
-            loss, norm, *more = values[at : at + len(row)]
-            at += len(row)
+        for step, loss, norm, lr, metrics in read_pending(pending):
             self._check_finite(step, loss, norm)
-            metrics = dict(zip(extra, more, strict=True))
             if self.info.is_main:
+                record = {"step": step, "loss": loss, "grad_norm": norm, "lr": lr}
                 self.log.log(
                     {
-                        "step": step,
-                        "loss": loss,
-                        "grad_norm": norm,
-                        "lr": lr,
+                        **record,
                         "tokens": step * self.tokens_per_step,
                         "time_s": round(self.train_wall_s, 4),
                         **metrics,

@@ -14,15 +14,48 @@ import os
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from gptlab.errors import GptlabError
 from gptlab.fileio import atomic_write, atomic_write_text
+
+if TYPE_CHECKING:
+    import torch
+
+#: (step, loss, gradient norm, learning rate, the objective's step metrics) of steps not read yet
+Pending = list[tuple[int, "torch.Tensor", "torch.Tensor", float, dict[str, "torch.Tensor | float"]]]
 
 METRICS_FILE = "metrics.jsonl"
 PLOT_FILE = "loss.png"
 #: the keys every step record has (anything else is an objective's step metric)
 STEP_KEYS = ("step", "loss", "grad_norm", "lr", "tokens", "time_s")
+
+
+def read_pending(pending: Pending) -> list[tuple[int, float, float, float, dict[str, float]]]:
+    """``(step, loss, grad norm, lr, metrics)`` of the pending steps, all read in one sync (a tensor
+    metric is read with its loss)."""
+    import torch
+
+    rows = [
+        torch.stack(
+            [
+                loss.float(),
+                norm.float(),
+                *(
+                    torch.as_tensor(v, dtype=torch.float32, device=loss.device).reshape(())
+                    for v in extra.values()
+                ),
+            ]
+        )
+        for _, loss, norm, _, extra in pending
+    ]
+    values = torch.cat(rows).tolist()
+    out, at = [], 0
+    for (step, _, _, lr, extra), row in zip(pending, rows, strict=True):
+        loss, norm, *more = values[at : at + len(row)]
+        at += len(row)
+        out.append((step, loss, norm, lr, dict(zip(extra, more, strict=True))))
+    return out
 
 
 def step_metric_panels(records: list[dict[str, Any]]) -> dict[str, list[str]]:

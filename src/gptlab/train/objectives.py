@@ -33,6 +33,7 @@ from gptlab.data import TokenDataset, WindowSampler, eval_batches
 from gptlab.errors import GptlabError
 from gptlab.model import GPTConfig
 from gptlab.train import init
+from gptlab.train.batches import Batch, to_device
 from gptlab.train.evaluate import target_loss_sum
 
 if TYPE_CHECKING:
@@ -44,7 +45,6 @@ if TYPE_CHECKING:
     from gptlab.train.evaluate import Autocast
 
 MASK = "[MASK]"
-Batch = tuple[torch.Tensor, ...]
 
 
 def with_mask_token(tokenizer: Tokenizer) -> Tokenizer:
@@ -70,13 +70,6 @@ def mlm_mask(
     inputs = torch.where(chosen & (r < 0.8), torch.full_like(x, mask_id), x)
     inputs = torch.where(chosen & (r >= 0.8) & (r < 0.9), rand, inputs)
     return inputs, torch.where(chosen, x, torch.full_like(x, -1))
-
-
-def to_device(tensors: Iterable[torch.Tensor], device: str) -> Batch:
-    """A batch's tensors on ``device``; to a GPU through pinned memory, so the copy is truly
-    asynchronous (from pageable memory the driver may wait for the stream)."""
-    pin = torch.device(device).type == "cuda"
-    return tuple((t.pin_memory() if pin else t).to(device, non_blocking=True) for t in tensors)
 
 
 def _generator(*key: int) -> torch.Generator:
@@ -262,14 +255,33 @@ class Seq2Seq(CausalLM):
         return target_loss_sum(model, batches, run, device, autocast)
 
 
-def _dpo(cfg: ObjectiveSettings, data_dir: Path, rank: int, world_size: int) -> CausalLM:
-    from gptlab.train.preference import DPO  # a module of its own, built on this one
+class Objective(Protocol):
+    """What the training loop and ``gptlab eval`` use of an objective (``CausalLM`` and its kin, ``DPO``)."""
+
+    @property
+    def data(self) -> TokenDataset: ...
+    @property
+    def model_config(self) -> GPTConfig: ...
+    @property
+    def tokenizer(self) -> Tokenizer: ...
+    @property
+    def start(self) -> init.Start | None: ...
+
+    def batch(self, step: int, micro: int, device: str) -> Batch: ...
+    def loss(self, forward: nn.Module, batch: Batch) -> torch.Tensor: ...
+    def eval_sum(
+        self, model: GPT, split: str, n: int, device: str, autocast: Autocast | None
+    ) -> tuple[torch.Tensor, int]: ...
+
+
+def _dpo(cfg: ObjectiveSettings, data_dir: Path, rank: int, world_size: int) -> Objective:
+    from gptlab.train.preference import DPO  # a module of its own (it does not import this one)
 
     return DPO(cfg, data_dir, rank, world_size)
 
 
 #: ``objective`` → the class (or a function that builds it from ``(cfg, data_dir, rank, world_size)``)
-OBJECTIVES: dict[str, Callable[[ObjectiveSettings, Path, int, int], CausalLM]] = {
+OBJECTIVES: dict[str, Callable[[ObjectiveSettings, Path, int, int], Objective]] = {
     "causal": CausalLM,
     "mlm": MaskedLM,
     "seq2seq": Seq2Seq,
@@ -279,7 +291,7 @@ OBJECTIVES: dict[str, Callable[[ObjectiveSettings, Path, int, int], CausalLM]] =
 
 def make_objective(
     cfg: ObjectiveSettings, data_dir: str | os.PathLike[str], rank: int = 0, world_size: int = 1
-) -> CausalLM:
+) -> Objective:
     """The objective ``cfg.objective`` names, over the dataset in ``data_dir``."""
     return OBJECTIVES[cfg.objective](cfg, Path(data_dir), rank, world_size)
 

@@ -47,7 +47,8 @@ import torch
 import torch.nn.functional as F
 
 from gptlab.errors import GptlabError
-from gptlab.train.objectives import Batch, CausalLM, to_device
+from gptlab.train import init
+from gptlab.train.batches import Batch, to_device
 
 if TYPE_CHECKING:
     from torch import nn
@@ -175,26 +176,36 @@ def stored_reference(
 
 
 # ------------------------------------------------------------------ the objective
-class DPO(CausalLM):
-    """DPO over a preference dataset (``gptlab prepare --format preference``), from ``init`` pretrained weights."""
+class DPO:
+    """DPO over a preference dataset (``gptlab prepare --format preference``), from ``init`` pretrained weights.
+
+    The objective interface of ``gptlab.train.objectives`` (``Objective``), on pairs instead of windows."""
 
     arch = "decoder"
     per_token = False  # the evaluation is a loss per pair: no perplexity, no bits per byte
-    data: PreferenceDataset
 
-    @property
-    def dataset_type(self) -> type[TokenDataset]:  # type: ignore[override]
+    def __init__(self, cfg: Any, data_dir: Path, rank: int = 0, world_size: int = 1) -> None:
         from gptlab.data.preference import PreferenceDataset
 
-        return PreferenceDataset
-
-    def _setup(self) -> None:
-        cfg = self.cfg
-        if self.start is None:
+        self.cfg, self.rank, self.world = cfg, rank, world_size
+        self.data = PreferenceDataset(data_dir)
+        self.tokenizer = self.data.tokenizer
+        start = init.start(cfg, self.data)  # pretrained weights (init=SRC)
+        if start is None:
             raise GptlabError(
                 "objective=dpo needs init=SRC: the model to tune (its starting weights are the reference π_ref); "
                 "e.g. init=smollm2 finetune=lora"
             )
+        self.start: init.Start | None = start
+        self.model_config = start.config
+        if self.model_config.arch != self.arch:
+            raise GptlabError(
+                f"objective=dpo trains a decoder; init={cfg.init} is an {self.model_config.arch}"
+            )
+        self._setup(start)
+
+    def _setup(self, start: init.Start) -> None:
+        cfg = self.cfg
         longest = int(self.data.meta["longest"])
         if longest - 1 > self.model_config.block_size:
             raise GptlabError(
@@ -209,7 +220,7 @@ class DPO(CausalLM):
         )
         self.reference: dict[str, np.ndarray] | None = None
         if cfg.finetune != "lora":  # the initial model's log-probabilities, computed once and stored
-            self.reference = stored_reference(self.start.model, self.data, self.start.base, cfg.batch_size)
+            self.reference = stored_reference(start.model, self.data, start.base, cfg.batch_size)
         self._step_stats: list[torch.Tensor] = []
         self._eval_stats: torch.Tensor | None = None
 
