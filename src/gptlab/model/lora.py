@@ -21,6 +21,8 @@ one and merging one all need them; what trains and how fast (LoRA+) is ``gptlab.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from typing import Any, TypeVar
 
@@ -123,6 +125,7 @@ class LoRALinear(nn.Module):
         self.scaling = alpha / rank
         self.dropout = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
         self.in_features, self.out_features = d_in, d_out
+        self.disabled = False  # adapters_disabled: the frozen base alone
 
     @property
     def weight(self) -> torch.Tensor:
@@ -130,6 +133,8 @@ class LoRALinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: (..., d_in)
         y: torch.Tensor = self.base(x)  # (..., d_out)
+        if self.disabled:
+            return y
         z = F.linear(self.dropout(x).to(self.lora_A.dtype), self.lora_A)  # A·x: (..., r)
         if y.dtype != z.dtype:  # a bf16/int8 base: the float32 update, then cast
             return y + (F.linear(z, self.lora_B) * self.scaling).to(y.dtype)
@@ -201,6 +206,21 @@ def lora_layers(model: nn.Module) -> dict[str, LoRALinear]:
     return {n: m for n, m in model.named_modules() if isinstance(m, LoRALinear)}
 
 
+@contextmanager
+def adapters_disabled(model: nn.Module) -> Iterator[nn.Module]:
+    """Inside the block, ``model`` computes its frozen base alone (every adapter off): the pretrained
+    function, exactly, with no second copy of the weights (DPO's reference model, a KL anchor)."""
+    layers = list(lora_layers(model).values())
+    before = [layer.disabled for layer in layers]
+    for layer in layers:
+        layer.disabled = True
+    try:
+        yield model
+    finally:
+        for layer, state in zip(layers, before, strict=True):
+            layer.disabled = state
+
+
 def adapter_state(model: nn.Module) -> dict[str, torch.Tensor]:
     """``{"<layer>.lora_A": A, "<layer>.lora_B": B}`` of every adapter."""
     out: dict[str, torch.Tensor] = {}
@@ -256,6 +276,7 @@ __all__ = [
     "LoRALinear",
     "LoRASpec",
     "adapter_state",
+    "adapters_disabled",
     "apply_lora",
     "is_lora_model",
     "linear_names",

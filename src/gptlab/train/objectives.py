@@ -3,6 +3,8 @@
     causal   L = −(1/N)·Σ_t log P_θ(x_t | x_<t)                      next token (eq. 10), a decoder
     mlm      L = −(1/|C|)·Σ_{i∈C} log P_θ(x_i | x̃)                    masked tokens, a bidirectional encoder
     seq2seq  L = −(1/N_y)·Σ_t log P_θ(y_t | y_<t, x)                  target tokens, an encoder–decoder
+    dpo      L = −log σ(β·[(log π(y_w|x) − log π_ref(y_w|x))
+                           − (log π(y_l|x) − log π_ref(y_l|x))])      preference pairs (train/preference.py)
 
 MLM (BERT's recipe): each position is chosen with probability ``mlm_rate`` (15 %) into
 ``C``; a chosen token becomes ``[MASK]`` with probability 0.8, a random token with 0.1
@@ -12,13 +14,14 @@ targets elsewhere are −1, which the cross-entropy ignores). The masks are a fu
 
 The training loop calls an objective through one interface: ``batch(step, micro)``,
 ``loss(forward, batch)``, ``eval_sum(model, split, ...)``, plus ``model_config``,
-``tokenizer`` (with ``[MASK]`` added where needed) and ``data``.
+``tokenizer`` (with ``[MASK]`` added where needed) and ``data``; optionally ``step_metrics()``,
+``eval_metrics()`` and ``per_token`` (``gptlab.train.loop``).
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from itertools import islice
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
@@ -30,6 +33,7 @@ from gptlab.data import TokenDataset, WindowSampler, eval_batches
 from gptlab.errors import GptlabError
 from gptlab.model import GPTConfig
 from gptlab.train import init
+from gptlab.train.batches import Batch, to_device
 from gptlab.train.evaluate import target_loss_sum
 
 if TYPE_CHECKING:
@@ -41,7 +45,6 @@ if TYPE_CHECKING:
     from gptlab.train.evaluate import Autocast
 
 MASK = "[MASK]"
-Batch = tuple[torch.Tensor, ...]
 
 
 def with_mask_token(tokenizer: Tokenizer) -> Tokenizer:
@@ -69,13 +72,6 @@ def mlm_mask(
     return inputs, torch.where(chosen, x, torch.full_like(x, -1))
 
 
-def to_device(tensors: Iterable[torch.Tensor], device: str) -> Batch:
-    """A batch's tensors on ``device``; to a GPU through pinned memory, so the copy is truly
-    asynchronous (from pageable memory the driver may wait for the stream)."""
-    pin = torch.device(device).type == "cuda"
-    return tuple((t.pin_memory() if pin else t).to(device, non_blocking=True) for t in tensors)
-
-
 def _generator(*key: int) -> torch.Generator:
     return torch.Generator().manual_seed(int(np.random.SeedSequence(list(key)).generate_state(1)[0]))
 
@@ -97,6 +93,7 @@ class CausalLM:
     """Next-token prediction over windows of the token stream (a decoder)."""
 
     arch = "decoder"
+    per_token = True  # eval_sum sums token losses (perplexity and bits per byte apply)
     dataset_type: type[TokenDataset] = TokenDataset
     _keys: list[str] = []  # noqa: RUF012  (names of a batch's keyword inputs after x and y; set per batch)
 
@@ -258,12 +255,43 @@ class Seq2Seq(CausalLM):
         return target_loss_sum(model, batches, run, device, autocast)
 
 
-OBJECTIVES: dict[str, type[CausalLM]] = {"causal": CausalLM, "mlm": MaskedLM, "seq2seq": Seq2Seq}
+class Objective(Protocol):
+    """What the training loop and ``gptlab eval`` use of an objective (``CausalLM`` and its kin, ``DPO``)."""
+
+    @property
+    def data(self) -> TokenDataset: ...
+    @property
+    def model_config(self) -> GPTConfig: ...
+    @property
+    def tokenizer(self) -> Tokenizer: ...
+    @property
+    def start(self) -> init.Start | None: ...
+
+    def batch(self, step: int, micro: int, device: str) -> Batch: ...
+    def loss(self, forward: nn.Module, batch: Batch) -> torch.Tensor: ...
+    def eval_sum(
+        self, model: GPT, split: str, n: int, device: str, autocast: Autocast | None
+    ) -> tuple[torch.Tensor, int]: ...
+
+
+def _dpo(cfg: ObjectiveSettings, data_dir: Path, rank: int, world_size: int) -> Objective:
+    from gptlab.train.preference import DPO  # a module of its own (it does not import this one)
+
+    return DPO(cfg, data_dir, rank, world_size)
+
+
+#: ``objective`` → the class (or a function that builds it from ``(cfg, data_dir, rank, world_size)``)
+OBJECTIVES: dict[str, Callable[[ObjectiveSettings, Path, int, int], Objective]] = {
+    "causal": CausalLM,
+    "mlm": MaskedLM,
+    "seq2seq": Seq2Seq,
+    "dpo": _dpo,
+}
 
 
 def make_objective(
     cfg: ObjectiveSettings, data_dir: str | os.PathLike[str], rank: int = 0, world_size: int = 1
-) -> CausalLM:
+) -> Objective:
     """The objective ``cfg.objective`` names, over the dataset in ``data_dir``."""
     return OBJECTIVES[cfg.objective](cfg, Path(data_dir), rank, world_size)
 
