@@ -21,6 +21,8 @@ one and merging one all need them; what trains and how fast (LoRA+) is ``gptlab.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from typing import Any, TypeVar
 
@@ -244,6 +246,21 @@ def merge_lora(model: M) -> M:
     return model
 
 
+@contextmanager
+def adapters_disabled(model: nn.Module) -> Iterator[None]:
+    """Inside the block ``model`` computes its frozen base alone (every adapter's ``α/r`` set to 0):
+    the reference of preference and reward tuning, with no second copy of the weights."""
+    layers = list(lora_layers(model).values())
+    saved = [layer.scaling for layer in layers]
+    for layer in layers:
+        layer.scaling = 0.0
+    try:
+        yield
+    finally:
+        for layer, scaling in zip(layers, saved, strict=True):
+            layer.scaling = scaling
+
+
 def is_lora_model(model: object) -> bool:
     """True for a model prepared by ``apply_lora`` (it carries its ``lora_spec``)."""
     return "lora_spec" in getattr(model, "__dict__", {})
@@ -256,6 +273,7 @@ __all__ = [
     "LoRALinear",
     "LoRASpec",
     "adapter_state",
+    "adapters_disabled",
     "apply_lora",
     "is_lora_model",
     "linear_names",

@@ -3,6 +3,7 @@
     causal   L = −(1/N)·Σ_t log P_θ(x_t | x_<t)                      next token (eq. 10), a decoder
     mlm      L = −(1/|C|)·Σ_{i∈C} log P_θ(x_i | x̃)                    masked tokens, a bidirectional encoder
     seq2seq  L = −(1/N_y)·Σ_t log P_θ(y_t | y_<t, x)                  target tokens, an encoder–decoder
+    grpo     L = −(1/Σ|y_i|)·Σ_i Σ_t A_i·log π_θ(y_i,t | x, y_i,<t)   sampled completions (gptlab.train.reinforce)
 
 MLM (BERT's recipe): each position is chosen with probability ``mlm_rate`` (15 %) into
 ``C``; a chosen token becomes ``[MASK]`` with probability 0.8, a random token with 0.1
@@ -258,7 +259,10 @@ class Seq2Seq(CausalLM):
         return target_loss_sum(model, batches, run, device, autocast)
 
 
+from gptlab.train.reinforce import GRPO  # noqa: E402  (it builds on CausalLM above)
+
 OBJECTIVES: dict[str, type[CausalLM]] = {"causal": CausalLM, "mlm": MaskedLM, "seq2seq": Seq2Seq}
+OBJECTIVES["grpo"] = GRPO  # reinforcement from a reward (gptlab.train.reinforce)
 
 
 def make_objective(
