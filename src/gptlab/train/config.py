@@ -92,9 +92,7 @@ class TrainConfig:
     # objective = "grpo" (gptlab.train.reinforce): reinforcement from a reward function
     reward: str = ""  # "path/to/file.py:function", a Python function (prompt, completion[, example]) → float
     group_size: int = 4  # G: completions sampled per prompt (the group whose mean is the baseline)
-    kl_coef: float = (
-        0.0  # weight of the KL penalty against the reference (LoRA: adapters off; full: a frozen copy)
-    )
+    kl_coef: float = 0.0  # KL penalty weight; reference: LoRA with adapters off, full: a frozen copy
     rl_max_new_tokens: int = 64  # longest completion sampled
     rl_temperature: float = 1.0  # sampling temperature of the completions
     advantage_std: bool = True  # divide each advantage by its group's standard deviation (+ 1e-4)
