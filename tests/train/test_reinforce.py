@@ -274,7 +274,10 @@ def test_lora_grpo_survives_sigkill_bitwise(task, tmp_path):
         "eval_every=7",
         "lr=1e-2",
     ]
-    reference = train(build_config(None, _settings(task, "fraction", *extra)), task / "ds", tmp_path / "ref")
+    # `gptlab train init=...` starts from the finetune recipe, as the reference does here
+    reference = train(
+        build_config("finetune", _settings(task, "fraction", *extra)), task / "ds", tmp_path / "ref"
+    )
     run = tmp_path / "run"
     kill_and_resume(lambda resume: _launch(task, run, *extra, resume=resume), run, kills=2, most_steps=4)
     final = ckpt.resolve_checkpoint(run)
