@@ -300,3 +300,22 @@ def test_grpo_under_ddp_ends_in_a_checkpoint(task, tmp_path):
     )
     assert ckpt.resolve_checkpoint(run).name == "ckpt-4"
     assert load_source(run)[0] is not None
+
+
+# ---------------------------------------------------------------- the shipped task
+def test_the_shipped_addition_task_is_its_script_output_and_its_reward_checks_it():
+    import importlib.util
+    from pathlib import Path
+
+    here = Path(__file__).resolve().parents[2] / "evals" / "rl"
+    spec = importlib.util.spec_from_file_location("make_addition", here / "make_addition.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    shipped = [json.loads(line) for line in (here / "addition.jsonl").read_text().splitlines()]
+    assert shipped == module.records()  # regenerated deterministically
+    reward = RewardFunction(f"{here / 'addition_reward.py'}:reward")
+    for record in shipped[:50]:
+        a, b = map(int, record["messages"][-1]["content"].split(" + "))
+        assert reward("", f" {a + b}.", record, "x") == 1.0
+        assert reward("", f"{a} + {b} = {a + b}", record, "x") == 0.5
+        assert reward("", f"{a + b + 1}", record, "x") == 0.0

@@ -1,0 +1,29 @@
+"""The reward of the addition task (``evals/rl/addition.jsonl``), for ``objective = "grpo"``:
+
+    train ... reward=evals/rl/addition_reward.py:reward
+
+    r = 1.0   the reply is exactly the sum (spaces and one final "." allowed): what was asked
+    r = 0.5   the sum is the last number of a longer reply ("27 + 82 = 109"): right, wrong format
+    r = 0.0   anything else
+
+``correct`` (the first case) is the accuracy the demonstration reports.
+"""
+
+from __future__ import annotations
+
+import re
+
+NUMBER = re.compile(r"-?\d+")
+
+
+def correct(completion: str, answer: str) -> bool:
+    """The reply is the sum alone."""
+    return completion.strip().removesuffix(".").strip() == answer
+
+
+def reward(prompt: str, completion: str, example: dict) -> float:
+    answer = str(example["answer"])
+    if correct(completion, answer):
+        return 1.0
+    numbers = NUMBER.findall(completion)
+    return 0.5 if numbers and numbers[-1] == answer else 0.0
