@@ -49,10 +49,10 @@ def _alpaca(*args: Any, **kwargs: Any) -> dict[str, Any]:
     return prepare_alpaca(*args, **kwargs, model_tokenizer=model_tokenizer)
 
 
-def _prompts(*args: Any, **kwargs: Any) -> dict[str, Any]:
+def _prompts(inputs: list[str], out: str, **kwargs: Any) -> dict[str, Any]:
     from gptlab.data.prompts import prepare_prompts
 
-    return prepare_prompts(*args, **kwargs, model_tokenizer=model_tokenizer)
+    return prepare_prompts(inputs, out, **kwargs, model_tokenizer=model_tokenizer)
 
 
 #: --format NAME → the function that writes the dataset directory
