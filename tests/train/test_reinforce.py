@@ -251,8 +251,13 @@ def test_mean_reward_rises_on_a_tiny_task(task, tmp_path):
     before = _sampled_reward(load_source(task / "base")[0], data)
     after = _sampled_reward(load_source(result.checkpoint)[0], data)
     assert after > before + 0.3, (before, after)
-    evals = [r for r in (json.loads(x) for x in open(tmp_path / "r" / "metrics.jsonl")) if "val_loss" in r]
+    records = [json.loads(x) for x in open(tmp_path / "r" / "metrics.jsonl")]
+    evals = [r for r in records if "val_loss" in r]
     assert evals[-1]["val_loss"] < -0.5  # −(held-out mean reward), greedy
+    assert evals[-1]["val_reward"] == pytest.approx(-evals[-1]["val_loss"]) and "val_ppl" not in evals[-1]
+    steps = [r for r in records if "loss" in r]  # the objective's step_metrics, logged by the loop
+    assert {"reward", "reward_std", "completion_len", "kl", "zero_adv_frac"} <= set(steps[0])
+    assert np.mean([r["reward"] for r in steps[-5:]]) > np.mean([r["reward"] for r in steps[:5]]) + 0.2
 
 
 # ---------------------------------------------------------------- resuming and DDP

@@ -1,4 +1,4 @@
-"""``gptlab compare RUN [RUN ...] [--x steps|tokens|seconds] [--out PNG] [--json]``."""
+"""``gptlab compare RUN [RUN ...] [--x steps|tokens|seconds] [--metric KEY,...] [--out PNG] [--json]``."""
 
 from __future__ import annotations
 
@@ -16,6 +16,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("runs", nargs="+", metavar="RUN", help="run directories made by `gptlab train`")
     # no choices=X_AXES here: importing gptlab.train would load torch for every command; plot_runs checks --x
     p.add_argument("--x", default="steps", help="the x axis: steps, tokens or seconds (default steps)")
+    p.add_argument(
+        "--metric",
+        default="",
+        help="plot these per-step keys instead of the loss, comma-separated (a DPO run: logp/chosen,logp/rejected)",
+    )
     p.add_argument("--out", default="compare.png", help="the PNG to write (default compare.png)")
     p.add_argument("--json", action="store_true", help="print the table as JSON")
     p.set_defaults(func=run)
@@ -26,7 +31,7 @@ def run(args: argparse.Namespace) -> int:
 
     runs = load_runs(args.runs)
     rows = [r.final() for r in runs]
-    path = plot_runs(runs, args.out, args.x)
+    path = plot_runs(runs, args.out, args.x, [m for m in args.metric.split(",") if m])
     if args.json:
         print(json.dumps({"plot": str(path), "runs": rows}))
     else:

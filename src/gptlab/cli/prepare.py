@@ -1,4 +1,4 @@
-"""``gptlab prepare INPUT... --out DATA_DIR --tokenizer char|bpe:N|gpt2:DIR|FILE|MODEL [--format text|chat|alpaca|prompts]``:
+"""``gptlab prepare INPUT... --out DATA_DIR --tokenizer char|bpe:N|gpt2:DIR|FILE|MODEL [--format text|chat|alpaca|preference|prompts]``:
 corpora → token shards (instruction data: rows with a loss mask)."""
 
 from __future__ import annotations
@@ -43,6 +43,12 @@ def _chat(*args: Any, **kwargs: Any) -> dict[str, Any]:
     return prepare_chat(*args, **kwargs, model_tokenizer=model_tokenizer)
 
 
+def _preference(inputs: list[str], out: str, **kwargs: Any) -> dict[str, Any]:
+    from gptlab.data.preference import prepare_preference
+
+    return prepare_preference(inputs, out, **kwargs, model_tokenizer=model_tokenizer)
+
+
 def _alpaca(*args: Any, **kwargs: Any) -> dict[str, Any]:
     from gptlab.data.chat import prepare_alpaca
 
@@ -61,6 +67,7 @@ FORMATS: dict[str, Callable[..., dict[str, Any]]] = {
     "pairs": _pairs,
     "chat": _chat,
     "alpaca": _alpaca,
+    "preference": _preference,
     "prompts": _prompts,
 }
 
@@ -85,6 +92,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default="text",
         help="text: a token stream (default); pairs: JSONL of {source, target} for an encoder-decoder; "
         "chat: JSONL of {messages: [{role, content}]}; alpaca: {instruction, input, output}; "
+        "preference: {prompt or messages, chosen, rejected} for DPO; "
         "prompts: JSONL of {prompt} or {messages} ending on a user turn (other fields go to the reward)",
     )
     p.add_argument(
@@ -118,7 +126,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="write numbered shards train-00000.bin … of at most M tokens (default 0: one file per split)",
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bar (MB/s and ETA)")
-    chat = p.add_argument_group("chat, alpaca and prompts data")
+    chat = p.add_argument_group("chat, alpaca, preference and prompts data")
     chat.add_argument("--template", default="auto", help="chat template: auto (the model's own) or a name")
     chat.add_argument("--prompt-loss", action="store_true", help="count prompt tokens in the loss too")
     chat.add_argument("--packing", default="packed", choices=["packed", "padded"], help="examples per row")
@@ -148,6 +156,12 @@ def run(args: argparse.Namespace) -> int:
         f"{args.out}: {meta['train_tokens']:,} train + {meta['val_tokens']:,} val tokens "
         f"({meta['dtype']}, vocabulary {meta['vocab_size']:,}, {meta.get('documents', 0)} document(s){files})"
     )
+    if meta.get("kind") == "preference":
+        print(
+            f"{meta['train_pairs']} train + {meta['val_pairs']} val preference pairs (template {meta['template']}, "
+            f"loss on the answers, longest sequence {meta['longest']} tokens); truncated {meta['truncated']}, "
+            f"dropped {meta['dropped']}, bad records skipped {meta['skipped_bad']}"
+        )
     if meta.get("kind") == "prompts":
         print(
             f"{meta['train_prompts']} train + {meta['val_prompts']} held-out prompts (template {meta['template']}, "
@@ -195,5 +209,6 @@ FORMAT_OPTIONS = {
     "pairs": _text_options,
     "chat": _chat_options,
     "alpaca": _chat_options,
+    "preference": _chat_options,
     "prompts": _prompt_options,
 }

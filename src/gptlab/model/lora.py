@@ -125,6 +125,7 @@ class LoRALinear(nn.Module):
         self.scaling = alpha / rank
         self.dropout = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
         self.in_features, self.out_features = d_in, d_out
+        self.disabled = False  # adapters_disabled: the frozen base alone
 
     @property
     def weight(self) -> torch.Tensor:
@@ -132,6 +133,8 @@ class LoRALinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: (..., d_in)
         y: torch.Tensor = self.base(x)  # (..., d_out)
+        if self.disabled:
+            return y
         z = F.linear(self.dropout(x).to(self.lora_A.dtype), self.lora_A)  # A·x: (..., r)
         if y.dtype != z.dtype:  # a bf16/int8 base: the float32 update, then cast
             return y + (F.linear(z, self.lora_B) * self.scaling).to(y.dtype)
@@ -203,6 +206,21 @@ def lora_layers(model: nn.Module) -> dict[str, LoRALinear]:
     return {n: m for n, m in model.named_modules() if isinstance(m, LoRALinear)}
 
 
+@contextmanager
+def adapters_disabled(model: nn.Module) -> Iterator[nn.Module]:
+    """Inside the block, ``model`` computes its frozen base alone (every adapter off): the pretrained
+    function, exactly, with no second copy of the weights (DPO's reference model, a KL anchor)."""
+    layers = list(lora_layers(model).values())
+    before = [layer.disabled for layer in layers]
+    for layer in layers:
+        layer.disabled = True
+    try:
+        yield model
+    finally:
+        for layer, state in zip(layers, before, strict=True):
+            layer.disabled = state
+
+
 def adapter_state(model: nn.Module) -> dict[str, torch.Tensor]:
     """``{"<layer>.lora_A": A, "<layer>.lora_B": B}`` of every adapter."""
     out: dict[str, torch.Tensor] = {}
@@ -244,21 +262,6 @@ def merge_lora(model: M) -> M:
         setattr(model.get_submodule(parent_name), child, base)
     model.__dict__.pop("lora_spec", None)
     return model
-
-
-@contextmanager
-def adapters_disabled(model: nn.Module) -> Iterator[None]:
-    """Inside the block ``model`` computes its frozen base alone (every adapter's ``α/r`` set to 0):
-    the reference of preference and reward tuning, with no second copy of the weights."""
-    layers = list(lora_layers(model).values())
-    saved = [layer.scaling for layer in layers]
-    for layer in layers:
-        layer.scaling = 0.0
-    try:
-        yield
-    finally:
-        for layer, scaling in zip(layers, saved, strict=True):
-            layer.scaling = scaling
 
 
 def is_lora_model(model: object) -> bool:

@@ -4,6 +4,8 @@ Each run's ``metrics.jsonl`` is read (``gptlab.train.metrics``): per-step record
 ``tokens``, ``time_s``) and evaluation records (``train_loss``, ``val_loss``, ``val_bpb``). The curves
 are drawn against steps, tokens or seconds of training; a step's seconds are the training wall time
 up to it, so runs on different machines or with different batch sizes compare fairly by tokens.
+``metrics`` plots an objective's step metrics instead of the loss (``gptlab compare RUN --metric
+logp/chosen,logp/rejected``: how a DPO run's chosen and rejected answers' log-probabilities move).
 """
 
 from __future__ import annotations
@@ -106,10 +108,17 @@ def render_table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def plot_runs(runs: list[RunCurves], out: str | os.PathLike[str], axis: str = "steps") -> Path:
-    """Write a PNG: each run's per-step train loss (thin) and val loss (dots), one colour per run."""
+def plot_runs(
+    runs: list[RunCurves], out: str | os.PathLike[str], axis: str = "steps", metrics: list[str] | None = None
+) -> Path:
+    """Write a PNG: each run's per-step train loss (thin) and val loss (dots), one colour per run; or, with
+    ``metrics``, those per-step keys (one line style per key)."""
     if axis not in X_AXES:
         raise GptlabError(f"unknown x axis {axis!r}; choose one of {', '.join(X_AXES)}")
+    for key in metrics or []:
+        if not any(key in r for run in runs for r in run.steps):
+            known = sorted({k for run in runs for r in run.steps for k in r} - {"step", "tokens", "time_s"})
+            raise GptlabError(f"no run logged {key!r}; the runs' per-step keys are {', '.join(known)}")
     import matplotlib
 
     matplotlib.use("Agg")
@@ -118,6 +127,13 @@ def plot_runs(runs: list[RunCurves], out: str | os.PathLike[str], axis: str = "s
     fig, ax = plt.subplots(figsize=(9, 5), dpi=100)
     for i, run in enumerate(runs):
         color = f"C{i % 10}"
+        if metrics:
+            for j, key in enumerate(metrics):
+                points = [(run.x(r, axis), r[key]) for r in run.steps if key in r]
+                points = [(x, y) for x, y in points if x is not None]
+                style = ("-", "--", ":", "-.")[j % 4]
+                ax.plot(*zip(*points), style, lw=1.0, color=color, label=f"{run.name} {key}")
+            continue
         train = [(run.x(r, axis), r["loss"]) for r in run.steps]
         train = [(x, y) for x, y in train if x is not None]
         if train:
@@ -127,7 +143,7 @@ def plot_runs(runs: list[RunCurves], out: str | os.PathLike[str], axis: str = "s
         if val:
             ax.plot(*zip(*val), "o-", ms=4, color=color, label=f"{run.name} val")
     ax.set_xlabel(X_AXES[axis][1])
-    ax.set_ylabel("cross-entropy loss (nats/token)")
+    ax.set_ylabel(", ".join(metrics) if metrics else "loss (nats/token; a pair's for DPO)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()

@@ -73,10 +73,12 @@ class TrainConfig:
     log_every: int = 1  # steps between metrics.jsonl records (each record reads the loss: a sync on GPU)
     loggers: list[str] = field(default_factory=list)  # "tensorboard", "wandb"
     progress: bool = True  # the progress bar
-    objective: str = "causal"  # causal (next token) | mlm (masked tokens, an encoder) | seq2seq (pairs)
+    objective: str = "causal"  # causal (next token) | mlm (masked tokens, an encoder) | seq2seq (pairs) | dpo
     mlm_rate: float = (
         0.15  # objective = "mlm": share of positions chosen (80 % [MASK], 10 % random, 10 % kept)
     )
+    beta: float = 0.1  # objective = "dpo": β, how far the policy may move from the reference
+    label_smoothing: float = 0.0  # objective = "dpo": ε, the share of preference labels taken as flipped
     strategy: str = "ddp"  # ddp | fsdp (under torchrun: FSDP2 shards weights, gradients and AdamW state)
     activation_checkpointing: str = "none"  # none | blocks (recompute each block in the backward)
     reshard_after_forward: bool = True  # fsdp: free gathered weights after each block's forward
@@ -163,6 +165,11 @@ class TrainConfig:
             f"objective must be one of {', '.join(OBJECTIVES)}; got {self.objective!r}",
         )
         need(0.0 < self.mlm_rate < 1.0, f"mlm_rate must be in (0, 1), got {self.mlm_rate}")
+        need(self.beta > 0, f"beta must be positive (DPO's β, e.g. 0.1), got {self.beta}")
+        need(
+            0.0 <= self.label_smoothing < 0.5,
+            f"label_smoothing must be in [0, 0.5) (0: trust every preference), got {self.label_smoothing}",
+        )
         from gptlab.train.reinforce import check_settings as check_reinforce
 
         check_reinforce(self, need)

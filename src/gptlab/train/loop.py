@@ -13,6 +13,13 @@ A step reads nothing back on the host (no ``.item()``, no branch on a tensor), s
 waits for Python between steps: the loss is summed on the device, the gradient norm and the
 clipping factor stay tensors, and the losses, norms and the nan/inf check are read once per
 ``log_every`` steps (``_log_steps``), as is the stop request under torchrun.
+
+An objective may report more per step: ``step_metrics() -> {name: value}`` (a float, or a 0-d
+tensor read with the loss, so still no sync per step), called once per optimizer step after the
+backward passes; each key goes into the step's record in ``metrics.jsonl``, the progress line and
+its own panel of ``loss.png`` (``gptlab.train.metrics``). An objective whose evaluation is not a
+per-token loss (``per_token = False``, e.g. DPO's loss per pair) records no perplexity nor bits per
+byte, and ``eval_metrics()`` may add sums over the same evaluation (``val_<name>`` = sum / count).
 """
 
 from __future__ import annotations
@@ -58,8 +65,9 @@ from gptlab.train.strategy import prepare_model, total_norm
 #: I/O errors that stop a run with one line (a full disk, a quota, a file-size limit, a read-only disk, permissions)
 WRITE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EACCES, errno.EPERM}
 
-# (step, loss, gradient norm, learning rate) of steps whose loss is not read yet (reading it is a sync)
-Pending = list[tuple[int, torch.Tensor, torch.Tensor, float]]
+# (step, loss, gradient norm, learning rate, the objective's step metrics) of steps whose loss is not
+# read yet (reading it is a sync)
+Pending = list[tuple[int, torch.Tensor, torch.Tensor, float, dict[str, torch.Tensor | float]]]
 
 
 @dataclass
@@ -229,9 +237,22 @@ class _Trainer:
                 torch.stack([total, torch.tensor(float(count), dtype=torch.float64, device=self.device)]),
                 self.info,
             )
-            result = EvalResult(float(sums[0] / sums[1]), int(sums[1]), self.data.bytes_per_token(split))
-            out.update(result.to_dict(f"{split}_"))
+            extra = self._eval_metrics()
+            if getattr(self.objective, "per_token", True):
+                result = EvalResult(float(sums[0] / sums[1]), int(sums[1]), self.data.bytes_per_token(split))
+                out.update(result.to_dict(f"{split}_"))
+            else:  # a loss per example (a pair, a prompt): no perplexity, no bits per byte
+                out.update({f"{split}_loss": float(sums[0] / sums[1]), f"{split}_examples": int(sums[1])})
+            out.update({f"{split}_{k}": v / max(float(sums[1]), 1.0) for k, v in extra.items()})
         return out
+
+    def _eval_metrics(self) -> dict[str, float]:
+        """The objective's ``eval_metrics()``: sums over the evaluation just run, summed over ranks."""
+        sums: dict[str, torch.Tensor] = getattr(self.objective, "eval_metrics", dict)()
+        if not sums:
+            return {}
+        stacked = torch.stack([v.double().reshape(()) for v in sums.values()])
+        return dict(zip(sums, distributed.all_reduce_sum(stacked, self.info).tolist(), strict=True))
 
     # ------------------------------------------------------------- one step
     def train_step(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -282,6 +303,7 @@ class _Trainer:
             self.info.world_size,
         )
         pending: Pending = []
+        shown: dict[str, float] = {}  # the objective's metrics of the last step read
         window, step_s = (0.0, 0), 0.0  # (seconds, steps) since the losses were last read; mean step time
         train_loss = val_loss = None
         checkpoint, interrupted = None, False
@@ -291,19 +313,20 @@ class _Trainer:
                 while self.step < cfg.max_steps:
                     t0 = time.perf_counter()
                     loss, norm = self.train_step()
-                    pending.append((self.step, loss, norm, learning_rate(self.step - 1, cfg)))
+                    extra: dict[str, torch.Tensor | float] = getattr(self.objective, "step_metrics", dict)()
+                    pending.append((self.step, loss, norm, learning_rate(self.step - 1, cfg), extra))
                     at_eval = self.step % cfg.eval_every == 0 or self.step == cfg.max_steps
                     at_ckpt = self.step % cfg.ckpt_every == 0 or self.step == cfg.max_steps
                     at_log = at_eval or at_ckpt or self.step % cfg.log_every == 0
                     interrupted = self._stop_requested(stop.requested, at_log)
                     if at_log or interrupted:
-                        train_loss = self._log_steps(pending)  # reads the losses; raises on nan/inf
+                        train_loss, shown = self._log_steps(pending)  # reads the losses; raises on nan/inf
                     dt = time.perf_counter() - t0
                     self.train_wall_s += dt
                     window = (window[0] + dt, window[1] + 1)
                     if at_log or interrupted:  # a GPU's queue is drained only here: rate over the window
                         step_s, window = window[0] / window[1], (0.0, 0)
-                    progress.step(train_loss, step_s or dt, force=at_eval)
+                    progress.step(train_loss, step_s or dt, force=at_eval, extra=shown)
                     if at_eval:
                         val_loss = self._evaluate_step(progress)
                     if at_ckpt or interrupted:
@@ -341,19 +364,40 @@ class _Trainer:
         if self.info.is_main:
             self.log.log(record)
             self.log.plot(self.tokens_per_step)
-            progress.write(
-                f"step {self.step}: train loss {record['train_loss']:.4f}, "
-                f"val loss {record['val_loss']:.4f}, val bpb {record['val_bpb']:.3f}"
-            )
+            figures = [f"train loss {record['train_loss']:.4f}", f"val loss {record['val_loss']:.4f}"]
+            if "val_bpb" in record:
+                figures.append(f"val bpb {record['val_bpb']:.3f}")
+            figures += [
+                f"val {k[4:]} {v:.3f}"
+                for k, v in record.items()
+                if k.startswith("val_") and k[4:] not in ("loss", "bpb", "ppl", "tokens", "examples")
+            ]
+            progress.write(f"step {self.step}: " + ", ".join(figures))
         return record["val_loss"]
 
-    def _log_steps(self, pending: Pending) -> float:
-        """Read the pending losses (one sync), stop on nan/inf, and append them to metrics.jsonl."""
-        values = torch.stack(
-            [torch.stack([loss.float(), norm.float()]) for _, loss, norm, _ in pending]
-        ).tolist()
-        for (step, _, _, lr), (loss, norm) in zip(pending, values):
+    def _log_steps(self, pending: Pending) -> tuple[float, dict[str, float]]:
+        """Read the pending losses and step metrics (one sync), stop on nan/inf, and append them to
+        metrics.jsonl; returns the last step's loss and metrics."""
+        rows = [
+            torch.stack(
+                [
+                    loss.float(),
+                    norm.float(),
+                    *(
+                        torch.as_tensor(v, dtype=torch.float32, device=loss.device).reshape(())
+                        for v in extra.values()
+                    ),
+                ]
+            )
+            for _, loss, norm, _, extra in pending
+        ]
+        values = torch.cat(rows).tolist()
+        at = 0
+        for (step, _, _, lr, extra), row in zip(pending, rows, strict=True):
+            loss, norm, *more = values[at : at + len(row)]
+            at += len(row)
             self._check_finite(step, loss, norm)
+            metrics = dict(zip(extra, more, strict=True))
             if self.info.is_main:
                 self.log.log(
                     {
@@ -363,10 +407,11 @@ class _Trainer:
                         "lr": lr,
                         "tokens": step * self.tokens_per_step,
                         "time_s": round(self.train_wall_s, 4),
+                        **metrics,
                     }
                 )
         pending.clear()
-        return values[-1][0]
+        return loss, metrics
 
     def _check_finite(self, step: int, loss: float, norm: float) -> None:
         """A nan/inf loss (or gradient norm, without a loss scaler) stops the run, naming the last good checkpoint."""

@@ -1,6 +1,10 @@
 """Training records: ``metrics.jsonl`` (one JSON object per line), ``loss.png``, optional
 TensorBoard / Weights & Biases logging when those packages are installed, and the progress bar
 (loss, tokens/s and MFU, ``gptlab.inspect.flops``).
+
+An objective's own step metrics (``step_metrics()``, see ``gptlab.train.loop``) are drawn beside
+the loss, one panel each; keys ``group/name`` share the panel ``group`` (DPO's ``reward/chosen``
+and ``reward/rejected``), as TensorBoard groups them.
 """
 
 from __future__ import annotations
@@ -17,6 +21,23 @@ from gptlab.fileio import atomic_write, atomic_write_text
 
 METRICS_FILE = "metrics.jsonl"
 PLOT_FILE = "loss.png"
+#: the keys every step record has (anything else is an objective's step metric)
+STEP_KEYS = ("step", "loss", "grad_norm", "lr", "tokens", "time_s")
+
+
+def step_metric_panels(records: list[dict[str, Any]]) -> dict[str, list[str]]:
+    """``{panel: [keys]}`` of the objective's step metrics in ``records`` (``group/name`` → panel ``group``)."""
+    panels: dict[str, list[str]] = {}
+    for r in records:
+        if "loss" not in r:
+            continue
+        for key, value in r.items():
+            if key in STEP_KEYS or not isinstance(value, int | float):
+                continue
+            keys = panels.setdefault(key.split("/")[0], [])
+            if key not in keys:
+                keys.append(key)
+    return panels
 
 
 def read_metrics(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
@@ -69,7 +90,8 @@ class MetricsLog:
             sink.close()
 
     def plot(self, tokens_per_step: int) -> Path:
-        """Write ``loss.png``: train and val loss against steps (bottom axis) and tokens (top axis)."""
+        """Write ``loss.png``: train and val loss against steps (bottom axis) and tokens (top axis),
+        and beside it a panel per group of the objective's step metrics."""
         import matplotlib
 
         matplotlib.use("Agg")
@@ -78,7 +100,22 @@ class MetricsLog:
 
         train = [(r["step"], r["loss"]) for r in self.records if "loss" in r]
         evals = [r for r in self.records if "val_loss" in r]
-        fig, ax = plt.subplots(figsize=(8, 4.5), dpi=100)
+        panels = step_metric_panels(self.records)
+        cols = min(len(panels), 3)
+        rows = -(-len(panels) // 3) if panels else 1
+        fig = plt.figure(figsize=(8 + 3.6 * cols, max(4.5, 2.6 * rows)), dpi=100)
+        grid = fig.add_gridspec(rows, 1 + cols, width_ratios=[8.0] + [3.6] * cols)
+        ax = fig.add_subplot(grid[:, 0])
+        for i, (panel, keys) in enumerate(panels.items()):
+            side = fig.add_subplot(grid[i // 3, 1 + i % 3])
+            for key in keys:
+                points = [(r["step"], r[key]) for r in self.records if "loss" in r and key in r]
+                side.plot(*zip(*points), lw=0.8, label=key.partition("/")[2] or key)
+            side.set_title(panel, fontsize=9)
+            side.tick_params(labelsize=7)
+            side.grid(alpha=0.3)
+            if len(keys) > 1:
+                side.legend(fontsize=7)
         if train:
             ax.plot(*zip(*train), lw=0.6, alpha=0.5, color="tab:blue", label="train (per step)")
         if evals:
@@ -134,19 +171,24 @@ class Progress:
         if enabled and peak is not None:
             self.write(f"MFU against the {peak[0]} peak of {peak[1] / 1e12:,.0f} TFLOP/s per device")
 
-    def step(self, loss: float | None, dt: float, force: bool = False) -> None:
-        """One step done in ``dt`` seconds; the figures are redrawn at most twice a second."""
+    def step(
+        self, loss: float | None, dt: float, force: bool = False, extra: dict[str, float] | None = None
+    ) -> None:
+        """One step done in ``dt`` seconds; the figures are redrawn at most twice a second.
+        ``extra``: the objective's step metrics, shown after the loss in short form."""
         self.bar.update(1)
         now = time.monotonic()
         if self.enabled and loss is not None and (force or now - self._shown > 0.5):
             self._shown = now
-            self.bar.set_postfix_str(self.postfix(loss, dt), refresh=False)
+            self.bar.set_postfix_str(self.postfix(loss, dt, extra), refresh=False)
 
-    def postfix(self, loss: float, dt: float) -> str:
+    def postfix(self, loss: float, dt: float, extra: dict[str, float] | None = None) -> str:
         from gptlab.inspect.flops import mfu
 
         tok_s = self.tokens_per_step / dt if dt > 0 else 0.0
-        text = f"loss {loss:.4f} | {tok_s:,.0f} tok/s"
+        text = f"loss {loss:.4f}"
+        text += "".join(f" {key} {value:.3g}" for key, value in (extra or {}).items())
+        text += f" | {tok_s:,.0f} tok/s"
         if self.peak is not None:
             text += f" | MFU {100 * mfu(self.flops_per_token, tok_s, self.peak[1], self.devices):.1f}%"
         return text

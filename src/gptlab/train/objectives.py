@@ -3,6 +3,8 @@
     causal   L = −(1/N)·Σ_t log P_θ(x_t | x_<t)                      next token (eq. 10), a decoder
     mlm      L = −(1/|C|)·Σ_{i∈C} log P_θ(x_i | x̃)                    masked tokens, a bidirectional encoder
     seq2seq  L = −(1/N_y)·Σ_t log P_θ(y_t | y_<t, x)                  target tokens, an encoder–decoder
+    dpo      L = −log σ(β·[(log π(y_w|x) − log π_ref(y_w|x))
+                           − (log π(y_l|x) − log π_ref(y_l|x))])      preference pairs (train/preference.py)
     grpo     L = −(1/Σ|y_i|)·Σ_i Σ_t A_i·log π_θ(y_i,t | x, y_i,<t)   sampled completions (gptlab.train.reinforce)
 
 MLM (BERT's recipe): each position is chosen with probability ``mlm_rate`` (15 %) into
@@ -13,13 +15,14 @@ targets elsewhere are −1, which the cross-entropy ignores). The masks are a fu
 
 The training loop calls an objective through one interface: ``batch(step, micro)``,
 ``loss(forward, batch)``, ``eval_sum(model, split, ...)``, plus ``model_config``,
-``tokenizer`` (with ``[MASK]`` added where needed) and ``data``.
+``tokenizer`` (with ``[MASK]`` added where needed) and ``data``; optionally ``step_metrics()``,
+``eval_metrics()`` and ``per_token`` (``gptlab.train.loop``).
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from itertools import islice
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
@@ -98,6 +101,7 @@ class CausalLM:
     """Next-token prediction over windows of the token stream (a decoder)."""
 
     arch = "decoder"
+    per_token = True  # eval_sum sums token losses (perplexity and bits per byte apply)
     dataset_type: type[TokenDataset] = TokenDataset
     _keys: list[str] = []  # noqa: RUF012  (names of a batch's keyword inputs after x and y; set per batch)
 
@@ -259,10 +263,26 @@ class Seq2Seq(CausalLM):
         return target_loss_sum(model, batches, run, device, autocast)
 
 
-from gptlab.train.reinforce import GRPO  # noqa: E402  (it builds on CausalLM above)
+def _dpo(cfg: ObjectiveSettings, data_dir: Path, rank: int, world_size: int) -> CausalLM:
+    from gptlab.train.preference import DPO  # a module of its own, built on this one
 
-OBJECTIVES: dict[str, type[CausalLM]] = {"causal": CausalLM, "mlm": MaskedLM, "seq2seq": Seq2Seq}
-OBJECTIVES["grpo"] = GRPO  # reinforcement from a reward (gptlab.train.reinforce)
+    return DPO(cfg, data_dir, rank, world_size)
+
+
+def _grpo(cfg: ObjectiveSettings, data_dir: Path, rank: int, world_size: int) -> CausalLM:
+    from gptlab.train.reinforce import GRPO  # reinforcement from a reward, built on this module
+
+    return GRPO(cfg, data_dir, rank, world_size)
+
+
+#: ``objective`` → the class (or a function that builds it from ``(cfg, data_dir, rank, world_size)``)
+OBJECTIVES: dict[str, Callable[[ObjectiveSettings, Path, int, int], CausalLM]] = {
+    "causal": CausalLM,
+    "mlm": MaskedLM,
+    "seq2seq": Seq2Seq,
+    "dpo": _dpo,
+    "grpo": _grpo,
+}
 
 
 def make_objective(

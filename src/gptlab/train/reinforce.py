@@ -348,6 +348,9 @@ class GRPO(CausalLM):
 
     data: PromptDataset
     cfg: ReinforceSettings
+    per_token = (
+        False  # an evaluation scores prompts (a reward each), not tokens: no perplexity nor bits per byte
+    )
 
     @property
     def dataset_type(self) -> type[TokenDataset]:  # type: ignore[override]
@@ -378,7 +381,9 @@ class GRPO(CausalLM):
         if c.kl_coef > 0 and c.finetune == "full":
             self.reference = self._frozen_reference()
         self._sums: dict[str, float] = {}
+        self._kl: torch.Tensor | float = 0.0
         self._micro = 0
+        self._eval_reward: float | None = None
 
     def _frozen_reference(self) -> GPT:
         """A frozen copy of the weights the run starts from (full fine-tuning's reference)."""
@@ -478,22 +483,30 @@ class GRPO(CausalLM):
             "reward": float(rewards.mean()),
             "reward_std": float(std.mean()),
             "completion_len": float(np.mean(lengths)),
-            "kl": float(kl),
             "zero_adv_frac": float((std == 0).double().mean()),
         }
         for k, v in values.items():
             self._sums[k] = self._sums.get(k, 0.0) + v
+        self._kl = self._kl + kl  # a tensor on the device: read with the loss, no sync here
         self._micro += 1
 
-    def step_metrics(self) -> dict[str, float]:
+    def step_metrics(self) -> dict[str, float | torch.Tensor]:
         """Mean reward, spread within groups (mean group std), completion length (tokens), KL (k3 per
-        token) and share of groups with zero advantage, averaged over the micro-batches since the last
-        call (then reset)."""
+        token, a 0-d tensor) and share of groups with zero advantage, averaged over the micro-batches
+        since the last call (then reset)."""
         if not self._micro:
             return {}
-        out = {k: v / self._micro for k, v in self._sums.items()}
-        self._sums, self._micro = {}, 0
+        out: dict[str, float | torch.Tensor] = {k: v / self._micro for k, v in self._sums.items()}
+        out["kl"] = self._kl / self._micro
+        self._sums, self._kl, self._micro = {}, 0.0, 0
         return out
+
+    def eval_metrics(self) -> dict[str, torch.Tensor]:
+        """``reward``: the sum of the rewards of the last ``eval_sum`` (the loop divides by the prompts)."""
+        if self._eval_reward is None:
+            return {}
+        total, self._eval_reward = self._eval_reward, None
+        return {"reward": torch.tensor(total, dtype=torch.float64)}
 
     # ------------------------------------------------------------ evaluation
     def eval_sum(
@@ -516,6 +529,7 @@ class GRPO(CausalLM):
             rewards, _ = score(self.reward, self.data, self.tokenizer, split, index, done, self.stops)
             total_reward += float(rewards.sum())
             count += len(index)
+        self._eval_reward = total_reward
         return torch.tensor(-total_reward, dtype=torch.float64, device=device), count
 
 
