@@ -14,12 +14,12 @@ The run is the Fine-tuning guide's commands::
 Held out: the 60 ``val`` pairs, whose questions the 300 training pairs never ask. For each, the policy
 (the run's last checkpoint, adapters merged) and the reference (SmolLM2 itself) score both answers
 (``gptlab.train.preference.sequence_logprobs``). ``before``: the implicit reward of the starting model is
-0 for every answer, so every pair is a tie (50 %); ``base_prefers_chosen`` says how often SmolLM2 itself
-gives the chosen answer the higher log-probability (summed, and per token). ``after``: the share of pairs
+0 for every answer, so every pair is a tie (50 %); ``reference_prefers_chosen`` says how often SmolLM2
+itself gives the chosen answer the higher log-probability (summed, and per token). ``after``: the share of pairs
 with r(y_w) > r(y_l), overall and per flaw (wrong / rude / rambling). ``--tasks``: lm-evaluation-harness
 scores on ``evals/`` before and after (``bench/lmeval_finetune.py``'s way; off by default: minutes on 2 cores).
-The timing alternates DPO and SFT steps (forward, backward and AdamW) on the same batch of 2·BATCH
-sequences: SFT's masked cross-entropy on them, DPO's loss plus the reference pass with adapters off.
+The timing alternates DPO and SFT steps (forward, backward and AdamW) on the same batch of
+2·TIMING_BATCH sequences: SFT's masked cross-entropy on them, DPO's loss plus the reference pass with adapters off.
 """
 
 from __future__ import annotations
@@ -125,7 +125,10 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=16)
     p.add_argument("--batch", type=int, default=4, help="pairs per step")
     p.add_argument("--lr", type=float, default=1e-3)
-    p.add_argument("--timing-repeats", type=int, default=2)
+    p.add_argument(
+        "--timing-repeats", type=int, default=2, help="timed DPO and SFT steps each, after one warm-up"
+    )
+    p.add_argument("--timing-batch", type=int, default=2, help="pairs in the timed steps' batch")
     p.add_argument(
         "--tasks", default="", help="lm-eval tasks from evals/ to score before and after (default none)"
     )
@@ -167,10 +170,16 @@ def main() -> None:
     tuned, _ = gptlab.load(run)  # the adapters merged into their base
     base.eval()
     tuned.eval()
-    out["before"] = held_out(base, base, data, flaws, args.batch)
-    out["after"] = held_out(tuned, base, data, flaws, args.batch)
+    after = held_out(tuned, base, data, flaws, args.batch)
+    out["before"] = {  # the starting policy is the reference: every reward is 0, every pair a tie
+        "reward_accuracy": 0.5,
+        "reference_prefers_chosen": after.pop("reference_prefers_chosen"),
+        "reference_prefers_chosen_per_token": after.pop("reference_prefers_chosen_per_token"),
+    }
+    out["after"] = after
     del tuned
-    out["timing"] = step_times(build_config("dpo", settings(args)), data_dir, args.timing_repeats)
+    timing = argparse.Namespace(**{**vars(args), "batch": args.timing_batch})
+    out["timing"] = step_times(build_config("dpo", settings(timing)), data_dir, args.timing_repeats)
     if args.tasks:
         from lmeval_finetune import evaluate
 
