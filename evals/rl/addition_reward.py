@@ -1,9 +1,9 @@
-"""The reward of the addition task (``evals/rl/addition.jsonl``), for ``objective = "grpo"``:
+"""The reward of the addition task (``evals/rl/addition.jsonl``: a two-digit plus a one-digit number), for ``objective = "grpo"``:
 
     train ... reward=evals/rl/addition_reward.py:reward
 
     r = 1.0   the reply is exactly the sum (spaces and one final "." allowed): what was asked
-    r = 0.5   the sum is the last number of a longer reply ("27 + 82 = 109"): right, wrong format
+    r = 0.5   the sum is the last number of a longer reply ("27 + 8 = 35"): right, wrong format
     r = 0.0   anything else
 
 ``correct`` (the first case) is the accuracy the demonstration reports.

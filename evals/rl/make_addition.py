@@ -4,11 +4,11 @@
 
 Each record is a chat prompt that ends on a user turn, and the answer a reward function checks::
 
-    {"messages": [{"role": "system", "content": "You are a calculator. Reply with the number only."},
-                  {"role": "user", "content": "27 + 82"}], "answer": "109"}
+    {"prompt": "What is 27 + 8? Reply with the number only.", "answer": "35"}
 
-400 distinct sums of two two-digit numbers (10..99), in a seeded random order. The short system
-turn replaces the model's default one, so the prompts stay short (about 30 tokens for SmolLM2).
+400 distinct sums of a two-digit and a one-digit number (10..99 + 1..9), in a seeded random order.
+SmolLM2-135M-Instruct often gets such sums right but answers "27 + 8 = 35", or explains: the
+reward (``addition_reward.py``) asks for the number alone, a format the reinforcement can teach.
 ``gptlab prepare --format prompts`` holds out a share of them (``--val-fraction``).
 """
 
@@ -18,7 +18,7 @@ import json
 import random
 from pathlib import Path
 
-SYSTEM = "You are a calculator. Reply with the number only."
+QUESTION = "What is {a} + {b}? Reply with the number only."
 HERE = Path(__file__).resolve().parent
 
 
@@ -27,17 +27,11 @@ def records(n: int = 400, seed: int = 0) -> list[dict]:
     pairs: list[tuple[int, int]] = []
     seen: set[tuple[int, int]] = set()
     while len(pairs) < n:
-        a, b = rng.randint(10, 99), rng.randint(10, 99)
+        a, b = rng.randint(10, 99), rng.randint(1, 9)
         if (a, b) not in seen:
             seen.add((a, b))
             pairs.append((a, b))
-    return [
-        {
-            "messages": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": f"{a} + {b}"}],
-            "answer": str(a + b),
-        }
-        for a, b in pairs
-    ]
+    return [{"prompt": QUESTION.format(a=a, b=b), "answer": str(a + b)} for a, b in pairs]
 
 
 def main() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -320,7 +321,7 @@ def test_the_shipped_addition_task_is_its_script_output_and_its_reward_checks_it
     assert shipped == module.records()  # regenerated deterministically
     reward = RewardFunction(f"{here / 'addition_reward.py'}:reward")
     for record in shipped[:50]:
-        a, b = map(int, record["messages"][-1]["content"].split(" + "))
+        a, b = map(int, re.findall(r"\d+", record["prompt"]))
         assert reward("", f" {a + b}.", record, "x") == 1.0
         assert reward("", f"{a} + {b} = {a + b}", record, "x") == 0.5
         assert reward("", f"{a + b + 1}", record, "x") == 0.0
