@@ -4,8 +4,8 @@
     python bench/grpo_demo.py --steps 2 --held-out 8 --group 4  # a short check that it runs
 
 The task is ``evals/rl/addition.jsonl`` (two-digit sums; ``evals/rl/make_addition.py`` writes it) with
-the reward ``evals/rl/addition_reward.py:reward`` (1 for the sum alone, 0.5 for the sum at the end of a
-longer reply, 0 otherwise). The pipeline is the user's: ``prepare --format prompts`` (a held-out
+the reward ``evals/rl/addition_reward.py:reward`` (1 for the sum alone, 0.5 for the sum inside a longer
+reply, 0.2 for a wrong number alone, 0 otherwise). The pipeline is the user's: ``prepare --format prompts`` (a held-out
 split), then ``train objective=grpo finetune=lora`` from the ``finetune`` recipe, then the run loaded
 (adapters merged). Accuracy is the share of held-out prompts whose greedy reply is exactly the sum.
 
@@ -57,6 +57,7 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=2, help="prompts per step")
     p.add_argument("--group", type=int, default=8, help="completions per prompt")
     p.add_argument("--max-new", type=int, default=12, help="rl_max_new_tokens")
+    p.add_argument("--temperature", type=float, default=0.7, help="rl_temperature")
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--kl", type=float, default=0.0, help="kl_coef")
     p.add_argument("--held-out", type=int, default=40, help="held-out prompts scored before and after")
@@ -110,6 +111,7 @@ def main() -> None:
         f"batch_size={args.batch}",
         f"group_size={args.group}",
         f"rl_max_new_tokens={args.max_new}",
+        f"rl_temperature={args.temperature}",
         f"lr={args.lr}",
         f"min_lr={args.lr / 10}",
         f"kl_coef={args.kl}",
@@ -134,6 +136,7 @@ def main() -> None:
                 "batch": args.batch,
                 "group": args.group,
                 "max_new_tokens": args.max_new,
+                "temperature": args.temperature,
                 "lr": args.lr,
                 "kl_coef": args.kl,
                 "held_out": min(args.held_out, data.count("val")),

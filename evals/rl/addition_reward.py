@@ -1,12 +1,15 @@
-"""The reward of the addition task (``evals/rl/addition.jsonl``: a two-digit plus a one-digit number), for ``objective = "grpo"``:
+"""The reward of the addition task (``evals/rl/addition.jsonl``: a two-digit plus a one-digit number), for
+``objective = "grpo"``:
 
     train ... reward=evals/rl/addition_reward.py:reward
 
     r = 1.0   the reply is exactly the sum (spaces and one final "." allowed): what was asked
-    r = 0.5   the sum is the last number of a longer reply ("27 + 8 = 35"): right, wrong format
+    r = 0.5   the sum is among the numbers of a longer reply ("27 + 8 = 35"): right, wrong format
+    r = 0.2   the reply is one number alone, but not the sum: the format, wrong
     r = 0.0   anything else
 
-``correct`` (the first case) is the accuracy the demonstration reports.
+The partial credits give a small model's first samples a signal to follow (a group whose rewards are
+all equal teaches nothing). ``correct`` (the first case) is the accuracy the demonstration reports.
 """
 
 from __future__ import annotations
@@ -25,5 +28,6 @@ def reward(prompt: str, completion: str, example: dict) -> float:
     answer = str(example["answer"])
     if correct(completion, answer):
         return 1.0
-    numbers = NUMBER.findall(completion)
-    return 0.5 if numbers and numbers[-1] == answer else 0.0
+    if answer in NUMBER.findall(completion):
+        return 0.5
+    return 0.2 if NUMBER.fullmatch(completion.strip().removesuffix(".").strip()) else 0.0

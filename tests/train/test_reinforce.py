@@ -324,4 +324,5 @@ def test_the_shipped_addition_task_is_its_script_output_and_its_reward_checks_it
         a, b = map(int, re.findall(r"\d+", record["prompt"]))
         assert reward("", f" {a + b}.", record, "x") == 1.0
         assert reward("", f"{a} + {b} = {a + b}", record, "x") == 0.5
-        assert reward("", f"{a + b + 1}", record, "x") == 0.0
+        assert reward("", f"{a + b + 1}", record, "x") == 0.2
+        assert reward("", f"It is {a + b + 1}", record, "x") == 0.0
