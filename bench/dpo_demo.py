@@ -25,6 +25,7 @@ The timing alternates DPO and SFT steps (forward, backward and AdamW) on the sam
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -158,7 +159,8 @@ def main() -> None:
     train_s = None
     if not (run / f"ckpt-{args.steps}").exists():
         t0 = time.perf_counter()
-        train(cfg, data_dir, run)
+        with contextlib.redirect_stdout(sys.stderr):  # the run's evaluation line: stdout holds the JSON only
+            train(cfg, data_dir, run)
         train_s = round(time.perf_counter() - t0, 1)
     out["train_wall_s"] = train_s
     steps = [r for r in read_metrics(run / "metrics.jsonl") if "loss" in r]

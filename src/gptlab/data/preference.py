@@ -214,14 +214,15 @@ def prepare_preference(
     nbytes = {"train": 0, "val": 0}
     for i, (prompt, chosen, rejected) in enumerate(pairs):
         encoded = [encode_answer(prompt, answer, render, tok) for answer in (chosen, rejected)]
-        kept = [fit(ids, mask, length, opt.too_long) for ids, mask in encoded]
-        if kept[0] is None or kept[1] is None:
+        fitted = [fit(ids, mask, length, opt.too_long) for ids, mask in encoded]
+        kept = [k for k in fitted if k is not None]
+        if len(kept) < 2:
             counts["dropped"] += 1
             continue
-        counts["truncated"] += any(len(k[0]) < len(e[0]) for k, e in zip(kept, encoded, strict=True))  # type: ignore[index]
+        counts["truncated"] += any(len(k[0]) < len(e[0]) for k, e in zip(kept, encoded, strict=True))
         counts["pairs"] += 1
         split = splits["val" if i in held else "train"]
-        for ids, mask in kept:  # type: ignore[misc]
+        for ids, mask in kept:
             split["tokens"] += ids
             split["mask"] += mask
             split["offsets"].append(len(split["tokens"]))

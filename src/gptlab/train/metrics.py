@@ -123,7 +123,7 @@ class MetricsLog:
             ax.plot(steps, [r["train_loss"] for r in evals], "o-", color="tab:blue", label="train (eval)")
             ax.plot(steps, [r["val_loss"] for r in evals], "o-", color="tab:orange", label="val")
         ax.set_xlabel("step")
-        ax.set_ylabel("cross-entropy loss (nats/token)")
+        ax.set_ylabel("loss" if panels else "cross-entropy loss (nats/token)")  # an objective of its own: its loss
         ax.grid(alpha=0.3)
         ax.legend()
         top = ax.secondary_xaxis(
