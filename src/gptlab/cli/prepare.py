@@ -1,4 +1,4 @@
-"""``gptlab prepare INPUT... --out DATA_DIR --tokenizer char|bpe:N|gpt2:DIR|FILE|MODEL [--format text|chat|alpaca|preference]``:
+"""``gptlab prepare INPUT... --out DATA_DIR --tokenizer char|bpe:N|gpt2:DIR|FILE|MODEL [--format text|chat|alpaca|preference|prompts]``:
 corpora → token shards (instruction data: rows with a loss mask)."""
 
 from __future__ import annotations
@@ -55,6 +55,12 @@ def _alpaca(*args: Any, **kwargs: Any) -> dict[str, Any]:
     return prepare_alpaca(*args, **kwargs, model_tokenizer=model_tokenizer)
 
 
+def _prompts(inputs: list[str], out: str, **kwargs: Any) -> dict[str, Any]:
+    from gptlab.data.prompts import prepare_prompts
+
+    return prepare_prompts(inputs, out, **kwargs, model_tokenizer=model_tokenizer)
+
+
 #: --format NAME → the function that writes the dataset directory
 FORMATS: dict[str, Callable[..., dict[str, Any]]] = {
     "text": _text,
@@ -62,6 +68,7 @@ FORMATS: dict[str, Callable[..., dict[str, Any]]] = {
     "chat": _chat,
     "alpaca": _alpaca,
     "preference": _preference,
+    "prompts": _prompts,
 }
 
 
@@ -85,7 +92,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default="text",
         help="text: a token stream (default); pairs: JSONL of {source, target} for an encoder-decoder; "
         "chat: JSONL of {messages: [{role, content}]}; alpaca: {instruction, input, output}; "
-        "preference: {prompt or messages, chosen, rejected} for DPO",
+        "preference: {prompt or messages, chosen, rejected} for DPO; "
+        "prompts: JSONL of {prompt} or {messages} ending on a user turn (other fields go to the reward)",
     )
     p.add_argument(
         "--tokenizer",
@@ -118,7 +126,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="write numbered shards train-00000.bin … of at most M tokens (default 0: one file per split)",
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bar (MB/s and ETA)")
-    chat = p.add_argument_group("chat, alpaca and preference data")
+    chat = p.add_argument_group("chat, alpaca, preference and prompts data")
     chat.add_argument("--template", default="auto", help="chat template: auto (the model's own) or a name")
     chat.add_argument("--prompt-loss", action="store_true", help="count prompt tokens in the loss too")
     chat.add_argument("--packing", default="packed", choices=["packed", "padded"], help="examples per row")
@@ -154,6 +162,12 @@ def run(args: argparse.Namespace) -> int:
             f"loss on the answers, longest sequence {meta['longest']} tokens); truncated {meta['truncated']}, "
             f"dropped {meta['dropped']}, bad records skipped {meta['skipped_bad']}"
         )
+    if meta.get("kind") == "prompts":
+        print(
+            f"{meta['train_prompts']} train + {meta['val_prompts']} held-out prompts (template {meta['template']}, "
+            f"longest {meta['longest_prompt']} tokens); longer than --block-size: dropped {meta['dropped']}, "
+            f"bad records skipped {meta['skipped_bad']}"
+        )
     if "row_tokens" in meta:
         print(
             f"{meta['examples']} examples in rows of {meta['row_tokens']} tokens ({meta['packing']}, "
@@ -185,6 +199,10 @@ def _chat_options(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def _prompt_options(args: argparse.Namespace) -> dict[str, Any]:
+    return {"template": args.template, "skip_bad": args.skip_bad}
+
+
 #: --format NAME → the options of that format beyond the common ones
 FORMAT_OPTIONS = {
     "text": _text_options,
@@ -192,4 +210,5 @@ FORMAT_OPTIONS = {
     "chat": _chat_options,
     "alpaca": _chat_options,
     "preference": _chat_options,
+    "prompts": _prompt_options,
 }

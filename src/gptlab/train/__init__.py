@@ -6,6 +6,8 @@ runtime.py       threads, autocast, torch.compile, RNG states, Ctrl-C
 optim.py         AdamW (decoupled weight decay) and Muon
 schedule.py      learning-rate schedules ``η_t``
 runs.py          a new or resumed run's settings (``resolve_run``), a finished run
+reinforce.py     ``objective = "grpo"``: policy gradient with a group baseline from a reward function
+rollouts.py      its pieces: the reward function, group advantages, the per-token loss, sampling
 evaluate.py      cross-entropy, perplexity, bits per byte
 eval_checkpoint.py  ``gptlab eval``: a checkpoint scored on a text or a dataset split
 init.py          starting from pretrained weights (``init=SRC``, opened by ``gptlab.sources``)

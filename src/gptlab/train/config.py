@@ -91,6 +91,13 @@ class TrainConfig:
     lora_targets: list[str] = field(default_factory=lambda: ["qkv", "attn.proj"])  # layer names
     lora_base: str = "float32"  # float32 | bfloat16 | int8: how the frozen base is held
     lora_lr_ratio: float = 1.0  # LoRA+: the adapters' B learn at lora_lr_ratio·lr, A at lr
+    # objective = "grpo" (gptlab.train.reinforce): reinforcement from a reward function
+    reward: str = ""  # "path/to/file.py:function", a Python function (prompt, completion[, example]) → float
+    group_size: int = 4  # G: completions sampled per prompt (the group whose mean is the baseline)
+    kl_coef: float = 0.0  # KL penalty weight; reference: LoRA with adapters off, full: a frozen copy
+    rl_max_new_tokens: int = 64  # longest completion sampled
+    rl_temperature: float = 1.0  # sampling temperature of the completions
+    advantage_std: bool = True  # divide each advantage by its group's standard deviation (+ 1e-4)
 
     def __post_init__(self) -> None:
         self.validate()
@@ -163,6 +170,9 @@ class TrainConfig:
             0.0 <= self.label_smoothing < 0.5,
             f"label_smoothing must be in [0, 0.5) (0: trust every preference), got {self.label_smoothing}",
         )
+        from gptlab.train.reinforce import check_settings as check_reinforce
+
+        check_reinforce(self, need)
 
         from gptlab.train.checkpointing import ACTIVATION_CHECKPOINTING
         from gptlab.train.strategy import STRATEGIES

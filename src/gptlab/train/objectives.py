@@ -5,6 +5,7 @@
     seq2seq  L = −(1/N_y)·Σ_t log P_θ(y_t | y_<t, x)                  target tokens, an encoder–decoder
     dpo      L = −log σ(β·[(log π(y_w|x) − log π_ref(y_w|x))
                            − (log π(y_l|x) − log π_ref(y_l|x))])      preference pairs (train/preference.py)
+    grpo     L = −(1/Σ|y_i|)·Σ_i Σ_t A_i·log π_θ(y_i,t | x, y_i,<t)   sampled completions (gptlab.train.reinforce)
 
 MLM (BERT's recipe): each position is chosen with probability ``mlm_rate`` (15 %) into
 ``C``; a chosen token becomes ``[MASK]`` with probability 0.8, a random token with 0.1
@@ -24,7 +25,7 @@ import os
 from collections.abc import Callable, Iterable
 from itertools import islice
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, cast
 
 import numpy as np
 import torch
@@ -280,12 +281,19 @@ def _dpo(cfg: ObjectiveSettings, data_dir: Path, rank: int, world_size: int) -> 
     return DPO(cfg, data_dir, rank, world_size)
 
 
+def _grpo(cfg: ObjectiveSettings, data_dir: Path, rank: int, world_size: int) -> CausalLM:
+    from gptlab.train.reinforce import GRPO  # reinforcement from a reward: the same interface, not a subclass
+
+    return cast("CausalLM", GRPO(cfg, data_dir, rank, world_size))  # type: ignore[arg-type]
+
+
 #: ``objective`` → the class (or a function that builds it from ``(cfg, data_dir, rank, world_size)``)
 OBJECTIVES: dict[str, Callable[[ObjectiveSettings, Path, int, int], Objective]] = {
     "causal": CausalLM,
     "mlm": MaskedLM,
     "seq2seq": Seq2Seq,
     "dpo": _dpo,
+    "grpo": _grpo,
 }
 
 
