@@ -31,7 +31,7 @@ from gptlab.generate import BatchSession, SampleConfig, engine_of, prepare_decod
 from gptlab.generate.loop import decode_rows, start  # noqa: E402
 from gptlab.hardware import inference_weights  # noqa: E402
 from gptlab.model import GPT, GPTConfig  # noqa: E402
-from gptlab.model.quantized import quantize  # noqa: E402
+from gptlab.model.weight_formats import quantize  # noqa: E402
 
 ISSUE_BANDWIDTH_GBS = 10.5  # the figure the generation issue gives for this machine
 

@@ -65,7 +65,7 @@ def load(name: str):
         )
         return GPT(config).eval(), tokenizer
     from gptlab.hardware import inference_weights
-    from gptlab.model.quantized import quantize
+    from gptlab.model.weight_formats import quantize
     from gptlab.sources import load_source
 
     model, tokenizer = load_source(name)  # a GGUF file, a HF folder, a checkpoint

@@ -22,7 +22,7 @@ _LAZY = {
     "to_hf": ("gptlab.interop.hf", "to_hf"),
     "from_gguf": ("gptlab.interop.gguf", "from_gguf"),
     "to_gguf": ("gptlab.interop.gguf_export", "to_gguf"),
-    "quantize": ("gptlab.model.quantized", "quantize"),
+    "quantize": ("gptlab.model.weight_formats", "quantize"),
     "generate_text": ("gptlab.generate", "generate_text"),
     "generate_ids": ("gptlab.generate", "generate_ids"),
     "prepare_decoding": ("gptlab.generate", "prepare_decoding"),

@@ -27,7 +27,7 @@ from gptlab.checkpoint import lora as lora_files
 from gptlab.errors import GptlabError
 from gptlab.model import GPT
 from gptlab.model.lora import apply_lora, load_adapter_state, merge_lora
-from gptlab.model.quantized import quantize as quantize_model
+from gptlab.model.weight_formats import quantize as quantize_model
 
 if TYPE_CHECKING:
     from gptlab.tokenizers.base import Tokenizer

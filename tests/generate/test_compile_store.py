@@ -75,7 +75,7 @@ def test_decoding_goes_on_eagerly_while_the_step_compiles_then_switches(monkeypa
     built: list[str] = []
     monkeypatch.setattr(StoredStep, "build", _gated_build(5, built))
     monkeypatch.setattr("gptlab.compiling.can_compile", lambda device_type: True)
-    engine = prepare_decoding(model, compile="on", compile_cache=tmp_path)
+    engine = prepare_decoding(model, compile="on", compile_cache=tmp_path, compile_wait=False)
     assert engine.plan(1).step == "fused" and "eager until it is ready" in str(engine.plan(1))
     assert _greedy(model) == eager
     step = engine.one_token

@@ -93,7 +93,7 @@ def test_compile_on_a_cpu_sends_batches_of_float32_activations_to_the_frozen_ste
     from unittest import mock
 
     from gptlab.cli.options import prepare_decode
-    from gptlab.model.quantized import quantize
+    from gptlab.model.weight_formats import quantize
 
     with mock.patch("gptlab.hardware.native_bf16", return_value=False):  # bf16 emulated: float32 activations
         model = quantize(tiny(), weights)

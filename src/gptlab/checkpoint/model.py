@@ -34,7 +34,7 @@ from gptlab.checkpoint.files import (
 )
 from gptlab.checkpoint.integrity import verify_checksums, write_checksums
 from gptlab.errors import GptlabError
-from gptlab.model import GPT, GPTConfig, build_model, load_quantized, quantized
+from gptlab.model import GPT, GPTConfig, build_model, load_quantized, weight_formats
 from gptlab.model.lora import is_lora_model
 from gptlab.model.state_dict import load_model_state, model_state
 
@@ -197,7 +197,7 @@ def load(
             model.to(dtype=dtype)
         model.eval()
         if quantize:
-            quantized.quantize(model, quantize)
+            weight_formats.quantize(model, quantize)
     tokenizer = load_tokenizer(directory)
     check_tokenizer_fits(tokenizer, config.vocab_size, directory / TOKENIZER_FILE)
     return model, tokenizer

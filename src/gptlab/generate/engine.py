@@ -178,7 +178,7 @@ def prepare_decoding(
     lookahead: int | None = None,
     compile_options: dict[str, object] | None = None,
     compile_cache: str | os.PathLike[str] | None = None,
-    compile_wait: bool = False,
+    compile_wait: bool = True,
 ) -> DecodeEngine:
     """Give ``model`` a new ``DecodeEngine`` with these ``DecodeSettings`` (what they mean: there) → it.
 
@@ -187,8 +187,8 @@ def prepare_decoding(
     batches to the frozen step, ``prepare_decoding(model, static=True, compile="off")`` decodes
     through the static cache eagerly. Steps compiled under the previous engine are dropped.
     ``compile_cache=DIR`` keeps the compiled one-row step there for later processes (they load it
-    instead of compiling); ``compile_wait=True`` makes the first step wait for it instead of
-    decoding eagerly meanwhile (``DecodeSettings``).
+    instead of compiling); ``compile_wait=False`` compiles it in a background thread while the steps
+    run eagerly, for machines with cores to spare (``DecodeSettings``).
     """
     cache = None if compile_cache is None else os.fspath(compile_cache)
     settings = DecodeSettings(

@@ -40,6 +40,9 @@ from gptlab.generate.decoder import Decoder
 from gptlab.generate.sampling import supports
 from gptlab.model.quantized import STREAM_MIN_BYTES
 
+# Below this many generated tokens compiling the one-row CPU step (when it is not in the store yet)
+# costs more than the compiled step saves.
+PAYBACK_TOKENS = 1024
 # On CUDA the static path's CUDA graphs: a compilation of tens of seconds, paid back only by a long generation.
 CUDA_PAYBACK_TOKENS = 8192
 # A frozen graph is not in inductor's on-disk graph cache, so each process compiles it again.
@@ -69,8 +72,11 @@ class DecodeSettings:
     and ``compile_options`` are ``StaticSession``'s (a test's ``torch.compile`` back-end).
     ``compile_cache``: a directory where the compiled one-row step is kept for later processes
     (None: compiled in each process; the CLI's default is ``~/.cache/gptlab/compiled``).
-    ``compile_wait``: the first decode step waits for the compiled one-row step instead of
-    decoding eagerly while it compiles (tests, benchmarks).
+    ``compile_wait`` (the default): the first decode step waits for the compiled one-row step (or
+    loads it from ``compile_cache``). ``False`` compiles it in a background thread while the steps
+    run eagerly; on a machine with few cores the compilation then takes the cores and the Python
+    lock from those eager steps (measured many times slower, docs/benchmarks.md#decoding), so it
+    is for machines with cores to spare.
     """
 
     compile: str | None = None
@@ -79,7 +85,7 @@ class DecodeSettings:
     lookahead: int | None = None
     compile_options: Mapping[str, object] | None = field(default=None, hash=False)
     compile_cache: str | None = None
-    compile_wait: bool = False
+    compile_wait: bool = True
 
     def __post_init__(self) -> None:
         if self.compile is not None and self.compile not in COMPILE_CHOICES:
@@ -193,7 +199,9 @@ def decode_compile_pays(
         return True, "--compile on"
     if weight_bytes < STREAM_MIN_BYTES:
         return False, f"a small model ({weight_bytes / 2**20:.0f} MiB of matrices): nothing to gain"
-    return True, "a large model: the compiled step gains, and compiling it costs no wait"
+    if planned_tokens is not None and planned_tokens < PAYBACK_TOKENS:
+        return False, f"{planned_tokens} tokens do not pay back a compilation (from {PAYBACK_TOKENS})"
+    return True, "a large model and a long generation: the compiled step pays back its compilation"
 
 
 def frozen_batches_pay(

@@ -24,9 +24,9 @@ from gptlab.model.quantized import (
     Int8Embedding,
     Int8Linear,
     Linear,
-    _cast_params,
-    _int8_embedding,
     activation_dtype,
+    cast_params,
+    int8_embedding,
     replace_linears,
 )
 
@@ -244,5 +244,5 @@ def to_int4(model: nn.Module) -> None:
         return Int8Linear(linear, act)
 
     replace_linears(model, make)
-    _cast_params(model, act)
-    _int8_embedding(model, act)
+    cast_params(model, act)
+    int8_embedding(model, act)

@@ -32,16 +32,15 @@ from gptlab.errors import GptlabError
 from gptlab.model import GPT, GPTConfig, build_model
 from gptlab.model.int4 import Int4Linear, Int4Parts
 from gptlab.model.quantized import (
-    QUANTIZERS,
     InferenceLinear,
     Int8Embedding,
     Int8Linear,
     activation_dtype,
     map_large_blocks,
-    quantize,
     release_memory,
 )
 from gptlab.model.state_dict import check_state, load_model_state, model_state, pad_vocab
+from gptlab.model.weight_formats import QUANTIZERS, quantize
 
 #: Formats built while loading (fp32 needs no conversion: it loads as it is stored).
 STREAMED = ("bf16", "int8", "int4")

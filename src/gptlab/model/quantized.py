@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
-import itertools
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -48,7 +47,6 @@ from torch import nn
 
 from gptlab import hardware
 from gptlab.compiling import Compiled
-from gptlab.errors import GptlabError
 from gptlab.model.kvcache import quantize_int8
 
 M = TypeVar("M", bound=nn.Module)  # a model, returned as the type it came in as
@@ -239,7 +237,7 @@ class Int8Embedding(nn.Module):
         return f"{self.num_embeddings}, {self.embedding_dim}, int8 per-row"
 
 
-def _int8_embedding(model: nn.Module, act: torch.dtype) -> None:
+def int8_embedding(model: nn.Module, act: torch.dtype) -> None:
     """The token table as ``Int8Embedding``: the tied head's int8 matrix and scales, else its own."""
     wte, head = getattr(model, "wte", None), getattr(model, "lm_head", None)
     if not isinstance(wte, nn.Embedding):
@@ -311,44 +309,10 @@ def quantize_rows(w: torch.Tensor, rows: int = 4096) -> tuple[torch.Tensor, torc
     return q, scale
 
 
-def _cast_params(model: nn.Module, dtype: torch.dtype) -> None:
+def cast_params(model: nn.Module, dtype: torch.dtype) -> None:
     """Cast parameters (not buffers: positional tables stay float32) to ``dtype``."""
     for p in model.parameters():
         p.data = p.data.to(dtype)
-
-
-def _to_int8(model: nn.Module) -> None:
-    """int8 matrices; activations, embeddings and norms in bf16 where bf16 is native, else float32."""
-    act = activation_dtype(next(model.parameters()).device)
-    replace_linears(model, lambda linear: Int8Linear(linear, act))
-    _cast_params(model, act)
-    _int8_embedding(model, act)
-
-
-def _to_int4(model: nn.Module) -> None:
-    """``gptlab.model.int4.to_int4``: int4 matrices, an int8 head and token table."""
-    from gptlab.model.int4 import to_int4
-
-    to_int4(model)
-
-
-def _to_bf16(model: nn.Module) -> None:
-    """bf16 matrices; activations, embeddings and norms in bf16 where bf16 is native, else float32.
-
-    (Where bf16 is emulated, bf16 activations made a compiled decode step slower than layer by
-    layer, while bf16 weights alone stream faster than float32 ones: docs/benchmarks.md#decoding.)
-    """
-    _cast_params(model, torch.bfloat16)  # the matrices (a tied head shares the token table's copy)
-    replace_linears(model, PackedBF16Linear)
-    first = next(itertools.chain(model.parameters(), model.buffers()), None)
-    act = activation_dtype(first.device if first is not None else "cpu")
-    if act != torch.bfloat16:
-        _cast_params(model, act)
-
-
-def _to_fp32(model: nn.Module) -> None:
-    _cast_params(model, torch.float32)
-    replace_linears(model, FloatLinear)
 
 
 def replace_linears(model: nn.Module, make: Callable[[Linear], nn.Module]) -> None:
@@ -357,37 +321,3 @@ def replace_linears(model: nn.Module, make: Callable[[Linear], nn.Module]) -> No
         for child_name, child in list(module.named_children()):
             if isinstance(child, nn.Linear | FloatLinear):  # FloatLinear holds the float parameters
                 setattr(module, child_name, make(child))
-
-
-QUANTIZERS = {
-    "fp32": _to_fp32,
-    "bf16": _to_bf16,
-    "int8": _to_int8,
-    "int4": _to_int4,
-}
-
-
-@torch.no_grad()
-def quantize(model: M, mode: str) -> M:
-    """Convert ``model`` in place for inference (``"fp32"``, ``"bf16"``, ``"int8"`` or ``"int4"``) and return it.
-
-    An int8 model can be saved (``gptlab.save``: int8 weights and scales) but not trained; keep the
-    float weights for that. The freed float memory is handed back to the system (``release_memory``).
-    """
-    if mode not in QUANTIZERS:
-        raise GptlabError(f"unknown weight format {mode!r}; choose one of {', '.join(QUANTIZERS)}")
-    current = getattr(model, "quantization", None)
-    if current == mode:
-        return model
-    if current in ("bf16", "int8", "int4"):
-        raise GptlabError(
-            f"this model is already {current}; load the float checkpoint again to use another format"
-        )
-    QUANTIZERS[mode](model)
-    linears = [m for m in model.modules() if isinstance(m, InferenceLinear)]
-    streams = sum(int(m.weight.numel() * m.weight.element_size()) for m in linears) >= STREAM_MIN_BYTES
-    for m in linears:
-        m.streams = streams  # a decode step reads every weight from memory: the one-row kernel pays
-    model.quantization = mode  # type: ignore[assignment]
-    release_memory()
-    return model.eval()

@@ -40,7 +40,7 @@ def check_bind(host: str, port: int) -> None:
 
 def load_for_serving(checkpoint: str, dtype: str, device: str = "cpu") -> tuple[Any, Any]:
     """The checkpoint's model (weights in ``dtype``, on ``device``) and its tokenizer, which serving needs."""
-    from gptlab.model.quantized import quantize
+    from gptlab.model.weight_formats import quantize
     from gptlab.sources import load
 
     model, tokenizer = load(checkpoint, device=device, quantize=dtype)  # converted while read
