@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from gptlab.errors import GptlabError
-from gptlab.model import GPT, GPTConfig, build_model
+from gptlab.model import GPT, GPTConfig, build_empty
 from gptlab.model.quantized import (
     QUANTIZERS,
     activation_dtype,
@@ -38,8 +38,7 @@ STREAMED = ("bf16", "int8")
 
 def _meta_model(config: GPTConfig) -> GPT:
     """``build_model(config)`` with every weight on the meta device and the computed buffers on the CPU."""
-    with torch.device("meta"):
-        model = build_model(config)
+    model = build_empty(config, "meta")
     for module in model.modules():
         names = [n for n, b in module._buffers.items() if b is not None and b.is_meta]
         if names:  # positional modules: built from the config alone
