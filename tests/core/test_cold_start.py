@@ -21,7 +21,9 @@ HEAVY = ["torch", "numpy", "fastapi", "uvicorn", "matplotlib", "transformers", "
 def _imported_after(code: str) -> list[str]:
     """The modules of ``HEAVY`` (and the compiler's) that a fresh interpreter holds after running ``code``."""
     probe = [*HEAVY, "torch._dynamo", "torch._inductor", "sympy"]
-    script = f"import sys\n{code}\nprint(__import__('json').dumps([m for m in {probe!r} if m in sys.modules]))"
+    script = (
+        f"import sys\n{code}\nprint(__import__('json').dumps([m for m in {probe!r} if m in sys.modules]))"
+    )
     env_path = str(ROOT / "src")
     result = subprocess.run(
         [sys.executable, "-c", script],
