@@ -26,10 +26,13 @@ import torch
 
 from gptlab import checkpoint
 from gptlab.checkpoint import lora as lora_files
+from gptlab.compiling import can_compile
 from gptlab.errors import GptlabError
 from gptlab.model import GPT
 from gptlab.model.lora import apply_lora, load_adapter_state, merge_lora
+from gptlab.model.quantized import STREAM_MIN_BYTES
 from gptlab.model.quantized import quantize as quantize_model
+from gptlab.model.warmup import import_compiler_in_background, warm_up
 
 if TYPE_CHECKING:
     from gptlab.tokenizers.base import Tokenizer
@@ -257,6 +260,12 @@ def load_imported(
     return model.eval(), tokenizer
 
 
+def weight_bytes(path: Path) -> int:
+    """The bytes of a source's files (a folder's, or one file): how much there is to stream."""
+    files = [path] if path.is_file() else [p for p in path.iterdir() if p.is_file()]
+    return sum(p.stat().st_size for p in files)
+
+
 def load(
     path: PathLike,
     device: str | torch.device = "cpu",
@@ -268,20 +277,41 @@ def load(
     Face folder, a GGUF file, or a packaged short name (``smollm2``).
 
     ``quantize`` (``"fp32"``, ``"bf16"``, ``"int8"``): the model for inference in that format
-    (``gptlab.checkpoint.load``; an imported model is converted as it is read, ``load_imported``).
+    (``gptlab.checkpoint.load``; an imported model is converted as it is read, ``load_imported``). On a
+    CPU its one-row decode kernels are then compiled before it is returned (``gptlab.model.warmup``:
+    the compiler imported on another thread while the weights are read), so the first prefill and
+    decode step cost what the later ones do.
     """
     src = source_path(path)
     kind = source_kind(src)
+    inference = quantize is not None and torch.device(device).type == "cpu"
+    if kind == "gptlab":
+        src = checkpoint.resolve_checkpoint(src)
+    importing = (
+        import_compiler_in_background()
+        if inference and weight_bytes(src) >= STREAM_MIN_BYTES and can_compile("cpu")
+        else None
+    )
+    model, tokenizer = _load(src, kind, device, dtype, quantize)
+    if importing is not None:
+        importing.join()
+    if inference:
+        warm_up(model)
+    return model, tokenizer
+
+
+def _load(
+    src: Path, kind: str, device: str | torch.device, dtype: torch.dtype | None, quantize: str | None
+) -> tuple[GPT, Tokenizer | None]:
     if kind != "gptlab":
         return load_imported(src, kind, device, dtype, quantize)
-    directory = checkpoint.resolve_checkpoint(src)
-    if lora_files.is_lora_checkpoint(directory):  # the one place LoRA adapters are merged on load
-        checkpoint.verify_checksums(directory)
-        model, tokenizer = load_merged(directory, device, dtype)
+    if lora_files.is_lora_checkpoint(src):  # the one place LoRA adapters are merged on load
+        checkpoint.verify_checksums(src)
+        model, tokenizer = load_merged(src, device, dtype)
         if quantize:
             quantize_model(model, quantize)  # in place
         return model, tokenizer
-    return checkpoint.load(directory, device, dtype, quantize)
+    return checkpoint.load(src, device, dtype, quantize)
 
 
 __all__ = [
@@ -303,4 +333,5 @@ __all__ = [
     "source_sha256",
     "source_tokenizer",
     "stored_format",
+    "weight_bytes",
 ]
