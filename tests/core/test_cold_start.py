@@ -80,3 +80,45 @@ def test_loading_draws_no_random_weights(tmp_path, tiny_model, monkeypatch, quan
     assert sum(1 for _ in model.parameters()) + sum(1 for _ in model.buffers()) > 0
     gptlab.GPT(model.config)  # the counters count: building a fresh model draws its weights
     assert "normal_" in calls
+
+
+def test_warm_up_finds_one_layer_of_each_kind_and_nothing_in_a_small_model(tiny_model, monkeypatch):
+    from gptlab.model import quantized
+    from gptlab.model.warmup import streaming_layers, warm_up
+
+    small = gptlab.quantize(tiny_model(), "bf16")
+    assert streaming_layers(small) == [] and warm_up(small) == 0  # fits the caches: nothing compiles
+    monkeypatch.setattr(quantized, "STREAM_MIN_BYTES", 0)  # as if it were large
+    for fmt in ("fp32", "bf16", "int8"):
+        model = gptlab.quantize(tiny_model(), fmt)
+        kinds = streaming_layers(model)
+        linears = [m for m in model.modules() if isinstance(m, quantized.InferenceLinear)]
+        assert 1 <= len(kinds) < len(linears) and all(k.streams for k in kinds)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fmt", ["bf16", "int8"])
+def test_after_loading_a_decode_compiles_nothing_and_says_the_same(tmp_path, tiny_model, monkeypatch, fmt):
+    """gptlab.load pays the one-row kernels' compilation; generating afterwards compiles no graph, and
+    greedy text is what the model loaded without the warm-up says."""
+    from gptlab.compiling import can_compile
+    from gptlab.model import quantized
+    from gptlab.tokenizers import CharTokenizer
+
+    if not can_compile("cpu"):
+        pytest.skip("no C++ compiler: the one-row kernel runs uncompiled")
+    import torch._dynamo.utils
+
+    monkeypatch.setattr(quantized, "STREAM_MIN_BYTES", 0)  # a tiny model streams as a large one does
+    tok = CharTokenizer.from_text("abcdefgh ij\n", special_tokens=["<|endoftext|>"])
+    model = tiny_model(vocab_size=tok.vocab_size, pos="rope", jitter=0.05)
+    ckpt = gptlab.save(model, tok, tmp_path / "ckpt")
+    config = gptlab.SampleConfig(max_new_tokens=12, temperature=0)
+    plain, _ = gptlab.checkpoint.load(ckpt, quantize=fmt)  # no warm-up
+    expected = gptlab.generate_text(plain, tok, "abc ab", config)
+    torch._dynamo.reset()
+    warmed, _ = gptlab.load(ckpt, quantize=fmt)
+    graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    assert graphs >= 1  # the warm-up compiled
+    assert gptlab.generate_text(warmed, tok, "abc ab", config) == expected
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == graphs
