@@ -1,10 +1,12 @@
 """Opening any model: a checkpoint or run directory, a LoRA run, a Hugging Face folder or a GGUF file.
 
-    model, tokenizer = load_source(SRC)      # any of them, in float32
-    model, tokenizer = load(CKPT_OR_RUN)     # a gptlab checkpoint or run; a LoRA run merged into its base
+    model, tokenizer = load(SRC, quantize="bf16")   # any of them, for inference, in the format asked
+    model, tokenizer = load_source(SRC)             # any of them, in float32 (to train or export)
 
 ``SRC`` is a gptlab checkpoint or run directory, a Hugging Face model folder, or a GGUF file
-(``SOURCES``); a short name of a GGUF file that a package carries (``smollm2``) names that file. A
+(``SOURCES``); a short name of a GGUF file that a package carries (``smollm2``) names that file. Every
+command that takes a model opens it here, so each takes every kind of source, and a source that is
+none of them is the same one-line error (``source_kind``) everywhere. A
 LoRA run holds only its adapters and a reference to its base (``gptlab.checkpoint.lora``); ``load``
 reads the base (itself any source), checks its sha256, re-applies the adapters and merges them
 (``W ← W + (α/r)·B·A``), so every command that loads a checkpoint accepts a LoRA run and sees a plain
@@ -24,9 +26,12 @@ import torch
 
 from gptlab import checkpoint
 from gptlab.checkpoint import lora as lora_files
+from gptlab.compiling import can_compile
 from gptlab.errors import GptlabError
 from gptlab.model import GPT
 from gptlab.model.lora import apply_lora, load_adapter_state, merge_lora
+from gptlab.model.quantized import STREAM_MIN_BYTES
+from gptlab.model.warmup import import_compiler_in_background, warm_up
 from gptlab.model.weight_formats import quantize as quantize_model
 
 if TYPE_CHECKING:
@@ -34,6 +39,8 @@ if TYPE_CHECKING:
 
 PathLike = str | os.PathLike[str]
 SKIP_HASH = ("train_state",)  # a training checkpoint's optimizer state is not part of the weights
+#: the short names a missing source is told about
+NAMES_HINT = " (or a packaged model's short name: smollm2)"
 
 
 def is_gptlab(path: Path) -> bool:
@@ -73,7 +80,9 @@ def source_kind(src: PathLike) -> str:
     """``gguf`` (a ``.gguf`` file), ``gptlab`` (checkpoint or run directory) or ``hf`` (a folder with config.json)."""
     path = source_path(src)
     if not path.exists():
-        raise GptlabError(f"init={src}: no such checkpoint, run directory, Hugging Face folder or GGUF file")
+        raise GptlabError(
+            f"{src}: no such checkpoint, run directory, Hugging Face folder or GGUF file{NAMES_HINT}"
+        )
     if path.is_file() and path.suffix.lower() == ".gguf":
         return "gguf"
     if path.is_dir() and is_gptlab(path):
@@ -81,7 +90,7 @@ def source_kind(src: PathLike) -> str:
     if path.is_dir() and (path / "config.json").is_file():
         return "hf"
     raise GptlabError(
-        f"init={src}: not a gptlab checkpoint or run, a Hugging Face folder (config.json) or a .gguf file"
+        f"{src}: not a gptlab checkpoint or run directory, a Hugging Face folder (config.json) or a .gguf file"
     )
 
 
@@ -223,33 +232,115 @@ def load_merged(
     return model.to(device).eval(), tokenizer
 
 
+def stored_format(src: PathLike) -> str | None:
+    """``"int8"`` for a gptlab checkpoint saved in int8, else None (float weights: a float checkpoint, a
+    Hugging Face folder, a GGUF file, whose tensors are read as floats). A bad source is ``source_kind``'s error."""
+    path = source_path(src)
+    return checkpoint.stored_format(path) if source_kind(path) == "gptlab" else None
+
+
+def _streams(path: Path, kind: str) -> bool:
+    """True when an imported source can be converted tensor by tensor while read (not gptlab's own
+    remote-code Hugging Face export, which is read back whole)."""
+    if kind == "gguf":
+        return True
+    from gptlab.interop.hf_remote import MODEL_TYPE
+
+    data = checkpoint.read_json(path / "config.json")
+    return not (isinstance(data, dict) and data.get("model_type") == MODEL_TYPE)
+
+
+def load_imported(
+    path: Path,
+    kind: str,
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype | None = None,
+    quantize: str | None = None,
+) -> tuple[GPT, Tokenizer | None]:
+    """A Hugging Face folder or a GGUF file for inference, as ``load`` gives a checkpoint: in the format
+    ``quantize`` asks, converted tensor by tensor while read on a CPU (bf16, int8), so no float32 copy
+    of the whole model is made; otherwise read in float32, then moved, cast and converted."""
+    from gptlab.model.load_quantized import STREAMED
+
+    cpu = torch.device(device).type == "cpu"
+    streamed = quantize in STREAMED and cpu and dtype is None and _streams(path, kind)
+    if kind == "gguf":
+        gguf = gguf_module()
+        parsed = gguf.read_gguf(path)  # parsed once for the weights and the tokenizer
+        model = gguf.from_gguf(parsed, quantize=quantize if streamed else None)
+        tokenizer = gguf.tokenizer_from_gguf(parsed)
+    else:
+        from gptlab.interop.hf import from_hf, tokenizer_from_hf
+
+        model = from_hf(path, quantize=quantize if streamed else None)
+        tokenizer = tokenizer_from_hf(path)
+    if not streamed:
+        model = model.to(device)
+        if dtype is not None:
+            model.to(dtype=dtype)
+        if quantize:
+            quantize_model(model, quantize)  # in place
+    checkpoint.check_tokenizer_fits(tokenizer, model.config.vocab_size, path)
+    return model.eval(), tokenizer
+
+
+def weight_bytes(path: Path) -> int:
+    """The bytes of a source's files (a folder's, or one file): how much there is to stream."""
+    files = [path] if path.is_file() else [p for p in path.iterdir() if p.is_file()]
+    return sum(p.stat().st_size for p in files)
+
+
 def load(
     path: PathLike,
     device: str | torch.device = "cpu",
     dtype: torch.dtype | None = None,
     quantize: str | None = None,
 ) -> tuple[GPT, Tokenizer | None]:
-    """``gptlab.load``: a checkpoint directory (or a run directory: its latest checkpoint) →
-    ``(model, tokenizer_or_None)``; a LoRA run's adapters merged into their base.
+    """``gptlab.load``: any source → ``(model, tokenizer_or_None)`` in eval mode: a checkpoint directory
+    (or a run directory: its latest checkpoint; a LoRA run's adapters merged into their base), a Hugging
+    Face folder, a GGUF file, or a packaged short name (``smollm2``).
 
     ``quantize`` (``"fp32"``, ``"bf16"``, ``"int8"``, ``"int4"``): the model for inference in that format
-    (``gptlab.checkpoint.load``).
-
+    (``gptlab.checkpoint.load``; an imported model is converted as it is read, ``load_imported``).
     A GGUF file (or ``smollm2``) loads as llama.cpp runs it: its Q4_0/Q4_1 matrices int4 and its other
-    quantized ones int8 (``quantize`` None or ``"keep"``, on the CPU); ``quantize="fp32"`` asks for
-    float32 weights (dequantized), the other formats convert to that format.
+    quantized ones int8 (``quantize`` None or ``"keep"``, on the CPU, ``load_gguf_as``);
+    ``quantize="fp32"`` asks for float32 weights (dequantized), the other formats convert to that format. On a
+    CPU its one-row decode kernels are then compiled before it is returned (``gptlab.model.warmup``:
+    the compiler imported on another thread while the weights are read), so the first prefill and
+    decode step cost what the later ones do.
     """
-    gguf_file = source_path(path)
-    if gguf_file.is_file() and gguf_file.suffix.lower() == ".gguf":
-        return load_gguf_as(gguf_file, device, dtype, quantize)
-    directory = checkpoint.resolve_checkpoint(path)
-    if lora_files.is_lora_checkpoint(directory):  # the one place LoRA adapters are merged on load
-        checkpoint.verify_checksums(directory)
-        model, tokenizer = load_merged(directory, device, dtype)
+    src = source_path(path)
+    kind = source_kind(src)
+    inference = quantize is not None and torch.device(device).type == "cpu"
+    if kind == "gptlab":
+        src = checkpoint.resolve_checkpoint(src)
+    importing = (
+        import_compiler_in_background()
+        if inference and weight_bytes(src) >= STREAM_MIN_BYTES and can_compile("cpu")
+        else None
+    )
+    model, tokenizer = _load(src, kind, device, dtype, quantize)
+    if importing is not None:
+        importing.join()
+    if inference:
+        warm_up(model)
+    return model, tokenizer
+
+
+def _load(
+    src: Path, kind: str, device: str | torch.device, dtype: torch.dtype | None, quantize: str | None
+) -> tuple[GPT, Tokenizer | None]:
+    if kind == "gguf":
+        return load_gguf_as(src, device, dtype, quantize)
+    if kind != "gptlab":
+        return load_imported(src, kind, device, dtype, quantize)
+    if lora_files.is_lora_checkpoint(src):  # the one place LoRA adapters are merged on load
+        checkpoint.verify_checksums(src)
+        model, tokenizer = load_merged(src, device, dtype)
         if quantize:
             quantize_model(model, quantize)  # in place
         return model, tokenizer
-    return checkpoint.load(directory, device, dtype, quantize)
+    return checkpoint.load(src, device, dtype, quantize)
 
 
 __all__ = [
@@ -261,6 +352,7 @@ __all__ = [
     "load_gguf",
     "load_gptlab",
     "load_hf",
+    "load_imported",
     "load_merged",
     "load_source",
     "model_tokenizer",
@@ -269,4 +361,6 @@ __all__ = [
     "source_path",
     "source_sha256",
     "source_tokenizer",
+    "stored_format",
+    "weight_bytes",
 ]

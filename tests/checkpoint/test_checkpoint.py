@@ -100,9 +100,11 @@ def test_weights_that_do_not_match_the_config_are_named(tmp_path: Path) -> None:
         gptlab.load(tmp_path)
 
 
-def test_a_hugging_face_directory_is_pointed_to_convert(tmp_path: Path) -> None:
+def test_a_hugging_face_directory_is_read_as_one(tmp_path: Path) -> None:
+    """gptlab.load opens any source: a folder with a Hugging Face config.json is read as such (here its
+    config lacks what a GPT-2 needs), not refused as a checkpoint without a gptlab config."""
     (tmp_path / "config.json").write_text('{"model_type": "gpt2"}')
-    with pytest.raises(GptlabError, match="gptlab convert --from-hf"):
+    with pytest.raises(GptlabError, match=r"config\.json: missing 'n_embd'"):
         gptlab.load(tmp_path)
 
 
@@ -115,7 +117,7 @@ def test_run_directories_resolve_to_the_latest_complete_checkpoint(tmp_path: Pat
     assert resolve_checkpoint(tmp_path).name == "ckpt-000300"
     model, _ = gptlab.load(tmp_path)
     assert isinstance(model, GPT)
-    with pytest.raises(GptlabError, match="neither a checkpoint"):
+    with pytest.raises(GptlabError, match="not a gptlab checkpoint or run directory"):
         gptlab.load(tmp_path / "ckpt-000500")
     with pytest.raises(GptlabError, match="no such checkpoint"):
         gptlab.load(tmp_path / "nope")

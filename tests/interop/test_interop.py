@@ -369,7 +369,7 @@ def test_cli_from_hf_keeps_the_gpt2_tokenizer(saved, gpt2_files, tmp_path):
     "argv",
     [
         ["--from-hf", "{missing}", "--out", "{out}"],
-        ["--to-hf", "{hf}", "--out", "{out}"],  # a HF directory is not a gptlab checkpoint
+        ["--to-hf", "{missing}", "--out", "{out}"],  # no model there (any source exports: a HF folder too)
         ["--from-hf", "{hf}", "--out", "{hf}"],  # the output exists and is not empty
         ["--from-hf", "{hf}"],  # --out is required
     ],

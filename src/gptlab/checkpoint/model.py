@@ -34,7 +34,7 @@ from gptlab.checkpoint.files import (
 )
 from gptlab.checkpoint.integrity import verify_checksums, write_checksums
 from gptlab.errors import GptlabError
-from gptlab.model import GPT, GPTConfig, build_model, load_quantized, weight_formats
+from gptlab.model import GPT, GPTConfig, build_empty, load_quantized, weight_formats
 from gptlab.model.lora import is_lora_model
 from gptlab.model.state_dict import load_model_state, model_state
 
@@ -189,9 +189,8 @@ def load(
         model = loader(config, read_tensors(weights), weights)
     elif quantize in load_quantized.STREAMED and cpu and dtype is None:
         model = load_quantized.build_quantized(config, read_tensors_lazily(weights), quantize, weights)
-    else:  # built and filled on the device itself: the weights never pass through the CPU on the way
-        with torch.device(device):
-            model = build_model(config)
+    else:  # built (not initialised) and filled on the device itself: the weights never pass through the CPU
+        model = build_empty(config, device)
         load_model_state(model, read_tensors(weights, device), weights)
         if dtype is not None:
             model.to(dtype=dtype)

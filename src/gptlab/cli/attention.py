@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from gptlab.cli.options import add_device_argument, device_from_args
+from gptlab.cli.options import add_device_argument, add_model_argument, device_from_args
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -14,7 +14,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="One head (--layer and --head), every head of a layer (--layer), or a layers × heads "
         "overview (neither). Layers and heads count from 0.",
     )
-    p.add_argument("checkpoint", help="checkpoint or run directory")
+    add_model_argument(p)
     p.add_argument("text", nargs="?", help="the input text")
     p.add_argument("--ids", help='token ids instead of text, e.g. "464 2415 3332 319"')
     p.add_argument(

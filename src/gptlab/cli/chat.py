@@ -1,4 +1,4 @@
-"""``gptlab chat CKPT``: an interactive terminal chat with the model's own chat template.
+"""``gptlab chat MODEL`` (``gptlab chat smollm2``): an interactive terminal chat with the model's own chat template.
 
 Each line you type is a user message; the reply streams as it is generated and joins the history,
 which is rendered with the template again for the next turn. The keys and values of each turn (its
@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from gptlab.cli.options import (
     add_compile_argument,
     add_device_argument,
+    add_model_argument,
     add_structure_arguments,
     add_weights_argument,
     device_from_args,
@@ -48,12 +49,12 @@ TOOL_ROUNDS = 3
 def register(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "chat",
-        help="chat with a checkpoint in the terminal (its chat template, streamed replies, history)",
-        description="Chat with a checkpoint: the prompt is built with the model's own chat template "
+        help="chat with a model in the terminal (its chat template, streamed replies, history)",
+        description="Chat with a model (checkpoint, run, Hugging Face folder, GGUF file, smollm2): the prompt is built with the model's own chat template "
         "(or --template), replies stream and stop at the end-of-turn token. /reset forgets the "
         "history, /exit quits.",
     )
-    p.add_argument("checkpoint", metavar="CKPT", help="a checkpoint directory or a run directory")
+    add_model_argument(p)
     p.add_argument("--system", help="a system message that starts every conversation")
     p.add_argument(
         "--template", help="chatml, llama3, plain, or a file with a Jinja template (default: the model's)"

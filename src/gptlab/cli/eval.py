@@ -6,19 +6,20 @@ from __future__ import annotations
 import argparse
 import json
 
-from gptlab.cli.options import add_device_argument, device_from_args, resolve_dtype
+from gptlab.cli.options import add_device_argument, add_model_argument, device_from_args, resolve_dtype
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "eval",
-        help="loss, perplexity and bits per byte of a checkpoint on a text or a dataset",
-        description="Evaluate a checkpoint (or a run directory's latest checkpoint) on a text file or on a "
+        help="loss, perplexity and bits per byte of a model on a text or a dataset",
+        description="Evaluate a model (a checkpoint, a run directory's latest checkpoint, a Hugging Face "
+        "folder, a GGUF file or smollm2) on a text file or on a "
         "prepared dataset's split.",
     )
-    p.add_argument("checkpoint", help="checkpoint or run directory")
+    add_model_argument(p)
     src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--text", help="a UTF-8 text file, tokenized with the checkpoint's tokenizer")
+    src.add_argument("--text", help="a UTF-8 text file, tokenized with the model's tokenizer")
     src.add_argument("--data", help="a dataset directory made by `gptlab prepare`")
     src.add_argument(
         "--tasks",

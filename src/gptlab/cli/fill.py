@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from gptlab.cli.options import add_model_argument
+
 
 def register(subparsers: Any) -> None:
     p = subparsers.add_parser(
@@ -13,7 +15,7 @@ def register(subparsers: Any) -> None:
         description="Print the top-k predictions for each [MASK] in TEXT, using a bidirectional "
         "encoder trained with objective=mlm.",
     )
-    p.add_argument("checkpoint", metavar="CKPT", help="a checkpoint directory or a run directory")
+    add_model_argument(p)
     p.add_argument("text", metavar="TEXT", help='text with one or more [MASK], e.g. "The cat [MASK] on"')
     p.add_argument("--top-k", type=int, default=5, help="predictions shown per mask (default 5)")
     p.set_defaults(func=run)

@@ -1,4 +1,5 @@
-"""Options shared by every command that runs the model: ``--device``, and what ``--dtype auto`` means."""
+"""Options shared by every command that runs the model: the model itself (any source), ``--device``, and
+what ``--dtype auto`` means."""
 
 from __future__ import annotations
 
@@ -20,6 +21,17 @@ DEVICE_HELP = "auto (CUDA, else Apple's MPS, else the CPU), cpu, cuda, cuda:N or
 
 
 WEIGHT_FORMATS = ("auto", "fp32", "bf16", "int8", "int4")
+
+#: what every command that takes a model accepts (``gptlab.sources``)
+MODEL_HELP = (
+    "a gptlab checkpoint or run directory, a Hugging Face folder, a GGUF file, "
+    "or smollm2 (the packaged SmolLM2-135M-Instruct GGUF file)"
+)
+
+
+def add_model_argument(p: argparse.ArgumentParser) -> None:
+    """The positional ``MODEL`` of every command that runs one: any source ``gptlab.sources`` opens."""
+    p.add_argument("checkpoint", metavar="MODEL", help=MODEL_HELP)
 
 
 def add_weights_argument(p: argparse.ArgumentParser) -> None:
@@ -46,13 +58,13 @@ def device_from_args(args: argparse.Namespace) -> str:
 
 
 def weights_format(dtype: str, device: str, checkpoint: str, sequences: int = 1) -> str:
-    """The weight format to run ``checkpoint`` in: an int8 checkpoint runs in int8 (``--dtype auto`` or
-    ``int8``; another format is one ``error:`` line), a float one as given or, for ``auto``, as
-    ``gptlab.hardware.inference_weights`` says for ``sequences`` decoded together."""
-    from gptlab.checkpoint import stored_format
+    """The weight format to run the model ``checkpoint`` names in: an int8 checkpoint runs in int8
+    (``--dtype auto`` or ``int8``; another format is one ``error:`` line), a float one (or a Hugging
+    Face folder, a GGUF file) as given or, for ``auto``, as ``gptlab.hardware.inference_weights`` says
+    for ``sequences`` decoded together. A source that names no model is ``gptlab.sources``' one line."""
     from gptlab.errors import GptlabError
     from gptlab.hardware import inference_weights
-    from gptlab.sources import source_path
+    from gptlab.sources import source_path, stored_format
 
     gguf = source_path(checkpoint)
     if gguf.is_file() and gguf.suffix.lower() == ".gguf":  # as llama.cpp runs it, or as asked

@@ -1,5 +1,6 @@
-"""``gptlab sample CKPT``: stream text from a checkpoint (argument parsing only).
+"""``gptlab sample MODEL``: stream text from any model (argument parsing only).
 
+gptlab sample smollm2 --prompt "The capital of France is" --max-new-tokens 8   # a GGUF file, as it ships
 gptlab sample runs/shakespeare --prompt "ROMEO:" --max-new-tokens 200 --temperature 0.8 --top-k 40
 gptlab sample ckpt/ --prompt-file prompt.txt --beam-width 4 --dtype int8 --num-samples 3 --seed 1
 gptlab sample smollm2 --prompt "A user record: " --json-schema user.schema.json   (or --regex, --grammar)
@@ -17,6 +18,7 @@ from typing import Any
 from gptlab.cli.options import (
     add_compile_argument,
     add_device_argument,
+    add_model_argument,
     add_structure_arguments,
     add_weights_argument,
     device_from_args,
@@ -31,11 +33,11 @@ from gptlab.errors import GptlabError
 def register(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "sample",
-        help="generate text from a checkpoint, streamed to the terminal",
-        description="Generate text from a checkpoint (or the latest checkpoint of a run "
-        "directory), streaming tokens as they are produced.",
+        help="generate text from a model (checkpoint, run, HF folder, GGUF file), streamed to the terminal",
+        description="Generate text from a model: a checkpoint (or the latest checkpoint of a run "
+        "directory), a Hugging Face folder, a GGUF file or smollm2, streaming tokens as they are produced.",
     )
-    p.add_argument("checkpoint", metavar="CKPT", help="a checkpoint directory or a run directory")
+    add_model_argument(p)
     src = p.add_mutually_exclusive_group()
     src.add_argument("--prompt", default="", help="the text to continue (default: start from <|endoftext|>)")
     src.add_argument("--prompt-file", help="read the prompt from this UTF-8 file")

@@ -1,16 +1,16 @@
-"""``gptlab serve CKPT``: the OpenAI-compatible HTTP API and the web playground (FastAPI + uvicorn)."""
+"""``gptlab serve MODEL``: the OpenAI-compatible HTTP API and the web playground (FastAPI + uvicorn)."""
 
 from __future__ import annotations
 
 import argparse
 import os
 import sys
-from pathlib import Path
 from typing import Any
 
 from gptlab.cli.options import (
     add_compile_argument,
     add_device_argument,
+    add_model_argument,
     add_weights_argument,
     device_from_args,
     prepare_decode,
@@ -22,16 +22,12 @@ from gptlab.cli.options import (
 def register(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "serve",
-        help="serve a checkpoint over an OpenAI-compatible HTTP API, with a web playground",
-        description="Serve CKPT over HTTP: POST /v1/completions, /v1/chat/completions (OpenAI's wire format, "
+        help="serve a model over an OpenAI-compatible HTTP API, with a web playground",
+        description="Serve MODEL (a checkpoint, run, Hugging Face folder, GGUF file or smollm2) over HTTP: POST /v1/completions, /v1/chat/completions (OpenAI's wire format, "
         "streaming with SSE), GET /v1/models, /v1/gptlab/limits, /health, and the playground at /. "
         "A masked-language encoder is served with the playground's Inside view and POST /v1/gptlab/fill.",
     )
-    p.add_argument(
-        "checkpoint",
-        metavar="CKPT",
-        help="a checkpoint directory, or a run directory (its latest checkpoint)",
-    )
+    add_model_argument(p)
     p.add_argument(
         "--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)"
     )
@@ -58,7 +54,9 @@ def register(subparsers: Any) -> None:
         help="require 'Authorization: Bearer KEY' on /v1 routes (default: $GPTLAB_API_KEY, else none)",
     )
     p.add_argument(
-        "--model-name", default=None, help="the model id clients use (default: the checkpoint's folder name)"
+        "--model-name",
+        default=None,
+        help="the model id clients use (default: the model's folder or file name)",
     )
     add_weights_argument(p)
     add_device_argument(p)
@@ -89,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
 
     from gptlab.errors import GptlabError
     from gptlab.serve import create_app
-    from gptlab.serve.launch import check_bind, is_loopback, load_for_serving
+    from gptlab.serve.launch import check_bind, is_loopback, load_for_serving, model_name
     from gptlab.serve.tasks import task_of
 
     if not 0 <= args.port <= 65535:
@@ -116,7 +114,7 @@ def run(args: argparse.Namespace) -> int:
             "a masked-language encoder does not generate: the playground shows Inside and fills [MASK]s "
             "(POST /v1/gptlab/fill); the generating routes answer 400\n"
         )
-    name = args.model_name or Path(args.checkpoint).resolve().name
+    name = args.model_name or model_name(args.checkpoint)
     app = create_app(
         model,
         tokenizer,

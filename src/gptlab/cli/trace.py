@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from gptlab.cli.options import add_device_argument, device_from_args
+from gptlab.cli.options import add_device_argument, add_model_argument, device_from_args
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -16,7 +16,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Tokens, embeddings, positions, each block's residual norm and attention, the final state, "
         "the logits and the top next tokens after temperature.",
     )
-    p.add_argument("checkpoint", help="checkpoint or run directory")
+    add_model_argument(p)
     p.add_argument("text", nargs="?", help="the input text")
     p.add_argument("--ids", help='token ids instead of text, e.g. "464 2415 3332 319"')
     p.add_argument("--temperature", type=float, default=1.0, help="τ in softmax(z/τ); 0 = greedy (default 1)")

@@ -248,9 +248,9 @@ def load_config(
 
 def meta_model(config: GPTConfig) -> GPT:
     """``GPT(config)`` on the ``meta`` device: shapes only, no memory, built in milliseconds."""
-    from gptlab.model import GPT
+    from gptlab.model import GPT, skip_init
 
-    with torch.device("meta"):
+    with skip_init(), torch.device("meta"):
         return GPT(config)
 
 

@@ -13,10 +13,9 @@ model's own code, generated from ``gptlab.model``, beside its weights.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +39,7 @@ from gptlab.interop.common import (
     read_hf_config,
     read_hf_weights,
 )
-from gptlab.model import GPT, GPTConfig
+from gptlab.model import GPT, GPTConfig, build_empty
 from gptlab.tokenizers.base import Tokenizer
 
 #: Hugging Face ``model_type`` → converter. ``to_hf`` tries them in this order.
@@ -107,20 +106,6 @@ def from_hf(
     return model_from_hf_state(family, config, normalise_names(hf_state, family), source, dtype, quantize)
 
 
-@contextlib.contextmanager
-def _skip_init() -> Iterator[None]:
-    """Make ``torch.nn.init``'s in-place initialisers no-ops while a model is built (seconds on 100M+ weights)."""
-    names = ("normal_", "zeros_", "ones_", "uniform_", "kaiming_uniform_", "trunc_normal_")
-    saved = {name: getattr(torch.nn.init, name) for name in names}
-    try:
-        for name in names:
-            setattr(torch.nn.init, name, lambda tensor, *args, **kwargs: tensor)
-        yield
-    finally:
-        for name, fn in saved.items():
-            setattr(torch.nn.init, name, fn)
-
-
 def model_from_hf_state(
     family: Family,
     config: GPTConfig,
@@ -133,8 +118,7 @@ def model_from_hf_state(
 
     ``quantize="int8" | "bf16"``: converted tensor by tensor (``gptlab.model.load_quantized``).
     """
-    with torch.device("meta"):
-        shapes = model_state(GPT(config))  # names and shapes only, no memory
+    shapes = model_state(build_empty(config, "meta"))  # names and shapes only, no memory
     if quantize is not None:
         from gptlab.model.load_quantized import build_quantized
 
@@ -142,8 +126,7 @@ def model_from_hf_state(
             config, import_lazy(family, config, hf_state, shapes, source), quantize, source
         )
     state = import_state(family, config, hf_state, shapes, source)
-    with _skip_init():  # every parameter is overwritten next (load_model_state checks that)
-        model = GPT(config)
+    model = build_empty(config)  # every parameter is overwritten next (load_model_state checks that)
     load_model_state(model, {k: v.float() for k, v in state.items()}, source)
     if dtype is not None:
         model.to(dtype=dtype)

@@ -29,7 +29,7 @@ import torch
 from torch import nn
 
 from gptlab.errors import GptlabError
-from gptlab.model import GPT, GPTConfig, build_model
+from gptlab.model import GPT, GPTConfig, build_empty
 from gptlab.model.int4 import Int4Linear, Int4Parts
 from gptlab.model.quantized import (
     InferenceLinear,
@@ -48,8 +48,7 @@ STREAMED = ("bf16", "int8", "int4")
 
 def _meta_model(config: GPTConfig) -> GPT:
     """``build_model(config)`` with every weight on the meta device and the computed buffers on the CPU."""
-    with torch.device("meta"):
-        model = build_model(config)
+    model = build_empty(config, "meta")
     for module in model.modules():
         names = [n for n, b in module._buffers.items() if b is not None and b.is_meta]
         if names:  # positional modules: built from the config alone

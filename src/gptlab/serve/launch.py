@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ipaddress
 import socket
+from pathlib import Path
 from typing import Any
 
 from gptlab.errors import GptlabError
@@ -38,15 +39,26 @@ def check_bind(host: str, port: int) -> None:
             ) from None
 
 
+def model_name(source: str) -> str:
+    """The model id clients use by default: a folder's name, a GGUF file's name without ``.gguf``, a
+    packaged short name (``smollm2``) as it is typed."""
+    path = Path(source)
+    if not path.exists():
+        return path.name
+    path = path.resolve()
+    return path.stem if path.is_file() and path.suffix.lower() == ".gguf" else path.name
+
+
 def load_for_serving(checkpoint: str, dtype: str, device: str = "cpu") -> tuple[Any, Any]:
-    """The checkpoint's model (weights in ``dtype``, on ``device``) and its tokenizer, which serving needs."""
+    """The model ``checkpoint`` names (any source ``gptlab.sources`` opens; weights in ``dtype``, on
+    ``device``) and its tokenizer, which serving needs."""
     from gptlab.model.weight_formats import quantize
     from gptlab.sources import load
 
     model, tokenizer = load(checkpoint, device=device, quantize=dtype)  # converted while read
     if tokenizer is None:
         raise GptlabError(
-            f"{checkpoint}: the checkpoint has no tokenizer.json; serving needs one "
+            f"{checkpoint}: the model has no tokenizer (tokenizer.json); serving needs one "
             "(save the model with its tokenizer: gptlab.save(model, tokenizer, dir))"
         )
     return (model if dtype == "keep" else quantize(model, dtype)), tokenizer  # keep: a GGUF file's own

@@ -12,9 +12,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from gptlab.checkpoint import resolve_checkpoint
 from gptlab.errors import GptlabError
-from gptlab.sources import load
+from gptlab.sources import load, resolve_source
 from gptlab.train.config import TrainConfig
 from gptlab.train.evaluate import Autocast, EvalResult, evaluate_tokens
 from gptlab.train.objectives import ARCH_OBJECTIVES, make_objective
@@ -58,8 +57,8 @@ def evaluate_path(
     progress: bool = False,
     context: int | None = None,
 ) -> tuple[EvalResult, str]:
-    """Evaluate a checkpoint (or a run directory's latest) on a text file or a dataset split, in windows
-    of ``context`` tokens (``EvalResult.context`` says which).
+    """Evaluate a model (any source ``gptlab.sources`` opens; a run directory: its latest checkpoint) on
+    a text file or a dataset split, in windows of ``context`` tokens (``EvalResult.context`` says which).
 
     The default is the context the model loads at: its own, and for a fine-tuning run (full or LoRA,
     merged or not) its base model's, which it keeps even when trained on shorter windows. So a base
@@ -72,7 +71,7 @@ def evaluate_path(
         raise GptlabError("--batch-size and --max-batches must be at least 1")
     if (text is None) == (data is None):
         raise GptlabError("give exactly one of --text FILE or --data DATA_DIR")
-    directory = resolve_checkpoint(checkpoint)
+    directory = resolve_source(checkpoint)  # any source: a run directory → its latest checkpoint
     model, tok = load(directory, device=device)
     autocast = (
         torch.autocast(torch.device(device).type, dtype=torch.bfloat16) if dtype == "bfloat16" else None
@@ -88,9 +87,7 @@ def evaluate_path(
         from gptlab.tokenizers.loading import read_text_file
 
         if tok is None:
-            raise GptlabError(
-                f"{directory}: has no tokenizer.json, so a text cannot be tokenized; use --data"
-            )
+            raise GptlabError(f"{directory}: has no tokenizer, so a text cannot be tokenized; use --data")
         content = read_text_file(text)
         ids = tok.encode(content)
         if len(ids) < 2:
@@ -106,7 +103,7 @@ def evaluate_path(
         if tok is not None and ds.tokenizer.to_dict() != tok.to_dict():
             raise GptlabError(
                 f"{data} was tokenized with a different tokenizer than {directory}; "
-                f"evaluate on a dataset prepared with the checkpoint's tokenizer.json"
+                f"evaluate on a dataset prepared with the model's tokenizer"
             )
         if ds.vocab_size > model.config.vocab_size:
             raise GptlabError(

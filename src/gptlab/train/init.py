@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import torch
 
 from gptlab.errors import GptlabError
-from gptlab.model import GPT, GPTConfig
+from gptlab.model import GPT, GPTConfig, skip_init
 from gptlab.model.state_dict import load_model_state, model_state
 from gptlab.sources import load_source, resolve_source, source_kind, source_sha256
 
@@ -38,7 +38,7 @@ def finetune_config(base: GPTConfig, overrides: dict[str, Any], src: PathLike) -
     """``base`` with the ``model.*`` overrides that keep every weight's shape; anything else is refused."""
     if "preset" in overrides:
         raise GptlabError(f"model.preset cannot be combined with init={src}: the model config comes from it")
-    with torch.device("meta"):
+    with skip_init(), torch.device("meta"):  # shapes only: nothing to initialise
         shapes = {k: v.shape for k, v in model_state(GPT(base)).items()}
         for key, value in overrides.items():
             changed = base.replace(**{key: value})

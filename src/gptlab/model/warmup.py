@@ -1,0 +1,71 @@
+"""Paying a decode's first-call set-up while the model loads, not at its first token.
+
+A model large enough to stream its weights (``gptlab.model.quantized``: ``InferenceLinear.streams``)
+multiplies one row on a CPU through a compiled kernel (``gemv``), which is compiled on its first
+call: from inductor's cache that still means importing torch's compiler and tracing the kernel,
+seconds that the first prefill used to pay (its last row goes through the head's one-row product)
+and the second did not. Dynamo compiles the kernel twice, once for a row at the start of its
+tensor (a decode step) and once for a row further in (a prefill's last position), and
+``dynamic=True`` makes each graph serve every matrix shape; so calling one streaming layer of each
+kind (weight dtype, with or without bias and scales) both ways compiles everything a decode uses.
+
+    import_compiler_in_background()   # at the start of a load: the compiler's modules, in parallel
+    warm_up(model)                     # after it: the one-row kernels, compiled (or read from the cache)
+
+The warm-up runs zeros through the layers and returns nothing; the outputs, and so every generated
+token, are those of the kernels a decode would have compiled anyway.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import torch
+from torch import nn
+
+from gptlab.model.quantized import InferenceLinear, activation_dtype
+
+
+def streaming_layers(model: nn.Module) -> list[InferenceLinear]:
+    """One CPU layer of each kind that multiplies one row through the compiled kernel: a kind is what
+    dynamo guards on besides shapes (the weight's dtype and dispatch keys: a tied head's weight, made
+    from the token table, carries other keys than the other matrices; a bias; int8 scales)."""
+    kinds: dict[tuple[torch.dtype, str, bool, bool], InferenceLinear] = {}
+    for module in model.modules():
+        if isinstance(module, InferenceLinear) and module.streams and module.weight.device.type == "cpu":
+            keys = str(torch._C._dispatch_keys(module.weight))
+            kinds.setdefault((module.weight.dtype, keys, module.bias is None, module.scales is None), module)
+    return list(kinds.values())
+
+
+@torch.inference_mode()
+def warm_up(model: nn.Module) -> int:
+    """Compile (or read from the cache) every one-row kernel ``model``'s decode will call; the number of
+    layer kinds warmed (0 for a model that does not stream: nothing to pay). Under inference mode, as
+    a decode runs (``gptlab.generate.session``): dynamo guards on the weight's dispatch keys, which
+    inference mode changes."""
+    layers = streaming_layers(model)
+    fmt = getattr(model, "quantization", "fp32")
+    act = activation_dtype("cpu") if fmt in ("bf16", "int8") else torch.float32
+    for layer in layers:
+        k = layer.in_features
+        layer(torch.zeros(1, k, dtype=act))  # a decode step: the row starts its tensor
+        layer(torch.zeros(3, k, dtype=act)[2:])  # a prefill's last position: a row further in
+    return len(layers)
+
+
+def _import_compiler() -> None:
+    """The import only: whatever fails here fails again, and is reported, where the kernel compiles."""
+    try:
+        import torch._dynamo  # noqa: F401
+        import torch._inductor.compile_fx  # noqa: F401
+    except Exception:  # a prefetch only: Compiled falls back to eager with its own warning
+        return
+
+
+def import_compiler_in_background() -> threading.Thread:
+    """Start importing torch's compiler (most of a warm-up's cost) on another thread, so it overlaps
+    reading and converting the weights, which release the interpreter lock; join it before ``warm_up``."""
+    thread = threading.Thread(target=_import_compiler, name="gptlab-import-compiler", daemon=True)
+    thread.start()
+    return thread

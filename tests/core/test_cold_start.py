@@ -1,0 +1,124 @@
+"""What a command pays before its first token: imports it does not need, weights initialised only to be
+overwritten, the compiler imported by loading. Each is a property a change could silently break."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import gptlab
+from gptlab.model import INITIALISERS
+from tests import ROOT
+
+#: optional or heavy packages that neither ``import gptlab`` nor the CLI's argument parsing may import
+HEAVY = ["torch", "numpy", "fastapi", "uvicorn", "matplotlib", "transformers", "lm_eval", "jinja2", "gguf"]
+
+
+def _imported_after(code: str) -> list[str]:
+    """The modules of ``HEAVY`` (and the compiler's) that a fresh interpreter holds after running ``code``."""
+    probe = [*HEAVY, "torch._dynamo", "torch._inductor", "sympy"]
+    script = (
+        f"import sys\n{code}\nprint(__import__('json').dumps([m for m in {probe!r} if m in sys.modules]))"
+    )
+    env_path = str(ROOT / "src")
+    result = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        env={"PYTHONPATH": env_path, "OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"},
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    return list(json.loads(result.stdout.strip().splitlines()[-1]))
+
+
+def test_import_gptlab_and_parsing_a_command_import_nothing_heavy():
+    assert _imported_after("import gptlab") == []
+    # the parser may read the data package's tables (numpy, which torch imports anyway), nothing heavier
+    assert _imported_after("from gptlab.cli import build_parser; build_parser()") in ([], ["numpy"])
+
+
+def test_loading_imports_no_compiler(tmp_path, tiny_model):
+    """Loading (a checkpoint in each inference format, a GGUF file) imports neither torch's compiler
+    nor sympy: building the model on the meta device used to, through PyTorch's reference kernels."""
+    pytest.importorskip("gguf", reason="the gguf package writes GGUF files")
+    from gptlab.interop.gguf_export import to_gguf
+    from gptlab.tokenizers import BPETokenizer
+
+    tok = BPETokenizer.train("hello world, the quick brown fox " * 8, vocab_size=280, pattern="gpt2")
+    model = tiny_model(vocab_size=tok.vocab_size, pos="rope", norm="rmsnorm", mlp="swiglu", bias=False)
+    ckpt = gptlab.save(model, tok, tmp_path / "ckpt")
+    gguf_file = to_gguf(model, tmp_path / "m.gguf", tok)
+    loads = "; ".join(
+        f"gptlab.load({str(src)!r}, quantize={q!r})"
+        for src in (ckpt, gguf_file)
+        for q in ("fp32", "bf16", "int8")
+    )
+    found = _imported_after(f"import gptlab; {loads}")
+    assert "torch._dynamo" not in found and "torch._inductor" not in found and "sympy" not in found, found
+
+
+@pytest.mark.parametrize("quantize", [None, "fp32", "bf16", "int8"])
+def test_loading_draws_no_random_weights(tmp_path, tiny_model, monkeypatch, quantize):
+    """Every weight is read from the file, so none is first drawn at random (seconds on 100M+ weights)."""
+    ckpt = gptlab.save(tiny_model(jitter=0.1), None, tmp_path / "ckpt")
+    calls: list[str] = []
+    for name in INITIALISERS:
+        original = getattr(torch.nn.init, name)
+
+        def counted(tensor, *args, _name=name, _original=original, **kwargs):
+            calls.append(_name)
+            return _original(tensor, *args, **kwargs)
+
+        monkeypatch.setattr(torch.nn.init, name, counted)
+    model, _ = gptlab.load(ckpt, quantize=quantize)
+    assert calls == []
+    assert sum(1 for _ in model.parameters()) + sum(1 for _ in model.buffers()) > 0
+    gptlab.GPT(model.config)  # the counters count: building a fresh model draws its weights
+    assert "normal_" in calls
+
+
+def test_warm_up_finds_one_layer_of_each_kind_and_nothing_in_a_small_model(tiny_model, monkeypatch):
+    from gptlab.model import quantized
+    from gptlab.model.warmup import streaming_layers, warm_up
+
+    small = gptlab.quantize(tiny_model(), "bf16")
+    assert streaming_layers(small) == [] and warm_up(small) == 0  # fits the caches: nothing compiles
+    monkeypatch.setattr(quantized, "STREAM_MIN_BYTES", 0)  # as if it were large
+    for fmt in ("fp32", "bf16", "int8"):
+        model = gptlab.quantize(tiny_model(), fmt)
+        kinds = streaming_layers(model)
+        linears = [m for m in model.modules() if isinstance(m, quantized.InferenceLinear)]
+        assert 1 <= len(kinds) < len(linears) and all(k.streams for k in kinds)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fmt", ["bf16", "int8"])
+def test_after_loading_a_decode_compiles_nothing_and_says_the_same(tmp_path, tiny_model, monkeypatch, fmt):
+    """gptlab.load pays the one-row kernels' compilation; generating afterwards compiles no graph, and
+    greedy text is what the model loaded without the warm-up says."""
+    from gptlab.compiling import can_compile
+    from gptlab.model import quantized
+    from gptlab.tokenizers import CharTokenizer
+
+    if not can_compile("cpu"):
+        pytest.skip("no C++ compiler: the one-row kernel runs uncompiled")
+    import torch._dynamo.utils
+
+    monkeypatch.setattr(quantized, "STREAM_MIN_BYTES", 0)  # a tiny model streams as a large one does
+    tok = CharTokenizer.from_text("abcdefgh ij\n", special_tokens=["<|endoftext|>"])
+    model = tiny_model(vocab_size=tok.vocab_size, pos="rope", jitter=0.05)
+    ckpt = gptlab.save(model, tok, tmp_path / "ckpt")
+    config = gptlab.SampleConfig(max_new_tokens=12, temperature=0)
+    plain, _ = gptlab.checkpoint.load(ckpt, quantize=fmt)  # no warm-up
+    expected = gptlab.generate_text(plain, tok, "abc ab", config)
+    torch._dynamo.reset()
+    warmed, _ = gptlab.load(ckpt, quantize=fmt)
+    graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    assert graphs >= 1  # the warm-up compiled
+    assert gptlab.generate_text(warmed, tok, "abc ab", config) == expected
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == graphs
