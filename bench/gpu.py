@@ -190,7 +190,9 @@ def train_figures(args, device: str, base: GPTConfig) -> None:
                 emit("train", **label, skipped=str(exc))
                 return
         got = time_training(model, lambda m, x, y: m(x, y)[1], args, device, tokens)
-        ratio = round(got["tokens_per_s"] / ref["tokens_per_s"], 3)
+        ratio = float(
+            f"{got['tokens_per_s'] / ref['tokens_per_s']:.4g}"
+        )  # 4 significant digits: a small ratio keeps them
         emit("train", **label, mfu_pct=mfu_pct(got["tokens_per_s"]), vs_baseline=ratio, **got)
 
     for multiple, loss_impl in itertools.product(args.vocab_multiples, args.loss_impls):

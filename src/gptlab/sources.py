@@ -140,7 +140,12 @@ def load_gguf_as(
         )
     streamed = quantize if quantize not in (None, "fp32") else None
     f = gguf.read_gguf(path)  # parsed once for both (its metadata holds the whole vocabulary)
-    model = gguf.from_gguf(f, dtype=dtype if streamed is None else None, quantize=streamed)
+    if streamed in ("keep", "int4"):
+        from gptlab.interop.gguf_kept import from_gguf_kept
+
+        model = from_gguf_kept(f, streamed)
+    else:
+        model = gguf.from_gguf(f, dtype=dtype if streamed is None else None, quantize=streamed)
     if streamed is None:
         model = model.to(device)
     if quantize == "fp32" or (quantize == "keep" and getattr(model, "quantization", None) is None):

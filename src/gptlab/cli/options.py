@@ -7,6 +7,7 @@ import argparse
 import os
 import sys
 from collections.abc import Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -67,8 +68,10 @@ def weights_format(dtype: str, device: str, checkpoint: str, sequences: int = 1)
     from gptlab.sources import source_path, stored_format
 
     gguf = source_path(checkpoint)
-    if gguf.is_file() and gguf.suffix.lower() == ".gguf":  # as llama.cpp runs it, or as asked
-        return "keep" if dtype == "auto" and device.split(":")[0] == "cpu" else resolve_dtype(dtype, device)
+    if gguf.is_file() and gguf.suffix.lower() == ".gguf":  # quantized weights as llama.cpp runs them
+        if dtype == "auto" and device.split(":")[0] == "cpu" and _quantized_gguf(gguf):
+            return "keep"
+        return inference_weights(device, sequences) if dtype == "auto" else resolve_dtype(dtype, device)
     stored = stored_format(checkpoint)
     if stored is None:
         return inference_weights(device, sequences) if dtype == "auto" else resolve_dtype(dtype, device)
@@ -78,6 +81,16 @@ def weights_format(dtype: str, device: str, checkpoint: str, sequences: int = 1)
             f"or convert the float model again for --dtype {dtype}"
         )
     return stored
+
+
+def _quantized_gguf(path: Path) -> bool:
+    """Whether a GGUF file holds quantized matrices (Q4_0, Q8_0, …) rather than only float ones."""
+    from gguf import GGMLQuantizationType
+
+    from gptlab.interop.gguf import read_gguf
+
+    floats = {GGMLQuantizationType.F32, GGMLQuantizationType.F16, GGMLQuantizationType.BF16}
+    return any(t.tensor_type not in floats for t in read_gguf(path).tensors)
 
 
 def resolve_dtype(dtype: str, device: str, bf16: str = "bf16", otherwise: str = "fp32") -> str:

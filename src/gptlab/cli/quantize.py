@@ -55,8 +55,10 @@ def run(args: argparse.Namespace) -> int:
     kind = source_kind(path)
     if kind == "gguf":
         from gptlab.interop.gguf import from_gguf, tokenizer_from_gguf
+        from gptlab.interop.gguf_kept import from_gguf_kept
 
-        model, tokenizer = from_gguf(path, quantize=args.to), tokenizer_from_gguf(path)
+        model = from_gguf_kept(path, "int4") if args.to == "int4" else from_gguf(path, quantize=args.to)
+        tokenizer = tokenizer_from_gguf(path)
     elif kind == "hf":
         from gptlab.interop.hf import from_hf, tokenizer_from_hf
 

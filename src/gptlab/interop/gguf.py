@@ -35,7 +35,7 @@ from gptlab.checkpoint.files import LazyTensors
 from gptlab.errors import GptlabError
 from gptlab.interop import gpt2, llama
 from gptlab.interop.common import Family
-from gptlab.model import GPT
+from gptlab.model import GPT, GPTConfig
 
 if TYPE_CHECKING:
     from gptlab.tokenizers.base import Tokenizer
@@ -355,26 +355,32 @@ def from_gguf(
     ``gptlab.quantize`` makes it), each tensor dequantized and converted in turn, so the float32
     model is never whole in memory.
 
-    ``quantize="keep"``: as the file ships them, as llama.cpp runs it (``gptlab.interop.gguf_kept``):
-    Q4_0/Q4_1 matrices int4 from their blocks, other matrices and the token table int8 (a file of
-    float tensors only: float32); ``"int4"``: the other matrices int4 too.
+    ``quantize="keep"`` (as the file ships them, as llama.cpp runs it) and ``"int4"``:
+    ``gptlab.interop.gguf_kept.from_gguf_kept``.
     """
-    from gptlab.interop.hf import config_from_hf, model_from_hf_state
+    from gptlab.interop.hf import model_from_hf_state
 
     f = read_gguf(path)
+    arch, hf, config = gguf_config(f)
+    if quantize in ("keep", "int4") and dtype is None:
+        raise GptlabError(
+            f"from_gguf reads float, bf16 or int8 weights; for {quantize!r} use "
+            "gptlab.interop.gguf_kept.from_gguf_kept (or gptlab.load)"
+        )
+    if quantize == "keep":
+        quantize = None  # a float dtype asked for
+    return model_from_hf_state(arch.family, config, hf_state(f, arch, hf), f.path, dtype, quantize)
+
+
+def gguf_config(f: GgufFile) -> tuple[GgufArchitecture, dict[str, Any], GPTConfig]:
+    """A parsed file's architecture, its Hugging Face config and the ``GPTConfig`` built from it."""
+    from gptlab.interop.hf import config_from_hf
+
     arch = architecture_of(f)
     hf = arch.hf_config(f, {t.name for t in f.tensors})
     config = config_from_hf(hf, f.path)
     config.extra.update({"source": f"gguf:{f.path.name}", "gguf_name": f.fields.get("general.name")})
-    if quantize in ("keep", "int4") and dtype is None:
-        from gptlab.interop.gguf_kept import kept_model
-
-        model, quantize = kept_model(f, arch, hf, config, quantize)
-        if model is not None:
-            return model
-    elif quantize == "keep":
-        quantize = None  # a float dtype asked for
-    return model_from_hf_state(arch.family, config, hf_state(f, arch, hf), f.path, dtype, quantize)
+    return arch, hf, config
 
 
 def tokenizer_from_gguf(path: str | os.PathLike[str] | GgufFile) -> Tokenizer:

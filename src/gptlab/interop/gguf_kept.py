@@ -1,4 +1,4 @@
-"""A GGUF file's weights kept as it ships them (``from_gguf(..., quantize="keep" | "int4")``).
+"""A GGUF file's weights kept as it ships them (``from_gguf_kept(path, "keep" | "int4")``, ``gptlab.load``).
 
 Q4_0 and Q4_1 blocks become ``Int4Linear`` layers without a float copy (``int4_parts``: the block's
 ``d``, ``m`` and nibbles as PyTorch's ``w = (q − 8)·s + z``); the token table becomes int8 rows a
@@ -22,7 +22,10 @@ from gptlab.interop.gguf import (
     GgufArchitecture,
     GgufFile,
     dequantize,
+    from_gguf,
+    gguf_config,
     hf_state,
+    read_gguf,
 )
 from gptlab.model import GPT, GPTConfig
 from gptlab.model.int4 import Int4Parts, int4_supported
@@ -147,3 +150,13 @@ def kept_model(
     embd = next(t for t in f.tensors if t.name == "token_embd.weight")
     table = partial(int8_rows, embd, f.path) if len(embd.shape) == 2 else None
     return build_quantized(config, lazy, "int4", f.path, int4=int4, int8=int8, table=table), None
+
+
+def from_gguf_kept(path: str | Path | GgufFile, quantize: str = "keep") -> GPT:
+    """A GGUF file's model with its weights as it ships them (``quantize="keep"``: Q4_0/Q4_1 matrices int4
+    from their blocks, the other quantized matrices and the token table int8, a file of float tensors
+    only float32) or with every matrix int4 (``"int4"``): what ``gptlab.load`` of a GGUF file gives."""
+    f = read_gguf(path)
+    arch, hf, config = gguf_config(f)
+    model, fallback = kept_model(f, arch, hf, config, quantize)
+    return model if model is not None else from_gguf(f, quantize=fallback)

@@ -15,9 +15,9 @@ import torch
 from torch import nn
 
 from gptlab.errors import GptlabError
+from gptlab.model import quantized
 from gptlab.model.int4 import to_int4
 from gptlab.model.quantized import (
-    STREAM_MIN_BYTES,
     FloatLinear,
     InferenceLinear,
     Int8Linear,
@@ -90,7 +90,9 @@ def quantize(model: M, mode: str) -> M:
         )
     QUANTIZERS[mode](model)
     linears = [m for m in model.modules() if isinstance(m, InferenceLinear)]
-    streams = sum(int(m.weight.numel() * m.weight.element_size()) for m in linears) >= STREAM_MIN_BYTES
+    streams = (
+        sum(int(m.weight.numel() * m.weight.element_size()) for m in linears) >= quantized.STREAM_MIN_BYTES
+    )
     for m in linears:
         m.streams = streams  # a decode step reads every weight from memory: the one-row kernel pays
     model.quantization = mode  # type: ignore[assignment]
