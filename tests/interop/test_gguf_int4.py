@@ -16,10 +16,7 @@ from gguf.quants import dequantize, quantize  # noqa: E402
 import gptlab  # noqa: E402
 from gptlab.cli import main  # noqa: E402
 from gptlab.interop.gguf import from_gguf, read_gguf  # noqa: E402
-from gptlab.interop.gguf_kept import (
-    from_gguf_kept,  # noqa: E402
-    int4_parts,  # noqa: E402
-)
+from gptlab.interop.gguf_kept import from_gguf_kept, int4_parts  # noqa: E402
 from gptlab.model.int4 import Int4Linear, int4_supported  # noqa: E402
 from gptlab.model.quantized import Int8Embedding, Int8Linear  # noqa: E402
 from tests.interop.test_gguf import tiny_llama, write_llama  # noqa: E402
