@@ -145,3 +145,15 @@ def test_auto_leaves_drafts_out_beside_the_compiled_one_row_step():
     assert auto.step == "fused" and auto.draft == "none"
     on = plan_decoding(facts, settings, 1, config=SampleConfig(prompt_lookup="on"))
     assert on.step == "fused" and on.draft == "prompt-lookup"
+
+
+def test_auto_leaves_drafts_out_in_bf16_activations():
+    # a wider pass rounds otherwise in bf16: a near-tie could resolve the other way
+    facts = ModelFacts(
+        device="cpu", compiler=False, matrix_bytes=0, weights="bf16", activations=torch.bfloat16
+    )
+    assert plan_decoding(facts, DecodeSettings(), 1, config=SampleConfig()).draft == "none"
+    assert (
+        plan_decoding(facts, DecodeSettings(), 1, config=SampleConfig(prompt_lookup="on")).draft
+        == "prompt-lookup"
+    )

@@ -334,18 +334,20 @@ def plan_decoding(
         reason += "; an int8 cache dequantises on reads: layer by layer"
     step = "fused" if fused else "layers"
     return DecodePlan(
-        facts.device, batch, "dynamic", step, "per-request", reason, _draft(config, batch, step)
+        facts.device, batch, "dynamic", step, "per-request", reason, _draft(config, batch, step, facts.activations)
     )
 
 
-def _draft(config: SampleConfig | None, batch: int, step: str) -> str:
+def _draft(config: SampleConfig | None, batch: int, step: str, activations: torch.dtype) -> str:
     """Prompt lookup (``SampleConfig.prompt_lookup``) on the dynamic cache, for one sequence (a batch's
     rows would verify drafts of different lengths): ``on`` always; ``auto`` where the step runs layer
-    by layer, its drafting paused at run time where drafts keep failing (``lookup.Backoff``). A draft
-    is verified layer by layer, so beside the compiled one-row step (``fused``), several times
-    faster a token, it pays only for long accepted drafts: ``auto`` leaves it out there."""
+    by layer in float32, its drafting paused at run time where drafts keep failing (``lookup.Backoff``).
+    A draft is verified in one wider pass: in bf16 activations its matrix products round otherwise
+    than one row's, so a near-tie can resolve the other way and the text part from plain decoding's;
+    beside the compiled one-row step (``fused``), several times faster a token, it pays only for long
+    accepted drafts. ``auto`` leaves both out."""
     if config is None or batch != 1 or config.beam_width > 1 or config.prompt_lookup == "off":
         return "none"
-    if config.prompt_lookup == "auto" and step != "layers":
+    if config.prompt_lookup == "auto" and (step != "layers" or activations != torch.float32):
         return "none"
     return "prompt-lookup"
