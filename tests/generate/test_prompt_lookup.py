@@ -26,10 +26,10 @@ SAMPLINGS = [
 @given(st.lists(st.integers(0, 4), max_size=40), st.integers(1, 6))
 @settings(max_examples=200, deadline=None)
 def test_a_draft_is_what_followed_the_latest_earlier_occurrence_of_the_longest_suffix(tokens, k):
-    index = NgramIndex(tokens, max_ngram=3)
+    index = NgramIndex(tokens, max_ngram=3, min_ngram=2)
     draft = index.draft(k)
     found = None
-    for n in range(min(3, len(tokens)), 0, -1):
+    for n in range(min(3, len(tokens)), 1, -1):
         suffix = tokens[len(tokens) - n :]
         starts = [j for j in range(len(tokens) - n) if tokens[j : j + n] == suffix]
         if starts:

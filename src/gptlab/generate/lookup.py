@@ -1,6 +1,6 @@
 """Prompt-lookup decoding: draft the next tokens from the text so far, verify them in one forward pass.
 
-    draft:   the last n tokens x_{T−n+1..T} occurred before, at x_{j−n+1..j}   (n = max_ngram … 1)
+    draft:   the last n tokens x_{T−n+1..T} occurred before, at x_{j−n+1..j}   (n = 3, then 2)
              → d_1..d_k = x_{j+1..j+k}                                        (the most recent match)
     verify:  one pass over [t, d_1, …, d_k] gives l_0..l_k, where l_i = logits(x_≤T, t, d_1..d_i)
     accept:  y_1 = choose(l_0); while y_i = d_i: y_{i+1} = choose(l_i)        (each y through TokenStep)
@@ -22,8 +22,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-#: longest n-gram matched, and the most tokens drafted at once
+#: longest and shortest n-gram matched (a single token recurs everywhere in free text: its drafts
+#: mostly fail), and the most tokens drafted at once
 MAX_NGRAM = 3
+MIN_NGRAM = 2
 MAX_DRAFT = 8
 #: a row whose drafts were all rejected this many times in a row pauses drafting
 REJECTIONS_BEFORE_PAUSE = 2
@@ -32,7 +34,7 @@ PAUSES = (4, 8, 16, 32, 64)
 
 
 class NgramIndex:
-    """Where each n-gram (n ≤ ``max_ngram``) last occurred in a growing token list, with a token after it.
+    """Where each n-gram (``min_ngram`` ≤ n ≤ ``max_ngram``) last occurred in a growing token list, with a token after it.
 
     ``draft(k)`` → up to ``k`` tokens that followed the most recent earlier occurrence of the list's
     last n tokens, longest n first. Appending a token updates the index in O(max_ngram).
@@ -42,8 +44,10 @@ class NgramIndex:
     [7, 8, 5]
     """
 
-    def __init__(self, tokens: Sequence[int] = (), max_ngram: int = MAX_NGRAM) -> None:
-        self.max_ngram = max_ngram
+    def __init__(
+        self, tokens: Sequence[int] = (), max_ngram: int = MAX_NGRAM, min_ngram: int = MIN_NGRAM
+    ) -> None:
+        self.max_ngram, self.min_ngram = max_ngram, min_ngram
         self.tokens: list[int] = []
         self.last: dict[tuple[int, ...], int] = {}  # n-gram → index just past its latest occurrence
         for t in tokens:
@@ -61,7 +65,7 @@ class NgramIndex:
         if k <= 0:
             return []
         end = len(self.tokens)
-        for n in range(min(self.max_ngram, end), 0, -1):
+        for n in range(min(self.max_ngram, end), self.min_ngram - 1, -1):
             at = self.last.get(tuple(self.tokens[end - n :]))
             if at is not None:
                 return self.tokens[at : at + k]
