@@ -30,7 +30,6 @@ import argparse
 import json
 import os
 import resource
-import shutil
 import statistics
 import subprocess
 import sys
@@ -64,13 +63,8 @@ def gguf_files(work: Path, formats: list[str]) -> dict[str, Path]:
             if not (ckpt / "config.json").exists():
                 cmd = ["--from-gguf", str(shipped), "--out", str(ckpt)]
                 subprocess.run([sys.executable, "-m", "gptlab", "convert", *cmd], check=True, env=env)
-            tmp = work / f"tmp-{fmt}"
-            shutil.rmtree(tmp, ignore_errors=True)
-            cmd = ["--to-gguf", str(ckpt), "--type", fmt, "--out", str(tmp)]
+            cmd = ["--to-gguf", str(ckpt), "--type", fmt, "--out", str(out)]
             subprocess.run([sys.executable, "-m", "gptlab", "convert", *cmd], check=True, env=env)
-            (written,) = tmp.glob("*.gguf")
-            written.rename(out)
-            shutil.rmtree(tmp)
         files[fmt] = out
     return files
 
