@@ -50,7 +50,10 @@ class BadRecord(Exception):
 
 
 # ------------------------------------------------------------------ records
-def _check_messages(messages: Any) -> Messages:
+def check_turns(messages: Any) -> Messages:
+    """A record's ``"messages"``: a non-empty list of ``{"role", "content"}`` turns with known roles,
+    string contents and no empty assistant turn → the turns, other keys dropped (``BadRecord`` says
+    which turn is wrong)."""
     if not isinstance(messages, list) or not messages:
         raise BadRecord('"messages" must be a non-empty list')
     for i, m in enumerate(messages):
@@ -62,9 +65,32 @@ def _check_messages(messages: Any) -> Messages:
             raise BadRecord(f"message {i} content must be a string, got {type(m['content']).__name__}")
         if m["role"] == "assistant" and not m["content"].strip():
             raise BadRecord(f"message {i} is an empty assistant turn")
-    if not any(m["role"] == "assistant" for m in messages):
-        raise BadRecord("no assistant turn to learn from")
     return [{"role": m["role"], "content": m["content"]} for m in messages]
+
+
+def _check_messages(messages: Any) -> Messages:
+    turns = check_turns(messages)
+    if not any(m["role"] == "assistant" for m in turns):
+        raise BadRecord("no assistant turn to learn from")
+    return turns
+
+
+def prompt_turns(record: Any) -> Messages:
+    """What a prompt record asks (preference pairs, RL prompts): either ``"prompt"``, a non-empty string
+    (one user turn), or ``"messages"``, a chat that ends on a user turn (the model writes the next one)."""
+    if not isinstance(record, dict) or ("prompt" in record) == ("messages" in record):
+        raise BadRecord('a prompt record has either "prompt" (a string) or "messages" (a chat), not both')
+    if "prompt" in record:
+        if not isinstance(record["prompt"], str) or not record["prompt"].strip():
+            raise BadRecord('"prompt" must be a non-empty string')
+        return [{"role": "user", "content": record["prompt"]}]
+    turns = check_turns(record["messages"])
+    if turns[-1]["role"] != "user":
+        raise BadRecord(
+            f'"messages" must end on a user turn (the last is {turns[-1]["role"]!r}): '
+            "a prompt ends on a user turn, and the model writes the next assistant turn"
+        )
+    return turns
 
 
 def chat_messages(record: Any) -> Messages:

@@ -34,7 +34,6 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from gptlab.data.chat import (
-    ROLES,
     TOO_LONG,
     BadRecord,
     ChatOptions,
@@ -42,6 +41,7 @@ from gptlab.data.chat import (
     Renderer,
     fit,
     iter_records,
+    prompt_turns,
     renderer,
     segments,
 )
@@ -70,24 +70,6 @@ SPLIT_NAMES = ("train", "val")
 
 
 # ------------------------------------------------------------------ records
-def _prompt(record: dict[str, Any]) -> Messages:
-    if ("prompt" in record) == ("messages" in record):
-        raise BadRecord('a preference record has either "prompt" (a string) or "messages" (a chat), not both')
-    if "prompt" in record:
-        if not isinstance(record["prompt"], str) or not record["prompt"].strip():
-            raise BadRecord('"prompt" must be a non-empty string')
-        return [{"role": "user", "content": record["prompt"]}]
-    messages = record["messages"]
-    if not isinstance(messages, list) or not messages:
-        raise BadRecord('"messages" must be a non-empty list')
-    for i, m in enumerate(messages):
-        if not isinstance(m, dict) or not isinstance(m.get("content"), str) or m.get("role") not in ROLES:
-            raise BadRecord(f'message {i} needs "role" ({", ".join(ROLES)}) and a string "content"')
-    if messages[-1]["role"] != "user":
-        raise BadRecord(f'"messages" must end on a user turn (the last is {messages[-1]["role"]!r})')
-    return [{"role": m["role"], "content": m["content"]} for m in messages]
-
-
 def _answer(record: dict[str, Any], key: str) -> str:
     if key not in record:
         raise BadRecord(f'missing "{key}"')
@@ -111,7 +93,7 @@ def preference_pair(record: Any) -> PreferencePair:
         raise BadRecord(
             'a preference record is an object with "prompt" (or "messages"), "chosen" and "rejected"'
         )
-    prompt, chosen, rejected = _prompt(record), _answer(record, "chosen"), _answer(record, "rejected")
+    prompt, chosen, rejected = prompt_turns(record), _answer(record, "chosen"), _answer(record, "rejected")
     if chosen == rejected:
         raise BadRecord('"chosen" and "rejected" are the same answer: nothing to prefer')
     return prompt, chosen, rejected

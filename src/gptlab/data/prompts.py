@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from gptlab.data.chat import ROLES, BadRecord, Messages, iter_records, renderer
+from gptlab.data.chat import BadRecord, Messages, iter_records, prompt_turns, renderer
 from gptlab.data.dataset import (
     DATASET_FORMAT,
     META_FILE,
@@ -50,29 +50,9 @@ KIND = "prompts"
 
 
 def prompt_messages(record: Any) -> tuple[Messages, str]:
-    """``(messages, the user's last text)`` of one record; a record that is not a prompt raises ``BadRecord``."""
-    if not isinstance(record, dict):
-        raise BadRecord('a prompt record is an object with "prompt" or "messages"')
-    if "prompt" in record:
-        if not isinstance(record["prompt"], str) or not record["prompt"].strip():
-            raise BadRecord('"prompt" must be a non-empty string')
-        return [{"role": "user", "content": record["prompt"]}], record["prompt"]
-    messages = record.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise BadRecord('a prompt record needs "prompt" (a string) or "messages" (a non-empty list)')
-    for i, m in enumerate(messages):
-        if not isinstance(m, dict) or "role" not in m or "content" not in m:
-            raise BadRecord(f'message {i} needs "role" and "content"')
-        if m["role"] not in ROLES:
-            raise BadRecord(f"message {i} has role {m['role']!r}; roles are {', '.join(ROLES)}")
-        if not isinstance(m["content"], str):
-            raise BadRecord(f"message {i} content must be a string, got {type(m['content']).__name__}")
-    if messages[-1]["role"] != "user":
-        raise BadRecord(
-            f"the last message is a {messages[-1]['role']!r} turn; a prompt ends on a user turn "
-            f"(the model writes the next assistant turn)"
-        )
-    return [{"role": m["role"], "content": m["content"]} for m in messages], messages[-1]["content"]
+    """``(messages, the user's last text)`` of one record (``chat.prompt_turns``); a bad one raises ``BadRecord``."""
+    turns = prompt_turns(record)
+    return turns, turns[-1]["content"]
 
 
 def encode_prompt_ids(tokenizer: Any, text: str) -> list[int]:
