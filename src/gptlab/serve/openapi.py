@@ -148,6 +148,7 @@ def _texts(components: dict[str, Any], pattern: str) -> None:
         "AttentionRequest": ["text"],
         "InsideAttentionRequest": ["text"],
         "InsideRequest": ["text"],
+        "InsideGrammarRequest": ["text", "completion"],
         "FillRequest": ["text"],
         "TokenizeRequest": ["prompt"],
     }
