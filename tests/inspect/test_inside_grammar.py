@@ -179,3 +179,25 @@ def test_the_route_is_in_the_openapi_schema(client) -> None:
     assert {"json_schema", "regex", "completion", "top", "max_new_tokens"} <= set(fields["properties"])
     assert fields["properties"]["regex"]["anyOf"][0]["format"] == "regex"
     assert "400" in op["responses"] and "allOf" in fields
+
+
+def test_a_reply_given_as_the_ids_the_playground_drew_walks_those_tokens(client, tok) -> None:
+    events = client.post(
+        "/v1/gptlab/generate",
+        json={"prompt": "give:", "max_tokens": 40, "seed": 3, "response_format": {
+            "type": "json_schema", "json_schema": {"name": "r", "schema": SCHEMAS["array"]}}},
+    ).text  # fmt: skip
+    drawn = [json.loads(line[6:])["id"] for line in events.splitlines() if '"type": "token"' in line]
+    assert drawn
+    body = client.post(
+        ROUTE, json={"text": "give:", "json_schema": SCHEMAS["array"], "completion": drawn}
+    ).json()
+    assert [t["id"] for t in body["tokens"]] == drawn and body["rejected_at"] is None
+    assert all(s["token"]["allowed"] for s in body["steps"] if s["token"] is not None)
+    for step, t in zip(body["steps"], drawn, strict=False):
+        assert step["token"]["id"] == t
+    r = client.post(ROUTE, json={"text": "n:", "regex": "[0-9]+", "completion": [tok.vocab_size]})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "completion"
+    spec = client.get("/openapi.json").json()["components"]["schemas"]["InsideGrammarRequest"]
+    ids = [a for a in spec["properties"]["completion"]["anyOf"] if a.get("type") == "array"][0]
+    assert ids["items"]["maximum"] == tok.vocab_size - 1

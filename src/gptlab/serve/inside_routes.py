@@ -52,6 +52,7 @@ from gptlab.serve.schemas import (
     WHOLE,
     Strict,
     Temperature,
+    TokenIds,
     either,
     fields,
 )
@@ -134,10 +135,10 @@ class InsideGrammarRequest(Strict):
     ) = Field(
         default=None, description="the reply matches this regular expression (as gptlab sample --regex)"
     )
-    completion: str | None = Field(
+    completion: Annotated[str, Field(max_length=MAX_TEXT_CHARS)] | TokenIds | None = Field(
         default=None,
-        max_length=MAX_TEXT_CHARS,
-        description="the reply to walk through the grammar; null: the server writes one under the grammar first",
+        description="the reply to walk through the grammar, as text or token ids; null: the server "
+        "writes one under the grammar first",
     )
     max_new_tokens: Annotated[int, Field(ge=1, le=MAX_INSIDE_TOKENS - 1), WHOLE] = Field(
         default=24,
@@ -337,7 +338,18 @@ def router(service: Service) -> APIRouter:
             )
             reply, finish = await written(prompt, sampling) if can_start else ([], "no_token")
         else:
-            reply = service.encode(req.completion, "completion") if req.completion else []
+            if isinstance(req.completion, list):  # token ids, as the sampler drew them
+                reply = list(req.completion)
+                bad = [i for i in reply if i >= service.tokenizer.vocab_size]
+                if bad:
+                    raise APIError(
+                        400,
+                        f"completion: token id {bad[0]} is outside the vocabulary "
+                        f"(0..{service.tokenizer.vocab_size - 1})",
+                        param="completion",
+                    )
+            else:
+                reply = service.encode(req.completion, "completion") if req.completion else []
             dropped_reply = max(0, len(reply) - (limit - 1))
             reply, finish = reply[: limit - 1], "given"
         prompt = ids[-(limit - len(reply)) :]

@@ -7,7 +7,7 @@
 // and inside.js's inside, el, label, guideLink.
 "use strict";
 
-const grammarView = { body: null, step: 0 };
+const grammarView = { body: null, step: 0, output: null };
 inside.grammar = grammarView;  // the browser tests read gptlabInside.grammar
 
 function grammarPercent(p) {  // 31.2%, 0.059%, 3.1e-7%
@@ -24,11 +24,12 @@ function grammarPrefill() {  // the playground's JSON-schema box is the first gr
   }
 }
 
-function grammarUseOutput() {  // the playground's last generated text, after its prompt
+function grammarUseOutput() {  // the playground's last generated text, after its prompt, and its drawn ids
   const prompt = $("prompt").value;
   const out = state.text && state.text.startsWith(prompt) ? state.text.slice(prompt.length) : "";
   $("grammar-reply").value = out;
-  $("grammar-status").textContent = out ? "the reply is the playground's last output" : "no output yet: press Generate first";
+  grammarView.output = out && state.outputIds.length ? { text: out, ids: [...state.outputIds] } : null;
+  $("grammar-status").textContent = out ? "the reply is the playground's last output (its tokens as drawn)" : "no output yet: press Generate first";
 }
 
 async function grammarRun() {
@@ -43,7 +44,8 @@ async function grammarRun() {
     try { body.json_schema = JSON.parse(source); } catch (e) { status.textContent = "the schema is not JSON: " + e.message; return; }
   }
   const reply = $("grammar-reply").value;
-  if (reply) body.completion = reply;
+  const drawn = grammarView.output;  // the playground's output, unedited: send the ids the sampler drew
+  if (reply) body.completion = drawn && drawn.text === reply ? drawn.ids : reply;
   else {
     const t = parseFloat($("temperature").value);
     if (t > 0 && $("grammar-sample").checked) {
