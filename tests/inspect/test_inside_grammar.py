@@ -201,3 +201,14 @@ def test_a_reply_given_as_the_ids_the_playground_drew_walks_those_tokens(client,
     spec = client.get("/openapi.json").json()["components"]["schemas"]["InsideGrammarRequest"]
     ids = [a for a in spec["properties"]["completion"]["anyOf"] if a.get("type") == "array"][0]
     assert ids["items"]["maximum"] == tok.vocab_size - 1
+
+
+def test_a_token_the_engine_masks_in_but_its_parser_refuses_is_shown_refused(client, tok) -> None:
+    """Schemathesis found it: a regex whose first character no token has, and a given reply. Whatever
+    the engine's mask says at step 0 (it let most tokens through), the walk stops at the refused token."""
+    regex = json.loads('"^\\u009b{2,4}\\\\w{0}.+?\\\\d??\\udaf3\\udc29{1}$"')
+    r = client.post(ROUTE, json={"text": ":", "regex": regex, "completion": tok.encode("y")})
+    assert r.status_code == 200, r.text
+    step = r.json()["steps"][0]
+    assert r.json()["rejected_at"] == 0 and step["token"]["allowed"] is False
+    assert "<state>" not in step.get("note", "")

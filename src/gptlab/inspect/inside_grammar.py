@@ -58,6 +58,11 @@ def reply_stops(config: SampleConfig, tokenizer: Any) -> frozenset[int]:
     return stop_token_ids(config, tokenizer) | frozenset(stop_ids(tokenizer))
 
 
+def _first_line(message: str) -> str:
+    """An engine message without the parser state it appends (``<state>…``, ``: NoExtensionBias``)."""
+    return message.split("\n")[0].split(": NoExtension")[0].split("<state>")[0].strip()
+
+
 def _entry(tokenizer: Any, i: int, **data: Any) -> dict[str, Any]:
     return {"id": i, "token": token_label(tokenizer, i), **data}
 
@@ -142,7 +147,7 @@ def grammar_steps(
             note = None
         except GptlabError as exc:  # no token of this vocabulary continues the text
             mask = torch.zeros(V, dtype=torch.bool)
-            note = str(exc).split("\n")[0].split(": NoExtension")[0]
+            note = _first_line(str(exc))
         count = int(mask.sum())
         masked = torch.log_softmax(choosable.masked_fill(~mask, -math.inf), dim=-1) if count else None
         mass = float(torch.logsumexp(choosable[mask], dim=0).exp()) if count else 0.0
@@ -182,7 +187,13 @@ def grammar_steps(
             break
         if token in stops:  # the reply ends on it (allowed: the text was complete)
             break
-        constraint.consume(token)
+        try:
+            constraint.consume(token)
+        except GptlabError as exc:  # the engine's mask let it through, its parser does not: refused
+            step["token"].update(allowed=False, p_masked=0.0)
+            step["note"] = _first_line(str(exc))
+            rejected_at = t
+            break
     labelled = [_entry(tokenizer, i, position=k) for k, i in enumerate(x)]
     return {
         "constraint": constraint.what,
