@@ -212,3 +212,13 @@ def test_a_token_the_engine_masks_in_but_its_parser_refuses_is_shown_refused(cli
     step = r.json()["steps"][0]
     assert r.json()["rejected_at"] == 0 and step["token"]["allowed"] is False
     assert "<state>" not in step.get("note", "")
+
+
+def test_a_masked_language_encoder_does_not_offer_the_route() -> None:
+    """An encoder writes no reply: its server answers the route as every generating one, out of its schema."""
+    tok = CharTokenizer.from_text("abcdefgh :", special_tokens=["[MASK]"])
+    encoder = tiny_model(vocab_size=tok.vocab_size, block_size=32, arch="encoder", causal=False)
+    with TestClient(create_app(encoder, tok, model_name="mlm")) as c:
+        r = c.post(ROUTE, json={"text": "ab", "regex": "[a-c]+"})
+        assert r.status_code == 400 and r.json()["error"]["code"] == "model_cannot_generate"
+        assert ROUTE not in c.get("/openapi.json").json()["paths"]
