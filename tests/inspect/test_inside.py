@@ -207,7 +207,7 @@ def test_the_pages_scripts_share_no_global_name() -> None:
     static = ROOT / "src" / "gptlab" / "serve" / "static"
     declared = re.compile(r"^(?:async\s+)?(?:function|const|let|var)\s+([A-Za-z_$][\w$]*)", re.M)
     scripts = re.findall(r'<script src="/static/([\w.]+)"', (static / "index.html").read_text())
-    assert scripts == ["app.js", "inside.js", "inside_sampling.js"]
+    assert scripts == ["app.js", "inside.js", "inside_sampling.js", "inside_grammar.js"]
     seen: dict[str, str] = {}
     for name in scripts:
         for found in declared.findall((static / name).read_text()):

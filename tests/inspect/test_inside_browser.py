@@ -9,6 +9,7 @@ and reads the logit lens (equal to ``head(norm_f(h⁽ˡ⁾))`` computed here).
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -181,4 +182,41 @@ def test_inside_view_in_headless_chromium(served) -> None:
             assert [g[1] for g in got] == pytest.approx(want_p.tolist(), abs=1e-4)
         timing = page.evaluate("({...gptlabInside.timing})")
         assert timing["first_paint_ms"] > 0 and timing["slider_ms"] >= 0
+        assert external == []
+
+
+def test_grammar_panel_shows_the_allowed_tokens_at_each_step(served) -> None:
+    """A regex in the Inside view's Grammar panel: the server writes the reply under it, one chip per
+    step; the first step allows exactly "y" and "n", and its bars equal ``grammar_steps`` to 1e-4."""
+    from gptlab.inspect.inside_grammar import constraint_config, grammar_steps
+
+    url, model, tok = served
+    regex = "(yes|no)[!?]"
+    with chromium_page(url) as (page, expect, external):
+        expect(page.locator("#model")).to_contain_text("max tokens", timeout=60_000)
+        page.fill("#prompt", PROMPT)
+        page.click("#inside-open")
+        expect(page.locator("#inside")).to_have_attribute("data-ready", "1", timeout=60_000)
+        expect(page.locator("#inside-grammar")).to_be_visible()
+        page.select_option("#grammar-kind", "regex")
+        page.fill("#grammar-source", regex)
+        page.click("#grammar-run")
+        expect(page.locator("#inside-grammar")).to_have_attribute("data-ready", "1", timeout=60_000)
+        body = page.evaluate("gptlabInside.grammar.body")
+        reply = [t["id"] for t in body["tokens"]]
+        assert re.fullmatch(r"(yes|no)[!?]", tok.decode(reply))
+        chips = page.locator("#grammar-tokens .gchip")
+        assert chips.count() == len(body["steps"]) == len(reply) + 1  # the last: the grammar is done
+        want = grammar_steps(model, tok, tok.encode(PROMPT), reply, constraint_config(regex=regex), top=10)
+        page.locator('#grammar-tokens .gchip[data-step="0"]').click()
+        expect(page.locator("#grammar-step")).to_have_attribute("data-step", "0")
+        rows = page.locator('#grammar-step .gbar[data-allowed="1"][data-p-masked]')
+        shown = rows.evaluate_all("els => els.map(e => [+e.dataset.id, +e.dataset.pMasked])")
+        assert {i for i, _ in shown} == {tok.encode("y")[0], tok.encode("n")[0]}
+        expected = {e["id"]: e["p_masked"] for e in want["steps"][0]["top_allowed"]}
+        assert [p for _, p in shown] == pytest.approx([expected[i] for i, _ in shown], abs=1e-4)
+        assert sum(p for _, p in shown) == pytest.approx(1.0, abs=1e-4)
+        assert chips.nth(0).get_attribute("data-allowed") == "2"
+        page.locator('#grammar-tokens .gchip[data-step="1"]').click()  # "e" or "o": forced
+        expect(page.locator("#grammar-step")).to_contain_text("forced")
         assert external == []

@@ -148,6 +148,7 @@ def _texts(components: dict[str, Any], pattern: str) -> None:
         "AttentionRequest": ["text"],
         "InsideAttentionRequest": ["text"],
         "InsideRequest": ["text"],
+        "InsideGrammarRequest": ["text", "completion"],
         "FillRequest": ["text"],
         "TokenizeRequest": ["prompt"],
     }
@@ -181,6 +182,7 @@ def server_limits(components: dict[str, Any], service: Service) -> None:
                 _set(schema, "prompt", "string", minLength=1)
                 schema["required"] = sorted({*schema.get("required", []), "prompt"})
     _token_ids(components.get("DetokenizeRequest", {}).get("properties", {}).get("tokens", {}), vocab)
+    _token_ids(components.get("InsideGrammarRequest", {}).get("properties", {}).get("completion", {}), vocab)
     if not service.tools:  # a tokenizer that cannot write a call: no tools, no calls in the messages
         no_tools = {"type": "null", "description": "this model's tokenizer cannot write tool calls"}
         for name, field in (("ChatCompletionRequest", "tools"), ("ChatCompletionRequest", "tool_choice"),

@@ -22,7 +22,12 @@ if TYPE_CHECKING:
 #: the served model's task, by ``config.arch``
 TASKS = {"decoder": "generate", "encoder-decoder": "generate", "encoder": "fill-mask"}
 #: the routes that generate
-GENERATING = ("/v1/completions", "/v1/chat/completions", "/v1/gptlab/generate")
+GENERATING = (
+    "/v1/completions",
+    "/v1/chat/completions",
+    "/v1/gptlab/generate",
+    "/v1/gptlab/inside/grammar",  # a reply written or walked under a grammar: a decoder's
+)
 
 
 class Served(Protocol):

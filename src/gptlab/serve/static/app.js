@@ -10,7 +10,7 @@
 "use strict";
 
 const $ = (id) => document.getElementById(id);
-const state = { controller: null, text: "", attn: null, nLayer: 0, limits: null, mode: "generate", messages: [] };
+const state = { controller: null, text: "", attn: null, nLayer: 0, limits: null, mode: "generate", messages: [], outputIds: [] };
 
 function headers() {
   const h = { "Content-Type": "application/json" };
@@ -115,6 +115,7 @@ function tokenSpan(text, prob, alts, grammar) {  // alts: [{text, prob}], best f
 }
 
 function addToken(ev) {
+  if (ev.id !== undefined) state.outputIds.push(ev.id);  // every drawn id (the Inside view's Grammar panel)
   if (!ev.text) return;
   $("output").appendChild(tokenSpan(ev.text, ev.prob, ev.top, ev));
   state.text += ev.text;
@@ -202,6 +203,7 @@ async function generate() {
   out.innerHTML = '<span class="prompt-text"></span>';
   out.firstChild.textContent = prompt;
   state.text = prompt;
+  state.outputIds = [];
   await running((counter) => readSSE("/v1/gptlab/generate", { prompt, ...samplingBody(), top_n: 5 }, (ev) => {
     if (ev.type === "token") { addToken(ev); counter.n += 1; }
     else if (ev.type === "prompt" && ev.warnings.length) $("status").textContent = ev.warnings.join("; ");
