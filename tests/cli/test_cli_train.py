@@ -17,9 +17,9 @@ import torch
 from gptlab import checkpoint as ckpt
 from gptlab.cli import main
 from gptlab.data import TokenDataset, prepare
+from gptlab.evaluate.loss import evaluate_tokens
 from gptlab.train import train
 from gptlab.train.config import DEFAULT_RECIPE, build_config
-from gptlab.train.evaluate import evaluate_tokens
 from tests._kill import kill_and_resume, steps_logged
 from tests._tiny import TINY_TRAIN
 

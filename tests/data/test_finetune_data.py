@@ -105,7 +105,7 @@ def test_the_sampler_ignores_masked_targets(base, tmp_path):
     batches = list(eval_batches(data.split("val"), 127, 2, None, **data.arrays("val", 127)))
     assert all(len(b) == 3 for b in batches)
     # gptlab eval on instruction data: the rows, assistant tokens only
-    from gptlab.train.eval_checkpoint import evaluate_path
+    from gptlab.evaluate.text import evaluate_path
 
     result, _ = evaluate_path(base / "base", data=tmp_path / "ds")
     assert result.tokens == sum(int((b[1] != -1).sum()) for b in batches)

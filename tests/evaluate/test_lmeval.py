@@ -19,8 +19,8 @@ import torch.nn.functional as F
 
 import gptlab
 from gptlab import GPT, GPTConfig
+from gptlab.evaluate.scoring import rolling_windows
 from gptlab.generate import SampleConfig, generate_text
-from gptlab.generate.scoring import rolling_windows
 from gptlab.tokenizers import CharTokenizer
 from tests import ROOT
 
