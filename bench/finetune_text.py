@@ -31,7 +31,7 @@ DEFAULT_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data" / 
 def val_loss(model: Any, data: Any, context: int, batches: int, batch_size: int) -> float:
     """Mean loss over the same ``batches·batch_size`` validation windows every time."""
     from gptlab.data import eval_batches
-    from gptlab.train.evaluate import loss_sum
+    from gptlab.evaluate.loss import loss_sum
 
     total, count = loss_sum(model, eval_batches(data.split("val"), context, batch_size, batches), "cpu")
     return float(total) / count

@@ -162,8 +162,8 @@ def quality(steps: int) -> dict:
     """Held-out perplexity of a char model trained on tinyshakespeare, in fp32, bf16 and int8 weights."""
     import copy
 
+    from gptlab.evaluate.loss import evaluate_tokens
     from gptlab.tokenizers import CharTokenizer
-    from gptlab.train.evaluate import evaluate_tokens
 
     path = Path(__file__).resolve().parents[2] / "shared" / "data" / "tinyshakespeare.txt"
     text = path.read_text(encoding="utf-8")

@@ -50,9 +50,9 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from gptlab.data import TokenDataset, prepare
+    from gptlab.evaluate.loss import evaluate_tokens
     from gptlab.train import distributed
     from gptlab.train.config import build_config
-    from gptlab.train.evaluate import evaluate_tokens
     from gptlab.train.loop import _Trainer
 
     cfg = build_config(RECIPES[args.recipe], ["progress=false", "device=cpu", *args.overrides])

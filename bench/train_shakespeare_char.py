@@ -51,9 +51,9 @@ def main() -> int:
 
     from gptlab.checkpoint import load
     from gptlab.data import TokenDataset, prepare
+    from gptlab.evaluate.loss import evaluate_tokens
     from gptlab.train import train
     from gptlab.train.config import build_config
-    from gptlab.train.evaluate import evaluate_tokens
 
     overrides = ["progress=false", *args.overrides]
     if args.max_steps is not None:

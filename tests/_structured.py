@@ -1,6 +1,7 @@
 """What the structured-output tests share: a character vocabulary that can spell JSON, the schemas
 they ask for, and a validator for the JSON Schema keywords those schemas use (``jsonschema`` where it
-is installed, else ``validate`` below, which checks each keyword itself)."""
+is installed, else ``validate`` below, which checks each keyword itself); ``matches``, the tool-call
+tests' yes-or-no check of a call's arguments."""
 
 from __future__ import annotations
 
@@ -126,3 +127,28 @@ def validate(value: Any, schema: dict[str, Any]) -> None:
         assert not problems, problems
     else:
         jsonschema.validate(value, schema)
+
+
+def matches(schema: dict, value: object) -> bool:
+    """``value`` against the JSON Schema keywords the tests use."""
+    if "enum" in schema and value not in schema["enum"]:
+        return False
+    kind = schema.get("type")
+    if kind == "object":
+        if not isinstance(value, dict) or any(k not in value for k in schema.get("required", [])):
+            return False
+        props = schema.get("properties", {})
+        if schema.get("additionalProperties") is False and set(value) - set(props):
+            return False
+        return all(matches(props[k], v) for k, v in value.items() if k in props)
+    if kind == "string":
+        return isinstance(value, str) and len(value) <= schema.get("maxLength", len(value))
+    if kind == "integer":
+        return (
+            isinstance(value, int)
+            and not isinstance(value, bool)
+            and schema.get("minimum", value) <= value <= schema.get("maximum", value)
+        )
+    if kind == "boolean":
+        return isinstance(value, bool)
+    return True

@@ -22,9 +22,6 @@ from gptlab.sources import load, source_kind  # noqa: E402
 from gptlab.tokenizers import BPETokenizer  # noqa: E402
 from gptlab.tokenizers.hf_files import write_hf_tokenizer  # noqa: E402
 from tests._tiny import TINY_TRAIN, tiny_model  # noqa: E402
-from tests.cli import test_cli_train  # noqa: E402
-
-dataset = test_cli_train.dataset  # a module fixture: a prepared dataset
 
 TEXT = "hello world, the quick brown fox jumps over the lazy dog.\nHELLO again! 123 456 "
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]

@@ -16,30 +16,14 @@ import torch
 
 from gptlab import checkpoint as ckpt
 from gptlab.cli import main
-from gptlab.data import TokenDataset, prepare
+from gptlab.data import TokenDataset
+from gptlab.evaluate.loss import evaluate_tokens
 from gptlab.train import train
 from gptlab.train.config import DEFAULT_RECIPE, build_config
-from gptlab.train.evaluate import evaluate_tokens
 from tests._kill import kill_and_resume, steps_logged
 from tests._tiny import TINY_TRAIN
 
 TINY = [*TINY_TRAIN, "batch_size=4"]
-
-
-@pytest.fixture(scope="module")
-def dataset(tmp_path_factory):
-    root = tmp_path_factory.mktemp("cli")
-    text = "\n".join(f"to be or not to be, line {i}; that is the question {i % 11}." for i in range(500))
-    (root / "c.txt").write_text(text)
-    prepare([root / "c.txt"], root / "ds", block_size=16)
-    return root / "ds"
-
-
-@pytest.fixture(scope="module")
-def trained(dataset, tmp_path_factory):
-    run = tmp_path_factory.mktemp("run") / "r"
-    train(build_config(None, [*TINY, "max_steps=4", "eval_every=4"]), dataset, run)
-    return run
 
 
 def _cli(capsys, *argv):

@@ -12,12 +12,10 @@ from gptlab.errors import GptlabError
 from gptlab.train import distributed, resolve_run, train
 from gptlab.train.config import build_config
 from gptlab.train.loop import RUN_CONFIG_FILE
+from tests._machines import AVX2, AVX512_BF16, CUDA_BF16
 from tests._tiny import TINY_TRAIN
-from tests.cli import test_cli_train
-from tests.core.test_hardware import AVX2, AVX512_BF16, CUDA_BF16
 
 TINY = [*TINY_TRAIN, "batch_size=4", "eval_every=2"]
-dataset, trained = test_cli_train.dataset, test_cli_train.trained  # module fixtures: a dataset, a trained run
 
 
 def _bad_device_commands(tmp, dataset, trained, device):

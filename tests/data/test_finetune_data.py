@@ -23,11 +23,10 @@ from gptlab.tokenizers import CharTokenizer
 from gptlab.train import train
 from gptlab.train.config import build_config
 from gptlab.train.metrics import read_metrics
+from tests._chat_data import ALPHABET, SPECIALS, write_jsonl
 from tests._kill import kill_and_resume
 from tests._tiny import TINY_TRAIN, tiny_model
 
-SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-ALPHABET = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789 .,:;?!'-\n"
 SETTINGS = [t for t in TINY_TRAIN if not t.startswith("model.")] + ["batch_size=4", "eval_every=100"]
 
 
@@ -43,11 +42,6 @@ def _conversation(i: int) -> dict:
     }
 
 
-def _write_jsonl(path, records):
-    path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in records))
-    return path
-
-
 @pytest.fixture(scope="module")
 def base(tmp_path_factory):
     """A small 'pretrained' checkpoint whose char tokenizer has ChatML's special tokens."""
@@ -55,7 +49,7 @@ def base(tmp_path_factory):
     tok = CharTokenizer.from_text(ALPHABET, special_tokens=SPECIALS)
     model = tiny_model(vocab_size=tok.vocab_size, block_size=256, n_layer=1, n_head=2, pos="rope")
     ckpt.save(model, tok, root / "base")
-    _write_jsonl(root / "chat.jsonl", [_conversation(i) for i in range(60)])
+    write_jsonl(root / "chat.jsonl", [_conversation(i) for i in range(60)])
     return root
 
 
@@ -105,7 +99,7 @@ def test_the_sampler_ignores_masked_targets(base, tmp_path):
     batches = list(eval_batches(data.split("val"), 127, 2, None, **data.arrays("val", 127)))
     assert all(len(b) == 3 for b in batches)
     # gptlab eval on instruction data: the rows, assistant tokens only
-    from gptlab.train.eval_checkpoint import evaluate_path
+    from gptlab.evaluate.text import evaluate_path
 
     result, _ = evaluate_path(base / "base", data=tmp_path / "ds")
     assert result.tokens == sum(int((b[1] != -1).sum()) for b in batches)
@@ -149,9 +143,7 @@ def test_packed_examples_do_not_see_each_other(base, tmp_path):
     ],
 )
 def test_bad_records_name_file_and_line(base, tmp_path, record, why):
-    path = _write_jsonl(
-        tmp_path / "bad.jsonl", [_conversation(1), _conversation(2), record, _conversation(3)]
-    )
+    path = write_jsonl(tmp_path / "bad.jsonl", [_conversation(1), _conversation(2), record, _conversation(3)])
     with pytest.raises(GptlabError, match=rf"bad.jsonl:3: .*{why}"):
         prepare_chat(
             [path],
@@ -172,7 +164,7 @@ def test_bad_records_name_file_and_line(base, tmp_path, record, why):
 
 
 def test_cli_bad_record_is_one_line_and_counts_are_reported(base, tmp_path, capsys):
-    _write_jsonl(tmp_path / "bad.jsonl", [_conversation(1), {"messages": "nope"}])
+    write_jsonl(tmp_path / "bad.jsonl", [_conversation(1), {"messages": "nope"}])
     argv = ["prepare", str(tmp_path / "bad.jsonl"), "--out", str(tmp_path / "o"), "--format", "chat"]
     assert main([*argv, "--tokenizer", str(base / "base"), "--block-size", "63"]) == 2
     err = capsys.readouterr().err
@@ -181,7 +173,7 @@ def test_cli_bad_record_is_one_line_and_counts_are_reported(base, tmp_path, caps
     long = [_conversation(i) for i in range(6)] + [
         {"messages": [{"role": "user", "content": "x" * 150}, {"role": "assistant", "content": "y" * 10}]}
     ]
-    _write_jsonl(tmp_path / "long.jsonl", long)
+    write_jsonl(tmp_path / "long.jsonl", long)
     common = ["--format", "chat", "--tokenizer", str(base / "base"), "--block-size", "127"]
     assert (
         main(

@@ -15,10 +15,8 @@ from gptlab.data.preference import PreferenceDataset, prepare_preference
 from gptlab.errors import GptlabError
 from gptlab.sources import model_tokenizer
 from gptlab.tokenizers import CharTokenizer
+from tests._chat_data import ALPHABET, SPECIALS, write_jsonl
 from tests._tiny import tiny_model
-
-SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-ALPHABET = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789 .,:;?!'-\n"
 
 
 def pair(i: int) -> dict:
@@ -34,11 +32,6 @@ def pair(i: int) -> dict:
             "rejected": [{"role": "assistant", "content": "no idea"}],
         }
     return {"prompt": f"what is {i}?", "chosen": f"it is {i}.", "rejected": "go away"}
-
-
-def write_jsonl(path, records):
-    path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in records))
-    return path
 
 
 @pytest.fixture(scope="module")

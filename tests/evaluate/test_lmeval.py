@@ -11,33 +11,17 @@ from __future__ import annotations
 import importlib.util
 import os
 import tomllib
-from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 import gptlab
-from gptlab import GPT, GPTConfig
+from gptlab import GPT
+from gptlab.evaluate.scoring import rolling_windows
 from gptlab.generate import SampleConfig, generate_text
-from gptlab.generate.scoring import rolling_windows
-from gptlab.tokenizers import CharTokenizer
 from tests import ROOT
-
-EVALS = ROOT / "evals"
-TASKS = ["gptlab_choice", "gptlab_rolling", "gptlab_gen"]
-EOT = "<|endoftext|>"
-BLOCK = 64
-
-
-def require(*modules: str) -> None:
-    """Skip where the ``eval`` extra's packages are absent; fail instead under GPTLAB_REQUIRE_SHARED=1."""
-    missing = [m for m in modules if importlib.util.find_spec(m) is None]
-    if missing:
-        reason = f"{', '.join(missing)} not installed (pip install 'gptlab[eval]')"
-        if os.environ.get("GPTLAB_REQUIRE_SHARED") == "1":
-            pytest.fail(f"GPTLAB_REQUIRE_SHARED=1 but {reason}")
-        pytest.skip(reason)
+from tests.evaluate._lmeval import BLOCK, EVALS, TASKS, require, samples
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -45,18 +29,6 @@ def offline() -> None:
     require("lm_eval")
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-
-
-@pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory) -> Path:
-    """A tiny random GPT whose character alphabet covers every task's text."""
-    text = "".join(p.read_text(encoding="utf-8") for p in (EVALS / "data").glob("*.jsonl"))
-    tok = CharTokenizer.from_text(text + "".join(map(chr, range(32, 127))) + "\n", special_tokens=[EOT])
-    torch.manual_seed(0)
-    model = GPT(
-        GPTConfig(vocab_size=tok.vocab_size, block_size=BLOCK, n_layer=2, n_head=4, n_embd=32, pos="rope")
-    )
-    return gptlab.save(model, tok, tmp_path_factory.mktemp("lmeval") / "tiny")
 
 
 @pytest.fixture(scope="module")
@@ -91,10 +63,6 @@ def plain_logprob(model: GPT, context: list[int], continuation: list[int]) -> tu
     rows = logp[len(full) - len(continuation) - 1 :]
     target = torch.tensor(continuation)
     return float(rows.gather(-1, target[:, None]).sum()), bool((rows.argmax(-1) == target).all())
-
-
-def samples(results: dict, task: str) -> list[dict]:
-    return sorted(results["samples"][task], key=lambda s: s["doc_id"])
 
 
 @pytest.fixture(scope="module")

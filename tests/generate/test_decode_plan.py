@@ -30,8 +30,8 @@ from gptlab.generate import (
 from gptlab.generate.plan import STEPS
 from gptlab.model import GPT, GPTConfig
 from gptlab.tokenizers import CharTokenizer
+from tests._machines import AVX2, AVX512_BF16
 from tests._tiny import tiny_model
-from tests.core.test_hardware import AVX2, AVX512_BF16
 
 GENERATE = Path(gptlab.__file__).parent / "generate"
 BIG = 538 * 2**20  # SmolLM2-135M in float32: its matrices stream from memory

@@ -17,7 +17,7 @@ from gptlab.generate.config import SampleConfig
 from gptlab.generate.engine import engine_of, prepare_decoding
 from gptlab.generate.frozen_step import FROZEN, FrozenStep, FrozenSteps
 from gptlab.generate.static import StaticSession
-from tests.generate.test_static_cache import PROMPTS, alone, run, tiny
+from tests.generate._static import PROMPTS, alone, run, tiny
 
 PACKED, TEMPLATED = "mkldnn_linear_weight_pack_matcher_count", "cpp_templated_kernel_counter"
 needs_compiler = pytest.mark.skipif(not can_compile("cpu"), reason="no C++ compiler for torch.compile")

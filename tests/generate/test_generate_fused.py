@@ -8,11 +8,11 @@ import torch
 import gptlab
 from gptlab import compiling
 from gptlab.compiling import can_compile
-from gptlab.generate import BatchSession, engine_of, generate_ids, prepare_decoding
+from gptlab.generate import BatchSession, engine_of, generate_ids
 from gptlab.generate.fused_step import one_token_step
 from gptlab.generate.plan import ModelFacts
 from gptlab.model import GPT
-from tests._tiny import tiny_model
+from tests.generate._fused import fused_model, greedy_logits
 
 needs_compiler = pytest.mark.skipif(not can_compile("cpu"), reason="no C++ compiler for torch.compile")
 
@@ -25,37 +25,16 @@ VARIANTS = {
 }
 
 
-def _model(fmt: str, **options) -> GPT:
-    model = gptlab.quantize(tiny_model(vocab_size=97, block_size=24, n_embd=64, **options), fmt)
-    prepare_decoding(model, compile="on", compile_wait=True)  # compiled from the first step
-    return model
-
-
-def _greedy_logits(model: GPT, prompt: list[int], steps: int, fused: bool, monkeypatch) -> list[torch.Tensor]:
-    engine = engine_of(model)
-    session = BatchSession(model, 1, one_token=engine.one_token if fused else None)
-    assert (session.one_token is not None) == fused
-    slot, logits = session.add(prompt)
-    out = [logits]
-    before = engine.one_token.compiled_calls
-    for _ in range(steps):
-        logits = session.step({slot: int(logits.argmax())})[slot]
-        out.append(logits)
-    # every step ran the compiled graph, not its eager fallback (and none did without it)
-    assert engine.one_token.compiled_calls - before == (steps if fused else 0)
-    return out
-
-
 @pytest.mark.slow  # one cold compile per variant: 20-40 s each on 2 busy cores
 @needs_compiler
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
 def test_compiled_step_equals_the_layer_by_layer_step(monkeypatch, variant):
-    model = _model("fp32", **VARIANTS[variant])
+    model = fused_model("fp32", **VARIANTS[variant])
     # 5 prompt tokens and 30 steps: past the context of 24, so RoPE and ALiBi slide (the cache's
     # end moves back) and learned positions stop at the limit
     steps = 30 if variant != "learned" else 24 - 5
-    fused = _greedy_logits(model, [3, 1, 4, 1, 5], steps, True, monkeypatch)
-    layered = _greedy_logits(model, [3, 1, 4, 1, 5], steps, False, monkeypatch)
+    fused = greedy_logits(model, [3, 1, 4, 1, 5], steps, True, monkeypatch)
+    layered = greedy_logits(model, [3, 1, 4, 1, 5], steps, False, monkeypatch)
     for t, (a, b) in enumerate(zip(fused, layered, strict=True)):
         assert torch.allclose(a, b, atol=1e-5, rtol=1e-5), (variant, t, (a - b).abs().max())
 
@@ -63,9 +42,9 @@ def test_compiled_step_equals_the_layer_by_layer_step(monkeypatch, variant):
 @needs_compiler
 @pytest.mark.parametrize("fmt", ["bf16", "int8"])
 def test_compiled_half_and_int8_steps_agree_with_the_layer_by_layer_step(monkeypatch, fmt):
-    model = _model(fmt)
-    fused = _greedy_logits(model, [3, 1, 4, 1, 5], 8, True, monkeypatch)
-    layered = _greedy_logits(model, [3, 1, 4, 1, 5], 8, False, monkeypatch)
+    model = fused_model(fmt)
+    fused = greedy_logits(model, [3, 1, 4, 1, 5], 8, True, monkeypatch)
+    layered = greedy_logits(model, [3, 1, 4, 1, 5], 8, False, monkeypatch)
     for a, b in zip(fused, layered, strict=True):  # bf16 activations: agreement to bf16 precision
         assert (a - b).abs().max() <= 2e-2 * b.abs().max()
         assert a.argmax() == b.argmax()
@@ -75,7 +54,7 @@ def test_compiled_half_and_int8_steps_agree_with_the_layer_by_layer_step(monkeyp
 def test_compiled_step_compiles_once_for_every_cache_length(monkeypatch):
     import torch._dynamo.utils as dynamo_utils
 
-    model = _model("int8")
+    model = fused_model("int8")
     frames = dynamo_utils.counters["frames"]
     assert generate_ids(model, torch.tensor([[1, 2, 3]]), 3, temperature=0).shape == (1, 6)  # cache ends 4..6
     assert engine_of(model).one_token.compiled_calls > 0  # it ran compiled
@@ -89,7 +68,7 @@ def test_compiled_step_compiles_once_for_every_cache_length(monkeypatch):
 
 @needs_compiler
 def test_the_compiled_step_is_used_only_where_it_applies(monkeypatch):
-    model = _model("bf16")
+    model = fused_model("bf16")
     engine = engine_of(model)
     assert engine.plan(1).step == "fused"
     assert engine.dynamic_session(engine.plan(1), 1).one_token is engine.one_token

@@ -15,8 +15,7 @@ from gptlab.errors import GptlabError
 from gptlab.generate import ContextWarning, SampleConfig, generate_ids
 from gptlab.generate.engine import engine_of, prepare_decoding
 from gptlab.generate.static import StaticSession, buckets_for
-from gptlab.model import GPT
-from tests._tiny import tiny_model
+from tests.generate._static import GREEDY, PROMPTS, alone, eager_static, run, tiny
 
 OPTIONS = [
     dict(pos="learned"),
@@ -26,41 +25,12 @@ OPTIONS = [
     dict(pos="alibi", n_kv_head=2),
     dict(pos="none"),
 ]
-GREEDY = SampleConfig(temperature=0, max_new_tokens=64)
-PROMPTS = [[1, 2, 3, 4, 5], [7, 8], [9, 10, 11, 12, 13, 14, 15], [3], [40, 41, 42]]
-
-
-def eager_static(model, **settings):
-    """``model`` decoded through the static cache, its step run eagerly (what a CPU test can check)."""
-    prepare_decoding(model, static=True, compile="off", **settings)
-    return model
 
 
 def use_static(model, config, cache_dtype=None, want_probs=False, batch=1):
     """True where the model's plan for this request is the static cache."""
     plan = engine_of(model).plan(batch, config=config, cache_dtype=cache_dtype, want_probs=want_probs)
     return plan.session == "static"
-
-
-def tiny(block_size: int = 48, n_layer: int = 2, **options) -> GPT:
-    return tiny_model(block_size=block_size, n_layer=n_layer, init_std=0.3, **options)
-
-
-def alone(model: GPT, prompt: list[int], n: int, **sampling) -> list[int]:
-    """The dynamic reference: one prompt, ``n`` new tokens."""
-    out = generate_ids(model, torch.tensor([prompt]), n, **{"temperature": 0, **sampling})
-    return out[0, len(prompt) :].tolist()
-
-
-def run(session: StaticSession, prompts, n: int, configs=None, seeds=None) -> dict[int, list[int]]:
-    """Prefill ``prompts`` together, then ``n − 1`` lock-step decode steps → tokens per slot."""
-    configs = configs or [GREEDY] * len(prompts)
-    seeds = seeds or [0] * len(prompts)
-    got = {slot: [tok] for slot, tok in session.add_many(prompts, configs, seeds)}
-    for _ in range(n - 1):
-        for slot, tok in session.step(list(got)).items():
-            got[slot].append(tok)
-    return got
 
 
 @pytest.mark.parametrize("options", OPTIONS, ids=lambda o: "-".join(f"{v}" for v in o.values()))

@@ -22,7 +22,7 @@ from gptlab.generate import SampleConfig
 from gptlab.generate.sampling import Sampler
 from gptlab.inspect import attention_maps
 from gptlab.tokenizers import CharTokenizer
-from tests.serve.test_serve_live import TEXT, chromium_page
+from tests._browser import TEXT, chromium_page
 
 PROMPT = "ROMEO: Is the day so young?"
 

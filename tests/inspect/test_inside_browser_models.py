@@ -27,7 +27,7 @@ from gptlab.inspect.attention import seq2seq_maps
 from gptlab.model import build_model
 from gptlab.tokenizers import CharTokenizer
 from gptlab.train.objectives import with_mask_token
-from tests.serve.test_serve_live import chromium_page
+from tests._browser import chromium_page
 
 ALPHABET = "abcdefghijklmnopqrstuvwxyz .,:"
 ATT = 70  # the canvas's left and top margins (inside.js: ATT)

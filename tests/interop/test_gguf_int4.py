@@ -19,7 +19,7 @@ from gptlab.interop.gguf import from_gguf, read_gguf  # noqa: E402
 from gptlab.interop.gguf_kept import from_gguf_kept, int4_parts  # noqa: E402
 from gptlab.model.int4 import Int4Linear, int4_supported  # noqa: E402
 from gptlab.model.quantized import Int8Embedding, Int8Linear  # noqa: E402
-from tests.interop.test_gguf import tiny_llama, write_llama  # noqa: E402
+from tests.interop._gguf import tiny_llama, write_llama  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not int4_supported(16, 32), reason="this torch has no CPU int4 kernel")
 IDS = torch.tensor([[5, 17, 99, 3, 250, 42, 7, 7, 100, 200, 1, 64]])

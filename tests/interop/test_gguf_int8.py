@@ -21,7 +21,7 @@ from gptlab.errors import GptlabError  # noqa: E402
 from gptlab.interop.gguf import from_gguf, tokenizer_from_gguf  # noqa: E402
 from gptlab.model.quantized import Int8Embedding, Int8Linear  # noqa: E402
 from gptlab.tokenizers.chat import encode_chat  # noqa: E402
-from tests.interop.test_gguf import tiny_llama, write_llama  # noqa: E402
+from tests.interop._gguf import tiny_llama, write_llama  # noqa: E402
 
 IDS = torch.tensor([[0, 5, 77, 258, 259, 100, 3, 9, 200, 31]])
 

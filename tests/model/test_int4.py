@@ -118,14 +118,14 @@ def test_greedy_decoding_of_a_reloaded_int4_model_is_unchanged(tiny_model, char_
 @pytest.mark.slow  # a cold compile of the decode step: 20-60 s on 2 busy cores
 def test_compiled_int4_step_agrees_with_the_layer_by_layer_step(monkeypatch):
     from gptlab.compiling import can_compile
-    from tests.generate.test_generate_fused import _greedy_logits, _model
+    from tests.generate._fused import fused_model, greedy_logits
 
     if not can_compile("cpu"):
         pytest.skip("no C++ compiler for torch.compile")
-    model = _model("int4")
+    model = fused_model("int4")
     assert isinstance(model.blocks[0].attn.qkv, Int4Linear)
-    fused = _greedy_logits(model, [3, 1, 4, 1, 5], 8, True, monkeypatch)
-    layered = _greedy_logits(model, [3, 1, 4, 1, 5], 8, False, monkeypatch)
+    fused = greedy_logits(model, [3, 1, 4, 1, 5], 8, True, monkeypatch)
+    layered = greedy_logits(model, [3, 1, 4, 1, 5], 8, False, monkeypatch)
     for a, b in zip(fused, layered, strict=True):
         assert (a - b).abs().max() <= 2e-2 * b.abs().max()
         assert a.argmax() == b.argmax()

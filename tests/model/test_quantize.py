@@ -7,11 +7,11 @@ import torch
 
 import gptlab
 from gptlab.errors import GptlabError
+from gptlab.evaluate.loss import evaluate_tokens
 from gptlab.generate import generate_ids
 from gptlab.model import GPT, GPTConfig
 from gptlab.model.quantized import Int8Linear
 from gptlab.tokenizers import CharTokenizer
-from gptlab.train.evaluate import evaluate_tokens
 from tests._tiny import tiny_model
 
 

@@ -16,15 +16,10 @@ from gptlab.serve import CHAT_STOP, chat_prompt, create_app
 from gptlab.serve.scheduler import Channel, EndEvent, Job, Scheduler
 from gptlab.serve.schemas import ChatMessage
 from gptlab.tokenizers import CharTokenizer
-from tests import _tiny
 from tests._tiny import ALPHABET
+from tests.serve._serving import assert_error, sse_events, tiny_model
 
 CAP = 48
-
-
-def tiny_model(vocab_size: int, block_size: int = 64, seed: int = 0) -> GPT:
-    """The served model: the shared tiny model (tests/_tiny.py) with two heads."""
-    return _tiny.tiny_model(seed=seed, vocab_size=vocab_size, block_size=block_size, n_head=2)
 
 
 @pytest.fixture(scope="module")
@@ -51,26 +46,6 @@ def greedy_reference(model: GPT, tok: CharTokenizer, prompt: str, n: int) -> str
         for _ in range(n):
             ids.append(int(model(torch.tensor([ids[-model.config.block_size :]]))[0, -1].argmax()))
     return tok.decode(ids[len(tok.encode(prompt)) :])
-
-
-def sse_events(response) -> list[str]:
-    """The ``data:`` payloads of an SSE response; every non-blank line must be one."""
-    out = []
-    for line in response.iter_lines():
-        if line:
-            assert line.startswith("data: "), line
-            out.append(line[6:])
-    return out
-
-
-def assert_error(r, status: int, param: str | None = None) -> dict:
-    assert r.status_code == status, r.text
-    err = r.json()["error"]
-    assert set(err) == {"message", "type", "param", "code"}
-    assert isinstance(err["message"], str) and err["message"]
-    if param is not None:
-        assert err["param"] == param
-    return err
 
 
 # ------------------------------------------------------------------ completions

@@ -5,38 +5,10 @@ routes (``/tokenizer_info``, ``/tokenize``, ``/detokenize``)."""
 from __future__ import annotations
 
 import pytest
-import torch
-import torch.nn.functional as F
 from fastapi.testclient import TestClient
 
 from gptlab.serve import create_app
-from gptlab.tokenizers import CharTokenizer
-from tests.serve.test_serve_api import assert_error, tiny_model
-
-TEXT = "abcdefghijklmnopqrstuvwxyz ABCDEFGHIJKLMNOPQRSTUVWXYZ:\n.,!?"
-EOT = "<|endoftext|>"
-
-
-@pytest.fixture(scope="module")
-def tok() -> CharTokenizer:
-    return CharTokenizer.from_text(TEXT, special_tokens=[EOT])
-
-
-@pytest.fixture(scope="module")
-def model(tok):
-    return tiny_model(tok.vocab_size).float()
-
-
-@pytest.fixture(scope="module")
-def client(model, tok):
-    with TestClient(create_app(model, tok, model_name="tiny", max_batch=4)) as c:
-        yield c
-
-
-def raw_logprobs(model, ids: list[int]) -> torch.Tensor:
-    """log softmax of the plain forward pass over ``ids``: (T, V)."""
-    with torch.no_grad():
-        return F.log_softmax(model(torch.tensor([ids]))[0].float(), dim=-1)
+from tests.serve._serving import EOT, assert_error, raw_logprobs
 
 
 @pytest.mark.parametrize("max_tokens", [0, 1, 3])

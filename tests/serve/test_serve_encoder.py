@@ -156,7 +156,7 @@ def test_fuzz_an_encoders_server(tok, tmp_path) -> None:
     answers as documented, valid data is accepted, and nothing is a 5xx."""
     import gptlab
     from bench import serve_robustness as robustness
-    from tests.serve.test_serve_fuzz import KEY, fuzz
+    from tests.serve._fuzz import KEY, fuzz
 
     ckpt = gptlab.save(tiny("encoder", tok), tok, tmp_path / "mlm")
     extra = ["--api-key", KEY, "--device", "cpu", "--dtype", "fp32", "--model-name", "mlm"]

@@ -15,26 +15,12 @@ is in docs/guide/serving-robustness.md.
 
 from __future__ import annotations
 
-import re
-import shutil
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 from fastapi.testclient import TestClient
 
 from bench import serve_robustness as robustness
 from tests._tiny import tiny_model
-
-KEY = "bench-key"  # the key bench/serve_robustness.py serves with
-
-
-def schemathesis_cli() -> str:
-    found = shutil.which("st", path=str(Path(sys.executable).parent)) or shutil.which("st")
-    if found is None:
-        pytest.skip("schemathesis is not installed (pip install -e '.[dev]')")
-    return found
+from tests.serve._fuzz import KEY, fuzz
 
 
 @pytest.fixture(scope="module")
@@ -44,26 +30,6 @@ def server(tmp_path_factory):
     extra = ["--api-key", KEY, "--device", "cpu", "--max-tokens-cap", "16", "--model-name", "tiny"]
     with robustness.serve_load.serve(str(ckpt), max_batch=4, extra=extra, timeout=120) as url:
         yield url
-
-
-def fuzz(url: str, workdir: Path, *args: str) -> tuple[int, str]:
-    """``st run`` with every check → (cases generated, its output); fails the test on any failure."""
-    cmd = [
-        schemathesis_cli(),
-        "run",
-        f"{url}/openapi.json",
-        "--checks",
-        "all",
-        "-H",
-        f"Authorization: Bearer {KEY}",
-    ]
-    cmd += ["-w", "1", "--request-timeout", "30", "--generation-database", "none", "--no-color", *args]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=workdir)  # its files go there
-    out = done.stdout + done.stderr
-    assert done.returncode == 0, out[-6000:]
-    generated = re.search(r"(\d+) generated", out)
-    assert generated is not None, out[-2000:]
-    return int(generated.group(1)), out
 
 
 @pytest.fixture(scope="module")

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import os
 import shutil
@@ -17,19 +16,10 @@ import pytest
 import gptlab
 from bench import serve_load
 from gptlab.tokenizers import CharTokenizer
+from tests._browser import TEXT, chromium_page
 from tests._tiny import tiny_model
 
 CAP = 20_000
-TEXT = "abcdefghijklmnopqrstuvwxyz ABCDEFGHIJKLMNOPQRSTUVWXYZ:\n.,;!?'"
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-]
 
 
 @pytest.fixture(scope="module")
@@ -133,27 +123,6 @@ def test_disconnect_frees_the_slot(server):
             time.sleep(0.02)
     assert h["active"] == 0
     assert h["tokens"] - before < CAP  # cancelled, not run to the end
-
-
-@contextlib.contextmanager
-def chromium_page(base: str):
-    """A headless Chromium page; yields ``(page, expect, external requests)``."""
-    if not Path(CHROMIUM).exists():
-        reason = f"{CHROMIUM} is absent (apt-get install chromium)"
-        if os.environ.get("CI") or os.environ.get("GPTLAB_REQUIRE_SHARED") == "1":
-            pytest.fail(f"the browser test must run in CI, but {reason}")
-        pytest.skip(reason)
-    sync_api = pytest.importorskip("playwright.sync_api")
-    with sync_api.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        try:
-            page = browser.new_page(viewport={"width": 1280, "height": 860})
-            external: list[str] = []
-            page.on("request", lambda req: req.url.startswith(base) or external.append(req.url))
-            page.goto(base + "/")
-            yield page, sync_api.expect, external
-        finally:
-            browser.close()
 
 
 def test_playground_in_headless_chromium(server, tmp_path):

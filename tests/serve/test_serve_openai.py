@@ -16,7 +16,8 @@ from gptlab.serve import Service, create_app
 from gptlab.serve.scheduler import EndEvent
 from gptlab.serve.schemas import ChatCompletionRequest, CompletionRequest
 from gptlab.tokenizers import CharTokenizer
-from tests.serve.test_serve_api import ALPHABET, assert_error, sse_events, tiny_model
+from tests._tiny import ALPHABET
+from tests.serve._serving import assert_error, sse_events, tiny_model
 
 CAP = 48
 

@@ -16,7 +16,7 @@ from gptlab.cli import main
 from gptlab.model import GPT
 from gptlab.tokenizers import CharTokenizer
 from tests._tiny import tiny_model
-from tests.generate.test_static_cache import eager_static
+from tests.generate._static import eager_static
 
 openai = pytest.importorskip("openai")
 

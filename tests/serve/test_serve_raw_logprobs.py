@@ -13,18 +13,18 @@ import torch
 from gptlab.generate import SampleConfig
 from gptlab.generate.sampling import Sampler
 from gptlab.generate.step import token_text
-from tests.serve.test_serve_echo import client, model, raw_logprobs, tok  # noqa: F401  (the tiny float32 model and server)
+from tests.serve._serving import raw_logprobs
 
 SAMPLING = {"temperature": 0.7, "repetition_penalty": 1.8, "top_k": 6, "seed": 11}
 TOP = 3
 
 
-def ids_of(tok, texts: list[str]) -> list[int]:  # noqa: F811
+def ids_of(tok, texts: list[str]) -> list[int]:
     by_text = {token_text(tok, i): i for i in range(tok.vocab_size)}
     return [by_text[t] for t in texts]
 
 
-def check_choice(model, tok, prompt: list[int], logprobs: dict) -> float:  # noqa: F811
+def check_choice(model, tok, prompt: list[int], logprobs: dict) -> float:
     """Each generated token's log p and top alternatives = the plain forward pass's; returns the largest
     gap between that raw log p and the log p under the processed (sampling) distribution."""
     generated = ids_of(tok, logprobs["tokens"])
@@ -48,7 +48,7 @@ def check_choice(model, tok, prompt: list[int], logprobs: dict) -> float:  # noq
 
 
 @pytest.mark.parametrize("stream", [False, True])
-def test_completion_logprobs_are_the_raw_distribution(client, model, tok, stream):  # noqa: F811
+def test_completion_logprobs_are_the_raw_distribution(client, model, tok, stream):
     prompts = [tok.encode("to be or not"), tok.encode("the cat sat")]
     body = {"prompt": prompts, "max_tokens": 6, "n": 2, "logprobs": TOP, **SAMPLING}
     if stream:
@@ -72,7 +72,7 @@ def test_completion_logprobs_are_the_raw_distribution(client, model, tok, stream
     assert max(gaps) > 1e-2  # the sampling distribution differs: reporting it would fail the checks above
 
 
-def test_a_generated_token_sent_back_has_the_same_logprob_as_its_echo(client, tok):  # noqa: F811
+def test_a_generated_token_sent_back_has_the_same_logprob_as_its_echo(client, tok):
     prompt = tok.encode("to be or not")
     made = client.post(
         "/v1/completions", json={"prompt": [prompt], "max_tokens": 5, "logprobs": 1, **SAMPLING}

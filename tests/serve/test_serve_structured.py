@@ -17,7 +17,7 @@ from gptlab.serve import create_app
 from gptlab.tokenizers import CharTokenizer
 from tests._structured import JSON_ALPHABET, SCHEMAS, validate
 from tests._tiny import ALPHABET
-from tests.serve.test_serve_api import tiny_model
+from tests.serve._serving import tiny_model
 
 openai = pytest.importorskip("openai")
 
@@ -348,7 +348,7 @@ def test_playground_json_schema_box_in_chromium(tmp_path):
     says how many tokens the schema allowed there."""
     import gptlab
     from bench import serve_load
-    from tests.serve.test_serve_live import chromium_page
+    from tests._browser import chromium_page
 
     json_tok = CharTokenizer.from_text(JSON_ALPHABET, special_tokens=["<|endoftext|>"])
     ckpt = gptlab.save(tiny_model(json_tok.vocab_size, block_size=128), json_tok, tmp_path / "tiny")

@@ -13,8 +13,8 @@ from fastapi.testclient import TestClient
 from gptlab.serve import create_app
 from gptlab.serve.schemas import ChatCompletionRequest
 from gptlab.tokenizers import CharTokenizer
+from tests._structured import matches
 from tests._tiny import tiny_model
-from tests.tokenizers.test_tools import matches
 
 openai = pytest.importorskip("openai")
 

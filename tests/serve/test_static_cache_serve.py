@@ -16,7 +16,7 @@ from gptlab.generate.lanes import Lanes
 from gptlab.serve import create_app
 from gptlab.tokenizers import CharTokenizer
 from tests._tiny import tiny_model
-from tests.generate.test_static_cache import eager_static
+from tests.generate._static import eager_static
 
 
 def tiny(vocab: int, seed: int = 0) -> GPT:

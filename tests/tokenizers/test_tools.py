@@ -23,6 +23,7 @@ from gptlab.tokenizers.tools import (
     takes_tools,
     tool_problem,
 )
+from tests._structured import matches
 
 WEATHER = Tool(
     "get_weather",
@@ -77,31 +78,6 @@ CALLED = [
     },
     {"role": "tool", "tool_call_id": "call_1", "content": "sunny, 21 C"},
 ]
-
-
-def matches(schema: dict, value: object) -> bool:
-    """``value`` against the JSON Schema keywords the tests use."""
-    if "enum" in schema and value not in schema["enum"]:
-        return False
-    kind = schema.get("type")
-    if kind == "object":
-        if not isinstance(value, dict) or any(k not in value for k in schema.get("required", [])):
-            return False
-        props = schema.get("properties", {})
-        if schema.get("additionalProperties") is False and set(value) - set(props):
-            return False
-        return all(matches(props[k], v) for k, v in value.items() if k in props)
-    if kind == "string":
-        return isinstance(value, str) and len(value) <= schema.get("maxLength", len(value))
-    if kind == "integer":
-        return (
-            isinstance(value, int)
-            and not isinstance(value, bool)
-            and schema.get("minimum", value) <= value <= schema.get("maximum", value)
-        )
-    if kind == "boolean":
-        return isinstance(value, bool)
-    return True
 
 
 # ------------------------------------------------------------------ checking tools

@@ -24,9 +24,9 @@ from gptlab.train.config import build_config
 from gptlab.train.metrics import read_metrics
 from gptlab.train.objectives import make_objective
 from gptlab.train.preference import reference_logprobs, sequence_logprobs, stored_references
+from tests._chat_data import ALPHABET, SPECIALS, write_jsonl
 from tests._kill import kill_and_resume
 from tests._tiny import TINY_TRAIN, tiny_model
-from tests.data.test_preference_data import ALPHABET, SPECIALS, write_jsonl
 
 SETTINGS = [t for t in TINY_TRAIN if not t.startswith("model.")]
 

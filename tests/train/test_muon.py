@@ -102,7 +102,7 @@ def test_float32_muon_batches_same_shaped_matrices_and_keeps_the_update(monkeypa
 
 
 def test_the_muon_is_chosen_per_machine(monkeypatch):
-    from tests.core.test_hardware import AVX2, AVX512_BF16
+    from tests._machines import AVX2, AVX512_BF16
 
     monkeypatch.setattr(hardware, "detect", lambda: AVX2)
     assert muon_class("cpu") is Float32Muon

@@ -65,6 +65,6 @@ def test_step_metrics_are_logged_per_step_and_plotted(counting, tmp_path):
     )
     assert out.stat().st_size > 0
     with pytest.raises(GptlabError, match="no run logged 'nope'.*mean/loss"):
-        from gptlab.train.compare import load_runs, plot_runs
+        from gptlab.evaluate.compare import load_runs, plot_runs
 
         plot_runs(load_runs([tmp_path / "run"]), out, metrics=["nope"])

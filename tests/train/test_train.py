@@ -9,7 +9,6 @@ import pytest
 import torch
 
 from gptlab import checkpoint as ckpt
-from gptlab.data import prepare
 from gptlab.errors import GptlabError
 from gptlab.model import GPT
 from gptlab.train import loop as gtrain
@@ -21,16 +20,6 @@ from tests._tiny import TINY_TRAIN, interrupted_copy
 
 TINY = [*TINY_TRAIN, "batch_size=4"]
 CPU_FP32 = ["device=cpu", "dtype=float32"]  # for tests that assert CPU float32 numerics
-
-
-@pytest.fixture(scope="module")
-def dataset(tmp_path_factory):
-    root = tmp_path_factory.mktemp("data")
-    words = "the quick brown fox jumps over a lazy dog while seven wizards quietly hex".split()
-    text = "\n".join(" ".join(words[(i * 7 + j * 3) % len(words)] for j in range(9)) for i in range(600))
-    (root / "c.txt").write_text(text)
-    prepare([root / "c.txt"], root / "ds", block_size=16)
-    return root / "ds"
 
 
 def _train(dataset, run, *extra, resume=False):

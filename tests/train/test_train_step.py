@@ -16,9 +16,6 @@ from gptlab.train import runtime
 from gptlab.train.config import build_config
 from gptlab.train.metrics import read_metrics
 from tests._tiny import TINY_TRAIN, interrupted_copy
-from tests.train import test_train
-
-dataset = test_train.dataset  # the module-scoped tiny dataset fixture
 
 TINY = [*TINY_TRAIN, "batch_size=4", "device=cpu", "dtype=float32"]
 # what reads a tensor's value on the host: on a GPU each waits for the queued kernels

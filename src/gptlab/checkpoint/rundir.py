@@ -2,13 +2,15 @@
 
     RUN_DIR/train_config.json   {"train": TrainConfig, "model": GPTConfig, "data": DIR, "data_fingerprint": ...}
     RUN_DIR/ckpt-<step>/        training checkpoints (``gptlab.checkpoint.run``)
-    RUN_DIR/metrics.jsonl, loss.png, best.json, tensorboard/
+    RUN_DIR/metrics.jsonl        the trainer's records, one JSON object per line (``read_metrics``)
+    RUN_DIR/loss.png, best.json, tensorboard/
 
 Only files that a training run writes are ever removed.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from pathlib import Path
@@ -21,7 +23,8 @@ from gptlab.fileio import atomic_write_json
 
 RUN_CONFIG_FILE = "train_config.json"
 BEST_FILE = "best.json"
-RUN_FILES = ("metrics.jsonl", "loss.png", RUN_CONFIG_FILE, BEST_FILE)
+METRICS_FILE = "metrics.jsonl"
+RUN_FILES = (METRICS_FILE, "loss.png", RUN_CONFIG_FILE, BEST_FILE)
 RUN_DIRS = ("tensorboard", "wandb")
 
 
@@ -33,6 +36,22 @@ def read_run_config(run_dir: str | os.PathLike[str]) -> dict[str, Any] | None:
 
 def write_run_config(run_dir: str | os.PathLike[str], record: dict[str, Any]) -> None:
     atomic_write_json(Path(run_dir) / RUN_CONFIG_FILE, record)
+
+
+def read_metrics(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """Records of a metrics.jsonl; a torn last line (a killed run) is skipped."""
+    path = Path(path)
+    if not path.is_file():
+        return []
+    records = []
+    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(rec, dict) and "step" in rec:
+            records.append(rec)
+    return records
 
 
 def holds_run(run_dir: str | os.PathLike[str]) -> bool:

@@ -27,7 +27,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from gptlab.train.compare import load_runs, plot_runs, render_table
+    from gptlab.evaluate.compare import load_runs, plot_runs, render_table
 
     runs = load_runs(args.runs)
     rows = [r.final() for r in runs]

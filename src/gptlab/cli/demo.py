@@ -25,7 +25,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from gptlab.train.demo import run_demo
+    from gptlab.demo import run_demo
 
     run_demo(args.out, data=args.data, max_steps=args.max_steps, overrides=args.overrides)
     return 0

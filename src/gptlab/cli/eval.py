@@ -83,7 +83,8 @@ def run_tasks(args: argparse.Namespace, device: str) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    from gptlab.train.eval_checkpoint import evaluate_path
+    from gptlab.evaluate.text import evaluate_path
+    from gptlab.train.objective_eval import evaluate_objective
 
     device = device_from_args(args)
     if args.tasks:
@@ -101,6 +102,7 @@ def run(args: argparse.Namespace) -> int:
         device=device,
         progress=not args.no_progress,
         context=args.context,
+        objective=evaluate_objective,  # an encoder or an encoder–decoder: its training objective
     )
     if args.json:
         print(json.dumps({"source": source, **result.to_dict(), "context": result.context, "dtype": dtype}))

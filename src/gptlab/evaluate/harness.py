@@ -1,6 +1,6 @@
 """The lm-evaluation-harness model ``gptlab``: ``lm_eval --model gptlab --model_args pretrained=CKPT``.
 
-lm-eval asks three things of a model, all answered by ``gptlab.generate.scoring`` and ``gptlab.generate``:
+lm-eval asks three things of a model, all answered by ``gptlab.evaluate.scoring`` and ``gptlab.generate``:
 
     loglikelihood(context, continuation)   log p(y | x) = Σ_t log softmax(l_{n+t-1})_{y_t}, and greedy(y | x)
     loglikelihood_rolling(text)            Σ over disjoint windows of at most max_length predicted tokens,
@@ -30,8 +30,8 @@ from tqdm import tqdm
 
 from gptlab.errors import GptlabError
 from gptlab.evaluate.opening import open_model
+from gptlab.evaluate.scoring import Score, loglikelihoods, rolling_windows
 from gptlab.generate import SampleConfig, generate_batch
-from gptlab.generate.scoring import Score, loglikelihoods, rolling_windows
 from gptlab.tokenizers.chat import stop_ids, template_for
 from gptlab.tokenizers.pretrained import encode_text
 

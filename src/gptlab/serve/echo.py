@@ -8,7 +8,7 @@ Echo with ``logprobs`` (``POST /v1/completions {"prompt": [[ids]], "echo": true,
     top_logprobs   = [null, {the N most probable tokens at 2: log p}, …]  distribution, whatever the
                                                                           temperature or penalties
 
-computed by ``gptlab.generate.scoring.prompt_logprobs`` in one forward pass over the prompt, on the
+computed by ``gptlab.evaluate.scoring.prompt_logprobs`` in one forward pass over the prompt, on the
 scheduler thread (the model's one owner). lm-eval sums ``token_logprobs[len(context):-1]``: the last
 entry is the generated token, which is therefore always reported, a stop token included.
 
@@ -29,7 +29,7 @@ from fastapi import APIRouter
 from pydantic import Field
 
 from gptlab.errors import GptlabError
-from gptlab.generate.scoring import prompt_logprobs
+from gptlab.evaluate.scoring import prompt_logprobs
 from gptlab.generate.step import token_text
 from gptlab.serve.errors import APIError
 from gptlab.serve.generation import Generation

@@ -8,14 +8,15 @@ schedule.py      learning-rate schedules ``η_t``
 runs.py          a new or resumed run's settings (``resolve_run``), a finished run
 reinforce.py     ``objective = "grpo"``: policy gradient with a group baseline from a reward function
 rollouts.py      its pieces: the reward function, group advantages, the per-token loss, sampling
-evaluate.py      cross-entropy, perplexity, bits per byte
-eval_checkpoint.py  ``gptlab eval``: a checkpoint scored on a text or a dataset split
+objective_eval.py  ``gptlab eval`` of an encoder or encoder–decoder: its objective on a dataset split
 init.py          starting from pretrained weights (``init=SRC``, opened by ``gptlab.sources``)
 lora.py          LoRA's training side (LoRA+ rates); the layers are ``gptlab.model.lora``
 metrics.py       ``metrics.jsonl``, ``loss.png``, optional loggers
 distributed.py   DDP under ``torchrun``
-demo.py          ``gptlab demo``: prepare → train → sample
 recipes/         built-in recipes (``--config NAME``)
+
+Evaluation (loss, perplexity, bits per byte, ``gptlab eval``, ``gptlab compare``) is ``gptlab.evaluate``;
+the periodic evaluation calls ``gptlab.evaluate.loss``. ``gptlab demo`` is ``gptlab.demo``.
 """
 
 from gptlab.train.config import TrainConfig, build_config, recipe_names

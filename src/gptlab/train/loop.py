@@ -36,13 +36,13 @@ from gptlab import checkpoint as ckpt
 from gptlab.checkpoint import BEST_FILE, RUN_CONFIG_FILE, read_run_config, sharded
 from gptlab.checkpoint.run import io_stop
 from gptlab.errors import GptlabError
+from gptlab.evaluate.loss import EvalResult
 from gptlab.fileio import atomic_write_json
 from gptlab.inspect.flops import peak_flops, training_flops_per_token
 from gptlab.model import build_model
 from gptlab.model.fp8 import enable_fp8
 from gptlab.train import distributed, init
 from gptlab.train.config import TrainConfig
-from gptlab.train.evaluate import EvalResult
 from gptlab.train.metrics import MetricsLog, Pending, Progress, read_pending
 from gptlab.train.objectives import make_objective
 from gptlab.train.optim import build_optimizer

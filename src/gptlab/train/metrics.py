@@ -16,6 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from gptlab.checkpoint.rundir import METRICS_FILE, read_metrics
 from gptlab.errors import GptlabError
 from gptlab.fileio import atomic_write, atomic_write_text
 
@@ -25,7 +26,6 @@ if TYPE_CHECKING:
 #: (step, loss, gradient norm, learning rate, the objective's step metrics) of steps not read yet
 Pending = list[tuple[int, "torch.Tensor", "torch.Tensor", float, dict[str, "torch.Tensor | float"]]]
 
-METRICS_FILE = "metrics.jsonl"
 PLOT_FILE = "loss.png"
 #: the keys every step record has (anything else is an objective's step metric)
 STEP_KEYS = ("step", "loss", "grad_norm", "lr", "tokens", "time_s")
@@ -71,22 +71,6 @@ def step_metric_panels(records: list[dict[str, Any]]) -> dict[str, list[str]]:
             if key not in keys:
                 keys.append(key)
     return panels
-
-
-def read_metrics(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
-    """Records of a metrics.jsonl; a torn last line (a killed run) is skipped."""
-    path = Path(path)
-    if not path.is_file():
-        return []
-    records = []
-    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(rec, dict) and "step" in rec:
-            records.append(rec)
-    return records
 
 
 class MetricsLog:

@@ -32,18 +32,18 @@ import torch
 
 from gptlab.data import TokenDataset, WindowSampler, eval_batches
 from gptlab.errors import GptlabError
+from gptlab.evaluate.loss import target_loss_sum
 from gptlab.model import GPTConfig
 from gptlab.train import init
 from gptlab.train.batches import Batch, to_device
-from gptlab.train.evaluate import target_loss_sum
 
 if TYPE_CHECKING:
     from torch import nn
 
     from gptlab.data.pairs import PairDataset
+    from gptlab.evaluate.loss import Autocast
     from gptlab.model import GPT
     from gptlab.tokenizers.base import Tokenizer
-    from gptlab.train.evaluate import Autocast
 
 MASK = "[MASK]"
 
@@ -161,7 +161,7 @@ class CausalLM:
         self, model: GPT, split: str, n: int, device: str, autocast: Autocast | None
     ) -> tuple[torch.Tensor, int]:
         """``(Σ token losses, tokens)`` over ``n`` evaluation batches (this rank's share)."""
-        from gptlab.train.evaluate import loss_sum
+        from gptlab.evaluate.loss import loss_sum
 
         return loss_sum(model, self._eval_windows(split, n), device, autocast)
 

@@ -55,8 +55,8 @@ if TYPE_CHECKING:
 
     from gptlab.data.dataset import TokenDataset
     from gptlab.data.preference import PreferenceDataset
+    from gptlab.evaluate.loss import Autocast
     from gptlab.model import GPT
-    from gptlab.train.evaluate import Autocast
 
 #: the per-step figures, in the order of ``_stats``' columns (``group/name`` keys share a plot panel)
 STEP_METRICS = (

@@ -76,8 +76,8 @@ from gptlab.train.rollouts import (
 if TYPE_CHECKING:
     from torch import nn
 
+    from gptlab.evaluate.loss import Autocast
     from gptlab.model import GPT
-    from gptlab.train.evaluate import Autocast
 
 Batch = tuple[torch.Tensor, ...]
 

@@ -8,8 +8,8 @@ import pytest
 
 from gptlab.cli import main
 from gptlab.data import prepare
+from gptlab.evaluate.compare import load_runs, plot_runs, render_table
 from gptlab.train import train
-from gptlab.train.compare import load_runs, plot_runs, render_table
 from gptlab.train.config import build_config
 from gptlab.train.metrics import read_metrics
 from tests._tiny import TINY_TRAIN

@@ -1,48 +1,43 @@
-"""``gptlab eval``: a checkpoint (or run, or LoRA run) scored on a text file or a dataset split.
+"""``gptlab eval SRC --text FILE | --data DATA_DIR``: a model's loss, perplexity and bits per byte on a
+text file or a dataset split.
 
-A decoder scores its next-token loss in windows (``gptlab.train.evaluate.evaluate_tokens``); an encoder
-or an encoder–decoder scores its own objective (``gptlab.train.objectives``). This module sits above both
-and above ``TrainConfig``, which the objectives are built from.
+A decoder scores its next-token loss in windows (``gptlab.evaluate.loss.evaluate_tokens``). An encoder or
+an encoder–decoder scores its own training objective (masked tokens, target tokens), which the trainer
+defines: that scorer comes in as ``objective=gptlab.train.objective_eval.evaluate_objective``, passed by
+the CLI, because the trainer sits above this package (it imports ``gptlab.evaluate.loss`` for its
+periodic evaluation).
 """
 
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
 from gptlab.errors import GptlabError
+from gptlab.evaluate.loss import Autocast, EvalResult, evaluate_tokens
 from gptlab.sources import load, resolve_source
-from gptlab.train.config import TrainConfig
-from gptlab.train.evaluate import Autocast, EvalResult, evaluate_tokens
-from gptlab.train.objectives import ARCH_OBJECTIVES, make_objective
 
 if TYPE_CHECKING:
     from gptlab.model import GPT
 
 
-def evaluate_objective(
-    model: GPT,
-    text: str | os.PathLike[str] | None,
-    data: str | os.PathLike[str] | None,
-    split: str,
-    batch_size: int,
-    max_batches: int | None,
-    device: str,
-    autocast: Autocast | None = None,
-) -> EvalResult:
-    """``gptlab eval`` of an encoder (masked-token loss) or an encoder–decoder (target-token loss) on ``data``."""
-    name = ARCH_OBJECTIVES[model.config.arch]
-    if text is not None:
-        raise GptlabError(f"a {model.config.arch} model is evaluated on a dataset: use --data DATA_DIR")
-    assert data is not None  # exactly one of text and data (evaluate_path checks)
-    cfg = TrainConfig(objective=name, batch_size=batch_size, model=model.config.to_dict())
-    objective = make_objective(cfg, data)
-    total, count = objective.eval_sum(model, split, max_batches or 1 << 30, device, autocast)
-    if count == 0:
-        raise GptlabError(f"{data}: the {split} split has nothing to evaluate")
-    return EvalResult(float(total) / count, count, objective.data.bytes_per_token(split))
+class ObjectiveEval(Protocol):
+    """A model that is not a decoder scored on its training objective on a dataset split
+    (``gptlab.train.objective_eval.evaluate_objective``)."""
+
+    def __call__(
+        self,
+        model: GPT,
+        text: str | os.PathLike[str] | None,
+        data: str | os.PathLike[str] | None,
+        split: str,
+        batch_size: int,
+        max_batches: int | None,
+        device: str,
+        autocast: Autocast | None = None,
+    ) -> EvalResult: ...
 
 
 def evaluate_path(
@@ -56,6 +51,7 @@ def evaluate_path(
     device: str = "cpu",
     progress: bool = False,
     context: int | None = None,
+    objective: ObjectiveEval | None = None,
 ) -> tuple[EvalResult, str]:
     """Evaluate a model (any source ``gptlab.sources`` opens; a run directory: its latest checkpoint) on
     a text file or a dataset split, in windows of ``context`` tokens (``EvalResult.context`` says which).
@@ -63,8 +59,8 @@ def evaluate_path(
     The default is the context the model loads at: its own, and for a fine-tuning run (full or LoRA,
     merged or not) its base model's, which it keeps even when trained on shorter windows. So a base
     model, its LoRA run and their merge are scored on the same windows, and a text shorter than the
-    context is one window for all three. Encoders and encoder–decoders score their own objective and
-    take no ``context``."""
+    context is one window for all three. Encoders and encoder–decoders score their own objective
+    through ``objective`` and take no ``context``."""
     import numpy as np
 
     if batch_size < 1 or (max_batches is not None and max_batches < 1):
@@ -79,7 +75,12 @@ def evaluate_path(
     if model.config.arch != "decoder":  # an encoder (masked tokens) or an encoder–decoder (pairs)
         if context is not None:
             raise GptlabError(f"--context is for decoder models; {directory} is an {model.config.arch}")
-        return evaluate_objective(model, text, data, split, batch_size, max_batches, device, autocast), (
+        if objective is None:
+            raise GptlabError(
+                f"{directory} is an {model.config.arch}, scored on its training objective: pass "
+                "objective=gptlab.train.objective_eval.evaluate_objective (`gptlab eval` does)"
+            )
+        return objective(model, text, data, split, batch_size, max_batches, device, autocast), (
             f"{directory} on {data} ({split})"
         )
     rows: dict[str, Any] | None = None
@@ -132,4 +133,4 @@ def evaluate_path(
     return result, f"{directory} on {source}"
 
 
-__all__ = ["evaluate_objective", "evaluate_path"]
+__all__ = ["ObjectiveEval", "evaluate_path"]

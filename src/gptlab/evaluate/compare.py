@@ -1,9 +1,10 @@
 """Several runs side by side: their loss curves on one plot, and a table of their final figures.
 
-Each run's ``metrics.jsonl`` is read (``gptlab.train.metrics``): per-step records (``loss``,
-``tokens``, ``time_s``) and evaluation records (``train_loss``, ``val_loss``, ``val_bpb``). The curves
-are drawn against steps, tokens or seconds of training; a step's seconds are the training wall time
-up to it, so runs on different machines or with different batch sizes compare fairly by tokens.
+Each run's ``metrics.jsonl``, written by the trainer, is read (``gptlab.checkpoint.rundir.read_metrics``):
+per-step records (``loss``, ``tokens``, ``time_s``) and evaluation records (``train_loss``, ``val_loss``,
+``val_bpb``). The curves are drawn against steps, tokens or seconds of training; a step's seconds are
+the training wall time up to it, so runs on different machines or with different batch sizes compare
+fairly by tokens.
 ``metrics`` plots an objective's step metrics instead of the loss (``gptlab compare RUN --metric
 logp/chosen,logp/rejected``: how a DPO run's chosen and rejected answers' log-probabilities move).
 """
@@ -15,9 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gptlab.checkpoint.rundir import METRICS_FILE, read_metrics
 from gptlab.errors import GptlabError
 from gptlab.fileio import atomic_write
-from gptlab.train.metrics import METRICS_FILE, read_metrics
 
 X_AXES = {
     "steps": ("step", "step"),

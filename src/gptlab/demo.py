@@ -1,6 +1,8 @@
 """``gptlab demo``: prepare a character-level dataset, train the ``char-best`` recipe, print a sample.
 
-Offline by default: the corpus is Python's own documentation text (``pydoc_data``).
+Offline by default: the corpus is Python's own documentation text (``pydoc_data``). The tour of the
+whole package, so it sits at the top, over the trainer, the checkpoint format and generation
+(``docs/design/layers.md``), and only the CLI imports it.
 """
 
 from __future__ import annotations

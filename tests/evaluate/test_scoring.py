@@ -1,4 +1,4 @@
-"""``gptlab.generate.scoring``: log p(continuation | context) against a plain forward pass, shared contexts,
+"""``gptlab.evaluate.scoring``: log p(continuation | context) against a plain forward pass, shared contexts,
 truncation, rolling windows as lm-eval defines them, and a prompt's own log-probabilities."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import torch.nn.functional as F
 import gptlab
 from gptlab import GPT
 from gptlab.errors import GptlabError
-from gptlab.generate.scoring import loglikelihoods, prompt_logprobs, rolling_loglikelihood, rolling_windows
+from gptlab.evaluate.scoring import loglikelihoods, prompt_logprobs, rolling_loglikelihood, rolling_windows
 
 VOCAB, BLOCK = 50, 32
 
