@@ -97,7 +97,7 @@ def test_warm_up_finds_one_layer_of_each_kind_and_nothing_in_a_small_model(tiny_
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("fmt", ["bf16", "int8"])
+@pytest.mark.parametrize("fmt", ["bf16", "int8", "int4"])
 def test_after_loading_a_decode_compiles_nothing_and_says_the_same(tmp_path, tiny_model, monkeypatch, fmt):
     """gptlab.load pays the one-row kernels' compilation; generating afterwards compiles no graph, and
     greedy text is what the model loaded without the warm-up says."""

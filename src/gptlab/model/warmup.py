@@ -23,7 +23,7 @@ import threading
 import torch
 from torch import nn
 
-from gptlab.model.quantized import InferenceLinear, activation_dtype
+from gptlab.model.quantized import InferenceLinear
 
 
 def streaming_layers(model: nn.Module) -> list[InferenceLinear]:
@@ -45,13 +45,23 @@ def warm_up(model: nn.Module) -> int:
     a decode runs (``gptlab.generate.session``): dynamo guards on the weight's dispatch keys, which
     inference mode changes."""
     layers = streaming_layers(model)
-    fmt = getattr(model, "quantization", "fp32")
-    act = activation_dtype("cpu") if fmt in ("bf16", "int8") else torch.float32
+    act = activation_dtype_of(model)
     for layer in layers:
         k = layer.in_features
         layer(torch.zeros(1, k, dtype=act))  # a decode step: the row starts its tensor
         layer(torch.zeros(3, k, dtype=act)[2:])  # a prefill's last position: a row further in
     return len(layers)
+
+
+def activation_dtype_of(model: nn.Module) -> torch.dtype:
+    """The dtype a decode's rows reach the matrices in: the model's own (``GPT.dtype``, its token table's
+    output), else the first floating parameter's. Dynamo guards on it, so a warm-up in another dtype
+    would compile kernels the decode never calls (int4 models compute in bf16 where bf16 is native)."""
+    dtype = getattr(model, "dtype", None)
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    floats = (p.dtype for p in model.parameters() if p.is_floating_point())
+    return next(floats, torch.float32)
 
 
 def _import_compiler() -> None:
