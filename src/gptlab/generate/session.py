@@ -21,7 +21,9 @@ Memory: ``max_len`` is how long a row may get, ``capacity`` how many positions a
 By default both are ``max_len``. A session made with a smaller ``capacity`` (the server's: a model
 with an 8,192-token context would otherwise hold ``2·L·B·H_kv·8192·d_k`` numbers, 2.9 GB for
 SmolLM2 at 8 rows, before its first request) doubles it whenever a row needs more, up to
-``max_len``, and drops back to the starting capacity when every slot is free again.
+``max_len``, and drops back to the starting capacity when every slot is free again, or, with
+``shrink_when_idle = False`` (the server's, which keeps the grown cache for an idle grace period so
+that the next request does not pay the re-allocation), when its owner calls ``shrink()``.
 """
 
 from __future__ import annotations
@@ -97,6 +99,8 @@ class BatchSession:
         self.model = model
         self.max_batch, self.max_len = max_batch, self.window.max_len
         self.start_capacity = self.max_len if capacity is None else max(1, min(int(capacity), self.max_len))
+        #: whether ``remove`` of the last row gives the grown capacity back at once (else: ``shrink()``)
+        self.shrink_when_idle = True
         device = model.device
         dtype = cache_dtype or default_cache_dtype(model.dtype, device)
         n_kv = config.n_kv_head or config.n_head  # (GPTConfig fills it in)
@@ -143,8 +147,21 @@ class BatchSession:
         self._check(slot)
         self._remember(slot)
         del self.tokens[slot]
-        if not self.tokens:  # nothing cached: give back what a long request made the cache grow to
-            self._resize(self.start_capacity)
+        if self.shrink_when_idle:
+            self.shrink()
+
+    def shrink(self) -> bool:
+        """With every slot free, give back what requests made the cache grow to (back to the starting
+        capacity) → whether memory was given back."""
+        if self.tokens or self.capacity <= self.start_capacity:
+            return False
+        self._resize(self.start_capacity)
+        return True
+
+    @property
+    def grown(self) -> bool:
+        """Whether the cache holds more positions than it started with."""
+        return self.capacity > self.start_capacity
 
     @property
     def capacity(self) -> int:
