@@ -1,14 +1,21 @@
 """The prefix cache: time to first token with a cached 600-token prefix, a chat's prefill, memory under load.
 
     python bench/prefix_cache.py [--model demo|smollm2|SOURCE] [--prefix 600] [--runs 3] [--requests 200]
+                                 [--threads 2] [--kv-keep-s 60] [--parts ttft,chat,memory]
 
 Three figures, through the server's decode loop (``gptlab.serve.scheduler.Scheduler``, no HTTP) and
 ``gptlab chat``'s reply:
 
 * ``ttft``: the time from submit to the first token of a request of ``--prefix`` random tokens plus a
   10-token question: cold (the cache off; and a miss with it on, which also stores the blocks) and
-  warm (the same prefix asked before with another question). Medians of ``--runs``, a fresh prefix each;
-  ``ratio`` = warm / cold (target ≤ 0.3).
+  warm (the same prefix asked before with another question). Each of ``--runs`` rounds runs the three
+  in turn on a fresh prefix (so a shared machine's load falls on all three alike), each sent to an idle
+  server (``IDLE_S`` after the previous one ended, as a client's next call comes); ``ratio`` = median warm /
+  median cold (target ≤ 0.3), ``ratio_rounds`` the median of each round's warm / cold. Both schedulers
+  are the server's, idle between requests: with ``--kv-keep-s`` (default the server's ``KV_KEEP_S``)
+  a request finds the batch's KV cache as the previous one grew it; ``--kv-keep-s 0`` shrinks it as
+  soon as the server is idle, so every request grows it again (the server's behaviour before the grace
+  period).
 * ``chat``: a 5-turn conversation as ``gptlab chat`` runs it (the model's chat template, greedy,
   ``--reply`` tokens a turn, ``stream_events``) with a ~300-token system prompt: the sum over turns of
   the time to the first token (each turn's prefill), with one ``PrefixCache`` for the conversation and
@@ -38,9 +45,12 @@ import torch
 
 from gptlab.generate import SampleConfig
 from gptlab.generate.prefix_cache import PrefixCache, budget_of
-from gptlab.serve.scheduler import Channel, EndEvent, Job, Scheduler
+from gptlab.serve.scheduler import KV_KEEP_S, Channel, EndEvent, Job, Scheduler
 
 TEXT = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ ,.;:!?'-\n&$3"
+#: seconds between one timed request's end and the next (the server has gone idle: it finishes what a
+#: request leaves behind, and with ``--kv-keep-s 0`` gives the grown KV cache back, before the next)
+IDLE_S = 0.05
 
 
 def load(name: str):
@@ -105,22 +115,31 @@ def random_ids(rng: random.Random, vocab: int, n: int) -> list[int]:
     return [rng.randrange(vocab) for _ in range(n)]
 
 
-async def ttft(model, tokenizer, prefix: int, runs: int, vocab: int) -> dict:
+async def ttft(model, tokenizer, prefix: int, runs: int, vocab: int, keep_s: float) -> dict:
     rng = random.Random(0)
-    off = Scheduler(model, tokenizer, max_batch=8, prefix_cache_bytes=0)
-    on = Scheduler(model, tokenizer, max_batch=8, prefix_cache_bytes=budget_of(256))
+    off = Scheduler(model, tokenizer, max_batch=8, prefix_cache_bytes=0, kv_keep_s=keep_s)
+    on = Scheduler(model, tokenizer, max_batch=8, prefix_cache_bytes=budget_of(256), kv_keep_s=keep_s)
     await first_token_s(off, [random_ids(rng, vocab, 32)])  # warm-up: first-call costs
     await first_token_s(on, [random_ids(rng, vocab, 32)])
     cold, miss, warm = [], [], []
     for _ in range(runs):
         shared = random_ids(rng, vocab, prefix)
-        cold += await first_token_s(off, [shared + random_ids(rng, vocab, 10)])
-        miss += await first_token_s(on, [shared + random_ids(rng, vocab, 10)])
-        warm += await first_token_s(on, [shared + random_ids(rng, vocab, 10)])
+        for times, scheduler in ((cold, off), (miss, on), (warm, on)):
+            await asyncio.sleep(IDLE_S)
+            times += await first_token_s(scheduler, [shared + random_ids(rng, vocab, 10)])
     off.close()
     on.close()
     c, m, w = (statistics.median(x) * 1000 for x in (cold, miss, warm))
-    return {"cold_ms": round(c, 1), "miss_ms": round(m, 1), "warm_ms": round(w, 1), "ratio": round(w / c, 3)}
+    rounds = statistics.median(b / a for a, b in zip(cold, warm, strict=True))
+    return {
+        "cold_ms": round(c, 1),
+        "miss_ms": round(m, 1),
+        "warm_ms": round(w, 1),
+        "ratio": round(w / c, 3),
+        "ratio_rounds": round(rounds, 3),
+        "runs": runs,
+        "kv_keep_s": keep_s,
+    }
 
 
 def chat(model, tokenizer, reply_tokens: int) -> dict:
@@ -221,6 +240,12 @@ def main() -> None:
         "--budget-mb", type=float, default=16, help="the memory part's budget (below its working set)"
     )
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument(
+        "--kv-keep-s",
+        type=float,
+        default=KV_KEEP_S,
+        help="seconds the idle server keeps its grown KV cache (0: shrinks at once)",
+    )
     parser.add_argument("--parts", default="ttft,chat,memory", help="which figures, comma-separated")
     args = parser.parse_args()
     parts = set(args.parts.split(","))
@@ -230,7 +255,9 @@ def main() -> None:
     with torch.inference_mode():
         result: dict = {"bench": "prefix_cache", "model": args.model, "threads": args.threads}
         if "ttft" in parts:
-            result["ttft"] = asyncio.run(ttft(model, tokenizer, args.prefix, args.runs, vocab))
+            result["ttft"] = asyncio.run(
+                ttft(model, tokenizer, args.prefix, args.runs, vocab, args.kv_keep_s)
+            )
         if "chat" in parts:
             result["chat"] = chat(model, tokenizer, args.reply)
         if "memory" in parts:
