@@ -10,12 +10,13 @@ Three figures, through the server's decode loop (``gptlab.serve.scheduler.Schedu
   10-token question: cold (the cache off; and a miss with it on, which also stores the blocks) and
   warm (the same prefix asked before with another question). Each of ``--runs`` rounds runs the three
   in turn on a fresh prefix (so a shared machine's load falls on all three alike), each sent to an idle
-  server (``IDLE_S`` after the previous one ended, as a client's next call comes); ``ratio`` = median warm /
-  median cold (target ≤ 0.3), ``ratio_rounds`` the median of each round's warm / cold. Both schedulers
-  are the server's, idle between requests: with ``--kv-keep-s`` (default the server's ``KV_KEEP_S``)
-  a request finds the batch's KV cache as the previous one grew it; ``--kv-keep-s 0`` shrinks it as
-  soon as the server is idle, so every request grows it again (the server's behaviour before the grace
-  period).
+  server (``IDLE_S`` after the previous one ended, as a client's next call comes); ``ratio`` = median
+  warm / median cold (target ≤ 0.3), ``ratio_rounds`` the median of each round's warm / cold.
+  ``cold_cpu_ms``, ``warm_cpu_ms``, ``ratio_cpu``: the process's CPU time (every thread) from submit to
+  the first token, what the wall times come to where no other process competes for the cores. Both
+  schedulers are the server's: with ``--kv-keep-s`` (default the server's ``KV_KEEP_S``) a request
+  finds the batch's KV cache as the previous one grew it; ``--kv-keep-s 0`` gives it back as soon as
+  the server is idle, so every request grows it again (the server's behaviour before the grace period).
 * ``chat``: a 5-turn conversation as ``gptlab chat`` runs it (the model's chat template, greedy,
   ``--reply`` tokens a turn, ``stream_events``) with a ~300-token system prompt: the sum over turns of
   the time to the first token (each turn's prefill), with one ``PrefixCache`` for the conversation and
@@ -90,11 +91,15 @@ def rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-async def first_token_s(scheduler: Scheduler, prompts: list[list[int]], tokens: int = 1) -> list[float]:
-    """Submit ``prompts`` together → each one's seconds from submit to its first token (then to its end)."""
+async def first_token_s(
+    scheduler: Scheduler, prompts: list[list[int]], tokens: int = 1, cpu: list[float] | None = None
+) -> list[float]:
+    """Submit ``prompts`` together → each one's seconds from submit to its first token (then to its end);
+    ``cpu`` gets the process's CPU seconds (every thread) from submit to each first token."""
     loop = asyncio.get_running_loop()
     config = SampleConfig(max_new_tokens=tokens, temperature=0.0)
     jobs = [Job(p, config, Channel(loop)) for p in prompts]
+    c0 = time.process_time()
     t0 = time.perf_counter()
     for job in jobs:
         scheduler.submit(job)
@@ -105,6 +110,8 @@ async def first_token_s(scheduler: Scheduler, prompts: list[list[int]], tokens: 
             events = await job.channel.get()
             if first is None:
                 first = time.perf_counter() - t0
+                if cpu is not None:
+                    cpu.append(time.process_time() - c0)
             if any(isinstance(e, EndEvent) for e in events):
                 return first
 
@@ -122,11 +129,13 @@ async def ttft(model, tokenizer, prefix: int, runs: int, vocab: int, keep_s: flo
     await first_token_s(off, [random_ids(rng, vocab, 32)])  # warm-up: first-call costs
     await first_token_s(on, [random_ids(rng, vocab, 32)])
     cold, miss, warm = [], [], []
+    cold_cpu: list[float] = []
+    warm_cpu: list[float] = []
     for _ in range(runs):
         shared = random_ids(rng, vocab, prefix)
-        for times, scheduler in ((cold, off), (miss, on), (warm, on)):
+        for times, scheduler, cpu in ((cold, off, cold_cpu), (miss, on, None), (warm, on, warm_cpu)):
             await asyncio.sleep(IDLE_S)
-            times += await first_token_s(scheduler, [shared + random_ids(rng, vocab, 10)])
+            times += await first_token_s(scheduler, [shared + random_ids(rng, vocab, 10)], cpu=cpu)
     off.close()
     on.close()
     c, m, w = (statistics.median(x) * 1000 for x in (cold, miss, warm))
@@ -137,6 +146,9 @@ async def ttft(model, tokenizer, prefix: int, runs: int, vocab: int, keep_s: flo
         "warm_ms": round(w, 1),
         "ratio": round(w / c, 3),
         "ratio_rounds": round(rounds, 3),
+        "cold_cpu_ms": round(statistics.median(cold_cpu) * 1000, 1),
+        "warm_cpu_ms": round(statistics.median(warm_cpu) * 1000, 1),
+        "ratio_cpu": round(statistics.median(warm_cpu) / statistics.median(cold_cpu), 3),
         "runs": runs,
         "kv_keep_s": keep_s,
     }
