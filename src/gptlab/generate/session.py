@@ -101,6 +101,10 @@ class BatchSession:
         self.start_capacity = self.max_len if capacity is None else max(1, min(int(capacity), self.max_len))
         #: whether ``remove`` of the last row gives the grown capacity back at once (else: ``shrink()``)
         self.shrink_when_idle = True
+        #: whether ``add_many`` leaves the prompts' blocks in the prefix cache at once; the server's session
+        #: does it in ``remember_prompts()`` once their first tokens are out (not in the time to them)
+        self.remember_at_add = True
+        self._to_remember: list[int] = []
         device = model.device
         dtype = cache_dtype or default_cache_dtype(model.dtype, device)
         n_kv = config.n_kv_head or config.n_head  # (GPTConfig fills it in)
@@ -226,9 +230,20 @@ class BatchSession:
                     [slots[b] for b in group], [ids[b] for b in group], [found[b] for b in group]
                 )
                 logits.update(zip(group, out, strict=True))
-        for s in slots:
-            self._remember(s)  # the prompts' blocks, for the requests that come while these decode
+        if self.remember_at_add:
+            for s in slots:
+                self._remember(s)  # the prompts' blocks, for the requests that come while these decode
+        elif self.prefix_cache is not None:
+            self._to_remember += slots
         return [(s, logits[b]) for b, s in enumerate(slots)]
+
+    def remember_prompts(self) -> None:
+        """Leave in the prefix cache the blocks of the rows added since the last call (with
+        ``remember_at_add = False``): what each row holds now, its prompt and any tokens since."""
+        slots, self._to_remember = self._to_remember, []
+        for s in slots:
+            if s in self.tokens:  # (a row removed since has left its blocks already)
+                self._remember(s)
 
     def _prefill(
         self, slots: list[int], ids: list[list[int]], found: list[tuple[int, list[torch.Tensor]]]

@@ -35,7 +35,8 @@ and never runs beside the loop on another thread.
 
 A prefix cache (``prefix_cache_bytes`` > 0; ``gptlab.generate.prefix_cache``) lives as long as the
 scheduler: every prompt the dynamic lane prefills first copies the keys and values of its longest
-cached prefix and runs only the rest, and leaves its own blocks; a finished (or cancelled) job's
+cached prefix and runs only the rest, and leaves its own blocks once its first token is out (storing them
+is not part of the time to it); a finished (or cancelled) job's
 row leaves its prompt and generated text, so a chat's next turn finds its history. ``stats()``
 carries its counters (``/health``).
 """
@@ -129,6 +130,7 @@ class Scheduler:
             vocab=vocab,
             prefix_cache=self.prefix_cache,
             shrink_when_idle=False,  # the loop shrinks it after kv_keep_s idle seconds
+            remember_at_add=False,  # _start stores the prompts' blocks once their first tokens are out
         )
         self.session = self._new_session()
         self._cond = threading.Condition()
@@ -296,6 +298,9 @@ class Scheduler:
             job.slot = slot
             self._active[slot] = job
             self._guarded(job, self._advance, logits)
+        # the prompts' blocks, for the requests that come while these decode: after the first tokens,
+        # which the clients get meanwhile (a job that ended already left its row's blocks)
+        self.session.remember_prompts()
 
     def _new_step(self, job: Job) -> None:
         job.step = TokenStep(
