@@ -259,7 +259,10 @@ class BatchSession:
         idx = torch.tensor(
             [([0] * pad + p)[q0:] for pad, p in zip(pads, ids, strict=True)], dtype=torch.long, device=device
         )
-        if any(pads) or q0:
+        if n == 1 and q0:  # one row after its cached prefix: positions are indices, key j ≤ query i
+            i, j = torch.arange(q0, T, device=device), torch.arange(T, device=device)
+            pos, mask = i, (j[None, :] <= i[:, None])[None, None]  # (1, 1, T − Q0, T)
+        elif any(pads) or q0:
             start = torch.tensor(pads, device=device)[:, None]  # (n, 1)
             j = torch.arange(T, device=device)  # keys
             i = j[q0:]  # queries
