@@ -171,3 +171,10 @@ def test_the_grace_period_restarts_while_requests_keep_coming():
 def test_a_negative_grace_period_is_refused(keep_s):
     with pytest.raises(GptlabError, match="kv_keep_s"):
         Scheduler(tiny(), CharTokenizer.from_text("abc"), kv_keep_s=keep_s)
+
+
+def test_the_cli_refuses_a_negative_grace_period_before_loading_anything(capsys):
+    from gptlab.cli import main
+
+    assert main(["serve", "no-such-checkpoint", "--kv-keep-s", "-1"]) == 2
+    assert "--kv-keep-s" in capsys.readouterr().err
