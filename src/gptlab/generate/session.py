@@ -246,7 +246,7 @@ class BatchSession:
                 self._remember(s)
 
     def _prefill(
-        self, slots: list[int], ids: list[list[int]], found: list[tuple[int, list[torch.Tensor]]]
+        self, slots: list[int], ids: list[list[int]], found: list[tuple[int, list[list[torch.Tensor]]]]
     ) -> list[torch.Tensor]:
         """One left-padded pass over ``ids`` into ``slots``, after the cached prefixes ``found``."""
         n, T = len(ids), max(map(len, ids))
@@ -254,8 +254,8 @@ class BatchSession:
         pads = [T - len(p) for p in ids]
         q0 = min(pad + m for pad, (m, _) in zip(pads, found, strict=True))
         self.reserve(T)
-        for s, pad, (_, tensors) in zip(slots, pads, found, strict=True):
-            self._copy_in(s, pad, tensors)
+        for s, pad, (_, blocks) in zip(slots, pads, found, strict=True):
+            self._copy_in(s, pad, blocks)
         idx = torch.tensor(
             [([0] * pad + p)[q0:] for pad, p in zip(pads, ids, strict=True)], dtype=torch.long, device=device
         )
@@ -277,16 +277,21 @@ class BatchSession:
         return [logits[b] for b in range(n)]
 
     # --------------------------------------------------------------- the prefix cache
-    def _lookup(self, ids: list[int]) -> tuple[int, list[torch.Tensor]]:
+    def _lookup(self, ids: list[int]) -> tuple[int, list[list[torch.Tensor]]]:
         if self.prefix_cache is None:
             return 0, []
-        return self.prefix_cache.lookup(ids, self.layout)
+        return self.prefix_cache.lookup_blocks(ids, self.layout)
 
-    def _copy_in(self, slot: int, at: int, tensors: list[torch.Tensor]) -> None:
-        """Write a cached prefix (per stored tensor: (L, H_kv, m, d)) into ``slot`` from cache index ``at``."""
-        for kind, t in enumerate(tensors):
+    def _copy_in(self, slot: int, at: int, blocks: list[list[torch.Tensor]]) -> None:
+        """Write a cached prefix (per block, per stored tensor: (L, H_kv, block_tokens, d)) into ``slot``
+        from cache index ``at``: per layer and stored tensor, one ``cat`` of the blocks straight into the row."""
+        if not blocks:
+            return
+        m = sum(b[0].size(2) for b in blocks)
+        for kind in range(len(blocks[0])):
             for layer, store in enumerate(self.stores):
-                store.tensors()[kind][slot, :, at : at + t.size(2)] = t[layer]
+                row = store.tensors()[kind][slot, :, at : at + m]  # (H_kv, m, d), a view of the row
+                torch.cat([b[kind][layer] for b in blocks], dim=1, out=row)
 
     @torch.inference_mode()
     def _remember(self, slot: int) -> None:
