@@ -1,14 +1,22 @@
 """The prefix cache: time to first token with a cached 600-token prefix, a chat's prefill, memory under load.
 
     python bench/prefix_cache.py [--model demo|smollm2|SOURCE] [--prefix 600] [--runs 3] [--requests 200]
+                                 [--threads 2] [--kv-keep-s 60] [--parts ttft,chat,memory]
 
 Three figures, through the server's decode loop (``gptlab.serve.scheduler.Scheduler``, no HTTP) and
 ``gptlab chat``'s reply:
 
 * ``ttft``: the time from submit to the first token of a request of ``--prefix`` random tokens plus a
   10-token question: cold (the cache off; and a miss with it on, which also stores the blocks) and
-  warm (the same prefix asked before with another question). Medians of ``--runs``, a fresh prefix each;
-  ``ratio`` = warm / cold (target ≤ 0.3).
+  warm (the same prefix asked before with another question). Each of ``--runs`` rounds runs the three
+  in turn on a fresh prefix (so a shared machine's load falls on all three alike), each sent to an idle
+  server (``IDLE_S`` after the previous one ended, as a client's next call comes); ``ratio`` = median
+  warm / median cold (target ≤ 0.3), ``ratio_rounds`` the median of each round's warm / cold.
+  ``cold_cpu_ms``, ``warm_cpu_ms``, ``ratio_cpu``: the process's CPU time (every thread) from submit to
+  the first token, what the wall times come to where no other process competes for the cores. Both
+  schedulers are the server's: with ``--kv-keep-s`` (default the server's ``KV_KEEP_S``) a request
+  finds the batch's KV cache as the previous one grew it; ``--kv-keep-s 0`` gives it back as soon as
+  the server is idle, so every request grows it again (the server's behaviour before the grace period).
 * ``chat``: a 5-turn conversation as ``gptlab chat`` runs it (the model's chat template, greedy,
   ``--reply`` tokens a turn, ``stream_events``) with a ~300-token system prompt: the sum over turns of
   the time to the first token (each turn's prefill), with one ``PrefixCache`` for the conversation and
@@ -38,9 +46,12 @@ import torch
 
 from gptlab.generate import SampleConfig
 from gptlab.generate.prefix_cache import PrefixCache, budget_of
-from gptlab.serve.scheduler import Channel, EndEvent, Job, Scheduler
+from gptlab.serve.scheduler import KV_KEEP_S, Channel, EndEvent, Job, Scheduler
 
 TEXT = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ ,.;:!?'-\n&$3"
+#: seconds between one timed request's end and the next (the server has gone idle: it finishes what a
+#: request leaves behind, and with ``--kv-keep-s 0`` gives the grown KV cache back, before the next)
+IDLE_S = 0.05
 
 
 def load(name: str):
@@ -80,11 +91,15 @@ def rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-async def first_token_s(scheduler: Scheduler, prompts: list[list[int]], tokens: int = 1) -> list[float]:
-    """Submit ``prompts`` together → each one's seconds from submit to its first token (then to its end)."""
+async def first_token_s(
+    scheduler: Scheduler, prompts: list[list[int]], tokens: int = 1, cpu: list[float] | None = None
+) -> list[float]:
+    """Submit ``prompts`` together → each one's seconds from submit to its first token (then to its end);
+    ``cpu`` gets the process's CPU seconds (every thread) from submit to each first token."""
     loop = asyncio.get_running_loop()
     config = SampleConfig(max_new_tokens=tokens, temperature=0.0)
     jobs = [Job(p, config, Channel(loop)) for p in prompts]
+    c0 = time.process_time()
     t0 = time.perf_counter()
     for job in jobs:
         scheduler.submit(job)
@@ -95,6 +110,8 @@ async def first_token_s(scheduler: Scheduler, prompts: list[list[int]], tokens: 
             events = await job.channel.get()
             if first is None:
                 first = time.perf_counter() - t0
+                if cpu is not None:
+                    cpu.append(time.process_time() - c0)
             if any(isinstance(e, EndEvent) for e in events):
                 return first
 
@@ -105,22 +122,36 @@ def random_ids(rng: random.Random, vocab: int, n: int) -> list[int]:
     return [rng.randrange(vocab) for _ in range(n)]
 
 
-async def ttft(model, tokenizer, prefix: int, runs: int, vocab: int) -> dict:
+async def ttft(model, tokenizer, prefix: int, runs: int, vocab: int, keep_s: float) -> dict:
     rng = random.Random(0)
-    off = Scheduler(model, tokenizer, max_batch=8, prefix_cache_bytes=0)
-    on = Scheduler(model, tokenizer, max_batch=8, prefix_cache_bytes=budget_of(256))
+    off = Scheduler(model, tokenizer, max_batch=8, prefix_cache_bytes=0, kv_keep_s=keep_s)
+    on = Scheduler(model, tokenizer, max_batch=8, prefix_cache_bytes=budget_of(256), kv_keep_s=keep_s)
     await first_token_s(off, [random_ids(rng, vocab, 32)])  # warm-up: first-call costs
     await first_token_s(on, [random_ids(rng, vocab, 32)])
     cold, miss, warm = [], [], []
+    cold_cpu: list[float] = []
+    warm_cpu: list[float] = []
     for _ in range(runs):
         shared = random_ids(rng, vocab, prefix)
-        cold += await first_token_s(off, [shared + random_ids(rng, vocab, 10)])
-        miss += await first_token_s(on, [shared + random_ids(rng, vocab, 10)])
-        warm += await first_token_s(on, [shared + random_ids(rng, vocab, 10)])
+        for times, scheduler, cpu in ((cold, off, cold_cpu), (miss, on, None), (warm, on, warm_cpu)):
+            await asyncio.sleep(IDLE_S)
+            times += await first_token_s(scheduler, [shared + random_ids(rng, vocab, 10)], cpu=cpu)
     off.close()
     on.close()
     c, m, w = (statistics.median(x) * 1000 for x in (cold, miss, warm))
-    return {"cold_ms": round(c, 1), "miss_ms": round(m, 1), "warm_ms": round(w, 1), "ratio": round(w / c, 3)}
+    rounds = statistics.median(b / a for a, b in zip(cold, warm, strict=True))
+    return {
+        "cold_ms": round(c, 1),
+        "miss_ms": round(m, 1),
+        "warm_ms": round(w, 1),
+        "ratio": round(w / c, 3),
+        "ratio_rounds": round(rounds, 3),
+        "cold_cpu_ms": round(statistics.median(cold_cpu) * 1000, 1),
+        "warm_cpu_ms": round(statistics.median(warm_cpu) * 1000, 1),
+        "ratio_cpu": round(statistics.median(warm_cpu) / statistics.median(cold_cpu), 3),
+        "runs": runs,
+        "kv_keep_s": keep_s,
+    }
 
 
 def chat(model, tokenizer, reply_tokens: int) -> dict:
@@ -221,6 +252,12 @@ def main() -> None:
         "--budget-mb", type=float, default=16, help="the memory part's budget (below its working set)"
     )
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument(
+        "--kv-keep-s",
+        type=float,
+        default=KV_KEEP_S,
+        help="seconds the idle server keeps its grown KV cache (0: shrinks at once)",
+    )
     parser.add_argument("--parts", default="ttft,chat,memory", help="which figures, comma-separated")
     args = parser.parse_args()
     parts = set(args.parts.split(","))
@@ -230,7 +267,9 @@ def main() -> None:
     with torch.inference_mode():
         result: dict = {"bench": "prefix_cache", "model": args.model, "threads": args.threads}
         if "ttft" in parts:
-            result["ttft"] = asyncio.run(ttft(model, tokenizer, args.prefix, args.runs, vocab))
+            result["ttft"] = asyncio.run(
+                ttft(model, tokenizer, args.prefix, args.runs, vocab, args.kv_keep_s)
+            )
         if "chat" in parts:
             result["chat"] = chat(model, tokenizer, args.reply)
         if "memory" in parts:

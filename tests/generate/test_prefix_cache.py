@@ -56,6 +56,30 @@ def test_a_cached_prefix_gives_the_uncached_logits_at_prefill_and_after(pos, cac
             torch.testing.assert_close(out[s], uncached(model, p), **tol)
 
 
+def test_a_session_that_remembers_later_stores_its_prompts_at_remember_prompts():
+    """``remember_at_add = False`` (the server's): the prompts' blocks are stored by ``remember_prompts``
+    (with the tokens the row has taken since), once; a row removed before it has stored its own already;
+    a prompt after that reuses them and gets the uncached logits."""
+    model = tiny("rope")
+    cache = PrefixCache(1 << 20, block_tokens=4)
+    session = BatchSession(model, 2, prefix_cache=cache)
+    session.remember_at_add = False
+    base = ids_of(2, 30)
+    (a, _), (b, _) = session.add_many([base[:10], ids_of(3, 9)])
+    assert len(cache) == 0  # nothing stored during the prefill
+    session.step({a: base[10], b: 7})
+    session.step({a: base[11], b: 7})
+    session.remove(b)  # stores its 11 tokens: 2 blocks
+    assert len(cache) == 2
+    session.remember_prompts()  # a's 12 tokens now: 3 blocks; b is gone (nothing twice)
+    assert len(cache) == 5
+    session.remember_prompts()  # nothing pending
+    assert len(cache) == 5
+    slot, logits = session.add(base[:15])
+    assert cache.hits == 1 and cache.tokens_reused == 12
+    torch.testing.assert_close(logits, uncached(model, base[:15]), **TOL)
+
+
 def greedy(model: GPT, prompts: list[list[int]], cache: PrefixCache | None, n: int = 10) -> list[list[int]]:
     """Greedy continuations of a batch of prompts, as one decode (``loop.start`` + ``decode_rows``)."""
     config = SampleConfig(max_new_tokens=n, temperature=0.0)

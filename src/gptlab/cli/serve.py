@@ -77,6 +77,15 @@ def register(subparsers: Any) -> None:
         "that starts with the same tokens, least recently used evicted first; 0 turns it off (default 256)",
     )
     p.add_argument(
+        "--kv-keep-s",
+        type=float,
+        default=60,
+        metavar="SECONDS",
+        help="how long an idle server keeps the KV cache its requests grew (up to --max-batch rows of the "
+        "longest request) before giving the memory back, so that the next request does not allocate it "
+        "again; 0 gives it back at once (default 60)",
+    )
+    p.add_argument(
         "--log-level", default="warning", choices=("critical", "error", "warning", "info", "debug")
     )
     p.set_defaults(func=run)
@@ -96,6 +105,8 @@ def run(args: argparse.Namespace) -> int:
         raise GptlabError(f"--max-batch must be at least 1, got {args.max_batch}")
     if args.prefix_cache_mb < 0:
         raise GptlabError(f"--prefix-cache-mb must be 0 (off) or more, got {args.prefix_cache_mb}")
+    if not args.kv_keep_s >= 0:
+        raise GptlabError(f"--kv-keep-s must be 0 or more seconds, got {args.kv_keep_s}")
     if args.max_tokens_cap is not None and args.max_tokens_cap < 1:
         raise GptlabError(f"--max-tokens-cap must be at least 1, got {args.max_tokens_cap}")
     check_bind(args.host, args.port)
@@ -124,6 +135,7 @@ def run(args: argparse.Namespace) -> int:
         api_key=args.api_key or None,
         max_body_bytes=args.max_body_bytes,
         prefix_cache_mb=args.prefix_cache_mb,
+        kv_keep_s=args.kv_keep_s,
     )
     if not is_loopback(args.host) and not args.api_key:
         sys.stderr.write(

@@ -47,7 +47,13 @@ class Lanes:
         capacity: int | None = None,
         vocab: int | None = None,
         prefix_cache: PrefixCache | None = None,
+        shrink_when_idle: bool = True,
+        remember_at_add: bool = True,
     ) -> None:
+        """``shrink_when_idle=False``: the dynamic lane keeps what its cache grew to once every slot
+        is free, until ``shrink()`` (the server calls it after an idle grace period).
+        ``remember_at_add=False``: prompts leave their blocks in the prefix cache at ``remember_prompts()``
+        (the server calls it once their first tokens are out), not during ``add_many``."""
         engine = engine_of(model)
         #: how these lanes decode (printed at the server's start)
         self.plan = engine.plan(max_batch)
@@ -56,6 +62,8 @@ class Lanes:
         self.dynamic = engine.dynamic_session(
             dynamic_plan, max_batch, max_len, capacity=capacity, prefix_cache=prefix_cache
         )
+        self.dynamic.shrink_when_idle = shrink_when_idle
+        self.dynamic.remember_at_add = remember_at_add
         self.max_batch, self.max_len = max_batch, self.dynamic.max_len
         self.static: StaticSession | None = None
         if self.plan.session == "static":
@@ -81,6 +89,19 @@ class Lanes:
 
     def remove(self, slot: int) -> None:
         self._lane(slot).remove(slot)
+
+    @property
+    def grown(self) -> bool:
+        """Whether the dynamic lane's cache holds more than its starting capacity (the static lane's is fixed)."""
+        return self.dynamic.grown
+
+    def remember_prompts(self) -> None:
+        """The dynamic lane's ``remember_prompts`` (the static lane keeps no prefixes)."""
+        self.dynamic.remember_prompts()
+
+    def shrink(self) -> bool:
+        """Give back what the dynamic lane's cache grew to, if every slot of it is free → whether it did."""
+        return self.dynamic.shrink()
 
     def add(self, prompt_ids: Sequence[int], step: TokenStep | None = None) -> tuple[int, torch.Tensor | int]:
         return self.add_many([prompt_ids], None if step is None else [step])[0]

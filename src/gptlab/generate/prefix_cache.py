@@ -131,6 +131,15 @@ class PrefixCache:
         """The longest cached prefix of ``tokens`` that leaves at least one token to run →
         ``(m, tensors)``: per stored tensor, positions ``[0, m)`` stacked over layers (L, H_kv, m, d);
         ``(0, [])`` on a miss. Counts a hit or a miss."""
+        m, blocks = self.lookup_blocks(tokens, layout)
+        if len(blocks) == 1:
+            return m, list(blocks[0])
+        return m, [torch.cat(list(p), dim=2) for p in zip(*blocks, strict=True)]
+
+    def lookup_blocks(self, tokens: Sequence[int], layout: Layout) -> tuple[int, list[list[torch.Tensor]]]:
+        """``lookup`` without joining the blocks → ``(m, blocks)``: per block of the prefix, in order, its
+        tensors (L, H_kv, block_tokens, d), which a caller copies straight to where they go (one copy of
+        the keys and values instead of two)."""
         tokens = list(tokens)
         self.tokens_looked_up += len(tokens)
         chain: list[Block] = []
@@ -143,8 +152,7 @@ class PrefixCache:
         m = len(chain) * self.block_tokens
         self.hits += 1
         self.tokens_reused += m
-        parts = zip(*(block.tensors for block in chain), strict=True)
-        return m, [torch.cat(list(p), dim=2) if len(chain) > 1 else p[0] for p in parts]
+        return m, [block.tensors for block in chain]
 
     # ------------------------------------------------------------ writing
     def store(self, tokens: Sequence[int], layout: Layout, extract: Extract) -> int:

@@ -21,7 +21,9 @@ Memory: ``max_len`` is how long a row may get, ``capacity`` how many positions a
 By default both are ``max_len``. A session made with a smaller ``capacity`` (the server's: a model
 with an 8,192-token context would otherwise hold ``2·L·B·H_kv·8192·d_k`` numbers, 2.9 GB for
 SmolLM2 at 8 rows, before its first request) doubles it whenever a row needs more, up to
-``max_len``, and drops back to the starting capacity when every slot is free again.
+``max_len``, and drops back to the starting capacity when every slot is free again, or, with
+``shrink_when_idle = False`` (the server's, which keeps the grown cache for an idle grace period so
+that the next request does not pay the re-allocation), when its owner calls ``shrink()``.
 """
 
 from __future__ import annotations
@@ -97,6 +99,12 @@ class BatchSession:
         self.model = model
         self.max_batch, self.max_len = max_batch, self.window.max_len
         self.start_capacity = self.max_len if capacity is None else max(1, min(int(capacity), self.max_len))
+        #: whether ``remove`` of the last row gives the grown capacity back at once (else: ``shrink()``)
+        self.shrink_when_idle = True
+        #: whether ``add_many`` leaves the prompts' blocks in the prefix cache at once; the server's session
+        #: does it in ``remember_prompts()`` once their first tokens are out (not in the time to them)
+        self.remember_at_add = True
+        self._to_remember: list[int] = []
         device = model.device
         dtype = cache_dtype or default_cache_dtype(model.dtype, device)
         n_kv = config.n_kv_head or config.n_head  # (GPTConfig fills it in)
@@ -143,8 +151,21 @@ class BatchSession:
         self._check(slot)
         self._remember(slot)
         del self.tokens[slot]
-        if not self.tokens:  # nothing cached: give back what a long request made the cache grow to
-            self._resize(self.start_capacity)
+        if self.shrink_when_idle:
+            self.shrink()
+
+    def shrink(self) -> bool:
+        """With every slot free, give back what requests made the cache grow to (back to the starting
+        capacity) → whether memory was given back."""
+        if self.tokens or self.capacity <= self.start_capacity:
+            return False
+        self._resize(self.start_capacity)
+        return True
+
+    @property
+    def grown(self) -> bool:
+        """Whether the cache holds more positions than it started with."""
+        return self.capacity > self.start_capacity
 
     @property
     def capacity(self) -> int:
@@ -209,12 +230,23 @@ class BatchSession:
                     [slots[b] for b in group], [ids[b] for b in group], [found[b] for b in group]
                 )
                 logits.update(zip(group, out, strict=True))
-        for s in slots:
-            self._remember(s)  # the prompts' blocks, for the requests that come while these decode
+        if self.remember_at_add:
+            for s in slots:
+                self._remember(s)  # the prompts' blocks, for the requests that come while these decode
+        elif self.prefix_cache is not None:
+            self._to_remember += slots
         return [(s, logits[b]) for b, s in enumerate(slots)]
 
+    def remember_prompts(self) -> None:
+        """Leave in the prefix cache the blocks of the rows added since the last call (with
+        ``remember_at_add = False``): what each row holds now, its prompt and any tokens since."""
+        slots, self._to_remember = self._to_remember, []
+        for s in slots:
+            if s in self.tokens:  # (a row removed since has left its blocks already)
+                self._remember(s)
+
     def _prefill(
-        self, slots: list[int], ids: list[list[int]], found: list[tuple[int, list[torch.Tensor]]]
+        self, slots: list[int], ids: list[list[int]], found: list[tuple[int, list[list[torch.Tensor]]]]
     ) -> list[torch.Tensor]:
         """One left-padded pass over ``ids`` into ``slots``, after the cached prefixes ``found``."""
         n, T = len(ids), max(map(len, ids))
@@ -222,12 +254,15 @@ class BatchSession:
         pads = [T - len(p) for p in ids]
         q0 = min(pad + m for pad, (m, _) in zip(pads, found, strict=True))
         self.reserve(T)
-        for s, pad, (_, tensors) in zip(slots, pads, found, strict=True):
-            self._copy_in(s, pad, tensors)
+        for s, pad, (_, blocks) in zip(slots, pads, found, strict=True):
+            self._copy_in(s, pad, blocks)
         idx = torch.tensor(
             [([0] * pad + p)[q0:] for pad, p in zip(pads, ids, strict=True)], dtype=torch.long, device=device
         )
-        if any(pads) or q0:
+        if n == 1 and q0:  # one row after its cached prefix: positions are indices, key j ≤ query i
+            i, j = torch.arange(q0, T, device=device), torch.arange(T, device=device)
+            pos, mask = i, (j[None, :] <= i[:, None])[None, None]  # (1, 1, T − Q0, T)
+        elif any(pads) or q0:
             start = torch.tensor(pads, device=device)[:, None]  # (n, 1)
             j = torch.arange(T, device=device)  # keys
             i = j[q0:]  # queries
@@ -242,16 +277,21 @@ class BatchSession:
         return [logits[b] for b in range(n)]
 
     # --------------------------------------------------------------- the prefix cache
-    def _lookup(self, ids: list[int]) -> tuple[int, list[torch.Tensor]]:
+    def _lookup(self, ids: list[int]) -> tuple[int, list[list[torch.Tensor]]]:
         if self.prefix_cache is None:
             return 0, []
-        return self.prefix_cache.lookup(ids, self.layout)
+        return self.prefix_cache.lookup_blocks(ids, self.layout)
 
-    def _copy_in(self, slot: int, at: int, tensors: list[torch.Tensor]) -> None:
-        """Write a cached prefix (per stored tensor: (L, H_kv, m, d)) into ``slot`` from cache index ``at``."""
-        for kind, t in enumerate(tensors):
+    def _copy_in(self, slot: int, at: int, blocks: list[list[torch.Tensor]]) -> None:
+        """Write a cached prefix (per block, per stored tensor: (L, H_kv, block_tokens, d)) into ``slot``
+        from cache index ``at``: per layer and stored tensor, one ``cat`` of the blocks straight into the row."""
+        if not blocks:
+            return
+        m = sum(b[0].size(2) for b in blocks)
+        for kind in range(len(blocks[0])):
             for layer, store in enumerate(self.stores):
-                store.tensors()[kind][slot, :, at : at + t.size(2)] = t[layer]
+                row = store.tensors()[kind][slot, :, at : at + m]  # (H_kv, m, d), a view of the row
+                torch.cat([b[kind][layer] for b in blocks], dim=1, out=row)
 
     @torch.inference_mode()
     def _remember(self, slot: int) -> None:

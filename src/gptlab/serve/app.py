@@ -43,7 +43,7 @@ from gptlab.serve import (
     tasks,
 )
 from gptlab.serve.middleware import APIKey, BodyLimit
-from gptlab.serve.scheduler import PREFIX_CACHE_MB
+from gptlab.serve.scheduler import KV_KEEP_S, PREFIX_CACHE_MB
 from gptlab.serve.service import Service
 
 if TYPE_CHECKING:
@@ -74,6 +74,7 @@ def create_app(
     api_key: str | None = None,
     max_body_bytes: int = 1 << 20,
     prefix_cache_mb: float = PREFIX_CACHE_MB,
+    kv_keep_s: float = KV_KEEP_S,
 ) -> FastAPI:
     """A FastAPI app serving ``model`` with ``tokenizer``; the scheduler thread starts now.
 
@@ -81,7 +82,8 @@ def create_app(
     the window slides) bounds ``max_tokens``; ``api_key`` (if set) is required as
     ``Authorization: Bearer KEY`` on every ``/v1`` route; a body larger than
     ``max_body_bytes`` is refused with 413. ``prefix_cache_mb`` MiB hold the keys and values of
-    recent prompts for the next ones that start alike (0: no prefix cache; docs/guide/serving.md).
+    recent prompts for the next ones that start alike (0: no prefix cache; docs/guide/serving.md);
+    the batch's KV cache, grown by the requests, is kept ``kv_keep_s`` idle seconds before it shrinks.
     """
     service = Service(
         model,
@@ -91,6 +93,7 @@ def create_app(
         max_tokens_cap=max_tokens_cap,
         max_body_bytes=max_body_bytes,
         prefix_cache_mb=prefix_cache_mb,
+        kv_keep_s=kv_keep_s,
     )
 
     @contextlib.asynccontextmanager

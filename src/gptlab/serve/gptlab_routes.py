@@ -58,6 +58,10 @@ class Health(BaseModel):
     steps: int = Field(description="batched decode steps run")
     tokens: int = Field(description="tokens generated")
     prefix_cache: PrefixCacheStats
+    kv_capacity: int = Field(
+        description="positions per slot the batch's KV cache holds now: it grows with the requests and "
+        "shrinks back after --kv-keep-s idle seconds"
+    )
 
 
 def router(service: Service) -> APIRouter:

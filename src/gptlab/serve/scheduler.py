@@ -22,7 +22,11 @@ bounded per-request ``Channel`` (``jobs.py``) read by an asyncio coroutine; a jo
 catches up, so one slow client never blocks the others. A cancelled job (the client
 went away) leaves its slot at the next iteration. The KV cache is sized to the requests, not to
 the model's context: it starts at ``KV_START_TOKENS`` positions per row, doubles when a row needs
-more (up to the context) and shrinks back when the server is idle. Past the context a row's window slides
+more (up to the context) and shrinks back once the server has been idle for ``kv_keep_s`` seconds
+(``--kv-keep-s``, default ``KV_KEEP_S``): a request that comes within that grace period finds the
+cache already grown, as llama.cpp's slots keep theirs, instead of paying to allocate and fill it
+again (for SmolLM2 at 8 rows and 1,024 positions, 360 MB: most of the time to the first token of a
+request whose prefix is cached). Past the context a row's window slides
 (a notice goes to the job's warnings once). Beam search (``beam_width > 1``, and every job of an
 encoder–decoder model) does not fit the one-token-per-step batch: each such job is an iterator
 (``gptlab.generate.beam.beam_steps``, then its text) advanced by one step per iteration of the
@@ -31,7 +35,8 @@ and never runs beside the loop on another thread.
 
 A prefix cache (``prefix_cache_bytes`` > 0; ``gptlab.generate.prefix_cache``) lives as long as the
 scheduler: every prompt the dynamic lane prefills first copies the keys and values of its longest
-cached prefix and runs only the rest, and leaves its own blocks; a finished (or cancelled) job's
+cached prefix and runs only the rest, and leaves its own blocks once its first token is out (storing them
+is not part of the time to it); a finished (or cancelled) job's
 row leaves its prompt and generated text, so a chat's next turn finds its history. ``stats()``
 carries its counters (``/health``).
 """
@@ -61,13 +66,17 @@ if TYPE_CHECKING:
     from gptlab.model import GPT
     from gptlab.tokenizers.base import Tokenizer
 
-__all__ = ["KV_START_TOKENS", "PREFIX_CACHE_MB", "Channel", "EndEvent", "Job", "Scheduler"]
+__all__ = ["KV_KEEP_S", "KV_START_TOKENS", "PREFIX_CACHE_MB", "Channel", "EndEvent", "Job", "Scheduler"]
 
 log = logging.getLogger("gptlab.serve")
 T = TypeVar("T")  # what a call on the scheduler thread returns
 
 #: Cache positions per row allocated before any request: the cache grows (doubling) to what requests need.
 KV_START_TOKENS = 64
+#: Seconds an idle server keeps the KV cache its requests grew before giving the memory back
+#: (``--kv-keep-s``): long enough for a chat's next turn or a client's next call, short enough that a
+#: burst of long requests does not hold its memory for good; 0 gives it back as soon as the server is idle.
+KV_KEEP_S = 60.0
 #: The prefix cache's default budget (MiB, ``--prefix-cache-mb``): about the weights of a 100M-parameter
 #: model, ~5,800 tokens of SmolLM2-135M's keys and values in the float32 CPU cache (9 prompts of 600
 #: tokens), small beside a machine that runs such a model; 0 turns it off.
@@ -90,9 +99,14 @@ class Scheduler:
         max_len: int | None = None,
         beam_slots: int | None = None,
         prefix_cache_bytes: int = 0,
+        kv_keep_s: float = KV_KEEP_S,
     ) -> None:
         if max_batch < 1:
             raise GptlabError(f"max_batch must be at least 1, got {max_batch}")
+        if not kv_keep_s >= 0:  # (NaN too)
+            raise GptlabError(f"kv_keep_s must be 0 or more seconds, got {kv_keep_s}")
+        #: seconds the idle server keeps a grown KV cache before shrinking it back
+        self.kv_keep_s = float(kv_keep_s)
         self.model = model
         self.tokenizer = tokenizer
         self.max_batch = max_batch
@@ -115,6 +129,8 @@ class Scheduler:
             capacity=KV_START_TOKENS,
             vocab=vocab,
             prefix_cache=self.prefix_cache,
+            shrink_when_idle=False,  # the loop shrinks it after kv_keep_s idle seconds
+            remember_at_add=False,  # _start stores the prompts' blocks once their first tokens are out
         )
         self.session = self._new_session()
         self._cond = threading.Condition()
@@ -158,6 +174,7 @@ class Scheduler:
             "steps": self.steps,
             "tokens": self.tokens,
             "prefix_cache": self.prefix_cache.stats(),
+            "kv_capacity": self.session.dynamic.capacity,
         }
 
     def close(self) -> None:
@@ -174,8 +191,11 @@ class Scheduler:
         with torch.inference_mode():
             while True:
                 with self._cond:
+                    idle_since = None
                     while not self._closed and self._idle():
-                        self._cond.wait()
+                        if idle_since is None:
+                            idle_since = time.monotonic()
+                        self._cond.wait(self._keep_left(idle_since))
                     if self._closed:
                         break
                     calls = list(self._calls)
@@ -189,6 +209,17 @@ class Scheduler:
             left = [*self._active.values(), *self._beams, *self._waiting.drain(), *self._beam_waiting.drain()]
         for job in left:
             self._end(job, "error", error="the server is shutting down")
+
+    def _keep_left(self, idle_since: float) -> float | None:
+        """Seconds the idle loop may wait before it must shrink the grown KV cache (None: nothing to
+        shrink, wait for work); once ``kv_keep_s`` idle seconds have passed, shrink it now."""
+        if not self.session.grown:
+            return None
+        left = idle_since + self.kv_keep_s - time.monotonic()
+        if left > 0:
+            return left
+        self.session.shrink()  # every slot is free (idle): back to KV_START_TOKENS positions per row
+        return None
 
     def _iteration(self, calls: list[tuple[Callable[[], Any], Future]]) -> None:
         for fn, fut in calls:
@@ -267,6 +298,9 @@ class Scheduler:
             job.slot = slot
             self._active[slot] = job
             self._guarded(job, self._advance, logits)
+        # the prompts' blocks, for the requests that come while these decode: after the first tokens,
+        # which the clients get meanwhile (a job that ended already left its row's blocks)
+        self.session.remember_prompts()
 
     def _new_step(self, job: Job) -> None:
         job.step = TokenStep(

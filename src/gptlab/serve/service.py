@@ -30,7 +30,7 @@ from gptlab.serve import schemas
 from gptlab.serve.errors import APIError, not_found_model, validation_error
 from gptlab.serve.fields import logit_bias, response_schema
 from gptlab.serve.generation import Generation
-from gptlab.serve.scheduler import PREFIX_CACHE_MB, Channel, EndEvent, Job, Scheduler
+from gptlab.serve.scheduler import KV_KEEP_S, PREFIX_CACHE_MB, Channel, EndEvent, Job, Scheduler
 from gptlab.serve.schemas import (
     ChatCompletionRequest,
     ChatMessage,
@@ -115,6 +115,7 @@ class Service:
         max_tokens_cap: int | None = None,
         max_body_bytes: int = 1 << 20,
         prefix_cache_mb: float = PREFIX_CACHE_MB,
+        kv_keep_s: float = KV_KEEP_S,
     ) -> None:
         if tokenizer is None:
             raise GptlabError(
@@ -132,7 +133,9 @@ class Service:
         self.json_output = can_spell_json(tokenizer)  # response_format json_object / json_schema possible
         self.created = int(time.time())
         model.eval()
-        self.scheduler = Scheduler(model, tokenizer, max_batch, prefix_cache_bytes=budget_of(prefix_cache_mb))
+        self.scheduler = Scheduler(
+            model, tokenizer, max_batch, prefix_cache_bytes=budget_of(prefix_cache_mb), kv_keep_s=kv_keep_s
+        )
 
     def close(self) -> None:
         self.scheduler.close()
