@@ -252,7 +252,7 @@ def fill_masks(constraints: Iterable[Constraint]) -> None:
                 if not complete:
                     for i in c._text:
                         bits[r, i] = False
-        some: list[bool] = bits.any(axis=1).tolist()
+        some = np.any(bits, axis=1).tolist()
         masks = torch.from_numpy(bits).unbind(0)  # row views, sharing ``bits``' memory
         for c, mask, ok in zip(rows, masks, some, strict=True):
             if ok:
