@@ -36,9 +36,9 @@ import json
 import threading
 import weakref
 from collections import OrderedDict
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import torch
@@ -211,11 +211,17 @@ def check_constraint(config: SampleConfig, tokenizer: Tokenizer, vocab: int | No
 
 
 class _Waiting(threading.local):
-    """The constraints of this thread whose mask is out of date (weakly held: a cancelled request's
-    constraint goes with its step)."""
+    """The constraints of this thread whose mask is out of date, by ``id`` (weakly held: a cancelled
+    request's constraint goes with its step)."""
 
     def __init__(self) -> None:
-        self.rows: weakref.WeakSet[Constraint] = weakref.WeakSet()
+        self.rows: dict[int, weakref.ref[Constraint]] = {}
+
+    def take(self) -> list[Constraint]:
+        """The waiting constraints still alive; the list is emptied."""
+        rows = [c for c in (ref() for ref in self.rows.values()) if c is not None]
+        self.rows.clear()
+        return rows
 
 
 _WAITING = _Waiting()
@@ -233,9 +239,11 @@ def fill_masks(constraints: Iterable[Constraint]) -> None:
     few microseconds once its lexer states are built, less than handing the rows to threads.
     """
     groups: dict[tuple[int, int], list[Constraint]] = {}
-    for c in dict.fromkeys(constraints):  # each once, in order
+    for c in constraints:
         if c._mask is None and c._error is None:
-            groups.setdefault((c._words, c.vocab), []).append(c)
+            rows = groups.setdefault((c._words, c.vocab), [])
+            if c not in rows:
+                rows.append(c)
     for (words, vocab), rows in groups.items():
         buffer = np.empty((len(rows), words), dtype=np.int32)
         address, size = buffer.__array_interface__["data"][0], words * 4
@@ -252,8 +260,11 @@ def fill_masks(constraints: Iterable[Constraint]) -> None:
                 if not complete:
                     for i in c._text:
                         bits[r, i] = False
-        some = np.any(bits, axis=1).tolist()
-        masks = torch.from_numpy(bits).unbind(0)  # row views, sharing ``bits``' memory
+        some = cast("list[bool]", bits.any(axis=1).tolist())
+        if len(rows) == 1:
+            masks: Sequence[torch.Tensor] = (torch.from_numpy(bits[0]),)
+        else:
+            masks = torch.from_numpy(bits).unbind(0)  # row views, sharing ``bits``' memory
         for c, mask, ok in zip(rows, masks, some, strict=True):
             if ok:
                 c._mask = mask
@@ -299,7 +310,7 @@ class Constraint:
         self._mask: torch.Tensor | None = None  # this position's mask, once computed
         self._error: str | None = None  # or why no token may come next
         if not self.done:
-            _WAITING.rows.add(self)
+            _WAITING.rows[id(self)] = weakref.ref(self)
 
     def _complete(self) -> bool:
         """Nothing may follow and the text is whole: the reply is complete. (Stopped short of a whole
@@ -334,9 +345,7 @@ class Constraint:
         mask = self._mask
         if mask is None:
             if self._error is None:
-                waiting = _WAITING.rows
-                fill_masks([self, *waiting])  # every row of this thread that moved since its last mask
-                waiting.clear()
+                fill_masks([self, *_WAITING.take()])  # and every row of this thread that moved
                 mask = self._mask
             if mask is None:
                 raise GptlabError(str(self._error))
@@ -350,7 +359,7 @@ class Constraint:
         self.done = self._complete()
         self._mask = self._error = None
         if not self.done:  # a complete reply asks for no more masks
-            _WAITING.rows.add(self)
+            _WAITING.rows[id(self)] = weakref.ref(self)
 
     def allowed_ids(self, limit: int | None = None) -> list[int]:
         """The ids ``allowed()`` admits, in id order (at most ``limit``): for display."""
