@@ -20,16 +20,25 @@ per request). A schema or grammar the engine cannot compile is a ``GptlabError``
 message, which names the offending part (``check_constraint`` finds it before a request starts).
 ``Constraint`` is one request's matcher: ``allowed()`` → a boolean mask, ``consume(token)`` advances
 it, ``done`` says that the text is complete and nothing may follow.
+
+A batch's masks are computed together (``fill_masks``): a constraint that moved (new, or past a
+consumed token) waits in its thread's list, and the first ``allowed()`` of the next step computes
+every waiting row's mask into one bitmask ``(rows, ⌈|V|/32⌉)`` int32 (the engine writes each row in
+place, without the interpreter lock), unpacks it to booleans in one operation and sets the stop ids
+row by row on that array; each row's ``allowed()`` is then a view of its line. So the server's
+scheduler and the library's batched loop, which ask row after row on one thread, pay one pass for
+the batch, and a row's mask is still its own (a free neighbour never sees it).
 """
 
 from __future__ import annotations
 
 import json
 import threading
+import weakref
 from collections import OrderedDict
-from collections.abc import Collection
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import torch
@@ -201,6 +210,68 @@ def check_constraint(config: SampleConfig, tokenizer: Tokenizer, vocab: int | No
             constraint.allowed()
 
 
+class _Waiting(threading.local):
+    """The constraints of this thread whose mask is out of date, by ``id`` (weakly held: a cancelled
+    request's constraint goes with its step)."""
+
+    def __init__(self) -> None:
+        self.rows: dict[int, weakref.ref[Constraint]] = {}
+
+    def take(self) -> list[Constraint]:
+        """The waiting constraints still alive; the list is emptied."""
+        rows = [c for c in (ref() for ref in self.rows.values()) if c is not None]
+        self.rows.clear()
+        return rows
+
+
+_WAITING = _Waiting()
+
+
+def fill_masks(constraints: Iterable[Constraint]) -> None:
+    """Compute the masks of ``constraints`` (those out of date) together: one bitmask for the rows of
+    each vocabulary, filled row by row by the engine in place, unpacked in one operation,
+
+        allowed_{r,i} = (word_{r,⌊i/32⌋} >> (i mod 32)) & 1        (the engine's little-endian bitmask)
+
+    then per row the stop ids (set exactly where the text is complete) and the end id that is not a
+    stop (never allowed); a row left with no token keeps its error for its own ``allowed()`` to raise.
+    The engine's thread pool (``LLExecutor``) was measured slower here than this loop: a mask costs a
+    few microseconds once its lexer states are built, less than handing the rows to threads.
+    """
+    groups: dict[tuple[int, int], list[Constraint]] = {}
+    for c in constraints:
+        if c._mask is None and c._error is None:
+            rows = groups.setdefault((c._words, c.vocab), [])
+            if c not in rows:
+                rows.append(c)
+    for (words, vocab), rows in groups.items():
+        buffer = np.empty((len(rows), words), dtype=np.int32)
+        address, size = buffer.__array_interface__["data"][0], words * 4
+        for r, c in enumerate(rows):
+            c.matcher.unsafe_compute_mask_ptr(address + r * size, size)
+        bits = np.unpackbits(buffer.view(np.uint8), axis=1, count=vocab, bitorder="little").view(np.bool_)
+        for r, c in enumerate(rows):  # the stop ids: a few scalar writes per row
+            if c.end is not None:
+                bits[r, c.end] = False
+            if c._special or c._text:
+                complete = c.matcher.is_accepting()
+                for i in c._special:
+                    bits[r, i] = complete
+                if not complete:
+                    for i in c._text:
+                        bits[r, i] = False
+        some = cast("list[bool]", bits.any(axis=1).tolist())
+        if len(rows) == 1:
+            masks: Sequence[torch.Tensor] = (torch.from_numpy(bits[0]),)
+        else:
+            masks = torch.from_numpy(bits).unbind(0)  # row views, sharing ``bits``' memory
+        for c, mask, ok in zip(rows, masks, some, strict=True):
+            if ok:
+                c._mask = mask
+            else:
+                c._set_error()
+
+
 class Constraint:
     """One request's position in its grammar: which tokens may come next, and whether it is complete.
 
@@ -208,9 +279,10 @@ class Constraint:
     (end-of-text, end-of-turn, the request's ``stop_tokens``): each is allowed exactly when the text
     so far is a complete string of the language, whatever the grammar says of it as text.
 
-    A step costs the engine's mask (computed from its token trie, a few to a hundred microseconds)
-    and a few vector operations over the vocabulary; it runs on the thread that samples, between the
-    model's steps (on a worker thread, the hand-over cost more than the mask: docs/benchmarks.md).
+    A step costs the engine's mask (computed from its token trie: microseconds once the lexer states
+    it meets are built), with the other rows of the step (``fill_masks``), and one ``consume``. It
+    runs on the thread that samples, between the model's steps (computing it on a worker thread while
+    the model runs was measured to cost more in hand-over than the mask it hid: docs/benchmarks.md).
     """
 
     def __init__(
@@ -224,16 +296,21 @@ class Constraint:
         self.matcher = _prototype(engine, *source).deep_copy()
         self.vocab = vocab
         table = engine.table
+        self._words = (len(table.tokens) + 31) // 32  # the engine's mask: one bit per table entry
         ends = [s for s in stops if 0 <= s < vocab]
         # stop ids are set here, whatever the engine's mask says of them (it also sets its end-of-text
         # bit where nothing can follow, complete or not): special ones (never text) are allowed exactly
         # where the text is complete, ordinary ones (text to the grammar) only there
-        self.special_stops = torch.tensor([s for s in ends if s in table.special], dtype=torch.long)
-        self.text_stops = torch.tensor([s for s in ends if s not in table.special], dtype=torch.long)
+        self._special = tuple(s for s in ends if s in table.special)
+        self._text = tuple(s for s in ends if s not in table.special)
         self.end = table.eos if table.eos < vocab and table.eos not in ends else None  # never a stop here
         self.tokenizer = tokenizer
         self.consumed = 0
         self.done = self._complete()
+        self._mask: torch.Tensor | None = None  # this position's mask, once computed
+        self._error: str | None = None  # or why no token may come next
+        if not self.done:
+            _WAITING.rows[id(self)] = weakref.ref(self)
 
     def _complete(self) -> bool:
         """Nothing may follow and the text is whole: the reply is complete. (Stopped short of a whole
@@ -249,29 +326,29 @@ class Constraint:
     def error(self) -> str:
         return str(self.matcher.get_error())
 
+    def _set_error(self) -> None:
+        """No token of this vocabulary may come next: keep why, for ``allowed()`` to raise."""
+        error = self.error
+        self._error = (
+            f"the {self.what} allows no token of this vocabulary after "
+            f"{self.consumed} generated token(s)" + (f": {error}" if error else "")
+        )
+
     def allowed(self) -> torch.Tensor:
-        """The tokens that may come next: a boolean tensor (vocab,), stop ids set where the text is complete.
+        """The tokens that may come next: a boolean tensor (vocab,), stop ids set where the text is
+        complete; computed with every other row of this thread that waits for its mask (read-only:
+        it shares memory with theirs).
 
         Raises ``GptlabError`` when no token of this vocabulary can continue an incomplete text (a
         vocabulary without a character the language needs).
         """
-        bitmask = self.matcher.compute_bitmask()
-        bits = np.unpackbits(np.frombuffer(bitmask, dtype=np.uint8), count=self.vocab, bitorder="little")
-        mask = torch.from_numpy(bits.view(np.bool_))  # (shares ``bits``' memory)
-        if self.end is not None:
-            mask[self.end] = False
-        if self.special_stops.numel() or self.text_stops.numel():
-            complete = self.accepting
-            if self.special_stops.numel():
-                mask[self.special_stops] = complete
-            if self.text_stops.numel():
-                mask[self.text_stops] &= complete
-        if not bits.any():
-            error = self.error
-            raise GptlabError(
-                f"the {self.what} allows no token of this vocabulary after "
-                f"{self.consumed} generated token(s)" + (f": {error}" if error else "")
-            )
+        mask = self._mask
+        if mask is None:
+            if self._error is None:
+                fill_masks([self, *_WAITING.take()])  # and every row of this thread that moved
+                mask = self._mask
+            if mask is None:
+                raise GptlabError(str(self._error))
         return mask
 
     def consume(self, token: int) -> None:
@@ -280,6 +357,9 @@ class Constraint:
             raise GptlabError(f"the {self.what} does not allow token {token} here: {self.error}")
         self.consumed += 1
         self.done = self._complete()
+        self._mask = self._error = None
+        if not self.done:  # a complete reply asks for no more masks
+            _WAITING.rows[id(self)] = weakref.ref(self)
 
     def allowed_ids(self, limit: int | None = None) -> list[int]:
         """The ids ``allowed()`` admits, in id order (at most ``limit``): for display."""

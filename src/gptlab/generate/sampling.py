@@ -31,6 +31,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Sequence
 
+import numpy as np
 import torch
 
 from gptlab.generate.config import SampleConfig
@@ -233,6 +234,27 @@ def min_p_filter(logits: torch.Tensor, min_p: float) -> torch.Tensor:
     return logits if min_p <= 0.0 else _truncate_row(logits, logits.numel(), 1.0, min_p)
 
 
+#: up to this many tokens a grammar's mask is applied as a select, above it as an addition
+#: (``apply_grammar_mask``)
+SELECT_MAX_VOCAB = 1024
+#: −∞ as float32 bits (0xFF800000), as a signed 32-bit integer
+_NEG_INF_BITS = -(1 << 23)
+
+
+def apply_grammar_mask(logits: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
+    """``l_i`` where ``allowed_i``, −∞ elsewhere (``logits`` float32 (V,) on the CPU, ``allowed`` bool (V,)).
+
+    A select branches on every token, and a grammar's mask over a large vocabulary is close to random
+    (about 40× slower than an addition at 49,152 tokens): there the mask is added as a float,
+    ``l_i + m_i`` with ``m_i`` = +0 or −∞ built from the bits, ``bits(m_i) = (allowed_i − 1) & bits(−∞)``
+    (−1 & bits(−∞) = bits(−∞), 0 & bits(−∞) = +0); l is never +∞ here, so the sum is exact.
+    """
+    if logits.numel() <= SELECT_MAX_VOCAB:
+        return torch.where(allowed, logits, float("-inf"))
+    bits = (allowed.numpy().astype(np.int32) - 1) & np.int32(_NEG_INF_BITS)
+    return logits + torch.from_numpy(bits.view(np.float32))
+
+
 class Sampler:
     """One request's logit processing and draw: the functions above on one row.
 
@@ -272,7 +294,7 @@ class Sampler:
         logits = apply_logit_bias(apply_penalties(logits, history, c), c.logit_bias)
         logits = torch.nan_to_num(logits, nan=float("-inf"), posinf=torch.finfo(logits.dtype).max)
         if allowed is not None:
-            logits = logits.masked_fill(~allowed[: logits.numel()], float("-inf"))
+            logits = apply_grammar_mask(logits, allowed[: logits.numel()])
         if self.greedy:
             return logits
         temperature, top_k, top_p, min_p = self._options
