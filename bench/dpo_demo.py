@@ -2,7 +2,8 @@
 held-out reward accuracy before and after, by kind of flaw, and the time of a DPO step against an SFT step
 of the same batch. Prints one JSON line.
 
-    python bench/dpo_demo.py [--work DIR] [--steps 16] [--batch 4] [--lr 1e-3] [--tasks gptlab_choice,...]
+    python bench/dpo_demo.py [--work DIR] [--steps 16] [--batch 4] [--lr 1e-3] [--timing-repeats 5]
+        [--tasks gptlab_choice,gptlab_rolling,gptlab_gen]
 
 The run is the Fine-tuning guide's commands::
 
@@ -16,10 +17,17 @@ Held out: the 60 ``val`` pairs, whose questions the 300 training pairs never ask
 (``gptlab.train.preference.sequence_logprobs``). ``before``: the implicit reward of the starting model is
 0 for every answer, so every pair is a tie (50 %); ``reference_prefers_chosen`` says how often SmolLM2
 itself gives the chosen answer the higher log-probability (summed, and per token). ``after``: the share of pairs
-with r(y_w) > r(y_l), overall and per flaw (wrong / rude / rambling). ``--tasks``: lm-evaluation-harness
-scores on ``evals/`` before and after (``bench/lmeval_finetune.py``'s way; off by default: minutes on 2 cores).
-The timing alternates DPO and SFT steps (forward, backward and AdamW) on the same batch of
-2·TIMING_BATCH sequences: SFT's masked cross-entropy on them, DPO's loss plus the reference pass with adapters off.
+with r(y_w) > r(y_l), overall and per flaw (wrong / rude / rambling).
+
+``lm_eval``: what the tuning cost elsewhere. lm-evaluation-harness scores the ``evals/`` tasks (all of their
+items: 40 + 10 + 12) for SmolLM2 (``before``) and for the run (``after``, the adapters merged), in-process, in
+float32, as ``bench/lmeval_finetune.py`` does (its ``evaluate``); ``change`` is after − before per metric.
+``--tasks ""`` leaves them out.
+
+The timing alternates SFT and DPO steps (forward, backward and AdamW) on the same batch of 2·TIMING_BATCH
+sequences: SFT's masked cross-entropy on them, DPO's loss plus the reference pass with adapters off. After one
+warm-up step each, TIMING_REPEATS of each are timed; the medians of wall time and of the process's CPU time
+(all threads) are reported, with the load average before and after (a shared machine stretches wall time).
 """
 
 from __future__ import annotations
@@ -87,8 +95,9 @@ def held_out(policy, reference, data, flaws: list[str], batch: int) -> dict[str,
     }
 
 
-def step_times(cfg, data_dir: Path, repeats: int) -> dict[str, float]:
-    """Median seconds of a DPO step and an SFT step (forward, backward, AdamW) on the same batch, alternated."""
+def step_times(cfg, data_dir: Path, repeats: int) -> dict[str, object]:
+    """Median seconds (wall and CPU) of a DPO step and an SFT step (forward, backward, AdamW) on the same
+    batch, alternated."""
     import torch
 
     from gptlab.train import init
@@ -106,18 +115,47 @@ def step_times(cfg, data_dir: Path, repeats: int) -> dict[str, float]:
     def sft() -> None:
         model(batch[0], batch[1])[1].backward()
 
-    times: dict[str, list[float]] = {"dpo": [], "sft": []}
+    wall: dict[str, list[float]] = {"dpo": [], "sft": []}
+    cpu: dict[str, list[float]] = {"dpo": [], "sft": []}
+    load_before = os.getloadavg()[0]
     for i in range(repeats + 1):  # the first of each warms up
         for name, step in (("sft", sft), ("dpo", dpo)):
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             step()
             opt.step()
             opt.zero_grad()
             if i:
-                times[name].append(time.perf_counter() - t0)
-    dpo_s, sft_s = statistics.median(times["dpo"]), statistics.median(times["sft"])
-    return {"dpo_step_s": round(dpo_s, 2), "sft_step_s": round(sft_s, 2), "dpo_over_sft": round(dpo_s / sft_s, 3),
-            "sequences_per_step": int(batch[0].size(0)), "tokens_per_step": int(batch[0].numel())}  # fmt: skip
+                wall[name].append(time.perf_counter() - t0)
+                cpu[name].append(time.process_time() - c0)
+    out: dict[str, object] = {}
+    for clock, times in (("wall", wall), ("cpu", cpu)):
+        dpo_s, sft_s = statistics.median(times["dpo"]), statistics.median(times["sft"])
+        out[clock] = {"dpo_step_s": round(dpo_s, 3), "sft_step_s": round(sft_s, 3), "dpo_over_sft": round(dpo_s / sft_s, 3),
+                      "dpo_all_s": [round(t, 3) for t in times["dpo"]], "sft_all_s": [round(t, 3) for t in times["sft"]]}  # fmt: skip
+    return {**out, "repeats": repeats, "sequences_per_step": int(batch[0].size(0)),
+            "tokens_per_step": int(batch[0].numel()), "threads": torch.get_num_threads(),
+            "load_1min_before": round(load_before, 2), "load_1min_after": round(os.getloadavg()[0], 2)}  # fmt: skip
+
+
+def cpu_kind() -> str:
+    """The CPU's model name (Linux), else the platform's processor string."""
+    import platform
+
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor() or platform.machine()
+
+
+def change(
+    before: dict[str, dict[str, float]], after: dict[str, dict[str, float]]
+) -> dict[str, dict[str, float]]:
+    """``after − before`` for every metric of every task both scored."""
+    return {
+        task: {m: round(after[task][m] - v, 6) for m, v in row.items() if m in after.get(task, {})}
+        for task, row in before.items()
+    }
 
 
 def main() -> None:
@@ -127,11 +165,13 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=4, help="pairs per step")
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument(
-        "--timing-repeats", type=int, default=2, help="timed DPO and SFT steps each, after one warm-up"
+        "--timing-repeats", type=int, default=5, help="timed DPO and SFT steps each, after one warm-up"
     )
     p.add_argument("--timing-batch", type=int, default=2, help="pairs in the timed steps' batch")
     p.add_argument(
-        "--tasks", default="", help="lm-eval tasks from evals/ to score before and after (default none)"
+        "--tasks",
+        default="gptlab_choice,gptlab_rolling,gptlab_gen",
+        help='lm-eval tasks from evals/ to score before and after ("" for none)',
     )
     args = p.parse_args()
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
@@ -186,10 +226,17 @@ def main() -> None:
         from lmeval_finetune import evaluate
 
         tasks = args.tasks.split(",")
-        out["lm_eval"] = {
+        t0 = time.perf_counter()
+        scores = {
             name: evaluate("gptlab", f"pretrained={src},dtype=fp32,device=cpu", tasks)
             for name, src in (("before", "smollm2"), ("after", str(run)))
         }
+        out["lm_eval"] = {
+            **scores,
+            "change": change(scores["before"], scores["after"]),
+            "wall_s": round(time.perf_counter() - t0, 1),
+        }
+    out["cpu"] = cpu_kind()
     out["threads"] = int(__import__("torch").get_num_threads())
     out["load_1min"] = round(os.getloadavg()[0], 2)
     print(json.dumps(out))
