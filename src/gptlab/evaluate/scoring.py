@@ -8,7 +8,7 @@ one forward pass scores every token of ``y``). This is lm-evaluation-harness's `
 
 Requests that share a context share its forward pass. A batch is two forward passes: the distinct
 contexts, left-padded (padding hidden by the mask, positions counted from each context's first token),
-whose keys/values are kept (``_PrefixCache``); then every continuation of every context as one row,
+whose keys/values are kept (one ``KVView`` per layer); then every continuation of every context as one row,
 ``y_1..y_{m-1}``, right-padded, attending to its own context's keys and causally to itself. Contexts are
 sorted longest first (length-aware batching: little padding) and batched up to ``batch_tokens``
 positions.
@@ -35,6 +35,7 @@ import torch.nn.functional as F
 from gptlab.errors import GptlabError
 from gptlab.generate.decoder import logits_of
 from gptlab.model import GPT
+from gptlab.model.kvcache import KVStore, KVView
 
 BATCH_TOKENS = 4096  # positions per forward pass (rows × padded length) for unshared contexts
 
@@ -46,31 +47,6 @@ class Score:
     logprob: float
     greedy: bool
     token_logprobs: tuple[float, ...]
-
-
-class _PrefixLayer:
-    """One layer's keys/values of the contexts, then ``[K_context(row's group); k_new]`` for each row."""
-
-    def __init__(self, rows: list[torch.Tensor]) -> None:
-        self.rows = rows  # [group of each continuation row], set before the continuation pass
-        self.k: torch.Tensor | None = None  # (G, H_kv, Lc, d_k)
-        self.v: torch.Tensor | None = None
-
-    def update(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        if self.k is None or self.v is None:  # the contexts' own forward pass records them
-            self.k, self.v = k, v
-            return k, v
-        rows = self.rows[0]
-        return torch.cat([self.k[rows], k], dim=2), torch.cat([self.v[rows], v], dim=2)
-
-
-class _PrefixCache:
-    """What ``GPT.run`` calls ``cache``: per-layer ``update`` (positions are always passed explicitly)."""
-
-    def __init__(self, n_layer: int) -> None:
-        self.rows: list[torch.Tensor] = []
-        self.layers = [_PrefixLayer(self.rows) for _ in range(n_layer)]
-        self.length = 0
 
 
 def _fit(context: Sequence[int], continuation: Sequence[int], block: int) -> tuple[list[int], list[int]]:
@@ -125,7 +101,10 @@ def _batch(model: GPT, groups: list[Group]) -> list[list[Score]]:
     causal = torch.ones(width, width, dtype=torch.bool, device=device).tril()
     eye = torch.eye(width, dtype=torch.bool, device=device)  # a padding query sees itself: no empty row
     mask = (causal[None] & valid[:, None, :]) | eye[None]  # (G, L, L)
-    cache = _PrefixCache(model.config.n_layer)
+    # each layer: the contexts' keys/values stored at [0, L); this pass attends over its own keys
+    config = model.config
+    shape = (len(groups), config.n_kv_head or config.n_head, width, config.head_dim)  # (G, H_kv, L, d_k)
+    cache = [KVView(KVStore.allocate(shape, model.dtype, device), write=0) for _ in range(config.n_layer)]
     pos = (cols[None, :] - pad[:, None]).clamp(min=0)
     first = logits_of(
         model.run(ids, pos=pos, cache=cache, attn_mask=mask[:, None], last_only=True)
@@ -140,7 +119,8 @@ def _batch(model: GPT, groups: list[Group]) -> list[list[Score]]:
         new = torch.zeros(len(rows), steps, dtype=torch.long, device=device)
         for r, (_, cont) in enumerate(rows):
             new[r, : len(cont) - 1] = torch.tensor(cont[:-1], device=device)
-        cache.rows.append(owner)
+        for view in cache:  # row r reads its context's keys, then attends over its own (not stored)
+            view.rows, view.write, view.end = owner, None, width
         new_pos = lengths[owner][:, None] + torch.arange(steps, device=device)[None, :]
         new_pos = new_pos.clamp(max=model.config.block_size - 1)  # only a padding column can pass the end
         seen = valid[owner][:, None, :].expand(-1, steps, -1)  # (R, M, L)

@@ -59,30 +59,12 @@ import gptlab
 from gptlab.compiling import Compiled, Job
 from gptlab.fileio import atomic_write, atomic_write_json
 from gptlab.generate.decoder import Decoder, logits_of
+from gptlab.model.kvcache import KVStore, KVView
 
 # Inductor inlines a cheap elementwise producer into each consumer. In front of a one-row
 # product that would recompute a norm's output once per output channel (50,257 times for the
 # head); realising every producer of more than a few operations computes it once.
 _OPTIONS = {"realize_opcount_threshold": 10}
-
-
-class StepLayer:
-    """One layer's cache for the step: write at ``end − 1``, read ``[0, end)``."""
-
-    def __init__(self, k: torch.Tensor, v: torch.Tensor, end: int) -> None:
-        self.k, self.v, self.end = k, v, end
-
-    def update(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        self.k[:, :, self.end - 1 : self.end] = k.to(self.k.dtype)
-        self.v[:, :, self.end - 1 : self.end] = v.to(self.v.dtype)
-        return self.k[:, :, : self.end], self.v[:, :, : self.end]
-
-
-class StepCache:
-    """What ``GPT.run`` calls ``cache`` (a ``gptlab.model.kvcache.LayeredCache``): one ``StepLayer`` per layer."""
-
-    def __init__(self, keys: list[torch.Tensor], values: list[torch.Tensor], end: int) -> None:
-        self.layers = [StepLayer(k, v, end) for k, v in zip(keys, values, strict=True)]
 
 
 def decode_one_token(
@@ -94,7 +76,9 @@ def decode_one_token(
     end: int,  # cached positions after this step
 ) -> torch.Tensor:
     """Next-token logits (1, vocab) float32 after appending ``idx`` at cache index ``end − 1``."""
-    out = model.run(idx, pos=pos, cache=StepCache(keys, values, end), last_only=True)
+    # each layer: write at cache index end − 1, attend over [0, end)
+    cache = [KVView(KVStore(k, v), write=end - 1, end=end) for k, v in zip(keys, values, strict=True)]
+    out = model.run(idx, pos=pos, cache=cache, last_only=True)
     return logits_of(out)[:, -1].float()
 
 

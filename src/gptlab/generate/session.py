@@ -37,32 +37,7 @@ from gptlab.errors import GptlabError
 from gptlab.generate.decoder import Decoder, logits_of
 from gptlab.generate.prefix_cache import Layout, PrefixCache
 from gptlab.generate.window import Window
-from gptlab.model.kvcache import KVStore, Positions, Rows, default_cache_dtype, make_store
-
-
-class _Plan:
-    """Where the layers of one forward pass write and read (set by the session before each run)."""
-
-    __slots__ = ("rows", "write", "read_end")
-
-    def __init__(self) -> None:
-        self.rows: Rows = slice(0, 1)
-        self.write: Positions = slice(0, 0)
-        self.read_end = 0
-
-
-class _LayerView:
-    """What one attention layer sees as its cache: ``update(k, v) -> (K_full, V_full)``."""
-
-    __slots__ = ("store", "plan")
-
-    def __init__(self, store: KVStore, plan: _Plan) -> None:
-        self.store, self.plan = store, plan
-
-    def update(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        p = self.plan
-        self.store.write(p.rows, p.write, k, v)
-        return self.store.read(p.rows, p.read_end)
+from gptlab.model.kvcache import KVStore, KVView, Rows, default_cache_dtype, make_store
 
 
 def _rows(slots: Sequence[int]) -> Rows:
@@ -117,8 +92,8 @@ class BatchSession:
         usable = one_token is not None and one_token.enabled and max_batch == 1 and float_cache
         #: the compiled one-row step this session runs, or None (layer by layer)
         self.one_token = one_token if usable and device.type == "cpu" else None
-        self._plan = _Plan()
-        self.layers = [_LayerView(s, self._plan) for s in self.stores]  # what GPT.run calls ``cache.layers``
+        #: what ``GPT.run`` takes as ``cache``: one view per layer, aimed by ``_run`` before each pass
+        self.layers = [KVView(s) for s in self.stores]
         self.start = [0] * max_batch
         self.end = [0] * max_batch
         self.tokens: dict[int, list[int]] = {}  # slot -> ids whose keys/values are cached
@@ -271,7 +246,7 @@ class BatchSession:
             mask = (seen | (j[None, None, :] == i[None, :, None]))[:, None]  # (n, 1, T − Q0, T)
         else:
             pos, mask = torch.arange(T, device=device), None
-        logits = self._run(idx, pos, mask, _rows(slots), slice(q0, T), T)
+        logits = self._run(idx, pos, mask, _rows(slots), q0, T)
         for b, s in enumerate(slots):
             self.start[s], self.end[s], self.tokens[s] = pads[b], T, list(ids[b])
         return [logits[b] for b in range(n)]
@@ -325,13 +300,13 @@ class BatchSession:
         idx = torch.tensor([[tokens[s]] for s in slots], dtype=torch.long, device=device)  # (n, 1)
         same_end = min(ends) == max(ends)
         if same_end and not any(starts):  # every row is the same length: no mask, shared position
-            write: Positions = slice(ends[0], ends[0] + 1)
+            write: int | torch.Tensor = ends[0]
             pos = torch.tensor([ends[0]], device=device)
             mask = None
         else:
             end_t = torch.tensor(ends, device=device)
             start_t = torch.tensor(starts, device=device)
-            write = slice(ends[0], ends[0] + 1) if same_end else end_t
+            write = ends[0] if same_end else end_t
             pos = (end_t - start_t)[:, None]  # (n, 1)
             j = torch.arange(max(ends) + 1, device=device)
             mask = ((j[None, :] >= start_t[:, None]) & (j[None, :] <= end_t[:, None]))[:, None, None, :]
@@ -372,9 +347,7 @@ class BatchSession:
             j = torch.arange(end + k, device=device)
             i = torch.arange(end, end + k, device=device)
             mask = ((j[None, :] >= start) & (j[None, :] <= i[:, None]))[None, None]  # (1, 1, k, end + k)
-        logits = self._run(
-            idx, pos, mask, slice(slot, slot + 1), slice(end, end + k), end + k, last_only=False
-        )
+        logits = self._run(idx, pos, mask, slice(slot, slot + 1), end, end + k, last_only=False)
         self.end[slot] += k
         self.tokens[slot].extend(int(t) for t in ids)
         return logits[0]
@@ -418,7 +391,7 @@ class BatchSession:
             return
         idx = torch.tensor([kept], dtype=torch.long, device=self.model.device)
         self.reserve(T)
-        self._run(idx, torch.arange(T, device=self.model.device), None, slice(slot, slot + 1), slice(0, T), T)
+        self._run(idx, torch.arange(T, device=self.model.device), None, slice(slot, slot + 1), 0, T)
         self.start[slot], self.end[slot], self.tokens[slot] = 0, T, kept
 
     def _run(
@@ -427,14 +400,14 @@ class BatchSession:
         pos: torch.Tensor,
         mask: torch.Tensor | None,
         rows: Rows,
-        write: Positions,
+        write: int | torch.Tensor,
         read_end: int,
         last_only: bool = True,
     ) -> torch.Tensor:
         """One forward pass through the planned cache rows → last-position logits ``(n, vocab)`` float32
         (``last_only=False``: every position's, ``(n, T, vocab)``)."""
-        plan = self._plan
-        plan.rows, plan.write, plan.read_end = rows, write, read_end
-        out = self.model.run(idx, pos=pos, cache=self, attn_mask=mask, last_only=last_only)
+        for view in self.layers:
+            view.rows, view.write, view.end = rows, write, read_end
+        out = self.model.run(idx, pos=pos, cache=self.layers, attn_mask=mask, last_only=last_only)
         logits = logits_of(out).float()
         return logits[:, -1] if last_only else logits

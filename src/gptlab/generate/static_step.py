@@ -16,7 +16,7 @@ import torch
 
 from gptlab.generate.decoder import Decoder, logits_of
 from gptlab.generate.sampling import ROW_OPTIONS, ROW_SAMPLERS, penalise
-from gptlab.model.kvcache import LayerCache, StaticKVCache, mark_static
+from gptlab.model.kvcache import KVStore, KVView, StaticKVCache, mark_static
 
 
 class RowState:
@@ -78,37 +78,6 @@ class RowState:
             t[dst] = t[src]
 
 
-class _DecodeLayer:
-    """One layer's cache inside a step of ``b`` rows: write ``k_t`` at each row's position, read all."""
-
-    def __init__(self, k: torch.Tensor, v: torch.Tensor, at: torch.Tensor) -> None:
-        self.k, self.v, self.at = k, v, at  # at: (b, H_kv, 1, d_k) index of each row's position
-
-    def update(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        self.k.scatter_(2, self.at, k.to(self.k.dtype))  # K[r, :, pos_r] = k_r
-        self.v.scatter_(2, self.at, v.to(self.v.dtype))
-        return self.k, self.v  # (b, H_kv, T_max, d_k), masked to j ≤ pos_r
-
-
-class _PrefillLayer:
-    """One layer's cache during a prefill of rows ``[r0, r0 + n)``, positions ``[0, T)``."""
-
-    def __init__(self, k: torch.Tensor, v: torch.Tensor) -> None:
-        self.k, self.v = k, v  # views (n, H_kv, T, d_k)
-
-    def update(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        self.k.copy_(k)
-        self.v.copy_(v)
-        return k, v
-
-
-class _Layers:
-    """What ``GPT.run`` calls ``cache`` (a ``LayeredCache``): a list of layer views."""
-
-    def __init__(self, layers: list[LayerCache]) -> None:
-        self.layers = layers
-
-
 class StaticRows(Protocol):
     """What a static step reads of its session (``StaticSession`` is one)."""
 
@@ -139,13 +108,12 @@ def decode_bucket(
     # the cache's length (or the horizon) as a size, which dynamo keeps a symbol across sessions
     t_max = caches[0][0].size(2) if horizon is None else horizon.size(0)
     pos = s.length[:b].clamp(max=t_max - 1)  # (b,) an idle row never writes out of bounds
-    at = pos.view(b, 1, 1, 1).expand(b, cfg.n_kv_head or cfg.n_head, 1, cfg.head_dim)
-    layers: list[LayerCache] = [_DecodeLayer(k[:b, :, :t_max], v[:b, :, :t_max], at) for k, v in caches]
+    # each layer: write k_t of row r at pos_r, attend over all T_max slots (masked to j ≤ pos_r);
+    # rows [0, b) as views of the buffers (a slice holding the symbol b would make dynamo specialise it)
+    layers = [KVView(KVStore(k[:b, :, :t_max], v[:b, :, :t_max]), write=pos, end=t_max) for k, v in caches]
     keys = torch.arange(t_max, device=pos.device)
     mask = (keys[None, :] <= pos[:, None])[:, None, None, :]  # (b, 1, 1, T_max)
-    out = model.run(
-        s.next_token[:b, None], pos=pos[:, None], cache=_Layers(layers), attn_mask=mask, last_only=True
-    )
+    out = model.run(s.next_token[:b, None], pos=pos[:, None], cache=layers, attn_mask=mask, last_only=True)
     logits = s.penalised(logits_of(out)[:, -1, : session.vocab].float(), 0, b)  # (b, V)
     token = ROW_SAMPLERS[flavour](logits, *s.options(0, b), pos)
     live = s.live[:b]
@@ -164,12 +132,13 @@ def prefill_rows(
     """
     s, model = session.state, session.model
     n, T = idx.shape
-    layers: list[LayerCache] = [
-        _PrefillLayer(k[r0 : r0 + n, :, :T], v[r0 : r0 + n, :, :T])
+    # each layer: store positions [0, T) of rows [r0, r0 + n), attend over the prompts' own keys
+    layers = [
+        KVView(KVStore(k[r0 : r0 + n, :, :T], v[r0 : r0 + n, :, :T]), write=0)
         for k, v in map(session.cache.layer, range(model.config.n_layer))
     ]
     pos = torch.arange(T, device=idx.device)
-    logits = logits_of(model.run(idx, pos=pos, cache=_Layers(layers)))  # (n, T, V)
+    logits = logits_of(model.run(idx, pos=pos, cache=layers))  # (n, T, V)
     rows = torch.arange(n, device=idx.device)
     chosen = s.penalised(logits[rows, last, : session.vocab].float(), r0, r0 + n)  # (n, V)
     return ROW_SAMPLERS[flavour](chosen, *s.options(r0, r0 + n), last)

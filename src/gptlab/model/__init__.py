@@ -13,7 +13,7 @@ import torch
 from gptlab.model.config import PRESETS, GPTConfig
 from gptlab.model.encdec import BoundDecoder, EncoderDecoder
 from gptlab.model.gpt import GPT, ModelOutput
-from gptlab.model.kvcache import KVCache, LayerKVCache
+from gptlab.model.kvcache import KVCache, KVView
 
 #: config.arch → the model class (an encoder is a GPT without the causal mask)
 MODELS: dict[str, type[GPT]] = {"decoder": GPT, "encoder": GPT, "encoder-decoder": EncoderDecoder}
@@ -68,7 +68,7 @@ __all__ = [
     "EncoderDecoder",
     "ModelOutput",
     "KVCache",
-    "LayerKVCache",
+    "KVView",
     "MODELS",
     "PRESETS",
     "build_model",

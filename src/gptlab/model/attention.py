@@ -20,21 +20,15 @@ heads share one key/value head, and a KV cache stores only the KV heads.
 from __future__ import annotations
 
 import math
-from typing import Protocol
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from gptlab.model.config import GPTConfig
+from gptlab.model.kvcache import LayerCache
 from gptlab.model.norms import RMSNorm
 from gptlab.model.positional import PositionalEncoding
-
-
-class LayerCache(Protocol):
-    """One layer's KV cache: append the new keys/values and return all of them so far."""
-
-    def update(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]: ...
 
 
 def causal_mask(n_q: int, n_k: int, device: torch.device) -> torch.Tensor:

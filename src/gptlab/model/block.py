@@ -18,9 +18,10 @@ from functools import partial
 import torch
 from torch import nn
 
-from gptlab.model.attention import CausalSelfAttention, LayerCache
+from gptlab.model.attention import CausalSelfAttention
 from gptlab.model.config import GPTConfig
 from gptlab.model.cross_attention import CrossAttention, CrossKV
+from gptlab.model.kvcache import LayerCache
 from gptlab.model.mlp import make_mlp
 from gptlab.model.norms import make_norm
 from gptlab.model.positional import PositionalEncoding

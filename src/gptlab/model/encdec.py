@@ -25,7 +25,7 @@ from gptlab.model.block import Block, DecoderBlock
 from gptlab.model.config import GPTConfig
 from gptlab.model.cross_attention import CrossKV
 from gptlab.model.gpt import GPT, ModelOutput
-from gptlab.model.kvcache import LayeredCache
+from gptlab.model.kvcache import KVCache, LayeredCache
 from gptlab.model.norms import make_norm
 from gptlab.model.positional import POSITIONAL
 
@@ -99,6 +99,8 @@ class EncoderDecoder(GPT):
             memory, encoder_attentions = self.encode(source, source_mask, output_attentions)
             cross = self.cross_kv(memory)
         pos = self._positions(idx, pos, cache)
+        if isinstance(cache, KVCache):
+            cache.advance(idx.size(1))
         x = self.drop(self.positional.embed(self.wte(idx), pos))
         mask = [_key_mask(source_mask)] * len(self.blocks)
         x, hidden, weights = self._stack(

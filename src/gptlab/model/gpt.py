@@ -141,6 +141,8 @@ class GPT(nn.Module):
     ) -> ModelOutput:
         """The whole forward pass, with every optional output."""
         pos = self._positions(idx, pos, cache)
+        if isinstance(cache, KVCache):
+            cache.advance(idx.size(1))  # its views write at [length, length + T), read [0, length + T)
         x = self.drop(self.positional.embed(self.wte(idx), pos))  # h⁽⁰⁾ = e_x + p: (B, T, d_model)
         x, hidden, attentions = self._stack(
             self.blocks, x, pos, self.positional, cache, attn_mask, output_attentions, output_hidden_states
@@ -181,7 +183,7 @@ class GPT(nn.Module):
         hidden = [x] if output_hidden_states else None
         attentions: list[Any] | None = [] if output_attentions else None
         for i, block in enumerate(blocks):
-            layer_cache = cache.layers[i] if cache is not None else None
+            layer_cache = cache[i] if cache is not None else None
             extra = {k: v[i] for k, v in block_kwargs.items()}  # per-layer arguments (cross K/V)
             x, weights = block(x, pos, positional, layer_cache, attn_mask, output_attentions, **extra)
             if hidden is not None:

@@ -14,14 +14,14 @@ Storage is chosen by the cache dtype:
   per (sequence, head, position), i.e. a scale per head for every cached vector.
   Reads dequantise to the dtype the keys were written in.
 
-``KVStore.write/read`` address rows and positions directly; ``LayerKVCache`` (one
-shared length, what ``GPT.run`` uses) and ``gptlab.generate.BatchSession`` (a length
-per row) are both built on it.
+``KVStore.write/read`` address rows and positions directly. What an attention layer sees as its
+cache is a ``KVView`` of one store: rows ``R`` written at positions ``P``, then read over ``[0, end)``.
+Every path builds the same view: ``KVCache`` (one shared length, appended to by each pass), the
+dynamic session's rows (``gptlab.generate.BatchSession``, a length per row), the compiled one-row
+step, the static cache's fixed-address rows, and scoring's shared contexts.
 
-What ``GPT.run`` takes as ``cache`` is any ``LayeredCache``: an object whose ``layers[i]`` is a
-``LayerCache``, ``update(k_new, v_new) → (K_full, V_full)``. ``KVCache`` is one; each decode engine
-of ``gptlab.generate`` passes its own view of its storage (the dynamic session's rows, the fused
-step's plain tensors, the static cache's fixed-address rows).
+What ``GPT.run`` takes as ``cache`` is a ``LayeredCache``: one ``LayerCache`` per layer, an object
+with ``update(k_new, v_new) → (K_full, V_full)``; a ``KVCache`` or a list of ``KVView``.
 """
 
 from __future__ import annotations
@@ -39,35 +39,25 @@ Positions = slice | torch.Tensor  # a range for every row, or one position per r
 
 
 class LayerCache(Protocol):
-    """One attention layer's cache: store ``k_new, v_new`` (B, H_kv, T, d_k), return what to attend over."""
+    """One attention layer's cache: store ``k_new, v_new`` (n, H_kv, T, d_k), return what to attend over."""
 
     def update(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]: ...
 
 
-class LayeredCache(Protocol):
-    """What ``GPT.run`` calls ``cache``: one ``LayerCache`` per layer."""
-
-    @property
-    def layers(self) -> Sequence[LayerCache]: ...
+#: What ``GPT.run`` calls ``cache``: ``cache[l]`` is layer ``l``'s ``LayerCache``.
+LayeredCache = Sequence[LayerCache]
 
 
 class KVStore:
-    """Float storage ``(B, H_kv, T_max, d_k)`` for keys and values."""
+    """Float storage ``(B, H_kv, T_max, d_k)`` for keys and values: ``k``, ``v`` (``allocate`` makes them)."""
 
-    def __init__(
-        self,
-        batch: int,
-        n_kv_head: int,
-        max_len: int,
-        head_dim: int,
-        dtype: torch.dtype,
-        device: torch.device | str,
-    ) -> None:
-        self._allocate((batch, n_kv_head, max_len, head_dim), dtype, device)
+    def __init__(self, k: torch.Tensor, v: torch.Tensor) -> None:
+        self.k, self.v = k, v
 
-    def _allocate(self, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device | str) -> None:
-        self.k = torch.zeros(shape, dtype=dtype, device=device)
-        self.v = torch.zeros_like(self.k)
+    @classmethod
+    def allocate(cls, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device | str) -> KVStore:
+        k = torch.zeros(shape, dtype=dtype, device=device)
+        return cls(k, torch.zeros_like(k))
 
     @property
     def max_len(self) -> int:
@@ -110,12 +100,18 @@ class KVStore:
 class Int8KVStore(KVStore):
     """int8 storage with one float32 scale per (row, head, position): ``k ≈ s·q``, ``s = max|k|/127``."""
 
-    def _allocate(self, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device | str) -> None:
-        self.k = torch.zeros(shape, dtype=torch.int8, device=device)
-        self.v = torch.zeros_like(self.k)
-        self.k_scale = torch.zeros(*shape[:-1], 1, dtype=torch.float32, device=device)
-        self.v_scale = torch.zeros_like(self.k_scale)
+    def __init__(
+        self, k: torch.Tensor, v: torch.Tensor, k_scale: torch.Tensor, v_scale: torch.Tensor
+    ) -> None:
+        super().__init__(k, v)
+        self.k_scale, self.v_scale = k_scale, v_scale
         self.compute_dtype = torch.float32  # off a CPU, reads dequantise to the dtype keys were written in
+
+    @classmethod
+    def allocate(cls, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device | str) -> KVStore:
+        k = torch.zeros(shape, dtype=torch.int8, device=device)
+        scale = torch.zeros(*shape[:-1], 1, dtype=torch.float32, device=device)
+        return cls(k, torch.zeros_like(k), scale, torch.zeros_like(scale))
 
     def write(self, rows: Rows, positions: Positions, k: torch.Tensor, v: torch.Tensor) -> None:
         self.compute_dtype = k.dtype
@@ -145,9 +141,10 @@ def quantize_int8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 def _scatter(store: torch.Tensor, rows: Rows, positions: Positions, x: torch.Tensor) -> None:
     if isinstance(positions, slice):
         store[rows, :, positions] = x  # (n, H_kv, T, d)
-    else:  # one position per row: advanced indices on dims 0 and 2 → (n, H_kv, d)
-        if isinstance(rows, slice):
-            rows = torch.arange(store.size(0), device=store.device)[rows]
+    elif isinstance(rows, slice):  # one position per row of a view: store[r, :, p_r] = x[r, :, 0]
+        n, h, _, d = x.shape
+        store[rows].scatter_(2, positions.view(n, 1, 1, 1).expand(n, h, 1, d), x)
+    else:  # one position per row of a gather: advanced indices on dims 0 and 2 → (n, H_kv, d)
         store[rows, :, positions] = x[:, :, 0]
 
 
@@ -166,59 +163,63 @@ def make_store(
     batch: int, n_kv_head: int, max_len: int, head_dim: int, dtype: torch.dtype, device: torch.device | str
 ) -> KVStore:
     """A float store, or an int8 store with per-head scales for ``dtype=torch.int8``."""
-    store_type = STORES.get(dtype, KVStore)
-    return store_type(batch, n_kv_head, max_len, head_dim, dtype, device)
+    return STORES.get(dtype, KVStore).allocate((batch, n_kv_head, max_len, head_dim), dtype, device)
 
 
 STORES: dict[torch.dtype, type[KVStore]] = {torch.int8: Int8KVStore}
 
 
-class LayerKVCache:
-    """One layer's cache: ``update(k, v)`` appends and returns every key/value so far."""
+class KVView:
+    """One layer's keys and values for rows ``R`` at positions ``P``: what an attention layer sees as
+    its cache during one forward pass. Whoever runs the pass sets ``rows``, ``write`` and ``end``
+    beforehand; the layer calls ``update(k, v)`` with the pass's new keys and values
+    (n, H_kv, T, d_k), ``n = |R|``:
+
+        write = p:     K[R, :, P] = k,  V[R, :, P] = v     p an int: P = [p, p + T) in every row;
+                                                          a tensor (n,): one position per row (T = 1)
+        write = None:  nothing is stored
+        returns        K[R, :, :end], V[R, :, :end]        what is stored after the write (int8:
+                                                          dequantised, see ``Int8KVStore.read``)
+                       [K[R, :, :end]; k], [V[R, :, :end]; v]    when nothing was stored
+                       k, v                                end = None: a pass from position 0 attends
+                                                          over its own keys only (stored or not)
+
+    ``R`` is a slice (the reads are views) or a tensor of row indices (a gather: the reads are copies,
+    and a row may appear more than once). The attributes are plain (no properties, no dicts, and ints
+    rather than slices: dynamo specialises a slice that holds a symbolic size), so a step that
+    ``torch.compile`` or ``torch.export`` traces builds its views inside the graph.
+    """
+
+    __slots__ = ("store", "rows", "write", "end")
 
     def __init__(
         self,
-        batch: int,
-        n_kv_head: int,
-        max_len: int,
-        head_dim: int,
-        dtype: torch.dtype,
-        device: torch.device | str,
+        store: KVStore,
+        rows: Rows = slice(None),
+        write: int | torch.Tensor | None = None,
+        end: int | None = None,
     ) -> None:
-        self.store = make_store(batch, n_kv_head, max_len, head_dim, dtype, device)
-        self.length = 0
-
-    @property
-    def k(self) -> torch.Tensor:
-        return self.store.k
-
-    @property
-    def v(self) -> torch.Tensor:
-        return self.store.v
-
-    @property
-    def max_len(self) -> int:
-        return self.store.max_len
+        self.store, self.rows, self.write, self.end = store, rows, write, end
 
     def update(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """``K_full = [K_cache; k_new]``: write (B, H_kv, T, d_k) at ``length``, return ``[0, length + T)``."""
-        end = self.length + k.size(2)
-        if end > self.max_len:
-            raise GptlabError(f"KV cache is full: {end} positions needed, {self.max_len} allocated")
-        rows = slice(None)
-        self.store.write(rows, slice(self.length, end), k, v)
-        self.length = end
-        return self.store.read(rows, end)
+        write = self.write
+        if write is not None:
+            positions = write if isinstance(write, torch.Tensor) else slice(write, write + k.size(2))
+            self.store.write(self.rows, positions, k, v)
+        if self.end is None:
+            return k, v
+        keys, values = self.store.read(self.rows, self.end)
+        if self.write is None:
+            return torch.cat([keys, k], dim=2), torch.cat([values, v], dim=2)
+        return keys, values
 
-    def nbytes(self) -> int:
-        return self.store.nbytes()
 
-
-class KVCache:
-    """The caches of all layers of a model; ``length`` is the number of positions filled.
+class KVCache(list[KVView]):
+    """The caches of all layers of a model, one ``KVView`` each; ``length`` positions are filled.
 
     ``dtype`` is the storage type: the model's dtype, ``torch.bfloat16``, or
-    ``torch.int8`` (quantised with per-head scales).
+    ``torch.int8`` (quantised with per-head scales). ``GPT.run`` calls ``advance(T)`` before a pass
+    of ``T`` tokens: every view then writes at ``[length, length + T)`` and reads ``[0, length + T)``.
     """
 
     def __init__(
@@ -231,18 +232,28 @@ class KVCache:
     ) -> None:
         assert config.n_kv_head is not None
         max_len = max_len or config.block_size
-        self.layers = [
-            LayerKVCache(batch, config.n_kv_head, max_len, config.head_dim, dtype, device)
+        super().__init__(
+            KVView(make_store(batch, config.n_kv_head, max_len, config.head_dim, dtype, device))
             for _ in range(config.n_layer)
-        ]
+        )
+        self.length = 0
 
     @property
-    def length(self) -> int:
-        return self.layers[0].length
+    def max_len(self) -> int:
+        return self[0].store.max_len
+
+    def advance(self, T: int) -> None:
+        """Aim every layer at the next ``T`` positions: ``K_full = [K_cache; k_new]``."""
+        end = self.length + T
+        if end > self.max_len:
+            raise GptlabError(f"KV cache is full: {end} positions needed, {self.max_len} allocated")
+        for view in self:
+            view.write, view.end = self.length, end
+        self.length = end
 
     def nbytes(self) -> int:
         """Bytes held: ``2·L·B·H_kv·T_max·d_k·bytes_per_number`` (+ the int8 scales)."""
-        return sum(layer.nbytes() for layer in self.layers)
+        return sum(view.store.nbytes() for view in self)
 
 
 class StaticKVCache:

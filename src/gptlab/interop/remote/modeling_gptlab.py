@@ -315,6 +315,6 @@ class GptlabForSeq2SeqLM(GptlabPreTrainedModel, GenerationMixin):
 
 
 def _reorder_kv(cache: KVCache, beam_idx: torch.Tensor) -> None:
-    for layer in cache.layers:
-        store = layer.store
+    for view in cache:
+        store = view.store
         store.k, store.v = store.k.index_select(0, beam_idx), store.v.index_select(0, beam_idx)

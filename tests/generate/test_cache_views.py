@@ -1,0 +1,45 @@
+"""The compiled steps build their ``KVView``s inside the graph: one trace serves every length and bucket."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from gptlab.compiling import Compiled
+from gptlab.generate import StaticSession
+from gptlab.generate.fused_step import decode_one_token
+from gptlab.generate.static_step import decode_bucket
+from tests._tiny import tiny_model
+
+
+@pytest.fixture
+def no_recompiles():
+    """Any recompilation is an error (a guard on a length, a bucket or a view attribute)."""
+    torch._dynamo.reset()
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        yield
+    torch._dynamo.reset()
+
+
+def test_the_one_row_step_traces_once_for_every_cache_length(no_recompiles):
+    model = tiny_model(pos="rope", n_kv_head=2, block_size=24)
+    cfg = model.config
+    keys = [torch.zeros(1, 2, 24, cfg.head_dim) for _ in range(cfg.n_layer)]
+    values = [torch.zeros_like(k) for k in keys]
+    step = torch.compile(decode_one_token, backend="eager", dynamic=True, fullgraph=True)
+    with torch.inference_mode():
+        for end in range(2, 9):
+            got = step(model, torch.tensor([[end]]), torch.tensor([end - 1]), keys, values, end)
+            want = decode_one_token(model, torch.tensor([[end]]), torch.tensor([end - 1]), keys, values, end)
+            torch.testing.assert_close(got, want)
+
+
+def test_the_static_step_traces_once_for_every_bucket_and_horizon(no_recompiles):
+    model = tiny_model(pos="rope", n_kv_head=2, block_size=24)
+    session = StaticSession(model, 4, 24, compile=False)
+    # as StaticSession compiles it on a CPU (each size its own symbol), traced only
+    step = Compiled(decode_bucket, "static step", True, distinct_sizes=True, backend="eager", fullgraph=True)
+    with torch.inference_mode():
+        for b, h in ((2, 8), (3, 16), (4, 24)):
+            step(session, torch.empty(b), "greedy", torch.zeros(h))
+    assert step.compiled_calls == 3
