@@ -37,21 +37,23 @@ from gptlab.sources import load_source, model_tokenizer  # noqa: E402
 from gptlab.train import reinforce, train  # noqa: E402
 from gptlab.train.config import build_config  # noqa: E402
 
-TASK = ROOT / "evals" / "rl" / "addition.jsonl"
-REWARD = ROOT / "evals" / "rl" / "addition_reward.py"
+TASKS = {"reading": "reading", "addition": "addition"}  # --task: evals/rl/<name>.jsonl, <name>_reward.py
 
 
-def accuracy(model: torch.nn.Module, data: PromptDataset, n: int, max_new: int) -> tuple[float, float]:
-    """``(exact-match accuracy, mean reward)`` of greedy replies to the first ``n`` held-out prompts."""
-    fn = reinforce.RewardFunction(f"{REWARD}:reward")
+def accuracy(
+    model: torch.nn.Module, data: PromptDataset, n: int, max_new: int, reward: Path
+) -> tuple[float, float, list[str]]:
+    """``(exact-match accuracy, mean reward, replies)`` of greedy replies to the first ``n`` held-out prompts."""
+    fn = reinforce.RewardFunction(f"{reward}:reward")
     mean, texts = reinforce.held_out_reward(model, data, fn, "val", max_new_tokens=max_new, batch=8, limit=n)
-    check = reinforce.RewardFunction(f"{REWARD}:correct")  # (completion, answer) → bool
+    check = reinforce.RewardFunction(f"{reward}:correct")  # (completion, answer) → bool
     hits = [check.fn(t, data.record("val", i)[1]["answer"]) for i, t in enumerate(texts)]
-    return sum(hits) / len(hits), mean
+    return sum(hits) / len(hits), mean, texts
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--task", default="reading", choices=sorted(TASKS), help="evals/rl/<task>.jsonl")
     p.add_argument("--source", default="smollm2", help="the model to tune (anything init= takes)")
     p.add_argument("--steps", type=int, default=60)
     p.add_argument("--batch", type=int, default=2, help="prompts per step")
@@ -64,12 +66,14 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--work", help="directory for the dataset and the run (default: a temporary one)")
     args = p.parse_args()
+    task = ROOT / "evals" / "rl" / f"{TASKS[args.task]}.jsonl"
+    reward = ROOT / "evals" / "rl" / f"{TASKS[args.task]}_reward.py"
     torch.set_num_threads(args.threads)
     load_start = os.getloadavg()[0]
     t_all = time.perf_counter()
     work = Path(args.work or tempfile.mkdtemp(prefix="grpo-demo-"))
     prepare_prompts(
-        [TASK],
+        [task],
         work / "ds",
         tokenizer=args.source,
         model_tokenizer=model_tokenizer,
@@ -79,7 +83,7 @@ def main() -> None:
     data = PromptDataset(work / "ds")
     base, _ = load_source(args.source)
     t = time.perf_counter()
-    before, reward_before = accuracy(base, data, args.held_out, args.max_new)
+    before, reward_before, texts_before = accuracy(base, data, args.held_out, args.max_new, reward)
     score_s = time.perf_counter() - t
 
     # bench/generate.py's measurement on this model at the loop's batch and shapes
@@ -105,7 +109,7 @@ def main() -> None:
     settings = [
         f"init={args.source}",
         "objective=grpo",
-        f"reward={REWARD}:reward",
+        f"reward={reward}:reward",
         "finetune=lora",
         f"max_steps={args.steps}",
         f"batch_size={args.batch}",
@@ -126,12 +130,12 @@ def main() -> None:
     loop_samples = dict(timed)
     reinforce.sample_completions = original
     tuned, _ = load_source(work / "run")
-    after, reward_after = accuracy(tuned, data, args.held_out, args.max_new)
+    after, reward_after, texts_after = accuracy(tuned, data, args.held_out, args.max_new, reward)
     print(
         json.dumps(
             {
                 "source": args.source,
-                "task": "evals/rl/addition.jsonl",
+                "task": f"evals/rl/{TASKS[args.task]}.jsonl",
                 "steps": args.steps,
                 "batch": args.batch,
                 "group": args.group,

@@ -324,5 +324,27 @@ def test_the_shipped_addition_task_is_its_script_output_and_its_reward_checks_it
         a, b = map(int, re.findall(r"\d+", record["prompt"]))
         assert reward("", f" {a + b}.", record, "x") == 1.0
         assert reward("", f"{a} + {b} = {a + b}", record, "x") == 0.5
-        assert reward("", f"{a + b + 1}", record, "x") == 0.2
+        assert reward("", f"{a + b + 1}", record, "x") == 0.0  # the format alone earns nothing
         assert reward("", f"It is {a + b + 1}", record, "x") == 0.0
+
+
+def test_the_shipped_reading_task_is_its_script_output_and_its_reward_checks_it():
+    import importlib.util
+    from pathlib import Path
+
+    here = Path(__file__).resolve().parents[2] / "evals" / "rl"
+    spec = importlib.util.spec_from_file_location("make_reading", here / "make_reading.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    shipped = [json.loads(line) for line in (here / "reading.jsonl").read_text().splitlines()]
+    assert shipped == module.records()  # regenerated deterministically
+    assert len({r["prompt"] for r in shipped}) == len(shipped)
+    reward = RewardFunction(f"{here / 'reading_reward.py'}:reward")
+    for record in shipped[:50]:
+        n1, n2 = re.findall(r"\d+", record["prompt"])
+        asked, other = (n1, n2) if record["answer"] == n1 else (n2, n1)
+        assert record["answer"] == asked and asked != other
+        assert reward("", f" {asked}.", record, "x") == 1.0
+        assert reward("", f"Mia has {asked} cups.", record, "x") == 0.3
+        assert reward("", other, record, "x") == 0.0  # the format alone earns nothing
+        assert reward("", f"{other} and {asked}", record, "x") == 0.0
