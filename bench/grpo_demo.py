@@ -3,11 +3,15 @@
     python bench/grpo_demo.py                                   # the full demonstration (≤ 15 min target)
     python bench/grpo_demo.py --steps 2 --held-out 8 --group 4  # a short check that it runs
 
-The task is ``evals/rl/addition.jsonl`` (two-digit sums; ``evals/rl/make_addition.py`` writes it) with
-the reward ``evals/rl/addition_reward.py:reward`` (1 for the sum alone, 0.5 for the sum inside a longer
-reply, 0.2 for a wrong number alone, 0 otherwise). The pipeline is the user's: ``prepare --format prompts`` (a held-out
-split), then ``train objective=grpo finetune=lora`` from the ``finetune`` recipe, then the run loaded
-(adapters merged). Accuracy is the share of held-out prompts whose greedy reply is exactly the sum.
+The default task is ``evals/rl/reading.jsonl`` (``evals/rl/make_reading.py`` writes it): a sentence with two
+counts ("Mia has 27 pens and 8 cups."), a question on one of them, "Reply with the number only"; its reward
+``evals/rl/reading_reward.py:reward`` gives 1 for the asked count alone, 0.3 for it as the first number of a
+longer reply, 0 otherwise (no credit for the format alone). ``--task addition`` runs the two-digit sums of
+``evals/rl/addition.jsonl`` instead, which SmolLM2-135M cannot do as asked (docs/benchmarks.md: it writes
+"59 + 7 = 12", and made to answer with digits it copies the first operand). The pipeline is the user's:
+``prepare --format prompts`` (a held-out split), then ``train objective=grpo finetune=lora`` from the
+``finetune`` recipe, then the run loaded (adapters merged). Accuracy is the share of held-out prompts (never
+trained on) whose greedy reply passes the task's ``correct`` check (the answer alone).
 
 Sampling throughput: generated tokens per second inside the RL loop (every call of
 ``sample_completions`` during training, prefill included, timed), against ``bench/generate.py``'s
@@ -20,6 +24,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import platform
+import re
 import sys
 import tempfile
 import time
@@ -49,6 +55,23 @@ def accuracy(
     check = reinforce.RewardFunction(f"{reward}:correct")  # (completion, answer) → bool
     hits = [check.fn(t, data.record("val", i)[1]["answer"]) for i, t in enumerate(texts)]
     return sum(hits) / len(hits), mean, texts
+
+
+def lone_numbers(texts: list[str]) -> float:
+    """The share of replies that are one number alone, right or wrong (the format, apart from the answer)."""
+    alone = [bool(re.fullmatch(r"\d+", t.strip().removesuffix(".").strip())) for t in texts]
+    return sum(alone) / max(len(alone), 1)
+
+
+def cpu_kind() -> str:
+    """The CPU's model name (Linux), or the platform's processor string."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
 
 
 def main() -> None:
@@ -157,8 +180,13 @@ def main() -> None:
                 "loop_sample_share_of_step": round(loop_samples["s"] / max(result.train_wall_s, 1e-9), 3),
                 "generate_bench_tokens_per_s": round(generate_tps, 2),
                 "generate_rows": rows,
+                "lone_number_before": round(lone_numbers(texts_before), 3),
+                "lone_number_after": round(lone_numbers(texts_after), 3),
+                "replies_after": texts_after[:3],
+                "cpu": cpu_kind(),
                 "threads": args.threads,
                 "loadavg_at_start": round(load_start, 2),
+                "loadavg_at_end": round(os.getloadavg()[0], 2),
             }
         )
     )
