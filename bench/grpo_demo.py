@@ -3,12 +3,14 @@
     python bench/grpo_demo.py                                   # the full demonstration (≤ 15 min target)
     python bench/grpo_demo.py --steps 2 --held-out 8 --group 4  # a short check that it runs
 
-The default task is ``evals/rl/reading.jsonl`` (``evals/rl/make_reading.py`` writes it): a sentence with two
-counts ("Mia has 27 pens and 8 cups."), a question on one of them, "Reply with the number only"; its reward
-``evals/rl/reading_reward.py:reward`` gives 1 for the asked count alone, 0.3 for it as the first number of a
-longer reply, 0 otherwise (no credit for the format alone). ``--task addition`` runs the two-digit sums of
-``evals/rl/addition.jsonl`` instead, which SmolLM2-135M cannot do as asked (docs/benchmarks.md: it writes
-"59 + 7 = 12", and made to answer with digits it copies the first operand). The pipeline is the user's:
+The default task is ``evals/rl/capitals.jsonl`` (``evals/rl/make_capitals.py`` writes it): "What is the
+capital of Peru? Reply with the city name only.", 123 countries, a fifth held out; its reward
+``evals/rl/capitals_reward.py:reward`` gives 1 for the capital alone, ``0.5·4/(4 + words)`` for it inside a
+longer reply, 0 otherwise (no credit for the format alone). The model knows many capitals but answers in a
+sentence, so the accuracy starts at 0 and what the reward teaches is the format. ``--task reading``
+(counts in a sentence) and ``--task addition`` (two-digit sums, beyond SmolLM2-135M) are the tasks tried
+before (docs/benchmarks.md). Runs differ: of three on a quiet machine, one met the +20 points, two stayed
+at 0 (the guide's table). The pipeline is the user's:
 ``prepare --format prompts`` (a held-out split), then ``train objective=grpo finetune=lora`` from the
 ``finetune`` recipe, then the run loaded (adapters merged). Accuracy is the share of held-out prompts (never
 trained on) whose greedy reply passes the task's ``correct`` check (the answer alone).
@@ -43,7 +45,11 @@ from gptlab.sources import load_source, model_tokenizer  # noqa: E402
 from gptlab.train import reinforce, train  # noqa: E402
 from gptlab.train.config import build_config  # noqa: E402
 
-TASKS = {"reading": "reading", "addition": "addition"}  # --task: evals/rl/<name>.jsonl, <name>_reward.py
+TASKS = {
+    "reading": "reading",
+    "addition": "addition",
+    "capitals": "capitals",
+}  # --task: evals/rl/<name>.jsonl, <name>_reward.py
 
 
 def accuracy(
@@ -76,16 +82,17 @@ def cpu_kind() -> str:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--task", default="reading", choices=sorted(TASKS), help="evals/rl/<task>.jsonl")
+    p.add_argument("--task", default="capitals", choices=sorted(TASKS), help="evals/rl/<task>.jsonl")
     p.add_argument("--source", default="smollm2", help="the model to tune (anything init= takes)")
-    p.add_argument("--steps", type=int, default=15)
+    p.add_argument("--steps", type=int, default=45)
     p.add_argument("--batch", type=int, default=2, help="prompts per step")
     p.add_argument("--group", type=int, default=8, help="completions per prompt")
-    p.add_argument("--max-new", type=int, default=8, help="rl_max_new_tokens")
+    p.add_argument("--max-new", type=int, default=12, help="rl_max_new_tokens")
     p.add_argument("--temperature", type=float, default=1.0, help="rl_temperature")
-    p.add_argument("--lr", type=float, default=2e-3)
+    p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--kl", type=float, default=0.0, help="kl_coef")
-    p.add_argument("--held-out", type=int, default=24, help="held-out prompts scored before and after")
+    p.add_argument("--held-out", type=int, default=25, help="held-out prompts scored before and after")
+    p.add_argument("--val-fraction", type=float, default=0.2, help="the share of prompts held out")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--work", help="directory for the dataset and the run (default: a temporary one)")
     args = p.parse_args()
@@ -100,7 +107,7 @@ def main() -> None:
         work / "ds",
         tokenizer=args.source,
         model_tokenizer=model_tokenizer,
-        val_fraction=0.1,
+        val_fraction=args.val_fraction,
         block_size=128,
     )
     data = PromptDataset(work / "ds")
