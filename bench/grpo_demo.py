@@ -3,11 +3,17 @@
     python bench/grpo_demo.py                                   # the full demonstration (≤ 15 min target)
     python bench/grpo_demo.py --steps 2 --held-out 8 --group 4  # a short check that it runs
 
-The task is ``evals/rl/addition.jsonl`` (two-digit sums; ``evals/rl/make_addition.py`` writes it) with
-the reward ``evals/rl/addition_reward.py:reward`` (1 for the sum alone, 0.5 for the sum inside a longer
-reply, 0.2 for a wrong number alone, 0 otherwise). The pipeline is the user's: ``prepare --format prompts`` (a held-out
-split), then ``train objective=grpo finetune=lora`` from the ``finetune`` recipe, then the run loaded
-(adapters merged). Accuracy is the share of held-out prompts whose greedy reply is exactly the sum.
+The default task is ``evals/rl/capitals.jsonl`` (``evals/rl/make_capitals.py`` writes it): "What is the
+capital of Peru? Reply with the city name only.", 123 countries, a fifth held out; its reward
+``evals/rl/capitals_reward.py:reward`` gives 1 for the capital alone, ``0.5·4/(4 + words)`` for it inside a
+longer reply, 0 otherwise (no credit for the format alone). The model knows many capitals but answers in a
+sentence, so the accuracy starts at 0 and what the reward teaches is the format. ``--task reading``
+(counts in a sentence) and ``--task addition`` (two-digit sums, beyond SmolLM2-135M) are the tasks tried
+before (docs/benchmarks.md). Runs differ: of three on a quiet machine, one met the +20 points, two stayed
+at 0 (the guide's table). The pipeline is the user's:
+``prepare --format prompts`` (a held-out split), then ``train objective=grpo finetune=lora`` from the
+``finetune`` recipe, then the run loaded (adapters merged). Accuracy is the share of held-out prompts (never
+trained on) whose greedy reply passes the task's ``correct`` check (the answer alone).
 
 Sampling throughput: generated tokens per second inside the RL loop (every call of
 ``sample_completions`` during training, prefill included, timed), against ``bench/generate.py``'s
@@ -20,6 +26,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import platform
+import re
 import sys
 import tempfile
 import time
@@ -37,49 +45,75 @@ from gptlab.sources import load_source, model_tokenizer  # noqa: E402
 from gptlab.train import reinforce, train  # noqa: E402
 from gptlab.train.config import build_config  # noqa: E402
 
-TASK = ROOT / "evals" / "rl" / "addition.jsonl"
-REWARD = ROOT / "evals" / "rl" / "addition_reward.py"
+TASKS = {
+    "reading": "reading",
+    "addition": "addition",
+    "capitals": "capitals",
+}  # --task: evals/rl/<name>.jsonl, <name>_reward.py
 
 
-def accuracy(model: torch.nn.Module, data: PromptDataset, n: int, max_new: int) -> tuple[float, float]:
-    """``(exact-match accuracy, mean reward)`` of greedy replies to the first ``n`` held-out prompts."""
-    fn = reinforce.RewardFunction(f"{REWARD}:reward")
+def accuracy(
+    model: torch.nn.Module, data: PromptDataset, n: int, max_new: int, reward: Path
+) -> tuple[float, float, list[str]]:
+    """``(exact-match accuracy, mean reward, replies)`` of greedy replies to the first ``n`` held-out prompts."""
+    fn = reinforce.RewardFunction(f"{reward}:reward")
     mean, texts = reinforce.held_out_reward(model, data, fn, "val", max_new_tokens=max_new, batch=8, limit=n)
-    check = reinforce.RewardFunction(f"{REWARD}:correct")  # (completion, answer) → bool
+    check = reinforce.RewardFunction(f"{reward}:correct")  # (completion, answer) → bool
     hits = [check.fn(t, data.record("val", i)[1]["answer"]) for i, t in enumerate(texts)]
-    return sum(hits) / len(hits), mean
+    return sum(hits) / len(hits), mean, texts
+
+
+def lone_numbers(texts: list[str]) -> float:
+    """The share of replies that are one number alone, right or wrong (the format, apart from the answer)."""
+    alone = [bool(re.fullmatch(r"\d+", t.strip().removesuffix(".").strip())) for t in texts]
+    return sum(alone) / max(len(alone), 1)
+
+
+def cpu_kind() -> str:
+    """The CPU's model name (Linux), or the platform's processor string."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--task", default="capitals", choices=sorted(TASKS), help="evals/rl/<task>.jsonl")
     p.add_argument("--source", default="smollm2", help="the model to tune (anything init= takes)")
-    p.add_argument("--steps", type=int, default=60)
+    p.add_argument("--steps", type=int, default=45)
     p.add_argument("--batch", type=int, default=2, help="prompts per step")
     p.add_argument("--group", type=int, default=8, help="completions per prompt")
     p.add_argument("--max-new", type=int, default=12, help="rl_max_new_tokens")
-    p.add_argument("--temperature", type=float, default=0.7, help="rl_temperature")
+    p.add_argument("--temperature", type=float, default=1.0, help="rl_temperature")
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--kl", type=float, default=0.0, help="kl_coef")
-    p.add_argument("--held-out", type=int, default=40, help="held-out prompts scored before and after")
+    p.add_argument("--held-out", type=int, default=25, help="held-out prompts scored before and after")
+    p.add_argument("--val-fraction", type=float, default=0.2, help="the share of prompts held out")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--work", help="directory for the dataset and the run (default: a temporary one)")
     args = p.parse_args()
+    task = ROOT / "evals" / "rl" / f"{TASKS[args.task]}.jsonl"
+    reward = ROOT / "evals" / "rl" / f"{TASKS[args.task]}_reward.py"
     torch.set_num_threads(args.threads)
     load_start = os.getloadavg()[0]
     t_all = time.perf_counter()
     work = Path(args.work or tempfile.mkdtemp(prefix="grpo-demo-"))
     prepare_prompts(
-        [TASK],
+        [task],
         work / "ds",
         tokenizer=args.source,
         model_tokenizer=model_tokenizer,
-        val_fraction=0.1,
+        val_fraction=args.val_fraction,
         block_size=128,
     )
     data = PromptDataset(work / "ds")
     base, _ = load_source(args.source)
     t = time.perf_counter()
-    before, reward_before = accuracy(base, data, args.held_out, args.max_new)
+    before, reward_before, texts_before = accuracy(base, data, args.held_out, args.max_new, reward)
     score_s = time.perf_counter() - t
 
     # bench/generate.py's measurement on this model at the loop's batch and shapes
@@ -105,7 +139,7 @@ def main() -> None:
     settings = [
         f"init={args.source}",
         "objective=grpo",
-        f"reward={REWARD}:reward",
+        f"reward={reward}:reward",
         "finetune=lora",
         f"max_steps={args.steps}",
         f"batch_size={args.batch}",
@@ -126,12 +160,12 @@ def main() -> None:
     loop_samples = dict(timed)
     reinforce.sample_completions = original
     tuned, _ = load_source(work / "run")
-    after, reward_after = accuracy(tuned, data, args.held_out, args.max_new)
+    after, reward_after, texts_after = accuracy(tuned, data, args.held_out, args.max_new, reward)
     print(
         json.dumps(
             {
                 "source": args.source,
-                "task": "evals/rl/addition.jsonl",
+                "task": f"evals/rl/{TASKS[args.task]}.jsonl",
                 "steps": args.steps,
                 "batch": args.batch,
                 "group": args.group,
@@ -153,8 +187,13 @@ def main() -> None:
                 "loop_sample_share_of_step": round(loop_samples["s"] / max(result.train_wall_s, 1e-9), 3),
                 "generate_bench_tokens_per_s": round(generate_tps, 2),
                 "generate_rows": rows,
+                "lone_number_before": round(lone_numbers(texts_before), 3),
+                "lone_number_after": round(lone_numbers(texts_after), 3),
+                "replies_after": texts_after[:3],
+                "cpu": cpu_kind(),
                 "threads": args.threads,
                 "loadavg_at_start": round(load_start, 2),
+                "loadavg_at_end": round(os.getloadavg()[0], 2),
             }
         )
     )

@@ -324,5 +324,55 @@ def test_the_shipped_addition_task_is_its_script_output_and_its_reward_checks_it
         a, b = map(int, re.findall(r"\d+", record["prompt"]))
         assert reward("", f" {a + b}.", record, "x") == 1.0
         assert reward("", f"{a} + {b} = {a + b}", record, "x") == 0.5
-        assert reward("", f"{a + b + 1}", record, "x") == 0.2
+        assert reward("", f"{a + b + 1}", record, "x") == 0.0  # the format alone earns nothing
         assert reward("", f"It is {a + b + 1}", record, "x") == 0.0
+
+
+def test_the_shipped_reading_task_is_its_script_output_and_its_reward_checks_it():
+    import importlib.util
+    from pathlib import Path
+
+    here = Path(__file__).resolve().parents[2] / "evals" / "rl"
+    spec = importlib.util.spec_from_file_location("make_reading", here / "make_reading.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    shipped = [json.loads(line) for line in (here / "reading.jsonl").read_text().splitlines()]
+    assert shipped == module.records()  # regenerated deterministically
+    assert len({r["prompt"] for r in shipped}) == len(shipped)
+    reward = RewardFunction(f"{here / 'reading_reward.py'}:reward")
+    for record in shipped[:50]:
+        n1, n2 = re.findall(r"\d+", record["prompt"])
+        asked, other = (n1, n2) if record["answer"] == n1 else (n2, n1)
+        assert record["answer"] == asked and asked != other
+        assert reward("", f" {asked}.", record, "x") == 1.0
+        assert reward("", f"Mia has {asked} cups.", record, "x") == 0.3
+        assert reward("", other, record, "x") == 0.0  # the format alone earns nothing
+        assert reward("", f"{other} and {asked}", record, "x") == 0.0
+
+
+def test_the_shipped_capitals_task_is_its_script_output_and_its_reward_checks_it():
+    import importlib.util
+    from pathlib import Path
+
+    here = Path(__file__).resolve().parents[2] / "evals" / "rl"
+    spec = importlib.util.spec_from_file_location("make_capitals", here / "make_capitals.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    shipped = [
+        json.loads(line) for line in (here / "capitals.jsonl").read_text(encoding="utf-8").splitlines()
+    ]
+    assert shipped == module.records()  # regenerated deterministically
+    assert len({r["prompt"] for r in shipped}) == len(shipped) >= 100
+    reward = RewardFunction(f"{here / 'capitals_reward.py'}:reward")
+    records = {r["answer"]: r for r in shipped}
+    lima, rome = records["Lima"], records["Rome"]
+    assert reward("", " Lima.", lima, "x") == 1.0
+    assert reward("", "LIMA", lima, "x") == 1.0  # case aside
+    assert reward("", "Bogota", records["Bogotá|Bogota"], "x") == 1.0  # accents aside, other spellings
+    assert reward("", "Bogotá.", records["Bogotá|Bogota"], "x") == 1.0
+    sentence = reward("", "The capital of Peru is Lima.", lima, "x")
+    short = reward("", "Lima, Peru.", lima, "x")
+    assert 0 < sentence < short < 1.0  # right, wrong format: more the shorter
+    assert reward("", "Rome", lima, "x") == 0.0  # a wrong city alone earns nothing
+    assert reward("", "The capital of Peru is Cusco.", lima, "x") == 0.0
+    assert reward("", "Romeo", rome, "x") == 0.0  # the name, not a longer word holding it
