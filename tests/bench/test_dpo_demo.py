@@ -18,8 +18,8 @@ from gptlab.sources import model_tokenizer
 from gptlab.tokenizers import CharTokenizer
 from gptlab.train.config import build_config
 from gptlab.train.preference import sequence_logprobs
+from tests._chat_data import ALPHABET, SPECIALS, write_jsonl
 from tests._tiny import TINY_TRAIN, tiny_model
-from tests.data.test_preference_data import ALPHABET, SPECIALS, write_jsonl
 
 
 @pytest.fixture(scope="module")
