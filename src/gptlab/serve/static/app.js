@@ -115,9 +115,15 @@ function tokenSpan(text, prob, alts, grammar) {  // alts: [{text, prob}], best f
 }
 
 function addToken(ev) {
-  if (ev.id !== undefined) state.outputIds.push(ev.id);  // every drawn id (the Inside view's Grammar panel)
+  const drawn = ev.id !== undefined && ev.id !== null;
+  if (drawn) state.outputIds.push(ev.id);  // every drawn id (the Inside view's Grammar panel)
   if (!ev.text) return;
-  $("output").appendChild(tokenSpan(ev.text, ev.prob, ev.top, ev));
+  const last = $("output").lastElementChild;
+  if (!drawn && last && last.classList.contains("tok")) {
+    last.textContent += ev.text;  // held-back text of the last token, released without a token of its own
+  } else {
+    $("output").appendChild(tokenSpan(ev.text, ev.prob, ev.top, ev));
+  }
   state.text += ev.text;
   $("output").scrollTop = $("output").scrollHeight;
 }
@@ -304,8 +310,15 @@ async function chat() {
     if (content) {  // ... and its text later, in this chunk or in the closing one (which has no logprobs)
       const best = pending[pending.length - 1];
       pending = [];
-      const alts = best ? best.top_logprobs.map((a) => ({ text: a.token, prob: Math.exp(a.logprob) })) : [];
-      reply.appendChild(tokenSpan(content, best ? Math.exp(best.logprob) : null, alts));
+      const last = reply.lastElementChild;
+      if (!best && last && last.classList.contains("tok")) {
+        // text without a token of its own: the rest of the last token's text, which the server held back
+        // (a stop-string prefix) until it knew it was no stop; it belongs to that token's span
+        last.textContent += content;
+      } else {
+        const alts = best ? best.top_logprobs.map((a) => ({ text: a.token, prob: Math.exp(a.logprob) })) : [];
+        reply.appendChild(tokenSpan(content, best ? Math.exp(best.logprob) : null, alts));
+      }
       text += content;
       state.text += content;
     }
