@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import re
 import sys
 import tempfile
@@ -39,6 +38,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT))
 
+from bench.dpo_demo import cpu_kind  # noqa: E402
 from bench.generate import run_once  # noqa: E402
 from gptlab.data.prompts import PromptDataset, prepare_prompts  # noqa: E402
 from gptlab.sources import load_source, model_tokenizer  # noqa: E402
@@ -67,17 +67,6 @@ def lone_numbers(texts: list[str]) -> float:
     """The share of replies that are one number alone, right or wrong (the format, apart from the answer)."""
     alone = [bool(re.fullmatch(r"\d+", t.strip().removesuffix(".").strip())) for t in texts]
     return sum(alone) / max(len(alone), 1)
-
-
-def cpu_kind() -> str:
-    """The CPU's model name (Linux), or the platform's processor string."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def main() -> None:
