@@ -82,6 +82,7 @@ def main() -> None:
     p.add_argument("--kl", type=float, default=0.0, help="kl_coef")
     p.add_argument("--held-out", type=int, default=25, help="held-out prompts scored before and after")
     p.add_argument("--val-fraction", type=float, default=0.2, help="the share of prompts held out")
+    p.add_argument("--seed", type=int, default=1337, help="the run's seed (prompt order, sampling)")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--work", help="directory for the dataset and the run (default: a temporary one)")
     args = p.parse_args()
@@ -143,6 +144,7 @@ def main() -> None:
         "eval_batches=1",
         f"ckpt_every={args.steps}",
         f"threads={args.threads}",
+        f"seed={args.seed}",
         "progress=false",
     ]
     result = train(build_config("finetune", settings), work / "ds", work / "run")
@@ -162,6 +164,7 @@ def main() -> None:
                 "temperature": args.temperature,
                 "lr": args.lr,
                 "kl_coef": args.kl,
+                "seed": args.seed,
                 "held_out": min(args.held_out, data.count("val")),
                 "accuracy_before": round(before, 3),
                 "accuracy_after": round(after, 3),
