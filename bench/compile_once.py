@@ -33,7 +33,7 @@ CHILD = r"""
 import json, sys, time
 import torch
 import gptlab
-from gptlab.generate import BatchSession, engine_of, prepare_decoding
+from gptlab.generate import BatchSession, prepared_of, prepare_decoding
 model_name, dtype, store, steady = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
 if model_name == "demo":  # gptlab demo's model (the char-best recipe), random weights
     from gptlab.model import GPT, GPTConfig

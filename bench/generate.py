@@ -27,8 +27,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from gptlab.cli.options import resolve_dtype  # noqa: E402
-from gptlab.generate import BatchSession, SampleConfig, engine_of, prepare_decoding  # noqa: E402
-from gptlab.generate.loop import decode_rows, start  # noqa: E402
+from gptlab.generate import BatchSession, SampleConfig, prepare_decoding, prepared_of  # noqa: E402
+from gptlab.generate.driver import decode_rows, start  # noqa: E402
 from gptlab.hardware import inference_weights  # noqa: E402
 from gptlab.model import GPT, GPTConfig  # noqa: E402
 from gptlab.model.weight_formats import quantize  # noqa: E402
@@ -279,7 +279,7 @@ def main() -> None:
         "fraction_of_issue_bound": round(decode_tps * wbytes / (args.batch * ISSUE_BANDWIDTH_GBS * 1e9), 3),
         "path": engine.plan(args.batch).session,
         "plan": str(engine.plan(args.batch)),
-        "compiled_step": any(step.compiled_calls for step in engine_of(model).compiled_steps)
+        "compiled_step": any(step.compiled_calls for step in prepared_of(model).compiled_steps)
         or bool(engine.static and engine.static.compiled),
         "first_run_s": round(first_run, 2),
         "repeats": args.repeats,

@@ -50,7 +50,7 @@ sys.path.insert(0, str(HERE.parent))  # the checkout: bench/ imports as the pack
 from bench import baseline_minimal  # noqa: E402
 from bench.generate import hf_bench  # noqa: E402
 from gptlab.generate import generate_ids  # noqa: E402
-from gptlab.generate.engine import engine_of, prepare_decoding  # noqa: E402
+from gptlab.generate.prepared import prepare_decoding, prepared_of  # noqa: E402
 from gptlab.inspect.flops import mfu, peak_flops, training_flops_per_token  # noqa: E402
 from gptlab.interop.hf import export_family  # noqa: E402
 from gptlab.model import GPT, GPTConfig  # noqa: E402
@@ -225,7 +225,7 @@ def decode_figures(args, device: str, base: GPTConfig) -> None:
             sync(device)
             times.append(time.perf_counter() - t)
         tps = batch * args.new_tokens / statistics.median(times)
-        session = engine_of(model).static
+        session = prepared_of(model).static
         hf = hf_bench(batch, args.prompt_tokens, args.new_tokens, args.repeats, device, dtype, hf_config)
         emit(
             "decode",

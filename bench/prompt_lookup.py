@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     import gptlab
     from gptlab.generate import generate_ids, prepare_decoding
     from gptlab.generate.config import SampleConfig
-    from gptlab.generate.loop import decode_rows, start
+    from gptlab.generate.driver import decode_rows, start
     from gptlab.sources import load_source
     from gptlab.tokenizers.chat import encode_chat
 

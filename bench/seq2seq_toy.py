@@ -31,7 +31,7 @@ def write_pairs(path: Path, rows: list[dict[str, str]]) -> None:
 def exact_match(model, tokenizer, data) -> tuple[float, int]:
     """Share of held-out pairs whose greedy target equals the reference exactly."""
     from gptlab.generate import SampleConfig
-    from gptlab.generate.seq2seq import target_ids
+    from gptlab.generate.driver import target_ids
 
     src_rows, tgt_rows = data.rows("val")
     eos, pad = tokenizer.eot_id, data.pad_id

@@ -15,7 +15,7 @@ import torch
 from bench import gpu
 from gptlab.data import prepare
 from gptlab.generate import generate_ids
-from gptlab.generate.engine import engine_of, prepare_decoding
+from gptlab.generate.prepared import prepare_decoding, prepared_of
 from gptlab.generate.static import StaticSession
 from gptlab.model import GPT, GPTConfig
 from gptlab.train import loop as gtrain
@@ -91,7 +91,7 @@ def test_cuda_graph_path_equals_the_eager_path_in_float32(options):
     with warnings.catch_warnings():
         warnings.filterwarnings("error", message=".*torch.compile failed")  # a fallback to eager
         got = generate_ids(model, idx, 24, temperature=0)
-    session = engine_of(model).static
+    session = prepared_of(model).static
     assert session.compiled, "the step did not run through torch.compile"
     assert torch.equal(got, ref)
 

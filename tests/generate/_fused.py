@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 import gptlab
-from gptlab.generate import BatchSession, engine_of, prepare_decoding
+from gptlab.generate import BatchSession, prepare_decoding, prepared_of
 from gptlab.model import GPT
 from tests._tiny import tiny_model
 
@@ -20,7 +20,7 @@ def fused_model(fmt: str, **options) -> GPT:
 
 def greedy_logits(model: GPT, prompt: list[int], steps: int, fused: bool, monkeypatch) -> list[torch.Tensor]:
     """Logits of ``steps`` greedy steps after ``prompt``, through the compiled one-row step or layer by layer."""
-    engine = engine_of(model)
+    engine = prepared_of(model)
     session = BatchSession(model, 1, one_token=engine.one_token if fused else None)
     assert (session.one_token is not None) == fused
     slot, logits = session.add(prompt)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from gptlab.generate import SampleConfig, generate_ids
-from gptlab.generate.engine import prepare_decoding
+from gptlab.generate.prepared import prepare_decoding
 from gptlab.generate.static import StaticSession
 from gptlab.model import GPT
 from tests._tiny import tiny_model

@@ -7,8 +7,8 @@ import torch
 
 from gptlab.compiling import Compiled
 from gptlab.generate import StaticSession
-from gptlab.generate.fused_step import decode_one_token
-from gptlab.generate.static_step import decode_bucket
+from gptlab.generate.prepared import decode_one_token
+from gptlab.generate.static import decode_bucket
 from tests._tiny import tiny_model
 
 

@@ -1,4 +1,4 @@
-"""The compiled one-row step is paid for once and never waited for (``gptlab.generate.fused_step``).
+"""The compiled one-row step is paid for once and never waited for (``gptlab.generate.prepared``).
 
 Properties, not timings: a later process loads the stored step instead of compiling it (its public
 counters and the engine's report say so); a damaged or foreign artefact is not loaded (a warning,
@@ -20,8 +20,8 @@ import torch
 
 import gptlab
 from gptlab.compiling import Compiled, can_compile
-from gptlab.generate import engine_of, generate_ids, prepare_decoding
-from gptlab.generate.fused_step import PACKAGE, RECORD, StoredStep, decode_one_token
+from gptlab.generate import generate_ids, prepare_decoding, prepared_of
+from gptlab.generate.prepared import PACKAGE, RECORD, StoredStep, decode_one_token
 from tests._tiny import tiny_model
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -54,7 +54,7 @@ def _gated_build(release_after: int, built: list[str]):
     ``release_after`` times and gives the eager step itself as "compiled" (the switch is under test)."""
 
     def build(self: StoredStep, args: tuple):
-        step = engine_of(args[0]).one_token
+        step = prepared_of(args[0]).one_token
         done = threading.Event()
 
         def job():

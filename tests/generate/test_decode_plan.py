@@ -22,10 +22,10 @@ from gptlab.generate import (
     DecodeSettings,
     ModelFacts,
     SampleConfig,
-    engine_of,
     generate_ids,
     plan_decoding,
     prepare_decoding,
+    prepared_of,
 )
 from gptlab.generate.plan import STEPS
 from gptlab.model import GPT, GPTConfig
@@ -137,7 +137,7 @@ def test_a_model_decoded_twice_compiles_once():
     model = _tiny()
     options = {"backend": "eager", "fullgraph": True}
     engine = prepare_decoding(model, static=True, compile="on", compile_options=options)
-    assert engine is engine_of(model) and engine.plan(3).step == "compiled"
+    assert engine is prepared_of(model) and engine.plan(3).step == "compiled"
     idx = torch.randint(0, 61, (3, 5))
     first = generate_ids(model, idx, 6, temperature=0)
     session = engine.static
@@ -148,17 +148,17 @@ def test_a_model_decoded_twice_compiles_once():
     assert engine.static is session and torch.equal(again, first)
     assert dynamo_utils.counters["frames"]["ok"] == frames  # nothing traced again
     reference = generate_ids(_tiny(), idx, 6, temperature=0)  # a fresh model: the dynamic cache
-    assert engine_of(_tiny()).static is None and torch.equal(first, reference)
+    assert prepared_of(_tiny()).static is None and torch.equal(first, reference)
 
 
 def test_a_new_preparation_replaces_the_engine_and_a_copy_starts_without_one():
     model = _tiny()
     first = prepare_decoding(model, compile="on")
-    assert engine_of(model) is first and first.one_token is first.one_token  # built once
+    assert prepared_of(model) is first and first.one_token is first.one_token  # built once
     second = prepare_decoding(model, compile="off")
-    assert engine_of(model) is second and engine_of(model).plan(1).step == "layers"
+    assert prepared_of(model) is second and prepared_of(model).plan(1).step == "layers"
     clone = copy.deepcopy(model)
-    assert engine_of(clone) is not second and engine_of(clone).model is clone
+    assert prepared_of(clone) is not second and prepared_of(clone).model is clone
 
 
 @pytest.fixture(scope="module")
@@ -191,11 +191,11 @@ def test_gptlab_static_from_the_cli_reaches_the_plan():
 
     model = _tiny()
     assert prepare_decode("auto", model, None, static="off").settings.static is False
-    settings = engine_of(model).settings
+    settings = prepared_of(model).settings
     assert plan_decoding(CUDA, settings, 4).session == "dynamic"  # what it means on a GPU
     assert prepare_decode("auto", model, None).settings.static is None
     assert prepare_decode("auto", model, None, static="on").settings.static is True
-    assert plan_decoding(CUDA, engine_of(model).settings, 4).session == "static"
+    assert plan_decoding(CUDA, prepared_of(model).settings, 4).session == "static"
 
 
 def _imports(path: Path) -> set[str]:
@@ -237,7 +237,7 @@ def test_generate_has_no_import_cycle_no_registry_and_reads_no_environment():
 
 def _ran_compiled(model: GPT) -> int:
     """Calls that ran through torch.compile, over every step the model's engine built (public counters)."""
-    return sum(step.compiled_calls for step in engine_of(model).compiled_steps)
+    return sum(step.compiled_calls for step in prepared_of(model).compiled_steps)
 
 
 @pytest.mark.parametrize("switched_off", [False, True], ids=["compiling", "GPTLAB_COMPILE=0"])

@@ -1,7 +1,7 @@
 """The CPU's compiled static step: weights frozen into the graph, one compilation for every session.
 
 ``StaticSession(compile=True)`` on a CPU compiles ``FrozenStep`` with inductor's freezing and its
-C++ GEMM (``gptlab.generate.frozen_step``). These tests compile a tiny model for real (tens of
+C++ GEMM (``gptlab.generate.static``). These tests compile a tiny model for real (tens of
 seconds on 2 cores: the GEMM autotuning benchmarks each shape), so they are ``slow``.
 """
 
@@ -14,9 +14,8 @@ import torch
 
 from gptlab.compiling import Compiled, can_compile
 from gptlab.generate.config import SampleConfig
-from gptlab.generate.engine import engine_of, prepare_decoding
-from gptlab.generate.frozen_step import FROZEN, FrozenStep, FrozenSteps
-from gptlab.generate.static import StaticSession
+from gptlab.generate.prepared import prepare_decoding, prepared_of
+from gptlab.generate.static import FROZEN, FrozenStep, FrozenSteps, StaticSession
 from tests.generate._static import PROMPTS, alone, run, tiny
 
 PACKED, TEMPLATED = "mkldnn_linear_weight_pack_matcher_count", "cpp_templated_kernel_counter"
@@ -41,7 +40,7 @@ def test_frozen_step_agrees_holds_its_own_weights_and_recompiles_when_they_chang
     monkeypatch.setitem(FROZEN, "max_autotune_gemm_backends", "CPP")
     model = tiny(pos="rope", n_kv_head=2, n_layer=1, block_size=64)
     want = {i: alone(model, p, 6) for i, p in enumerate(PROMPTS[:3])}
-    steps = FrozenSteps(model)  # what the model's DecodeEngine holds: shared by its sessions
+    steps = FrozenSteps(model)  # what the model's PreparedDecoding holds: shared by its sessions
     session = StaticSession(model, 4, 40, compile=True, frozen=steps)
     assert session.frozen is steps and not session.prefill_step.enabled  # a CPU: eager prefill, frozen step
     packed, templated = (counters["inductor"][k] for k in (PACKED, TEMPLATED))
@@ -98,7 +97,7 @@ def test_compile_on_a_cpu_sends_batches_of_float32_activations_to_the_frozen_ste
     with mock.patch("gptlab.hardware.native_bf16", return_value=False):  # bf16 emulated: float32 activations
         model = quantize(tiny(), weights)
     engine = prepare_decode("on", model, planned_tokens=100)
-    assert engine is engine_of(model)
+    assert engine is prepared_of(model)
     on = engine.plan(1).step == "fused"
     assert on == can_compile("cpu")
     batches = engine.plan(4)

@@ -1,4 +1,4 @@
-"""The compiled decode step (``gptlab.generate.fused_step``) computes what the layer-by-layer step does."""
+"""The compiled decode step (``gptlab.generate.prepared``) computes what the layer-by-layer step does."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import torch
 import gptlab
 from gptlab import compiling
 from gptlab.compiling import can_compile
-from gptlab.generate import BatchSession, engine_of, generate_ids
-from gptlab.generate.fused_step import one_token_step
+from gptlab.generate import BatchSession, generate_ids, prepared_of
 from gptlab.generate.plan import ModelFacts
+from gptlab.generate.prepared import one_token_step
 from gptlab.model import GPT
 from tests.generate._fused import fused_model, greedy_logits
 
@@ -57,7 +57,7 @@ def test_compiled_step_compiles_once_for_every_cache_length(monkeypatch):
     model = fused_model("int8")
     frames = dynamo_utils.counters["frames"]
     assert generate_ids(model, torch.tensor([[1, 2, 3]]), 3, temperature=0).shape == (1, 6)  # cache ends 4..6
-    assert engine_of(model).one_token.compiled_calls > 0  # it ran compiled
+    assert prepared_of(model).one_token.compiled_calls > 0  # it ran compiled
     before = frames["ok"]
     assert generate_ids(model, torch.tensor([list(range(8))]), 16, temperature=0).shape == (
         1,
@@ -69,7 +69,7 @@ def test_compiled_step_compiles_once_for_every_cache_length(monkeypatch):
 @needs_compiler
 def test_the_compiled_step_is_used_only_where_it_applies(monkeypatch):
     model = fused_model("bf16")
-    engine = engine_of(model)
+    engine = prepared_of(model)
     assert engine.plan(1).step == "fused"
     assert engine.dynamic_session(engine.plan(1), 1).one_token is engine.one_token
     # several rows: bf16 weights with bf16 activations (native bf16) keep the batched kernels; with
@@ -82,10 +82,10 @@ def test_the_compiled_step_is_used_only_where_it_applies(monkeypatch):
     assert engine.plan(1, cache_dtype=torch.int8).step == "layers"  # an int8 cache dequantises
     assert BatchSession(model, 1, cache_dtype=torch.int8, one_token=engine.one_token).one_token is None
     assert BatchSession(model, 2, one_token=engine.one_token).one_token is None
-    assert engine_of(gptlab.quantize(GPT(model.config), "bf16")).plan(1).step == "layers"  # not asked for
+    assert prepared_of(gptlab.quantize(GPT(model.config), "bf16")).plan(1).step == "layers"  # not asked for
     previous = compiling.configure(compile=False)  # what GPTLAB_COMPILE=0 sets: the step runs eagerly
     try:
         assert BatchSession(model, 1, one_token=one_token_step()).one_token is None
-        assert engine_of(gptlab.quantize(GPT(model.config), "bf16")).plan(1).step == "layers"
+        assert prepared_of(gptlab.quantize(GPT(model.config), "bf16")).plan(1).step == "layers"
     finally:
         compiling.configure(compile=previous.compile, cxx=previous.cxx)

@@ -13,15 +13,15 @@ from gptlab.cli import main
 from gptlab.errors import GptlabError
 from gptlab.generate import (
     ContextWarning,
+    RequestState,
     SampleConfig,
     Sampler,
-    TokenStep,
     fit_prompt,
     generate_ids,
     generate_text,
     stream_events,
 )
-from gptlab.generate.step import prompt_budget
+from gptlab.generate.request import prompt_budget
 from gptlab.model import GPT
 from gptlab.tokenizers import CharTokenizer
 from tests._tiny import tiny_model
@@ -111,7 +111,7 @@ def test_token_step_reports_log_probabilities_of_the_raw_distribution(tok):
     """Temperature and top-k choose the token; its reported log p is the raw logits' (OpenAI's logprobs)."""
     model = tiny(tok, "rope")
     config = SampleConfig(temperature=0.7, top_k=3, seed=2)
-    step = TokenStep(config, tok, model, [1, 2], top_n=5)
+    step = RequestState(config, tok, model, [1, 2], top_n=5)
     logits = torch.randn(tok.vocab_size, generator=torch.Generator().manual_seed(0))
     event = step.advance(logits)
     raw = torch.log_softmax(logits, -1)
@@ -121,7 +121,7 @@ def test_token_step_reports_log_probabilities_of_the_raw_distribution(tok):
     assert [a.logprob for a in event.top] == pytest.approx(raw.topk(5).values.tolist())
     assert all(a.prob > 0.0 for a in event.top)  # outside the top-k too
     assert step.reason is None and step.token == event.token_id
-    stop = TokenStep(SampleConfig(stop_tokens=[4], logit_bias={4: 100}), tok, model, [1])
+    stop = RequestState(SampleConfig(stop_tokens=[4], logit_bias={4: 100}), tok, model, [1])
     assert stop.advance(logits) is None and stop.reason == "stop" and stop.close().finish_reason == "stop"
 
 

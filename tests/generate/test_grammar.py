@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from gptlab.errors import GptlabError
-from gptlab.generate import SampleConfig, engine_of, generate_batch, generate_text
+from gptlab.generate import SampleConfig, generate_batch, generate_text, prepared_of
+from gptlab.generate.driver import decode_rows, start
 from gptlab.generate.grammar import Constraint, accepts, engine_tokenizer, token_table
-from gptlab.generate.loop import decode_rows, start
 from gptlab.tokenizers import BPETokenizer, CharTokenizer, GPT2Tokenizer
 from tests._structured import JSON_ALPHABET, SCHEMAS, validate
 from tests._tiny import tiny_model
@@ -155,9 +155,9 @@ def test_a_constrained_row_leaves_its_neighbours_tokens_unchanged(model, tok):
     configs = [plain, plain, plain.replace(json_schema=SCHEMAS["nested"])]
     session, rows = start(model, tok, ids, plain, None)
     # the third row's step constrained, as the server's scheduler would build it
-    from gptlab.generate.step import TokenStep
+    from gptlab.generate.request import RequestState
 
-    rows[2].step = TokenStep(configs[2], tok, model, session.tokens[rows[2].slot], index=2)
+    rows[2].state = RequestState(configs[2], tok, model, session.tokens[rows[2].slot], index=2)
     out = ["", "", ""]
     for event in decode_rows(session, rows):
         out[event.index] += event.text
@@ -166,7 +166,7 @@ def test_a_constrained_row_leaves_its_neighbours_tokens_unchanged(model, tok):
 
 
 def test_plan_routes_a_constrained_request_to_the_per_request_sampler(model):
-    plan = engine_of(model).plan(1, config=SampleConfig(json_schema={"type": "object"}))
+    plan = prepared_of(model).plan(1, config=SampleConfig(json_schema={"type": "object"}))
     assert plan.sampler == "per-request" and "json_schema" in str(plan)
     from gptlab.generate.plan import DecodeSettings, ModelFacts, plan_decoding
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from gptlab.generate import generate_ids, prepare_decoding
-from gptlab.generate.engine import engine_of
+from gptlab.generate.prepared import prepared_of
 
 PROMPTS = [[3, 1, 4, 1, 5, 9, 2, 6], [2, 7, 1, 8, 2, 8, 1, 8], [1, 6, 1, 8, 0, 3, 3, 9]]
 OPTIONS = [
@@ -58,7 +58,7 @@ def test_the_static_cache_draws_what_the_dynamic_one_draws(tiny_model, options, 
     model = tiny_model(pos=pos, jitter=0.3)
     expected = singles(model, options, 11)
     prepare_decoding(model, compile="off", static=True)  # the in-graph sampler, run eagerly
-    assert "static" in str(engine_of(model).plan(len(PROMPTS)))
+    assert "static" in str(prepared_of(model).plan(len(PROMPTS)))
     assert batch(model, options, 11) == expected
     one = generate_ids(model, torch.tensor([PROMPTS[2]]), N, seed=13, **options)[0, len(PROMPTS[2]) :]
     assert one.tolist() == expected[2]
@@ -72,7 +72,7 @@ def test_the_traced_static_step_draws_what_the_eager_one_draws(tiny_model):
     prepare_decoding(
         model, compile="on", static=True, compile_options={"backend": "eager", "fullgraph": True}
     )
-    plan = engine_of(model).plan(len(PROMPTS))
+    plan = prepared_of(model).plan(len(PROMPTS))
     assert plan.step == "compiled"
     assert batch(model, options, 21) == expected
 
@@ -83,9 +83,9 @@ def test_inductors_compiled_steps_draw_what_the_layers_draw(tiny_model, options)
     model = tiny_model(pos="rope", jitter=0.3)
     expected = singles(model, options, 31)
     prepare_decoding(model, compile="on")  # batches: the frozen static step; one row: the fused step
-    assert engine_of(model).plan(len(PROMPTS)).step == "frozen"
+    assert prepared_of(model).plan(len(PROMPTS)).step == "frozen"
     assert batch(model, options, 31) == expected
-    assert engine_of(model).plan(1).step == "fused"
+    assert prepared_of(model).plan(1).step == "fused"
     one = generate_ids(model, torch.tensor([PROMPTS[1]]), N, seed=32, **options)[0, len(PROMPTS[1]) :]
     assert one.tolist() == expected[1]
 

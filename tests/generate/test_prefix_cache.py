@@ -11,7 +11,7 @@ import torch
 
 from gptlab.errors import GptlabError
 from gptlab.generate import BatchSession, ContextWarning, SampleConfig, stream_events
-from gptlab.generate.loop import decode_rows, start
+from gptlab.generate.driver import decode_rows, start
 from gptlab.generate.prefix_cache import PrefixCache, budget_of
 from gptlab.model import GPT
 from tests._tiny import tiny_model

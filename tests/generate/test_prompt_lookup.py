@@ -9,8 +9,8 @@ from hypothesis import strategies as st
 
 from gptlab.generate import generate_ids, prepare_decoding
 from gptlab.generate.config import SampleConfig
+from gptlab.generate.driver import decode_rows, start
 from gptlab.generate.lookup import PAUSES, REJECTIONS_BEFORE_PAUSE, Backoff, NgramIndex
-from gptlab.generate.loop import decode_rows, start
 from gptlab.generate.plan import DecodeSettings, ModelFacts, plan_decoding
 from gptlab.generate.session import BatchSession
 

@@ -13,7 +13,7 @@ import torch
 
 from gptlab.errors import GptlabError
 from gptlab.generate import ContextWarning, SampleConfig, generate_ids
-from gptlab.generate.engine import engine_of, prepare_decoding
+from gptlab.generate.prepared import prepare_decoding, prepared_of
 from gptlab.generate.static import StaticSession, buckets_for
 from tests.generate._static import GREEDY, PROMPTS, alone, eager_static, run, tiny
 
@@ -29,7 +29,7 @@ OPTIONS = [
 
 def use_static(model, config, cache_dtype=None, want_probs=False, batch=1):
     """True where the model's plan for this request is the static cache."""
-    plan = engine_of(model).plan(batch, config=config, cache_dtype=cache_dtype, want_probs=want_probs)
+    plan = prepared_of(model).plan(batch, config=config, cache_dtype=cache_dtype, want_probs=want_probs)
     return plan.session == "static"
 
 
@@ -51,7 +51,7 @@ def test_model_generate_takes_the_static_path_and_agrees(options):
         ref = generate_ids(model, idx, 30, temperature=0)
         eager_static(model)
         got = generate_ids(model, idx, 30, temperature=0)
-    assert isinstance(engine_of(model).static, StaticSession)  # it really ran the static path
+    assert isinstance(prepared_of(model).static, StaticSession)  # it really ran the static path
     assert torch.equal(got, ref)
     prepare_decoding(model, static=False)
 
@@ -165,7 +165,7 @@ def test_the_window_slides_past_the_context_like_the_dynamic_path(pos, lookahead
         ref = alone(model, PROMPTS[0], 30)
         eager_static(model, lookahead=lookahead)
         got = alone(model, PROMPTS[0], 30)
-    assert isinstance(engine_of(model).static, StaticSession) and got == ref
+    assert isinstance(prepared_of(model).static, StaticSession) and got == ref
     prepare_decoding(model, static=False)
 
 

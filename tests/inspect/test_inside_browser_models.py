@@ -21,9 +21,9 @@ import torch
 import gptlab
 from bench import serve_load
 from gptlab import GPTConfig
-from gptlab.generate.fill import MASK, fill_masks
 from gptlab.inspect import attention_maps
 from gptlab.inspect.attention import seq2seq_maps
+from gptlab.inspect.fill import MASK, fill_masks
 from gptlab.model import build_model
 from gptlab.tokenizers import CharTokenizer
 from gptlab.train.objectives import with_mask_token

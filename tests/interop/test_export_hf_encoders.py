@@ -61,7 +61,7 @@ def test_fill_mask_pipeline_predicts_gptlabs_token(tmp_path):
 )
 def test_encoder_decoder_loads_as_seq2seq_and_generates_gptlabs_tokens(options, tmp_path):
     from gptlab.generate import SampleConfig
-    from gptlab.generate.seq2seq import target_ids
+    from gptlab.generate.driver import target_ids
 
     tok = CharTokenizer.from_text(TEXT, special_tokens=["<|endoftext|>"])
     model = perturbed(

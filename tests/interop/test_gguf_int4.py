@@ -89,7 +89,7 @@ def test_q8_0_matrices_become_int8(tmp_path):
 
 
 def test_int4_checkpoint_from_the_file_is_the_same_model(q4_file, tmp_path, capsys):
-    from gptlab.generate.decode import generate_ids
+    from gptlab.generate.driver import generate_ids
 
     assert (
         main(["convert", "--from-gguf", str(q4_file), "--out", str(tmp_path / "ck"), "--dtype", "keep"]) == 0

@@ -104,7 +104,7 @@ def test_int4_model_follows_the_float_model_and_survives_a_checkpoint(tiny_model
 
 
 def test_greedy_decoding_of_a_reloaded_int4_model_is_unchanged(tiny_model, char_tok, tmp_path):
-    from gptlab.generate.decode import generate_ids
+    from gptlab.generate.driver import generate_ids
 
     model = gptlab.quantize(tiny_model(n_embd=64, jitter=0.02), "int4")
     gptlab.save(model, char_tok, tmp_path / "ckpt")

@@ -18,8 +18,8 @@ import torch
 from fastapi.testclient import TestClient
 
 from gptlab import GPTConfig
-from gptlab.generate.fill import MASK, fill_masks
 from gptlab.inspect import attention_maps
+from gptlab.inspect.fill import MASK, fill_masks
 from gptlab.model import build_model
 from gptlab.serve import create_app
 from gptlab.serve.tasks import GENERATING

@@ -20,8 +20,8 @@ from bench import serve_robustness as robustness
 from gptlab import GPT
 from gptlab.generate import SampleConfig
 from gptlab.generate.beam import beam_search
+from gptlab.generate.request import RequestState
 from gptlab.generate.sampling import Sampler
-from gptlab.generate.step import TokenStep
 from gptlab.serve import create_app, scheduler
 from gptlab.serve.jobs import Channel, EndEvent, Job
 from gptlab.tokenizers import CharTokenizer
@@ -130,7 +130,7 @@ def test_beam_search_takes_any_length_penalty(model):
 
 
 # ------------------------------------------------------------------ a job that fails, fails alone
-class Exploding(TokenStep):
+class Exploding(RequestState):
     """A per-token step that raises on its third token, for choice 1 only."""
 
     def advance(self, logits, full=None):
@@ -140,7 +140,7 @@ class Exploding(TokenStep):
 
 
 def test_a_job_whose_step_raises_ends_alone(model, tok, monkeypatch):
-    monkeypatch.setattr(scheduler, "TokenStep", Exploding)
+    monkeypatch.setattr(scheduler, "RequestState", Exploding)
 
     async def scenario() -> dict[int, EndEvent]:
         sched = scheduler.Scheduler(model, tok, max_batch=4)

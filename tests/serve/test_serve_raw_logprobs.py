@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from gptlab.generate import SampleConfig
+from gptlab.generate.request import token_text
 from gptlab.generate.sampling import Sampler
-from gptlab.generate.step import token_text
 from tests.serve._serving import raw_logprobs
 
 SAMPLING = {"temperature": 0.7, "repetition_penalty": 1.8, "top_k": 6, "seed": 11}

@@ -12,8 +12,8 @@ import torch
 from fastapi.testclient import TestClient
 
 from gptlab import GPT
-from gptlab.generate.lanes import Lanes
 from gptlab.serve import create_app
+from gptlab.serve.lanes import Lanes
 from gptlab.tokenizers import CharTokenizer
 from tests._tiny import tiny_model
 from tests.generate._static import eager_static

@@ -10,7 +10,7 @@ from gptlab import checkpoint as ckpt
 from gptlab.cli import main
 from gptlab.data import prepare
 from gptlab.errors import GptlabError
-from gptlab.generate.fill import fill_masks
+from gptlab.inspect.fill import fill_masks
 from gptlab.model import GPT
 from gptlab.tokenizers import CharTokenizer
 from gptlab.train import build_config, train

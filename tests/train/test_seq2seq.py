@@ -13,7 +13,7 @@ from gptlab.cli import main
 from gptlab.data.pairs import PairDataset, prepare_pairs, toy_pairs
 from gptlab.errors import GptlabError
 from gptlab.generate import BatchSession, SampleConfig, generate_batch, generate_text, stream_events
-from gptlab.generate import seq2seq as s2s
+from gptlab.generate import driver as s2s
 from gptlab.model import EncoderDecoder
 from gptlab.train import build_config, train
 from gptlab.train.objectives import make_objective

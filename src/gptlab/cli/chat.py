@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
 
     from gptlab.generate import SampleConfig
-    from gptlab.generate.decoder import Decoder
+    from gptlab.generate.plan import Decoder
     from gptlab.generate.prefix_cache import PrefixCache
     from gptlab.tokenizers.base import Tokenizer
     from gptlab.tokenizers.chat import ChatTemplate

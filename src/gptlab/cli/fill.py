@@ -24,7 +24,7 @@ def register(subparsers: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     import gptlab
     from gptlab.errors import GptlabError
-    from gptlab.generate.fill import fill_masks
+    from gptlab.inspect.fill import fill_masks
 
     model, tokenizer = gptlab.load(args.checkpoint)
     if tokenizer is None:

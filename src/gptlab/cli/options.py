@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from gptlab.compiling import Toolchain
-    from gptlab.generate import DecodeEngine, SampleConfig
-    from gptlab.generate.decoder import Decoder
+    from gptlab.generate import PreparedDecoding, SampleConfig
+    from gptlab.generate.plan import Decoder
 
 #: plan steps that are compiled (the ``compile: on`` line)
 COMPILED_STEPS = frozenset({"fused", "frozen", "cuda-graphs", "compiled"})
@@ -167,7 +167,7 @@ def prepare_decode(
     not_for: str | None = None,
     static: str = "auto",
     compile_cache: str | None = None,
-) -> DecodeEngine:
+) -> PreparedDecoding:
     """``--compile``, ``--static`` and ``--compile-cache`` (``none``/None: none) →
     ``prepare_decoding(model, …)`` → its engine.
 
@@ -197,7 +197,7 @@ def prepare_decode(
     return engine
 
 
-def print_plan(engine: DecodeEngine, batch: int, config: SampleConfig | None = None) -> None:
+def print_plan(engine: PreparedDecoding, batch: int, config: SampleConfig | None = None) -> None:
     """The decode plan for ``batch`` sequences, on one line of stderr (``--verbose``, the server's start)."""
     sys.stderr.write(f"{engine.plan(batch, config=config)}\n")
 

@@ -128,9 +128,8 @@ def run(args: argparse.Namespace) -> int:
 
     import gptlab
     from gptlab.generate import SampleConfig, stream_events
-    from gptlab.generate.decode import read_prompt
+    from gptlab.generate.driver import check_generative, read_prompt
     from gptlab.generate.grammar import check_constraint
-    from gptlab.generate.seq2seq import check_generative
 
     if args.num_samples < 1:
         raise GptlabError(f"--num-samples must be at least 1, got {args.num_samples}")

@@ -55,7 +55,7 @@ def open_model(spec: str, dtype: str = "fp32", device: str = "cpu") -> tuple[GPT
         model = model.to(device)
     if tokenizer is None:
         raise GptlabError(f"{spec}: the model has no tokenizer; scoring text needs one")
-    from gptlab.generate.seq2seq import check_generative
+    from gptlab.generate.driver import check_generative
 
     check_generative(model, str(spec))
     # fp32 stays the plain model: scoring runs wide batches (no one-row kernels to gain), and generation

@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 
 from gptlab.errors import GptlabError
-from gptlab.generate.decoder import logits_of
+from gptlab.generate.plan import logits_of
 from gptlab.model import GPT
 from gptlab.model.kvcache import KVStore, KVView
 

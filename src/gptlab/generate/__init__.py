@@ -7,20 +7,35 @@
 ``stream_events`` (and ``stream``, its text-only view) is the primitive;
 ``generate_text``, ``generate_batch`` and ``generate_ids`` (``GPT.generate``) are
 built on the same decoding loop over a ``BatchSession``; each request's per-token step
-(``TokenStep``: sampling, stops, UTF-8-safe text, finish reason) is shared with the server.
+(``RequestState``: sampling, stops, UTF-8-safe text, finish reason) is shared with the server.
 An encoder–decoder model goes through the same functions (the prompt is its source).
 
 How a model decodes is one printable ``DecodePlan`` (``plan_decoding``): a dynamic or a static
 cache, layer by layer or a compiled step (the fused one-row CPU step, the frozen CPU step, CUDA
 graphs), a per-request or in-graph sampler. ``prepare_decoding(model, compile=..., static=...)``
-sets what the caller wants and keeps the compiled steps on the model's ``DecodeEngine``. A
+sets what the caller wants and keeps the compiled steps on the model's ``PreparedDecoding``. A
 ``PrefixCache`` passed to ``stream_events`` (the server's scheduler and ``gptlab chat`` keep one) lets a
 prompt reuse the keys and values of a prefix decoded before.
+
+The modules, read in this order (docs/design/decode-engines.md):
+
+    config.py        SampleConfig: every decoding option of a request, validated
+    plan.py          plan_decoding → DecodePlan, the one decider; Decoder, what it reads of a model
+    driver.py        the one driver: the entry points, start → decode_rows, the encoder–decoder route
+    request.py       RequestState: one request's logits → token → text → stop; TextStream
+    sampling.py      the one sampler: penalties, bias, grammar mask, τ, top-k/p, min-p, the seeded draw
+    session.py       BatchSession (the dynamic KV cache); the Session protocol and the window
+    static.py        StaticSession (fixed shapes, CUDA graphs), its step, the frozen CPU step
+    prepared.py      PreparedDecoding: a model's settings and compiled steps; the fused one-row step
+    beam.py          beam search
+    lookup.py        prompt-lookup drafts, verified in one pass
+    grammar.py       structured output: a JSON schema, regex or grammar as a mask per token
+    prefix_cache.py  keys and values of earlier prompts, reused by the next that starts alike
 """
 
 from gptlab.generate.beam import beam_search
 from gptlab.generate.config import SampleConfig
-from gptlab.generate.decode import (
+from gptlab.generate.driver import (
     encode_prompt,
     generate_batch,
     generate_ids,
@@ -28,20 +43,18 @@ from gptlab.generate.decode import (
     stream,
     stream_events,
 )
-from gptlab.generate.engine import DecodeEngine, engine_of, prepare_decoding
 from gptlab.generate.plan import DecodePlan, DecodeSettings, ModelFacts, plan_decoding
 from gptlab.generate.prefix_cache import PrefixCache
+from gptlab.generate.prepared import PreparedDecoding, prepare_decoding, prepared_of
+from gptlab.generate.request import RequestState, TextStream, TokenEvent, fit_prompt, stop_token_ids
 from gptlab.generate.sampling import Sampler
-from gptlab.generate.session import BatchSession
+from gptlab.generate.session import BatchSession, ContextWarning, Session
 from gptlab.generate.static import StaticSession
-from gptlab.generate.step import TokenEvent, TokenStep, fit_prompt, stop_token_ids
-from gptlab.generate.textstream import TextStream
-from gptlab.generate.window import ContextWarning, Session
 
 __all__ = [
     "BatchSession",
     "ContextWarning",
-    "DecodeEngine",
+    "PreparedDecoding",
     "DecodePlan",
     "DecodeSettings",
     "ModelFacts",
@@ -52,10 +65,10 @@ __all__ = [
     "StaticSession",
     "TextStream",
     "TokenEvent",
-    "TokenStep",
+    "RequestState",
     "beam_search",
     "encode_prompt",
-    "engine_of",
+    "prepared_of",
     "fit_prompt",
     "generate_batch",
     "generate_ids",

@@ -23,11 +23,10 @@ from typing import TYPE_CHECKING
 import torch
 
 from gptlab.generate.config import SampleConfig
-from gptlab.generate.decoder import Decoder
+from gptlab.generate.plan import Decoder
+from gptlab.generate.request import TextStream, TokenEvent, session_len, stop_token_ids, vocab_size
 from gptlab.generate.sampling import Sampler
 from gptlab.generate.session import BatchSession
-from gptlab.generate.step import TokenEvent, session_len, stop_token_ids, vocab_size
-from gptlab.generate.textstream import TextStream
 
 if TYPE_CHECKING:
     from gptlab.tokenizers.base import Tokenizer

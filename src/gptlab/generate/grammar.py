@@ -132,7 +132,7 @@ class _Engine:
     lock: threading.Lock
 
 
-#: where a tokenizer keeps its engine view (as a model keeps its ``DecodeEngine``)
+#: where a tokenizer keeps its engine view (as a model keeps its ``PreparedDecoding``)
 ATTRIBUTE = "_gptlab_grammar_engine"
 _BUILD_LOCK = threading.Lock()
 

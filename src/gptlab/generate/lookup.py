@@ -3,10 +3,10 @@
     draft:   the last n tokens x_{T−n+1..T} occurred before, at x_{j−n+1..j}   (n = 3, then 2)
              → d_1..d_k = x_{j+1..j+k}                                        (the most recent match)
     verify:  one pass over [t, d_1, …, d_k] gives l_0..l_k, where l_i = logits(x_≤T, t, d_1..d_i)
-    accept:  y_1 = choose(l_0); while y_i = d_i: y_{i+1} = choose(l_i)        (each y through TokenStep)
+    accept:  y_1 = choose(l_0); while y_i = d_i: y_{i+1} = choose(l_i)        (each y through RequestState)
     rewind:  the cache keeps t, d_1..d_m (the drafts accepted) and drops the rest
 
-Every token is chosen by the request's own ``TokenStep`` from logits computed over exactly the
+Every token is chosen by the request's own ``RequestState`` from logits computed over exactly the
 tokens emitted before it, so the output is the plain loop's: the same greedy text, and, sampling,
 the same draws in the same order from the same generator (a pass over k tokens computes what k
 one-token steps would, up to the rounding of a wider matrix product). What changes is how many

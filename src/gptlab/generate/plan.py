@@ -5,7 +5,7 @@ A decode runs one of these engines (docs/design/decode-engines.md):
     session   dynamic (``BatchSession``: rows grow on demand)  |  static (``StaticSession``: fixed shapes)
     step      layers (module by module)  |  fused (one compiled graph, one row, CPU)
               frozen (the static step compiled with frozen weights, CPU)  |  cuda-graphs  |  compiled  |  eager
-    sampler   per-request (``TokenStep``'s ``Sampler``)  |  in-graph (``sampling``, the same functions on every row of the graph)
+    sampler   per-request (``RequestState``'s ``Sampler``)  |  in-graph (``sampling``, the same functions on every row of the graph)
 
 A request whose output a grammar constrains (``json_schema``, ``regex``, ``grammar``) takes the
 per-request sampler, which applies the grammar's mask per row; the printed plan says so.
@@ -17,18 +17,26 @@ probabilities wanted). Whether compiling pays is decided here too (``decode_comp
 one-row step and CUDA graphs, ``frozen_batches_pay`` for batches on a CPU); the figures behind the
 thresholds are in docs/benchmarks.md#decoding. The one-row CPU step weighs no payback: it compiles
 in the background while decoding goes on eagerly, and with ``compile_cache`` it is stored for later
-processes (``gptlab.generate.fused_step``), so it costs no wait; ``auto`` compiles it wherever it
+processes (``gptlab.generate.prepared``), so it costs no wait; ``auto`` compiles it wherever it
 gains (a compiler, matrices that stream from memory). The frozen batch step and CUDA graphs still
 make the first step wait, so ``auto`` still weighs their payback. Library code reads no environment variable: the CLI
 turns ``--static``/``GPTLAB_STATIC=0`` and ``--compile``/``GPTLAB_COMPILE=0`` into settings, and
 ``gptlab.compiling.configure(compile=False)`` is a fact the plan reads (``ModelFacts.compiler``), so
 ``prepare_decoding(model, compile="on")`` prints what then runs.
+
+What the plan and every engine need of a model is ``Decoder``: a GPT, or an encoder–decoder bound to its source.
+
+Every engine reads the same few things: the configuration (context, vocabulary, heads), whether
+positions come from a table (the window past the context depends on it), the device and dtype, and
+``run(idx, pos=…, cache=…, attn_mask=…, last_only=…)``, one forward pass over a ``LayeredCache``.
+``GPT`` and ``EncoderDecoder.bind(source)`` both satisfy it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import torch
 from torch import nn
@@ -36,8 +44,11 @@ from torch import nn
 from gptlab.compiling import compile_blocker
 from gptlab.errors import GptlabError
 from gptlab.generate.config import SampleConfig
-from gptlab.generate.decoder import Decoder
 from gptlab.generate.sampling import supports
+from gptlab.model.config import GPTConfig
+from gptlab.model.gpt import ModelOutput
+from gptlab.model.kvcache import LayeredCache
+from gptlab.model.positional import PositionalEncoding
 from gptlab.model.quantized import STREAM_MIN_BYTES
 
 # Below this many generated tokens compiling the one-row CPU step (when it is not in the store yet)
@@ -334,7 +345,13 @@ def plan_decoding(
         reason += "; an int8 cache dequantises on reads: layer by layer"
     step = "fused" if fused else "layers"
     return DecodePlan(
-        facts.device, batch, "dynamic", step, "per-request", reason, _draft(config, batch, step, facts.activations)
+        facts.device,
+        batch,
+        "dynamic",
+        step,
+        "per-request",
+        reason,
+        _draft(config, batch, step, facts.activations),
     )
 
 
@@ -351,3 +368,35 @@ def _draft(config: SampleConfig | None, batch: int, step: str, activations: torc
     if config.prompt_lookup == "auto" and (step != "layers" or activations != torch.float32):
         return "none"
     return "prompt-lookup"
+
+
+# ------------------------------------------------------------ decoder
+def logits_of(out: ModelOutput) -> torch.Tensor:
+    """The logits of a forward pass (generation never asks for the chunked loss, which has none)."""
+    if out.logits is None:
+        raise GptlabError("the forward pass returned no logits (a chunked loss); generation needs them")
+    return out.logits
+
+
+class Decoder(Protocol):
+    """A model that generation can decode (see the module docstring)."""
+
+    config: GPTConfig
+    positional: PositionalEncoding
+
+    @property
+    def device(self) -> torch.device: ...
+
+    @property
+    def dtype(self) -> torch.dtype: ...
+
+    def run(
+        self,
+        idx: torch.Tensor,
+        targets: torch.Tensor | None = None,
+        *,
+        pos: torch.Tensor | None = None,
+        cache: LayeredCache | None = None,
+        attn_mask: torch.Tensor | None = None,
+        last_only: bool = False,
+    ) -> ModelOutput: ...

@@ -14,7 +14,7 @@ ALiBi's bias ``−m·(i − j)`` is computed from the last key slot; for a short
 that shifts the scores of the whole row by a constant, which softmax ignores.
 
 When a slot fills the cache (``full``), the next step slides a window over the text
-(``gptlab.generate.window``: rebuilt from ¾ of the row with relative positions, re-run without a
+(``gptlab.generate.session``: rebuilt from ¾ of the row with relative positions, re-run without a
 cache with absolute ones, nanoGPT's ``idx[:, -block_size:]``). Either way the logits equal the uncached model's on the window the row holds.
 
 Memory: ``max_len`` is how long a row may get, ``capacity`` how many positions are allocated now.
@@ -24,19 +24,34 @@ SmolLM2 at 8 rows, before its first request) doubles it whenever a row needs mor
 ``max_len``, and drops back to the starting capacity when every slot is free again, or, with
 ``shrink_when_idle = False`` (the server's, which keeps the grown cache for an idle grace period so
 that the next request does not pay the re-allocation), when its owner calls ``shrink()``.
+
+What every session shares (this dynamic one, ``StaticSession`` and the server's ``Lanes``): the ``Session``
+protocol, its size checks and the window past the context.
+
+A session holds ``max_batch`` rows of a KV cache, each row at most ``max_len`` tokens. When a row is
+full its next step slides a window over the text:
+
+    relative or no positions (RoPE, ALiBi, none): the row is rebuilt from its last
+        ``keep = ¾·max_len`` tokens, then decoding goes on with the cache;
+    absolute positions (learned, sinusoidal): a token's keys depend on its position,
+        so every step re-runs the last ``keep = max_len − 1`` tokens.
+
+``Window`` holds that rule, the one sentence that tells the user, and the prompt checks; the dynamic
+``BatchSession``, the static ``StaticSession`` and the server's ``Lanes`` each hold one.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import warnings
+from collections.abc import Mapping, Sequence
+from typing import Protocol
 
 import torch
 
 from gptlab.compiling import Compiled
 from gptlab.errors import GptlabError
-from gptlab.generate.decoder import Decoder, logits_of
+from gptlab.generate.plan import Decoder, logits_of
 from gptlab.generate.prefix_cache import Layout, PrefixCache
-from gptlab.generate.window import Window
 from gptlab.model.kvcache import KVStore, KVView, Rows, default_cache_dtype, make_store
 
 
@@ -66,7 +81,7 @@ class BatchSession:
         prefix_cache: PrefixCache | None = None,
     ) -> None:
         """``one_token``: a compiled ``fused_step.decode_one_token`` to run each step of a session of one
-        row with a float cache (the model's ``DecodeEngine`` gives it when the plan says ``fused``).
+        row with a float cache (the model's ``PreparedDecoding`` gives it when the plan says ``fused``).
         ``prefix_cache``: where prompts find the keys and values of a prefix seen before, and where
         prompts and freed rows leave theirs (``gptlab.generate.prefix_cache``)."""
         config = model.config
@@ -411,3 +426,81 @@ class BatchSession:
         out = self.model.run(idx, pos=pos, cache=self.layers, attn_mask=mask, last_only=last_only)
         logits = logits_of(out).float()
         return logits[:, -1] if last_only else logits
+
+
+# ------------------------------------------------------------ window
+class ContextWarning(UserWarning):
+    """A prompt was cut to fit the context, or generation went past it (the window slides) or stopped at it."""
+
+
+class Session(Protocol):
+    """Rows of a KV cache and the passes that fill them (dynamic, static, or the server's two lanes).
+
+    ``step({slot: token})`` appends each token and returns, per slot, the next-token logits (the
+    dynamic cache) or the next token already chosen inside the graph (the static cache).
+    """
+
+    max_batch: int
+    max_len: int
+
+    @property
+    def free_slots(self) -> int: ...
+
+    def full(self, slot: int) -> bool: ...
+
+    def window_notice(self) -> str: ...
+
+    def fit(self, ids: Sequence[int]) -> list[int]: ...
+
+    def remove(self, slot: int) -> None: ...
+
+    def step(self, feed: dict[int, int]) -> Mapping[int, torch.Tensor | int]: ...
+
+
+class Window:
+    """A session's size (checked once) and what happens past its context."""
+
+    def __init__(self, model: Decoder, max_batch: int, max_len: int | None) -> None:
+        block = int(model.config.block_size)
+        max_len = block if max_len is None else max_len
+        if not isinstance(max_batch, int) or max_batch < 1:
+            raise GptlabError(f"max_batch must be a positive integer, got {max_batch!r}")
+        if not isinstance(max_len, int) or not 1 <= max_len <= block:
+            raise GptlabError(
+                f"max_len must be between 1 and the model's block_size ({block}), got {max_len!r}"
+            )
+        self.max_batch, self.max_len = max_batch, max_len
+        self.vocab_size = int(model.config.vocab_size)
+        self.can_slide = not model.positional.absolute_table  # RoPE, ALiBi, none: slide with the cache
+        # tokens kept when a full row slides: ¾ of it with relative positions, all but one with absolute ones
+        self.keep = max(1, (max_len * 3) // 4) if self.can_slide else max_len - 1
+
+    def notice(self) -> str:
+        """What happens past the context, in one sentence (shown once per request)."""
+        how = (
+            f"the cache is rebuilt from the last {self.keep} tokens whenever it fills"
+            if self.can_slide
+            else "learned/sinusoidal positions: each new token re-runs the window without a cache"
+        )
+        return (
+            f"the text passed the context of {self.max_len} tokens; generation goes on over a "
+            f"sliding window of the last {self.max_len} tokens ({how})"
+        )
+
+    def fit(self, ids: Sequence[int]) -> list[int]:
+        """``ids`` as a list, cut to its last ``max_len`` tokens (with a ``ContextWarning``)."""
+        ids = [int(t) for t in ids]
+        if not ids:
+            raise GptlabError("the prompt is empty; give at least one token (e.g. <|endoftext|>)")
+        bad = next((t for t in ids if not 0 <= t < self.vocab_size), None)
+        if bad is not None:
+            raise GptlabError(f"token id {bad} is outside the model's vocabulary (0..{self.vocab_size - 1})")
+        if len(ids) > self.max_len:
+            warnings.warn(
+                f"the prompt has {len(ids)} tokens, more than the context of {self.max_len}; "
+                f"keeping its last {self.max_len} tokens",
+                ContextWarning,
+                stacklevel=4,
+            )
+            ids = ids[-self.max_len :]
+        return ids

@@ -1,4 +1,4 @@
-"""Decoding whose shapes never change: a static KV cache, batch-size buckets, CUDA graphs.
+"""Decoding whose shapes never change: a static KV cache, batch-size buckets, its step, CUDA graphs and the frozen CPU step.
 
 A decode step on a GPU is launch overhead (GPT-2 124M reads 249 MB of bf16 weights a step, 0.08 ms
 on an H100, but hundreds of kernel launches take milliseconds). Captured once as a CUDA graph and
@@ -19,29 +19,58 @@ with the bucket as a symbol, and inductor records one CUDA graph per bucket size
 next free row (prefill is compiled with dynamic shapes: prompts vary); one leaves by moving the last
 row into its place. Neither touches a graph, so nothing is re-captured.
 
-``StaticSession`` is a ``Session`` (``gptlab.generate.window``) like ``BatchSession`` but
+``StaticSession`` is a ``Session`` (``gptlab.generate.session``) like ``BatchSession`` but
 samples inside the step: ``add_many(prompts, configs)`` returns each slot's first token, ``step``
 the next one. The dynamic ``BatchSession`` stays the reference; greedy tokens of both agree, with
 and without penalties (tested on the CPU, where ``compile=False`` runs the same step eagerly).
+
+What a captured step computes: per-row state buffers (``RowState``), the decode step and the prefill.
+
+``decode_bucket`` is the function ``StaticSession`` compiles and captures as a CUDA graph (one per
+batch-size bucket); ``prefill_rows`` fills rows of the static cache from prompts. Both read and write
+only fixed-address buffers (``RowState`` and the ``StaticKVCache``), so that a graph may replay them:
+
+    step(b):    x_r = next_r;  pos_r = length_r;  write k, v at pos_r;  attend over j ≤ pos_r
+                next_r = sample(penalise(logits_r));  length_r += live_r;  counts_r[next_r] += live_r
+
+``FrozenStep``, the static decode step on a CPU: weights frozen into the graph and packed once for inductor's GEMM.
+
+A decode step of ``b`` rows multiplies a ``(b, K)`` block by every weight matrix, ``Y = X·Wᵀ``.
+Called eagerly, MKL's ``sgemm`` re-packs W into its blocked layout on every call, and for a few
+rows that packing and its threading cost more than the arithmetic: for a handful of rows the
+weights stream far below the memory's rate (docs/benchmarks.md#decoding).
+
+Compiled with inductor's ``freezing``, the weights become constants of the graph: inductor packs
+each one once, at compile time, and ``max_autotune`` with its ``CPP`` GEMM back-end generates a
+C++ micro-kernel per shape (``CppMicroGemmFP32Vec``: register blocks of rows × columns, W
+streamed once for all ``b`` rows), several times faster for a few rows.
+``b`` stays a symbol (the bucket), so one compilation serves every bucket, as on CUDA.
+
+Freezing holds only for parameters that the compiled *module* owns, so the step runs through
+``FrozenStep(model)``, whose forward passes its own ``model`` to the step; the session's cache and
+row state stay ordinary inputs (they change every step). Frozen weights are copies of the
+weights at compile time: ``FrozenStep.stale()`` notices a weight written in place since (its
+version counter moved), and the model's ``PreparedDecoding`` then compiles again rather than decode with old weights.
+Cost: a compilation of minutes on a small CPU (the GEMM autotuning benchmarks each shape once;
+inductor keeps the choices on disk) and one more copy of the matrices, packed.
 """
 
 from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import torch
+from torch import nn
 
 from gptlab.compiling import Compiled
 from gptlab.errors import GptlabError
 from gptlab.generate.config import SampleConfig
-from gptlab.generate.decoder import Decoder
-from gptlab.generate.frozen_step import FrozenSteps
-from gptlab.generate.sampling import ROW_OPTIONS, row_options
-from gptlab.generate.static_step import RowState, decode_bucket, prefill_rows
-from gptlab.generate.window import Window
-from gptlab.model.kvcache import StaticKVCache, default_cache_dtype
+from gptlab.generate.plan import Decoder, logits_of
+from gptlab.generate.sampling import ROW_OPTIONS, ROW_SAMPLERS, penalise, row_options
+from gptlab.generate.session import Window
+from gptlab.model.kvcache import KVStore, KVView, StaticKVCache, default_cache_dtype, mark_static
 
 # (torch leaves it unannotated)
 mark_step_begin: Callable[[], None] = torch.compiler.cudagraph_mark_step_begin
@@ -73,7 +102,7 @@ class StaticSession:
     ``compile``: None follows the device (CUDA graphs on CUDA, eager elsewhere); True asks for
     ``torch.compile`` anywhere (``compile_options`` replaces its settings, e.g. a test's backend).
     On a CPU without ``compile_options`` a compiled step has its weights frozen in; ``frozen`` (the
-    model's ``DecodeEngine``'s) shares those steps between sessions.
+    model's ``PreparedDecoding``'s) shares those steps between sessions.
     """
 
     def __init__(
@@ -107,7 +136,7 @@ class StaticSession:
             compile = device.type == "cuda"
         options: dict[str, Any] = dict(compile_options or {"mode": "reduce-overhead", "fullgraph": True})
         self._compile, self._options = compile, options
-        # a CPU compiles its step with the weights frozen in (gptlab.generate.frozen_step); prompts
+        # a CPU compiles its step with the weights frozen in (gptlab.generate.static); prompts
         # vary, and an eager prefill there costs less than compiling one for every length
         frozen_here = compile and device.type == "cpu" and compile_options is None
         #: the frozen CPU steps this session runs (None: its own compiled or eager step)
@@ -354,3 +383,183 @@ class StaticSession:
             self.prefill_step(self, idx, r, torch.tensor([len(kept) - 1], device=idx.device), "greedy")
         self.state.length[r] = len(kept)
         self.tokens[slot] = kept
+
+
+# ------------------------------------------------------------ static_step
+class RowState:
+    """Per-row decoding state as tensors at fixed addresses: what a captured step reads and writes.
+
+    (Plain attributes, not a module's buffers, for the reason ``StaticKVCache`` gives.)
+    """
+
+    length: torch.Tensor
+    next_token: torch.Tensor
+    live: torch.Tensor
+    temperature: torch.Tensor
+    top_k: torch.Tensor
+    top_p: torch.Tensor
+    min_p: torch.Tensor
+    seed: torch.Tensor
+    repetition: torch.Tensor
+    frequency: torch.Tensor
+    presence: torch.Tensor
+    counts: torch.Tensor
+    bias: torch.Tensor
+
+    def __init__(self, n: int, vocab: int, device: torch.device) -> None:
+        spec = {
+            "length": torch.long,  # positions cached = the next token's position
+            "next_token": torch.long,  # sampled, not yet cached
+            "live": torch.bool,  # False: the row keeps its state this step (idle or paused)
+            **dict.fromkeys(ROW_OPTIONS, torch.float32),  # temperature, top_p, penalties, ...
+            "top_k": torch.long,
+            "seed": torch.long,
+        }
+        for name, dtype in spec.items():
+            setattr(self, name, mark_static(torch.zeros(n, dtype=dtype, device=device)))
+        for name in ("repetition", "top_p"):  # idle rows hold neutral options (l/1, keep all)
+            getattr(self, name).fill_(1.0)
+        self.top_k.fill_(vocab)
+        for name in ("counts", "bias"):  # (n, V): token counts of each row's history, its logit bias
+            setattr(self, name, mark_static(torch.zeros(n, vocab, device=device)))
+        self._names = [*spec, "counts", "bias"]
+
+    # (rows as start, stop: a slice object holding a symbolic size would make dynamo specialise it)
+    def options(self, start: int, stop: int) -> list[torch.Tensor]:
+        """What the row sampler takes after the logits, for rows ``[start, stop)``."""
+        return [getattr(self, n)[start:stop] for n in ("temperature", "top_k", "top_p", "min_p", "seed")]
+
+    def penalised(self, logits: torch.Tensor, start: int, stop: int) -> torch.Tensor:
+        return penalise(
+            logits,
+            self.counts[start:stop],
+            self.repetition[start:stop],
+            self.frequency[start:stop],
+            self.presence[start:stop],
+            self.bias[start:stop],
+        )
+
+    def move(self, dst: int, src: int) -> None:
+        for name in self._names:
+            t = getattr(self, name)
+            t[dst] = t[src]
+
+
+class StaticRows(Protocol):
+    """What a static step reads of its session (``StaticSession`` is one)."""
+
+    model: Decoder
+    cache: StaticKVCache
+    state: RowState
+    vocab: int
+
+
+def decode_bucket(
+    session: StaticRows,
+    bucket: torch.Tensor,
+    flavour: str,
+    horizon: torch.Tensor | None = None,
+    model: Decoder | None = None,
+) -> None:
+    """One token for rows ``[0, b)``, ``b = len(bucket)``: every shape fixed by ``b``, every other
+    tensor a static buffer. (``b`` comes as a tensor's size so that one compilation, with ``b`` a
+    symbol, serves every bucket.) ``horizon`` (a CPU's): attend over cache positions ``[0, h)``,
+    ``h = len(horizon)``, not all ``T_max`` (each row's ``length + steps ≤ h``). ``model`` is the
+    session's, reached through a module that ``torch.compile`` freezes on a CPU
+    (``gptlab.generate.static``)."""
+    b = bucket.size(0)
+    s = session.state
+    model = session.model if model is None else model
+    cfg = model.config
+    caches = [session.cache.layer(i) for i in range(cfg.n_layer)]
+    # the cache's length (or the horizon) as a size, which dynamo keeps a symbol across sessions
+    t_max = caches[0][0].size(2) if horizon is None else horizon.size(0)
+    pos = s.length[:b].clamp(max=t_max - 1)  # (b,) an idle row never writes out of bounds
+    # each layer: write k_t of row r at pos_r, attend over all T_max slots (masked to j ≤ pos_r);
+    # rows [0, b) as views of the buffers (a slice holding the symbol b would make dynamo specialise it)
+    layers = [KVView(KVStore(k[:b, :, :t_max], v[:b, :, :t_max]), write=pos, end=t_max) for k, v in caches]
+    keys = torch.arange(t_max, device=pos.device)
+    mask = (keys[None, :] <= pos[:, None])[:, None, None, :]  # (b, 1, 1, T_max)
+    out = model.run(s.next_token[:b, None], pos=pos[:, None], cache=layers, attn_mask=mask, last_only=True)
+    logits = s.penalised(logits_of(out)[:, -1, : session.vocab].float(), 0, b)  # (b, V)
+    token = ROW_SAMPLERS[flavour](logits, *s.options(0, b), pos)
+    live = s.live[:b]
+    s.next_token[:b] = torch.where(live, token, s.next_token[:b])
+    s.length[:b] += live.long()
+    s.counts[:b].scatter_add_(1, token[:, None], live.to(s.counts.dtype)[:, None])  # the history grows
+
+
+def prefill_rows(
+    session: StaticRows, idx: torch.Tensor, r0: int, last: torch.Tensor, flavour: str
+) -> torch.Tensor:
+    """Fill rows ``[r0, r0 + n)`` with right-padded prompts ``idx`` (n, T) → each row's first token (n,).
+
+    Causal attention means a real token never sees the padding after it; ``last`` (n,) holds the
+    index of each prompt's last token, whose logits are sampled.
+    """
+    s, model = session.state, session.model
+    n, T = idx.shape
+    # each layer: store positions [0, T) of rows [r0, r0 + n), attend over the prompts' own keys
+    layers = [
+        KVView(KVStore(k[r0 : r0 + n, :, :T], v[r0 : r0 + n, :, :T]), write=0)
+        for k, v in map(session.cache.layer, range(model.config.n_layer))
+    ]
+    pos = torch.arange(T, device=idx.device)
+    logits = logits_of(model.run(idx, pos=pos, cache=layers))  # (n, T, V)
+    rows = torch.arange(n, device=idx.device)
+    chosen = s.penalised(logits[rows, last, : session.vocab].float(), r0, r0 + n)  # (n, V)
+    return ROW_SAMPLERS[flavour](chosen, *s.options(r0, r0 + n), last)
+
+
+# ------------------------------------------------------------ frozen_step
+#: inductor settings of the frozen step (``Compiled``'s ``patch``: held while it compiles)
+FROZEN = {"freezing": True, "max_autotune": True, "max_autotune_gemm_backends": "CPP,ATEN"}
+
+
+class FrozenStep(nn.Module):
+    """``decode_bucket`` with ``model`` as this module's own child, so that freezing folds its weights."""
+
+    def __init__(self, model: Decoder) -> None:
+        super().__init__()
+        if not isinstance(model, nn.Module):
+            raise GptlabError(f"the frozen step freezes a module's weights; got a {type(model).__name__}")
+        self.model = model
+        self._tensors = [t for t in model.state_dict(keep_vars=True).values() if t is not None]
+        self.versions = self._versions()
+
+    def _versions(self) -> int:
+        return sum(t._version for t in self._tensors)
+
+    def stale(self) -> bool:
+        """True once a weight was written in place after this step was built (frozen copies are old)."""
+        return self._versions() != self.versions
+
+    def forward(
+        self, session: StaticRows, bucket: torch.Tensor, flavour: str, horizon: torch.Tensor | None = None
+    ) -> None:
+        return decode_bucket(session, bucket, flavour, horizon, model=self.model)
+
+
+def frozen_step(model: Decoder, flavour: str) -> Compiled:
+    """The CPU static step of ``flavour`` for ``model``, weights frozen (compiled at its first call).
+
+    Every session of the model may share it: the model's ``PreparedDecoding`` keeps it, and builds
+    another once ``stale(step)`` says a weight changed."""
+    what = f"the static decode step ({flavour}, frozen weights)"
+    return Compiled(FrozenStep(model), what, True, patch=FROZEN, distinct_sizes=True, fullgraph=True)
+
+
+class FrozenSteps:
+    """A model's frozen steps, one per sampler flavour, built at first use and again once stale.
+
+    The model's ``PreparedDecoding`` holds one, so that every static session of the model shares them."""
+
+    def __init__(self, model: Decoder) -> None:
+        self.model = model
+        self.steps: dict[str, Compiled] = {}
+
+    def get(self, flavour: str) -> Compiled:
+        step = self.steps.get(flavour)
+        if step is None or (isinstance(step.fn, FrozenStep) and step.fn.stale()):
+            step = self.steps[flavour] = frozen_step(self.model, flavour)
+        return step

@@ -58,7 +58,7 @@ def seq2seq_maps(
     for ``source`` (so the cross-attention map shows the alignment the model uses).
     """
     from gptlab.generate import SampleConfig
-    from gptlab.generate.seq2seq import target_ids
+    from gptlab.generate.driver import target_ids
 
     src = token_ids(model, tokenizer, source) if isinstance(source, str) else list(source)
     bos = getattr(tokenizer, "eot_id", None)

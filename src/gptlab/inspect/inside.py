@@ -32,7 +32,7 @@ from typing import Any
 import torch
 
 from gptlab.errors import GptlabError
-from gptlab.generate.fill import MASK
+from gptlab.inspect.fill import MASK
 from gptlab.inspect.inputs import token_label
 from gptlab.inspect.lens import logit_lens
 from gptlab.inspect.recording import ModelInput, Recording, model_input, record

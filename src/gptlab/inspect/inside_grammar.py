@@ -30,7 +30,7 @@ import torch
 from gptlab.errors import GptlabError
 from gptlab.generate import SampleConfig
 from gptlab.generate.grammar import Constraint
-from gptlab.generate.step import stop_token_ids, vocab_size
+from gptlab.generate.request import stop_token_ids, vocab_size
 from gptlab.inspect.inputs import token_ids, token_label
 from gptlab.model import GPT
 from gptlab.tokenizers.chat import stop_ids

@@ -88,7 +88,7 @@ def token_ids(model: GPT, tokenizer: Tokenizer | None) -> dict[str, int | None]:
     eos = eos if eos is not None else eot if eot is not None else extra.get("eos_token_id")
     bos = getattr(tokenizer, "bos_id", None) if tokenizer is not None else extra.get("bos_token_id")
     ids: dict[str, int | None] = {"bos_token_id": bos, "eos_token_id": eos, "pad_token_id": eos}
-    # gptlab's targets begin with <|endoftext|> (generate/seq2seq.py)
+    # gptlab's targets begin with <|endoftext|> (generate/driver.py)
     if model.config.arch == "encoder-decoder":
         ids["decoder_start_token_id"] = eot if eot is not None else eos
     return ids

@@ -30,7 +30,7 @@ from pydantic import Field
 
 from gptlab.errors import GptlabError
 from gptlab.evaluate.scoring import prompt_logprobs
-from gptlab.generate.step import token_text
+from gptlab.generate.request import token_text
 from gptlab.serve.errors import APIError
 from gptlab.serve.generation import Generation
 from gptlab.serve.schemas import WHOLE, CompletionRequest, Strict

@@ -11,7 +11,7 @@
 The schema is compiled for the served tokenizer when the request arrives (``check_constraint``: the
 grammar engine caches it, so the request's own steps reuse the compiled form), so that one it cannot
 take is a 400 in OpenAI's shape naming the part, before anything is queued and without touching the
-scheduler. The mask itself is applied in each job's ``TokenStep`` (``gptlab.generate.grammar``).
+scheduler. The mask itself is applied in each job's ``RequestState`` (``gptlab.generate.grammar``).
 """
 
 from __future__ import annotations
@@ -21,12 +21,12 @@ from typing import TYPE_CHECKING, Any
 from gptlab.errors import GptlabError
 from gptlab.generate import SampleConfig
 from gptlab.generate.grammar import check_constraint
-from gptlab.generate.step import vocab_size
+from gptlab.generate.request import vocab_size
 from gptlab.serve.errors import APIError
 from gptlab.serve.schemas import SamplingFields
 
 if TYPE_CHECKING:
-    from gptlab.generate.step import TokenEvent
+    from gptlab.generate.request import TokenEvent
     from gptlab.model import GPT
     from gptlab.tokenizers.base import Tokenizer
 

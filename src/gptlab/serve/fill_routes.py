@@ -2,7 +2,7 @@
 
     P(x_i | x̃) = softmax(h_out⁽ⁱ⁾·W_eᵀ)      at every position i where x̃_i = [MASK]
 
-(``gptlab.generate.fill``, as ``gptlab fill`` prints it; ``[MASK]`` itself is never an answer).
+(``gptlab.inspect.fill``, as ``gptlab fill`` prints it; ``[MASK]`` itself is never an answer).
 Served only for a model whose task is ``fill-mask`` (``tasks.py``): the route is in that server's
 schema and no other's. A text longer than the context keeps its last tokens; a text without
 ``[MASK]`` has nothing to fill, and is answered with no predictions.
@@ -17,8 +17,8 @@ from fastapi import APIRouter
 from pydantic import Field
 
 from gptlab.errors import GptlabError
-from gptlab.generate.fill import fill_ids
-from gptlab.generate.step import token_text
+from gptlab.generate.request import token_text
+from gptlab.inspect.fill import fill_ids
 from gptlab.serve.errors import APIError
 from gptlab.serve.schemas import MAX_TEXT_CHARS, WHOLE, Strict
 from gptlab.serve.service import Service

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 
-from gptlab.generate.step import TokenEvent
+from gptlab.generate.request import TokenEvent
 from gptlab.serve.errors import generation_error
 from gptlab.serve.jobs import Channel, EndEvent, Job
 

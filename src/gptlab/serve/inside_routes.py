@@ -38,7 +38,7 @@ from pydantic import ConfigDict, Field, WithJsonSchema
 from gptlab.errors import GptlabError
 from gptlab.generate import SampleConfig
 from gptlab.generate.grammar import Constraint
-from gptlab.generate.step import TokenEvent, vocab_size
+from gptlab.generate.request import TokenEvent, vocab_size
 from gptlab.inspect.inside import MAX_TOP, Inside, inside, resolve_position
 from gptlab.inspect.inside_grammar import grammar_steps, reply_stops
 from gptlab.serve.errors import APIError, not_found_model

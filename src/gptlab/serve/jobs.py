@@ -14,7 +14,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from gptlab.generate.step import TokenEvent, TokenStep
+from gptlab.generate.request import RequestState, TokenEvent
 
 if TYPE_CHECKING:
     from gptlab.generate import SampleConfig
@@ -99,14 +99,14 @@ class Job:
         self.ended = False
         # decoding state, owned by the scheduler thread
         self.slot: int | None = None
-        self.step: TokenStep | None = None
+        self.state: RequestState | None = None
         self.pending: int | None = None
         self.warnings: list[str] = []
-        self.beam_tokens = 0  # a beam-search job's tokens (it has no TokenStep)
+        self.beam_tokens = 0  # a beam-search job's tokens (it has no RequestState)
 
     @property
     def generated(self) -> int:
-        return self.step.sampled if self.step is not None else self.beam_tokens
+        return self.state.sampled if self.state is not None else self.beam_tokens
 
     def cancel(self) -> None:
         self.cancelled.set()

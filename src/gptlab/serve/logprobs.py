@@ -24,7 +24,7 @@ import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from gptlab.generate.step import TokenEvent, token_text
+from gptlab.generate.request import TokenEvent, token_text
 
 if TYPE_CHECKING:
     from gptlab.tokenizers.base import Tokenizer

@@ -16,7 +16,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from gptlab.generate.step import TokenEvent, token_text
+from gptlab.generate.request import TokenEvent, token_text
 from gptlab.serve import echo
 from gptlab.serve.errors import APIError, not_found_model
 from gptlab.serve.generation import Generation

@@ -26,7 +26,7 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel
 
-from gptlab.generate.seq2seq import is_seq2seq
+from gptlab.generate.driver import is_seq2seq
 from gptlab.serve.service import Service
 from gptlab.serve.tasks import GENERATING
 

@@ -1,13 +1,13 @@
 """The batching scheduler: one thread owns the model and decodes every request together.
 
 Continuous batching over ``gptlab.generate.BatchSession`` (on CUDA with a static lane beside it,
-``gptlab.generate.lanes``: CUDA graphs for the requests whose sampling runs inside them):
+``gptlab.serve.lanes``: CUDA graphs for the requests whose sampling runs inside them):
 
     loop:
         admit waiting jobs into free slots   (prefill: add(prompt_ids) -> logits)
         feed = {slot: last token}            for every active job whose client keeps up
         logits = session.step(feed)          one batched decode step, (n_active, vocab)
-        per job: event = TokenStep.advance(logits) -> its channel
+        per job: event = RequestState.advance(logits) -> its channel
 
 Admission is fair (``admission.py``): free slots go round-robin between requests, and one
 request holds at most all but ``max(1, max_batch // 8)`` of them (one request alone: all), so a small request
@@ -17,7 +17,7 @@ failure of the shared batched forward pass fails the jobs in the batch.
 
 The scheduler manages slots, batching and channels only: each job's per-token step
 (sampling with its own seed, penalties, stops, UTF-8-safe text, finish reason) is
-``gptlab.generate.TokenStep``, the same step the library's decoding loop uses. Output goes to a
+``gptlab.generate.RequestState``, the same step the library's decoding loop uses. Output goes to a
 bounded per-request ``Channel`` (``jobs.py``) read by an asyncio coroutine; a job whose channel is full is skipped by the decode step until its client
 catches up, so one slow client never blocks the others. A cancelled job (the client
 went away) leaves its slot at the next iteration. The KV cache is sized to the requests, not to
@@ -55,11 +55,11 @@ import torch
 
 from gptlab.errors import GptlabError
 from gptlab.generate.beam import beam_steps, beam_stream
-from gptlab.generate.lanes import Lanes
 from gptlab.generate.prefix_cache import PrefixCache
-from gptlab.generate.step import TokenEvent, TokenStep
+from gptlab.generate.request import RequestState, TokenEvent
 from gptlab.serve.admission import FairQueue, per_request_cap
 from gptlab.serve.jobs import Channel, EndEvent, Job
+from gptlab.serve.lanes import Lanes
 
 if TYPE_CHECKING:
     from gptlab.generate import SampleConfig
@@ -112,12 +112,12 @@ class Scheduler:
         self.max_batch = max_batch
         self.max_len = max_len or model.config.block_size
         self.beam_slots = beam_slots or max(2, max_batch // 4)
-        from gptlab.generate import seq2seq
+        from gptlab.generate import driver as seq2seq
 
         self.seq2seq = seq2seq.is_seq2seq(model)  # each source has its own encoding: one job at a time
         # a BatchSession, plus on CUDA a static lane (CUDA graphs) for the requests it can sample
         # the cache starts at KV_START_TOKENS positions per row and doubles as requests need, up to max_len
-        from gptlab.generate.step import vocab_size
+        from gptlab.generate.request import vocab_size
 
         vocab = vocab_size(model, tokenizer)
         #: kept across sessions (a session rebuilt after a failure finds the same prefixes)
@@ -275,19 +275,19 @@ class Scheduler:
         ready = []
         for job in jobs:
             self._guarded(job, self._new_step)
-            if job.step is not None and not job.ended:
+            if job.state is not None and not job.ended:
                 ready.append(job)
         if not ready:
             return
         added: list[tuple[int, torch.Tensor | int] | None]
         try:
-            steps = [job.step for job in ready if job.step is not None]  # (every ready job has its step)
+            steps = [job.state for job in ready if job.state is not None]  # (every ready job has its step)
             added = list(self.session.add_many([job.prompt_ids for job in ready], steps))
         except GptlabError:  # one bad prompt: prefill them one by one to find it
             added = []
             for job in ready:
                 try:
-                    added.append(self.session.add(job.prompt_ids, job.step))
+                    added.append(self.session.add(job.prompt_ids, job.state))
                 except GptlabError as exc:
                     self._end(job, "error", error=str(exc), status=400)
                     added.append(None)
@@ -303,13 +303,13 @@ class Scheduler:
         self.session.remember_prompts()
 
     def _new_step(self, job: Job) -> None:
-        job.step = TokenStep(
+        job.state = RequestState(
             job.config, self.tokenizer, self.model, job.prompt_ids, index=job.index, top_n=job.top_n
         )
 
     def _advance(self, job: Job, logits: torch.Tensor) -> None:
         """The job's per-token step on ``logits``: its event to the channel, then feed or finish."""
-        step, slot = job.step, job.slot
+        step, slot = job.state, job.slot
         assert step is not None and slot is not None  # set by _new_step and _start before any step
         full = self.session.window_notice() if self.session.full(slot) else None
         event = step.advance(logits, full)
@@ -388,7 +388,7 @@ def stepped_events(
     """A beam-search job (or an encoder–decoder's) as an iterator: None per search step, then its
     events; each ``next`` runs the model at most once."""
     if seq2seq:
-        from gptlab.generate import seq2seq as s2s
+        from gptlab.generate import driver as s2s
         from gptlab.model import EncoderDecoder
 
         assert isinstance(model, EncoderDecoder)  # seq2seq: is_seq2seq(model)

@@ -25,7 +25,7 @@ from gptlab.errors import GptlabError
 from gptlab.generate import SampleConfig
 from gptlab.generate.grammar import can_spell_json, check_constraint
 from gptlab.generate.prefix_cache import budget_of
-from gptlab.generate.step import fit_prompt, prompt_budget, token_text, vocab_size
+from gptlab.generate.request import fit_prompt, prompt_budget, token_text, vocab_size
 from gptlab.serve import schemas
 from gptlab.serve.errors import APIError, not_found_model, validation_error
 from gptlab.serve.fields import logit_bias, response_schema

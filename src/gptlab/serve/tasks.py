@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from fastapi import APIRouter
 
-from gptlab.generate.fill import MASK
+from gptlab.inspect.fill import MASK
 from gptlab.serve.errors import APIError
 
 if TYPE_CHECKING:

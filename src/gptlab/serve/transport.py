@@ -11,7 +11,7 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import StreamingResponse
 
-from gptlab.generate.step import TokenEvent
+from gptlab.generate.request import TokenEvent
 from gptlab.serve.generation import Generation
 from gptlab.serve.jobs import EndEvent
 

@@ -181,7 +181,7 @@ def sample_completions(
     """One completion per prompt, batched through the KV cache (``gptlab.generate``), the model in eval
     mode and without gradients; a completion that ended on a stop token keeps it last."""
     from gptlab.generate import SampleConfig
-    from gptlab.generate.loop import decode_rows, start
+    from gptlab.generate.driver import decode_rows, start
 
     config = SampleConfig(
         max_new_tokens=max_new_tokens, temperature=temperature, stop_tokens=list(stop_tokens), slide=False
@@ -196,8 +196,8 @@ def sample_completions(
                 if event.token_id is not None and not event.stop:
                     out[event.index].append(event.token_id)
             for row in rows:
-                if row.step.stop_event is not None and row.step.stop_event.token_id is not None:
-                    out[row.step.index].append(row.step.stop_event.token_id)
+                if row.state.stop_event is not None and row.state.stop_event.token_id is not None:
+                    out[row.state.index].append(row.state.stop_event.token_id)
     finally:
         model.train(was_training)
     return out

@@ -13,7 +13,7 @@ A prefix cache (``gptlab.generate.prefix_cache``) belongs to the dynamic lane: t
 prefills reuse and leave their keys and values there. The static lane bypasses it (its rows are
 prefilled in full), so which lane a request takes is decided as before and each is correct.
 
-A request in the static lane keeps its ``TokenStep`` (stops, text, finish reason), which is handed
+A request in the static lane keeps its ``RequestState`` (stops, text, finish reason), which is handed
 the token chosen inside the graph; the seed its ``Sampler`` drew seeds the row there.
 """
 
@@ -25,15 +25,15 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from gptlab.generate.decoder import Decoder
-from gptlab.generate.engine import engine_of
+from gptlab.generate.plan import Decoder
 from gptlab.generate.prefix_cache import PrefixCache
+from gptlab.generate.prepared import prepared_of
 from gptlab.generate.sampling import supports
 from gptlab.generate.session import BatchSession
 from gptlab.generate.static import StaticSession
 
 if TYPE_CHECKING:
-    from gptlab.generate.step import TokenStep
+    from gptlab.generate.request import RequestState
 
 
 class Lanes:
@@ -54,7 +54,7 @@ class Lanes:
         is free, until ``shrink()`` (the server calls it after an idle grace period).
         ``remember_at_add=False``: prompts leave their blocks in the prefix cache at ``remember_prompts()``
         (the server calls it once their first tokens are out), not during ``add_many``."""
-        engine = engine_of(model)
+        engine = prepared_of(model)
         #: how these lanes decode (printed at the server's start)
         self.plan = engine.plan(max_batch)
         # capacity: the dynamic lane's starting cache length, grown as rows need (the static lane's is fixed)
@@ -103,15 +103,17 @@ class Lanes:
         """Give back what the dynamic lane's cache grew to, if every slot of it is free → whether it did."""
         return self.dynamic.shrink()
 
-    def add(self, prompt_ids: Sequence[int], step: TokenStep | None = None) -> tuple[int, torch.Tensor | int]:
+    def add(
+        self, prompt_ids: Sequence[int], step: RequestState | None = None
+    ) -> tuple[int, torch.Tensor | int]:
         return self.add_many([prompt_ids], None if step is None else [step])[0]
 
     def add_many(
-        self, prompts: Sequence[Sequence[int]], steps: Sequence[TokenStep] | None = None
+        self, prompts: Sequence[Sequence[int]], steps: Sequence[RequestState] | None = None
     ) -> list[tuple[int, torch.Tensor | int]]:
         """Prefill each prompt in its lane → ``(slot, logits)`` (dynamic) or ``(slot, token)`` (static).
 
-        ``steps`` are the requests' ``TokenStep``s; without them everything goes to the dynamic lane.
+        ``steps`` are the requests' ``RequestState``s; without them everything goes to the dynamic lane.
         """
         with warnings.catch_warnings():  # every prompt checked before any slot is taken
             warnings.simplefilter("ignore")

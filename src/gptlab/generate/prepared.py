@@ -1,4 +1,18 @@
-"""A decode step as one compiled graph (CPU, one sequence): ``decode_one_token``.
+"""What ``prepare_decoding`` attaches to a model (``PreparedDecoding``): its settings, its compiled steps, its static session.
+
+    prepare_decoding(model, compile="auto", planned_tokens=N)   the caller's choice, once
+    prepared_of(model).plan(batch, config=…)                       → DecodePlan (gptlab.generate.plan)
+    engine.dynamic_session(plan, …) / engine.static_session(plan, …)  → a Session that runs it
+
+Compiled steps are expensive (seconds to minutes), so a model decoded twice must not compile twice.
+They live on the ``PreparedDecoding`` that ``prepare_decoding`` attaches to the model as
+``model.decode_engine`` (an explicit call; a model never prepared gets the library's defaults at
+its first generation): the fused one-row step, the frozen CPU steps (``FrozenSteps``) and the static
+session whose CUDA graphs later requests replay. Nothing is kept in a module-level registry: the
+engine, and with it every compiled step, goes away with the model. A deep copy of the model starts
+without one.
+
+The fused step, a decode step as one compiled graph (CPU, one sequence): ``decode_one_token``.
 
 A decode step of gpt2 runs ~300 small operations: 48 one-row matrix products and, around
 them, norms, views, the cache write and read, attention and residual adds. Run one by one,
@@ -12,8 +26,8 @@ treats as a symbol, so one graph serves every length and nothing recompiles as t
 fills. Inside it each ``InferenceLinear`` inlines its ``gemv`` and inductor fuses the step
 into a dozen kernels per layer.
 
-``one_token_step()`` wraps it in a ``Compiled``; the model's ``DecodeEngine``
-(``gptlab.generate.engine``) holds that one object, so every session of the model reuses the
+``one_token_step()`` wraps it in a ``Compiled``; the model's ``PreparedDecoding``
+(``gptlab.generate.prepared``) holds that one object, so every session of the model reuses the
 graph. ``plan_decoding`` decides when it runs: a session of one row on a CPU with a float KV cache.
 Its logits equal the layer-by-layer path's (tested).
 
@@ -58,9 +72,194 @@ from torch import nn
 import gptlab
 from gptlab.compiling import Compiled, Job
 from gptlab.fileio import atomic_write, atomic_write_json
-from gptlab.generate.decoder import Decoder, logits_of
+from gptlab.generate.config import SampleConfig
+from gptlab.generate.plan import DecodePlan, Decoder, DecodeSettings, ModelFacts, logits_of, plan_decoding
+from gptlab.generate.prefix_cache import PrefixCache
+from gptlab.generate.session import BatchSession
+from gptlab.generate.static import FrozenSteps, StaticSession
 from gptlab.model.kvcache import KVStore, KVView
 
+#: the model attribute that holds its engine
+ATTRIBUTE = "decode_engine"
+#: steps whose static sessions compile (the rest run the same step eagerly)
+COMPILED_STATIC_STEPS = frozenset({"cuda-graphs", "frozen", "compiled"})
+
+
+class PreparedDecoding:
+    """The decode settings of one model and everything compiled for it (see the module docstring)."""
+
+    def __init__(self, model: Decoder, settings: DecodeSettings | None = None) -> None:
+        self.model = model
+        self.settings = settings or DecodeSettings()
+        self.frozen = FrozenSteps(model)  # the frozen CPU steps, one per sampler flavour
+        self._one_token: Compiled | None = None
+        #: the static session later requests reuse while it is free and large enough
+        self.static: StaticSession | None = None
+
+    def __deepcopy__(self, memo: dict[int, object]) -> None:
+        """A copied model starts without an engine (its compiled steps would point at the original)."""
+        return None
+
+    def plan(
+        self,
+        batch: int,
+        *,
+        config: SampleConfig | None = None,
+        cache_dtype: torch.dtype | None = None,
+        want_probs: bool = False,
+    ) -> DecodePlan:
+        """How a decode of ``batch`` sequences runs now (``plan_decoding`` over this model's facts)."""
+        facts = ModelFacts.of(self.model)
+        return plan_decoding(
+            facts, self.settings, batch, config=config, cache_dtype=cache_dtype, want_probs=want_probs
+        )
+
+    @property
+    def one_token(self) -> Compiled:
+        """The compiled one-row step (``fused_step.decode_one_token``), built once per model: loaded
+        from ``settings.compile_cache`` or compiled (into it), in the background unless
+        ``settings.compile_wait``."""
+        if self._one_token is None:
+            self._one_token = one_token_step(
+                self.settings.compile_cache, background=not self.settings.compile_wait
+            )
+        return self._one_token
+
+    def ran(self) -> str:
+        """Which one-row step ran for how many tokens so far, in words ("" when none was compiled):
+        e.g. ``eager 12 tokens, then compiled 116 (compiled in this process)``."""
+        step = self._one_token
+        if step is None or not (step.eager_calls or step.compiled_calls or step.failure):
+            return ""
+        how = {"loaded": f"loaded from {self.settings.compile_cache}", "compiled": "compiled in this process"}
+        parts = [f"eager {step.eager_calls} tokens"] if step.eager_calls else []
+        if step.compiled_calls:
+            parts.append(f"compiled {step.compiled_calls}")
+        text = ", then ".join(parts) + f" ({how.get(step.source, 'not compiled')}"
+        if step.failure is not None:
+            text += f"; compiling failed: {type(step.failure).__name__}"
+        elif step.pending:
+            text += "; still compiling"
+        store = getattr(step.builder, "__self__", None)
+        if isinstance(store, StoredStep) and store.stored:
+            text += f", kept in {self.settings.compile_cache}"
+        if isinstance(store, StoredStep) and store.skipped:
+            text += f"; {store.skipped}"
+        return "one-row step ran: " + text + ")"
+
+    @property
+    def compiled_steps(self) -> list[Compiled]:
+        """Every compiled step built for this model so far (the fused one, the frozen ones)."""
+        built = [] if self._one_token is None else [self._one_token]
+        return built + list(self.frozen.steps.values())
+
+    def dynamic_session(
+        self,
+        plan: DecodePlan,
+        max_batch: int,
+        max_len: int | None = None,
+        cache_dtype: torch.dtype | None = None,
+        capacity: int | None = None,
+        prefix_cache: PrefixCache | None = None,
+    ) -> BatchSession:
+        """A ``BatchSession`` that runs ``plan``'s step (the fused one-row step, or layer by layer),
+        reading and filling ``prefix_cache`` if given (only the dynamic cache uses one)."""
+        one_token = self.one_token if plan.step == "fused" else None
+        return BatchSession(
+            self.model,
+            max_batch,
+            max_len,
+            cache_dtype,
+            capacity,
+            one_token=one_token,
+            prefix_cache=prefix_cache,
+        )
+
+    def new_static_session(
+        self,
+        plan: DecodePlan,
+        max_batch: int,
+        max_len: int | None = None,
+        cache_dtype: torch.dtype | None = None,
+        vocab: int | None = None,
+        slot_base: int = 0,
+    ) -> StaticSession:
+        """A ``StaticSession`` of its own (the server's lane) that runs ``plan``'s step."""
+        return StaticSession(
+            self.model,
+            max_batch,
+            max_len,
+            cache_dtype,
+            vocab,
+            compile=plan.step in COMPILED_STATIC_STEPS,
+            compile_options=self.settings.compile_options,
+            slot_base=slot_base,
+            lookahead=self.settings.lookahead,
+            frozen=self.frozen,
+        )
+
+    def static_session(
+        self, plan: DecodePlan, batch: int, max_len: int, cache_dtype: torch.dtype | None, vocab: int
+    ) -> StaticSession:
+        """The model's static session if it is free and large enough, else a new (larger) one."""
+        old = self.static
+        if old is not None and not old.rows:
+            fits = (
+                old.max_batch >= batch
+                and old.max_len >= max_len
+                and old.vocab == vocab
+                and (cache_dtype is None or old.cache.dtype == cache_dtype)
+            )
+            if fits:
+                return old
+            batch, max_len = max(batch, old.max_batch), max(max_len, old.max_len)
+        rows = 1 << (batch - 1).bit_length()  # a power of two: later, smaller requests reuse it
+        # a busy old session lives on with the stream that holds it
+        self.static = self.new_static_session(plan, rows, max_len, cache_dtype, vocab)
+        return self.static
+
+
+def prepare_decoding(
+    model: Decoder,
+    *,
+    compile: str | None = None,
+    static: bool | None = None,
+    planned_tokens: int | None = None,
+    lookahead: int | None = None,
+    compile_options: dict[str, object] | None = None,
+    compile_cache: str | os.PathLike[str] | None = None,
+    compile_wait: bool = True,
+) -> PreparedDecoding:
+    """Give ``model`` a new ``PreparedDecoding`` with these ``DecodeSettings`` (what they mean: there) → it.
+
+    ``gptlab sample``, ``chat`` and ``serve`` call it with ``--compile`` and ``GPTLAB_STATIC``; in
+    Python, ``prepare_decoding(model, compile="on")`` compiles the one-sequence CPU step and sends
+    batches to the frozen step, ``prepare_decoding(model, static=True, compile="off")`` decodes
+    through the static cache eagerly. Steps compiled under the previous engine are dropped.
+    ``compile_cache=DIR`` keeps the compiled one-row step there for later processes (they load it
+    instead of compiling); ``compile_wait=False`` compiles it in a background thread while the steps
+    run eagerly, for machines with cores to spare (``DecodeSettings``).
+    """
+    cache = None if compile_cache is None else os.fspath(compile_cache)
+    settings = DecodeSettings(
+        compile, static, planned_tokens, lookahead, compile_options, cache, compile_wait
+    )
+    engine = PreparedDecoding(model, settings)
+    setattr(model, ATTRIBUTE, engine)
+    return engine
+
+
+def prepared_of(model: Decoder) -> PreparedDecoding:
+    """The engine ``prepare_decoding`` gave ``model``; a model never prepared gets the defaults now."""
+    engine = getattr(model, ATTRIBUTE, None)
+    if isinstance(engine, PreparedDecoding) and engine.model is model:
+        return engine
+    engine = PreparedDecoding(model)
+    setattr(model, ATTRIBUTE, engine)
+    return engine
+
+
+# ------------------------------------------------------------ fused_step
 # Inductor inlines a cheap elementwise producer into each consumer. In front of a one-row
 # product that would recompute a norm's output once per output channel (50,257 times for the
 # head); realising every producer of more than a few operations computes it once.
@@ -102,7 +301,7 @@ def one_token_step(store: str | os.PathLike[str] | None = None, background: bool
 FORMAT = 1
 PACKAGE, RECORD = "step.pt2", "step.json"
 # the sources whose code the exported step runs: a change to any of them is a new key
-_SOURCES = ("model", "generate/fused_step.py", "generate/decoder.py")
+_SOURCES = ("model", "generate/prepared.py", "generate/plan.py")
 
 
 class _Step(nn.Module):
