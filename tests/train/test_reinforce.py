@@ -362,7 +362,10 @@ def test_the_shipped_capitals_task_is_its_script_output_and_its_reward_checks_it
         json.loads(line) for line in (here / "capitals.jsonl").read_text(encoding="utf-8").splitlines()
     ]
     assert shipped == module.records()  # regenerated deterministically
-    assert len({r["prompt"] for r in shipped}) == len(shipped) >= 100
+    questions = [r["messages"][-1]["content"] for r in shipped]
+    assert len(set(questions)) == len(shipped) >= 100
+    assert all(r["messages"][-1]["role"] == "user" for r in shipped)  # a chat that ends on the question
+    assert not any("France" in q for q in questions)  # the worked example is never asked
     reward = RewardFunction(f"{here / 'capitals_reward.py'}:reward")
     records = {r["answer"]: r for r in shipped}
     lima, rome = records["Lima"], records["Rome"]

@@ -156,16 +156,45 @@ def start(
     return STARTS[plan.session](engine, plan, request)
 
 
+def advance_row(session: Session, row: Row) -> TokenEvent | None:
+    """Row ``row``'s next token from ``row.logits``, drawn by its ``RequestState`` (told when the row's
+    cache is full, so that the window slides) → the event to emit, if any. Afterwards the row has
+    stopped (``row.state.reason``) or waits to be fed ``row.state.token``."""
+    full = session.window_notice() if session.full(row.slot) else None
+    return row.state.advance(row.logits, full)
+
+
+def step_rows(session: Session, rows: Sequence[Row]) -> None:
+    """One batched forward pass that feeds each row the token it chose; its next logits (on the static
+    cache, its next token) land in ``row.logits``."""
+    by_slot, token = {}, {}
+    for r in rows:
+        assert r.state.token is not None  # a row is stepped only after advance_row chose its token
+        by_slot[r.slot], token[r.slot] = r, r.state.token
+    for slot, logits in session.step(token).items():
+        by_slot[slot].logits = logits
+
+
+def retire_row(session: Session, row: Row) -> TokenEvent:
+    """Free a stopped row's slot → its closing event (the text held back, the finish reason)."""
+    session.remove(row.slot)
+    return row.state.close()
+
+
 def decode_rows(session: Session, rows: list[Row]) -> Iterator[TokenEvent]:
-    """Step every row until each stops; yields one event per token, then a closing one per row."""
+    """Step every row until each stops; yields one event per token, then a closing one per row.
+
+    The thread-free core every caller drives: ``advance_row`` each row, feed the ones that go on
+    (``step_rows``: one batched pass; a row with a prompt-lookup drafter verifies its drafts), then
+    ``retire_row`` the ones that stopped. The server's scheduler drives the same three functions
+    from its thread, with its own admission, fairness and cancellation."""
     active = list(rows)
     while active:
-        feed: dict[int, int] = {}
+        fed = []
         for r in active:
             if r.state.reason is not None:
                 continue
-            full = session.window_notice() if session.full(r.slot) else None
-            event = r.state.advance(r.logits, full)
+            event = advance_row(session, r)
             if event is not None:
                 if event.notice:
                     warnings.warn(event.notice, ContextWarning, stacklevel=3)
@@ -174,15 +203,12 @@ def decode_rows(session: Session, rows: list[Row]) -> Iterator[TokenEvent]:
                 if r.drafter is not None and isinstance(session, BatchSession):
                     yield from feed_drafted(session, r, r.drafter)
                 else:
-                    feed[r.slot] = r.state.token
+                    fed.append(r)
         for r in [r for r in active if r.state.reason is not None]:
-            session.remove(r.slot)
-            yield r.state.close()
+            yield retire_row(session, r)
         active = [r for r in active if r.state.reason is None]
-        if feed:
-            by_slot = {r.slot: r for r in active}
-            for slot, logits in session.step(feed).items():
-                by_slot[slot].logits = logits
+        if fed:
+            step_rows(session, fed)
 
 
 def feed_drafted(session: BatchSession, r: Row, lookup: PromptLookup) -> Iterator[TokenEvent]:

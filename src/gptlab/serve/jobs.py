@@ -18,6 +18,7 @@ from gptlab.generate.request import RequestState, TokenEvent
 
 if TYPE_CHECKING:
     from gptlab.generate import SampleConfig
+    from gptlab.generate.driver import Row
 
 
 # ------------------------------------------------------------------ events
@@ -98,9 +99,9 @@ class Job:
         self.cancelled = threading.Event()
         self.ended = False
         # decoding state, owned by the scheduler thread
-        self.slot: int | None = None
         self.state: RequestState | None = None
-        self.pending: int | None = None
+        self.row: Row | None = None  # its slot, state and last logits, once admitted (gptlab.generate.driver)
+        self.pending = False  # its next token is chosen and waits for the next batched step
         self.warnings: list[str] = []
         self.beam_tokens = 0  # a beam-search job's tokens (it has no RequestState)
 

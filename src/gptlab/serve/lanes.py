@@ -84,6 +84,9 @@ class Lanes:
     def full(self, slot: int) -> bool:
         return self._lane(slot).full(slot)
 
+    def fit(self, ids: Sequence[int]) -> list[int]:
+        return self.dynamic.fit(ids)  # both lanes hold rows of the same length
+
     def window_notice(self) -> str:
         return self.dynamic.window_notice()  # both lanes slide by the same rule
 

@@ -4,10 +4,13 @@ Continuous batching over ``gptlab.generate.BatchSession`` (on CUDA with a static
 ``gptlab.serve.lanes``: CUDA graphs for the requests whose sampling runs inside them):
 
     loop:
-        admit waiting jobs into free slots   (prefill: add(prompt_ids) -> logits)
-        feed = {slot: last token}            for every active job whose client keeps up
-        logits = session.step(feed)          one batched decode step, (n_active, vocab)
-        per job: event = RequestState.advance(logits) -> its channel
+        admit waiting jobs into free slots   (prefill: add_many(prompts) -> a Row each)
+        step_rows(rows)                      one batched decode step for every active job whose
+                                             client keeps up: each row's chosen token in, its logits out
+        per job: advance_row(row) -> event   its RequestState draws the next token -> its channel
+
+``Row``, ``advance_row`` and ``step_rows`` are the library's driver (``gptlab.generate.driver``, whose
+``decode_rows`` is the same loop without threads): the scheduler adds only what is the server's.
 
 Admission is fair (``admission.py``): free slots go round-robin between requests, and one
 request holds at most all but ``max(1, max_batch // 8)`` of them (one request alone: all), so a small request
@@ -55,6 +58,7 @@ import torch
 
 from gptlab.errors import GptlabError
 from gptlab.generate.beam import beam_steps, beam_stream
+from gptlab.generate.driver import Row, advance_row, step_rows
 from gptlab.generate.prefix_cache import PrefixCache
 from gptlab.generate.request import RequestState, TokenEvent
 from gptlab.serve.admission import FairQueue, per_request_cap
@@ -233,21 +237,15 @@ class Scheduler:
                 self._end(job, "cancelled")  # the client has gone: nobody reads the event
         self._admit()
         stepped = self._step_beams()
-        feed = {
-            slot: job.pending
-            for slot, job in self._active.items()
-            if job.pending is not None and not job.channel.full()
-        }
-        if not feed:
+        ready = [job for job in self._active.values() if job.pending and not job.channel.full()]
+        if not ready:
             if (self._active or self._beams) and not stepped:  # every client is behind: let them catch up
                 time.sleep(0.005)
             return
-        out = self.session.step(feed)
+        step_rows(self.session, [job.row for job in ready if job.row is not None])
         self.steps += 1
-        for slot, logits in out.items():
-            owner = self._active.get(slot)
-            if owner is not None:
-                self._guarded(owner, self._advance, logits)
+        for job in ready:
+            self._guarded(job, self._advance)
 
     def _guarded(self, job: Job, fn: Callable[..., None], *args: Any) -> None:
         """``fn(job, *args)``; what it raises ends ``job`` alone (400 for bad input, else 500)."""
@@ -295,9 +293,10 @@ class Scheduler:
             if result is None:
                 continue
             slot, logits = result
-            job.slot = slot
+            assert job.state is not None
+            job.row = Row(slot, job.state, logits)
             self._active[slot] = job
-            self._guarded(job, self._advance, logits)
+            self._guarded(job, self._advance)
         # the prompts' blocks, for the requests that come while these decode: after the first tokens,
         # which the clients get meanwhile (a job that ended already left its row's blocks)
         self.session.remember_prompts()
@@ -307,12 +306,13 @@ class Scheduler:
             job.config, self.tokenizer, self.model, job.prompt_ids, index=job.index, top_n=job.top_n
         )
 
-    def _advance(self, job: Job, logits: torch.Tensor) -> None:
-        """The job's per-token step on ``logits``: its event to the channel, then feed or finish."""
-        step, slot = job.state, job.slot
-        assert step is not None and slot is not None  # set by _new_step and _start before any step
-        full = self.session.window_notice() if self.session.full(slot) else None
-        event = step.advance(logits, full)
+    def _advance(self, job: Job) -> None:
+        """The job's next token from its row's logits (the driver's ``advance_row``, as the library's
+        loop does): its event to the channel, then feed or finish."""
+        row = job.row
+        assert row is not None  # set by _start before any step
+        step = row.state
+        event = advance_row(self.session, row)
         self.tokens += 1
         if event is not None:
             if event.notice:
@@ -321,8 +321,8 @@ class Scheduler:
         elif job.top_n is not None and step.stop_event is not None:
             job.channel.put(step.stop_event)  # reported in logprobs, never shown as text
         reason = step.reason
+        job.pending = reason is None
         if reason is None:
-            job.pending = step.token
             return
         tail = step.close()  # its finish_reason is ``reason``
         if tail.text:
@@ -336,21 +336,22 @@ class Scheduler:
             job.channel.put(EndEvent(job.index, reason, job.generated, job.warnings, error, status))
 
     def _release(self, job: Job) -> None:
-        if job.slot is not None and self._active.get(job.slot) is job:
-            del self._active[job.slot]
-            self.session.remove(job.slot)
-        job.slot = None
-        job.pending = None
+        row = job.row
+        if row is not None and self._active.get(row.slot) is job:
+            del self._active[row.slot]
+            self.session.remove(row.slot)
+        job.row = None
+        job.pending = False
         steps = self._beams.pop(job, None)
         if steps is not None and hasattr(steps, "close"):
             steps.close()
 
     def _fail_all(self, message: str) -> None:
-        jobs = list(self._active.values()) + [j for j in self._starting if j.slot is None]
+        jobs = list(self._active.values()) + [j for j in self._starting if j.row is None]
         self._active.clear()
         self._starting = []
         for job in jobs:
-            job.slot = None
+            job.row = None
             self._end(job, "error", error=message)
         self.session = self._new_session()
 
