@@ -136,20 +136,29 @@ def test_echo_and_zero_max_tokens(client):
     assert body["choices"][0]["text"] == "" and body["usage"]["completion_tokens"] == 0
 
 
-def test_extra_sampling_fields_are_accepted(client):
+def test_served_sampling_options_take_effect_as_in_the_library(client, model, tok):
+    """Each option changes the reply, and the reply is the library's for that option and seed: an option
+    the server accepted but dropped would give the reply without it."""
+    from gptlab.generate import SampleConfig, generate_text
+
     extras = [
-        {"top_k": 5},
-        {"top_p": 0.5},
-        {"min_p": 0.1},
-        {"repetition_penalty": 1.3},
-        {"frequency_penalty": 0.5},
-        {"presence_penalty": 0.5},
+        {"top_k": 2},
+        {"top_p": 0.3},
+        {"min_p": 0.9},
+        {"repetition_penalty": 3.0},
+        {"frequency_penalty": 2.0},
+        {"presence_penalty": 2.0},
         {"beam_width": 2, "length_penalty": 0.8},
     ]
+    prompt, base = "abababab", {"max_new_tokens": 24, "temperature": 1.0, "seed": 7}
+    plain = generate_text(model, tok, prompt, SampleConfig(**base))
     for extra in extras:
-        r = client.post("/v1/completions", json={"prompt": "ab", "max_tokens": 4, **extra})
+        r = client.post("/v1/completions", json={"prompt": prompt, "max_tokens": 24, "seed": 7, **extra})
         assert r.status_code == 200, (extra, r.text)
-        assert 1 <= r.json()["usage"]["completion_tokens"] <= 4
+        served = r.json()["choices"][0]["text"]
+        library = generate_text(model, tok, prompt, SampleConfig(**base, **extra))
+        assert served == library, extra
+        assert library != plain, extra  # the option has an effect at this seed
 
 
 def test_top_k_one_is_greedy(client, model, tok):
