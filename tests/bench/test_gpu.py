@@ -102,7 +102,7 @@ def test_cuda_graph_buckets_serve_joins_and_leaves():
 
     model = _cuda_model(pos="rope")
     greedy = SampleConfig(temperature=0)
-    alone = StaticSession(model, 4, 48, compile=False)
+    alone = StaticSession(model, 4, 48, step="eager")
     ((slot, first),) = alone.add_many([[5, 6, 7]], [greedy], [0])
     ref = [first] + [alone.step([slot])[slot] for _ in range(10)]
     session = StaticSession(model, 4, 48)

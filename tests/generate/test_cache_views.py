@@ -36,7 +36,7 @@ def test_the_one_row_step_traces_once_for_every_cache_length(no_recompiles):
 
 def test_the_static_step_traces_once_for_every_bucket_and_horizon(no_recompiles):
     model = tiny_model(pos="rope", n_kv_head=2, block_size=24)
-    session = StaticSession(model, 4, 24, compile=False)
+    session = StaticSession(model, 4, 24, step="eager")
     # as StaticSession compiles it on a CPU (each size its own symbol), traced only
     step = Compiled(decode_bucket, "static step", True, distinct_sizes=True, backend="eager", fullgraph=True)
     with torch.inference_mode():

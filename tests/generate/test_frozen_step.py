@@ -1,6 +1,6 @@
 """The CPU's compiled static step: weights frozen into the graph, one compilation for every session.
 
-``StaticSession(compile=True)`` on a CPU compiles ``FrozenStep`` with inductor's freezing and its
+``StaticSession(step="frozen")`` on a CPU compiles ``FrozenStep`` with inductor's freezing and its
 C++ GEMM (``gptlab.generate.static``). These tests compile a tiny model for real (tens of
 seconds on 2 cores: the GEMM autotuning benchmarks each shape), so they are ``slow``.
 """
@@ -41,7 +41,7 @@ def test_frozen_step_agrees_holds_its_own_weights_and_recompiles_when_they_chang
     model = tiny(pos="rope", n_kv_head=2, n_layer=1, block_size=64)
     want = {i: alone(model, p, 6) for i, p in enumerate(PROMPTS[:3])}
     steps = FrozenSteps(model)  # what the model's PreparedDecoding holds: shared by its sessions
-    session = StaticSession(model, 4, 40, compile=True, frozen=steps)
+    session = StaticSession(model, 4, 40, step="frozen", frozen=steps)
     assert session.frozen is steps and not session.prefill_step.enabled  # a CPU: eager prefill, frozen step
     packed, templated = (counters["inductor"][k] for k in (PACKED, TEMPLATED))
     w = _no_fallback()
@@ -57,7 +57,7 @@ def test_frozen_step_agrees_holds_its_own_weights_and_recompiles_when_they_chang
         traced = counters["stats"]["unique_graphs"]
 
         # another session of the model (other rows, another length) reuses the compiled step
-        other = StaticSession(model, 2, 50, compile=True, frozen=steps)
+        other = StaticSession(model, 2, 50, step="frozen", frozen=steps)
         again = run(other, PROMPTS[3:5], 4)
         assert counters["stats"]["unique_graphs"] == traced
         assert [again[s] for s in sorted(again)] == [alone(model, p, 4) for p in PROMPTS[3:5]]
@@ -68,7 +68,7 @@ def test_frozen_step_agrees_holds_its_own_weights_and_recompiles_when_they_chang
         with torch.no_grad():
             next(model.parameters()).mul_(0.5)
         assert step.fn.stale()
-        changed = run(StaticSession(model, 4, 40, compile=True, frozen=steps), PROMPTS[:1], 6)
+        changed = run(StaticSession(model, 4, 40, step="frozen", frozen=steps), PROMPTS[:1], 6)
         assert steps.get("greedy") is not step
         assert list(changed.values())[0] == alone(model, PROMPTS[0], 6)
     finally:

@@ -8,9 +8,8 @@ import torch
 import gptlab
 from gptlab import compiling
 from gptlab.compiling import can_compile
-from gptlab.generate import BatchSession, generate_ids, prepared_of
+from gptlab.generate import generate_ids, prepared_of
 from gptlab.generate.plan import ModelFacts
-from gptlab.generate.prepared import one_token_step
 from gptlab.model import GPT
 from tests.generate._fused import fused_model, greedy_logits
 
@@ -79,13 +78,14 @@ def test_the_compiled_step_is_used_only_where_it_applies(monkeypatch):
     assert several.step == ("layers" if native else "frozen"), several
     if several.session == "dynamic":
         assert engine.dynamic_session(several, 2).one_token is None
-    assert engine.plan(1, cache_dtype=torch.int8).step == "layers"  # an int8 cache dequantises
-    assert BatchSession(model, 1, cache_dtype=torch.int8, one_token=engine.one_token).one_token is None
-    assert BatchSession(model, 2, one_token=engine.one_token).one_token is None
+    int8_cache = engine.plan(1, cache_dtype=torch.int8)
+    assert int8_cache.step == "layers"  # an int8 cache dequantises on reads
+    assert engine.dynamic_session(int8_cache, 1, cache_dtype=torch.int8).one_token is None  # as planned
     assert prepared_of(gptlab.quantize(GPT(model.config), "bf16")).plan(1).step == "layers"  # not asked for
     previous = compiling.configure(compile=False)  # what GPTLAB_COMPILE=0 sets: the step runs eagerly
     try:
-        assert BatchSession(model, 1, one_token=one_token_step()).one_token is None
-        assert prepared_of(gptlab.quantize(GPT(model.config), "bf16")).plan(1).step == "layers"
+        off = gptlab.prepare_decoding(gptlab.quantize(GPT(model.config), "bf16"), compile="on")
+        assert off.plan(1).step == "layers"
+        assert off.dynamic_session(off.plan(1), 1).one_token is None
     finally:
         compiling.configure(compile=previous.compile, cxx=previous.cxx)

@@ -1,6 +1,6 @@
 """The static path (fixed-shape cache, buckets, sampler in the step) agrees with the dynamic reference.
 
-Everything here runs on the CPU with the step executed eagerly (``compile=False``): the same
+Everything here runs on the CPU with the step executed eagerly (``step="eager"``): the same
 function a CUDA graph captures. ``test_the_compiled_step_*`` trace it through ``torch.compile``.
 """
 
@@ -36,7 +36,7 @@ def use_static(model, config, cache_dtype=None, want_probs=False, batch=1):
 @pytest.mark.parametrize("options", OPTIONS, ids=lambda o: "-".join(f"{v}" for v in o.values()))
 def test_greedy_tokens_equal_the_dynamic_path(options):
     model = tiny(**options)
-    session = StaticSession(model, 4, 40, compile=False)
+    session = StaticSession(model, 4, 40, step="eager")
     got = run(session, PROMPTS[:3], 20)
     for slot, prompt in zip(sorted(got), PROMPTS[:3], strict=True):
         assert got[slot] == alone(model, prompt, 20), slot
@@ -60,12 +60,12 @@ def test_buckets_and_a_batch_of_three_in_the_bucket_of_four():
     assert buckets_for(64) == [1, 2, 4, 8, 16, 32, 64]
     assert buckets_for(1) == [1] and buckets_for(6) == [1, 2, 4, 6]
     model = tiny(pos="rope")
-    session = StaticSession(model, 8, 40, compile=False)
+    session = StaticSession(model, 8, 40, step="eager")
     got = run(session, PROMPTS[:3], 12)
     assert session.bucket(3) == 4 and session.graphs == [(4, "greedy")]
     # the idle fourth row holds garbage: real rows must not notice
-    clean = run(StaticSession(model, 8, 40, compile=False), PROMPTS[:3], 6)
-    dirty = StaticSession(model, 8, 40, compile=False)
+    clean = run(StaticSession(model, 8, 40, step="eager"), PROMPTS[:3], 6)
+    dirty = StaticSession(model, 8, 40, step="eager")
     for i in range(model.config.n_layer):
         for t in dirty.cache.layer(i):
             t[3].normal_(0, 10)
@@ -78,7 +78,7 @@ def test_buckets_and_a_batch_of_three_in_the_bucket_of_four():
 def test_slots_join_and_leave_mid_stream_without_recapture(lookahead):
     model = tiny(pos="rope", n_kv_head=2)
     ref = [alone(model, p, 16) for p in PROMPTS]
-    session = StaticSession(model, 4, 40, compile=False, lookahead=lookahead)
+    session = StaticSession(model, 4, 40, step="eager", lookahead=lookahead)
     got = {slot: [tok] for slot, tok in session.add_many(PROMPTS[:3], [GREEDY] * 3, [0] * 3)}
     owner = dict(zip(sorted(got), range(3), strict=True))
     finished = {}
@@ -109,7 +109,7 @@ def test_slots_join_and_leave_mid_stream_without_recapture(lookahead):
 @pytest.mark.parametrize("lookahead", [1, 3])
 def test_a_paused_slot_keeps_its_state(lookahead):
     model = tiny(pos="learned")
-    session = StaticSession(model, 2, 40, compile=False, lookahead=lookahead)
+    session = StaticSession(model, 2, 40, step="eager", lookahead=lookahead)
     (a, ta), (b, tb) = session.add_many(PROMPTS[:2], [GREEDY] * 2, [0, 0])
     seq_a, seq_b = [ta], [tb]
     for i in range(10):
@@ -130,7 +130,7 @@ def test_a_cpu_step_attends_only_as_far_as_its_rows_reach(lookahead, monkeypatch
 
     monkeypatch.setattr(static, "HORIZON", 16)  # horizons 16, 32, 48, ... in a 120-token cache
     model = tiny(block_size=128, pos="rope", n_kv_head=2)
-    session = StaticSession(model, 4, 120, compile=False, lookahead=lookahead)
+    session = StaticSession(model, 4, 120, step="eager", lookahead=lookahead)
     (a, ta), (b, tb) = session.add_many(PROMPTS[:2], [GREEDY] * 2, [0, 0])
     got = {a: [ta], b: [tb]}
     for i in range(60):
@@ -149,11 +149,11 @@ def test_a_cpu_step_attends_only_as_far_as_its_rows_reach(lookahead, monkeypatch
 def test_sampled_tokens_do_not_depend_on_the_batch():
     model = tiny(pos="rope")
     cfg = SampleConfig(temperature=0.9, top_k=20, top_p=0.95, min_p=0.01, max_new_tokens=12)
-    together = run(StaticSession(model, 4, 40, compile=False), PROMPTS[:3], 12, [cfg] * 3, [5, 6, 7])
+    together = run(StaticSession(model, 4, 40, step="eager"), PROMPTS[:3], 12, [cfg] * 3, [5, 6, 7])
     for slot, prompt, seed in zip(sorted(together), PROMPTS[:3], (5, 6, 7), strict=True):
-        single = run(StaticSession(model, 1, 40, compile=False), [prompt], 12, [cfg], [seed])
+        single = run(StaticSession(model, 1, 40, step="eager"), [prompt], 12, [cfg], [seed])
         assert together[slot] == single[0]
-    other = run(StaticSession(model, 1, 40, compile=False), [PROMPTS[0]], 12, [cfg], [99])
+    other = run(StaticSession(model, 1, 40, step="eager"), [PROMPTS[0]], 12, [cfg], [99])
     assert other[0] != together[min(together)]  # a different seed draws differently
 
 
@@ -174,18 +174,18 @@ def test_lookahead_runs_k_steps_per_sync_and_hands_out_the_same_tokens():
     model = tiny(pos="rope", n_kv_head=2)
     cfg = SampleConfig(temperature=0.9, top_k=20, max_new_tokens=12)
     configs, seeds = [GREEDY, cfg, cfg], [0, 5, 6]
-    one = run(StaticSession(model, 4, 40, compile=False), PROMPTS[:3], 12, configs, seeds)
-    ahead = StaticSession(model, 4, 40, compile=False, lookahead=4)
+    one = run(StaticSession(model, 4, 40, step="eager"), PROMPTS[:3], 12, configs, seeds)
+    ahead = StaticSession(model, 4, 40, step="eager", lookahead=4)
     assert run(ahead, PROMPTS[:3], 12, configs, seeds) == one
     assert ahead.host_reads == 3  # 11 steps after the prefill: 4 + 4 + 4 (one token left unused per row)
     with pytest.raises(GptlabError, match="lookahead"):
-        StaticSession(model, 4, 40, compile=False, lookahead=0)
+        StaticSession(model, 4, 40, step="eager", lookahead=0)
 
 
 def test_a_late_row_catches_up_with_the_others_queues():
     """A row that joins while the others hold tokens ahead runs only as far as their queues."""
     model = tiny(pos="rope")
-    session = StaticSession(model, 4, 40, compile=False, lookahead=4)
+    session = StaticSession(model, 4, 40, step="eager", lookahead=4)
     got = {slot: [tok] for slot, tok in session.add_many(PROMPTS[:1], [GREEDY], [0])}
     got[min(got)].append(session.step(list(got))[min(got)])  # 4 chosen, 1 handed out: 3 queued
     ((late, tok),) = session.add_many(PROMPTS[1:2], [GREEDY], [0])
@@ -226,7 +226,7 @@ PENALTIES = [
 def test_penalties_and_logit_bias_inside_the_graph_equal_the_sampler(penalty):
     model = tiny(pos="rope", n_kv_head=2)
     cfgs = [SampleConfig(temperature=0, **penalty)] * 3
-    session = StaticSession(model, 4, 40, compile=False)
+    session = StaticSession(model, 4, 40, step="eager")
     got = {slot: [tok] for slot, tok in session.add_many(PROMPTS[:3], cfgs, [0] * 3)}
     first = min(got)
     done = {}
@@ -250,10 +250,10 @@ def test_the_compiled_step_is_really_used_and_agrees():
     from torch._dynamo.utils import counters
 
     model = tiny(pos="rope", n_kv_head=2, n_layer=1)  # one layer: dynamo traces it in seconds
-    eager = run(StaticSession(model, 4, 40, compile=False), PROMPTS[:3], 6)
+    eager = run(StaticSession(model, 4, 40, step="eager"), PROMPTS[:3], 6)
     before = counters["stats"]["unique_graphs"]
     session = StaticSession(
-        model, 4, 40, compile=True, compile_options={"backend": "eager", "fullgraph": True}
+        model, 4, 40, step="compiled", compile_options={"backend": "eager", "fullgraph": True}
     )
     with warnings.catch_warnings():
         warnings.filterwarnings("error", message=".*torch.compile failed")  # a fallback to eager
@@ -266,7 +266,7 @@ def test_the_compiled_step_is_really_used_and_agrees():
     assert counters["stats"]["unique_graphs"] == traced  # ... so a new bucket traced nothing new
     assert session.graphs == [(2, "greedy"), (4, "greedy")]
     assert got == eager
-    eager_session = StaticSession(model, 4, 40, compile=False)
+    eager_session = StaticSession(model, 4, 40, step="eager")
     run(eager_session, PROMPTS[:3], 6)
     eager_session.remove(min(got))
     assert rest == [eager_session.step([s for s in got if s != min(got)]) for _ in range(3)]
@@ -274,7 +274,7 @@ def test_the_compiled_step_is_really_used_and_agrees():
 
 def test_a_failed_compilation_is_visible():
     model = tiny()
-    session = StaticSession(model, 2, 40, compile=True, compile_options={"backend": "no-such-backend"})
+    session = StaticSession(model, 2, 40, step="compiled", compile_options={"backend": "no-such-backend"})
     with pytest.warns(UserWarning, match="torch.compile failed"):
         got = run(session, PROMPTS[:1], 3)
     assert not session.compiled  # what bench/gpu.py reports, so a slow fallback is never a silent one

@@ -16,7 +16,6 @@ if TYPE_CHECKING:
     from gptlab.generate.plan import Decoder
 
 #: plan steps that are compiled (the ``compile: on`` line)
-COMPILED_STEPS = frozenset({"fused", "frozen", "cuda-graphs", "compiled"})
 
 DEVICE_HELP = "auto (CUDA, else Apple's MPS, else the CPU), cpu, cuda, cuda:N or mps (default auto)"
 
@@ -177,6 +176,7 @@ def prepare_decode(
     ``--static off`` keeps every decode off the static cache.
     """
     from gptlab.generate import prepare_decoding
+    from gptlab.generate.plan import COMPILED_STEPS
 
     if requested == "on" and not_for is not None:
         sys.stderr.write(f"compile: off (the compiled step decodes one sequence, not {not_for})\n")

@@ -70,6 +70,8 @@ STEPS = {
     "compiled": "compiled (the caller's torch.compile options)",
     "eager": "the static step run eagerly",
 }
+#: the steps that run through torch.compile (the rest run module by module or eagerly)
+COMPILED_STEPS = frozenset({"fused", "frozen", "cuda-graphs", "compiled"})
 
 
 @dataclass(frozen=True)

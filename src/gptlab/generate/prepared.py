@@ -82,7 +82,6 @@ from gptlab.model.kvcache import KVStore, KVView
 #: the model attribute that holds its engine
 ATTRIBUTE = "decode_engine"
 #: steps whose static sessions compile (the rest run the same step eagerly)
-COMPILED_STATIC_STEPS = frozenset({"cuda-graphs", "frozen", "compiled"})
 
 
 class PreparedDecoding:
@@ -191,7 +190,7 @@ class PreparedDecoding:
             max_len,
             cache_dtype,
             vocab,
-            compile=plan.step in COMPILED_STATIC_STEPS,
+            step=plan.step,
             compile_options=self.settings.compile_options,
             slot_base=slot_base,
             lookahead=self.settings.lookahead,

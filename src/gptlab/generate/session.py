@@ -52,7 +52,7 @@ from gptlab.compiling import Compiled
 from gptlab.errors import GptlabError
 from gptlab.generate.plan import Decoder, logits_of
 from gptlab.generate.prefix_cache import Layout, PrefixCache
-from gptlab.model.kvcache import KVStore, KVView, Rows, default_cache_dtype, make_store
+from gptlab.model.kvcache import KVView, Rows, default_cache_dtype, make_store
 
 
 def _rows(slots: Sequence[int]) -> Rows:
@@ -103,10 +103,9 @@ class BatchSession:
                 make_store(max_batch, n_kv, self.start_capacity, config.head_dim, dtype, device)
                 for _ in range(config.n_layer)
             ]
-        float_cache = all(type(s) is KVStore for s in self.stores)  # an int8 cache dequantises on reads
-        usable = one_token is not None and one_token.enabled and max_batch == 1 and float_cache
-        #: the compiled one-row step this session runs, or None (layer by layer)
-        self.one_token = one_token if usable and device.type == "cpu" else None
+        #: the compiled one-row step this session runs (the plan's "fused": one row, a float cache, a
+        #: CPU), or None (layer by layer); given by ``PreparedDecoding``, never re-decided here
+        self.one_token = one_token
         #: what ``GPT.run`` takes as ``cache``: one view per layer, aimed by ``_run`` before each pass
         self.layers = [KVView(s) for s in self.stores]
         self.start = [0] * max_batch

@@ -22,7 +22,7 @@ row into its place. Neither touches a graph, so nothing is re-captured.
 ``StaticSession`` is a ``Session`` (``gptlab.generate.session``) like ``BatchSession`` but
 samples inside the step: ``add_many(prompts, configs)`` returns each slot's first token, ``step``
 the next one. The dynamic ``BatchSession`` stays the reference; greedy tokens of both agree, with
-and without penalties (tested on the CPU, where ``compile=False`` runs the same step eagerly).
+and without penalties (tested on the CPU, where ``step="eager"`` runs the same step eagerly).
 
 What a captured step computes: per-row state buffers (``RowState``), the decode step and the prefill.
 
@@ -74,6 +74,8 @@ from gptlab.model.kvcache import KVStore, KVView, StaticKVCache, default_cache_d
 
 # (torch leaves it unannotated)
 mark_step_begin: Callable[[], None] = torch.compiler.cudagraph_mark_step_begin
+#: the plan's steps a static session runs (``gptlab.generate.plan.STEPS``)
+STATIC_STEPS = frozenset({"eager", "frozen", "cuda-graphs", "compiled"})
 #: Steps run back to back per host sync on CUDA (``StaticSession(lookahead=...)``)
 LOOKAHEAD = 8
 #: On a CPU a step attends over the cache positions its rows reach, rounded up to this
@@ -99,10 +101,11 @@ class StaticSession:
     stops mid-way leaves at most k − 1 unused tokens. Default: ``LOOKAHEAD`` with CUDA graphs (the
     host's per-step work then overlaps the GPU's), 1 elsewhere.
 
-    ``compile``: None follows the device (CUDA graphs on CUDA, eager elsewhere); True asks for
-    ``torch.compile`` anywhere (``compile_options`` replaces its settings, e.g. a test's backend).
-    On a CPU without ``compile_options`` a compiled step has its weights frozen in; ``frozen`` (the
-    model's ``PreparedDecoding``'s) shares those steps between sessions.
+    ``step``: the plan's step (``gptlab.generate.plan.STEPS``), carried out as given: ``"eager"`` runs
+    the step function eagerly, ``"cuda-graphs"`` and ``"compiled"`` through ``torch.compile``
+    (``compile_options`` replaces its settings, e.g. a test's backend), ``"frozen"`` compiles it on a
+    CPU with the weights frozen in; ``frozen`` (the model's ``PreparedDecoding``'s) shares those
+    steps between sessions. The session decides nothing of it (``plan_decoding`` does).
     """
 
     def __init__(
@@ -112,7 +115,7 @@ class StaticSession:
         max_len: int | None = None,
         cache_dtype: torch.dtype | None = None,
         vocab: int | None = None,
-        compile: bool | None = None,
+        step: str = "eager",
         compile_options: Mapping[str, object] | None = None,
         slot_base: int = 0,
         lookahead: int | None = None,
@@ -132,13 +135,14 @@ class StaticSession:
         self.buckets = buckets_for(max_batch)
         self._marks = {b: torch.zeros(b, device=device) for b in self.buckets}  # their sizes: the buckets
         self._horizons: dict[int, torch.Tensor] = {}  # a CPU's attended lengths, as sizes
-        if compile is None:
-            compile = device.type == "cuda"
+        if step not in STATIC_STEPS:
+            raise GptlabError(f"a static session runs one of {sorted(STATIC_STEPS)}, not {step!r}")
+        compile = step != "eager"
         options: dict[str, Any] = dict(compile_options or {"mode": "reduce-overhead", "fullgraph": True})
         self._compile, self._options = compile, options
         # a CPU compiles its step with the weights frozen in (gptlab.generate.static); prompts
         # vary, and an eager prefill there costs less than compiling one for every length
-        frozen_here = compile and device.type == "cpu" and compile_options is None
+        frozen_here = step == "frozen"
         #: the frozen CPU steps this session runs (None: its own compiled or eager step)
         self.frozen = (frozen or FrozenSteps(model)) if frozen_here else None
         self._steps: dict[str, Compiled] = {}  # the compiled step per sampler flavour
@@ -162,7 +166,7 @@ class StaticSession:
         self._pending: dict[int, int] = {}  # slot -> its sampled token, not yet cached
         self._live_rows: tuple[int, ...] = ()
         if lookahead is None:
-            lookahead = LOOKAHEAD if compile and device.type == "cuda" else 1
+            lookahead = LOOKAHEAD if step == "cuda-graphs" else 1
         if not isinstance(lookahead, int) or lookahead < 1:
             raise GptlabError(f"lookahead must be a positive integer, got {lookahead!r}")
         self.lookahead = lookahead

@@ -1,7 +1,10 @@
 """The server's session: ``BatchSession``'s interface over two lanes, static and dynamic.
 
-    a request whose options run inside the graph  → the static lane (CUDA graphs, sampler inside)
-    one that wants logprobs                       → the dynamic lane (``BatchSession``)
+    a request whose plan is static  → the static lane (CUDA graphs, sampler inside)
+    one whose plan is dynamic        → the dynamic lane (``BatchSession``): logprobs, a grammar, beam…
+
+Which lane a request takes is its own ``plan_decoding`` (its options, whether it wants probabilities),
+asked of the model's ``PreparedDecoding``: the lanes decide nothing themselves.
 
 Slots ``[0, B)`` are the dynamic lane's and ``[B, 2B)`` the static lane's, so the scheduler keeps
 one slot → job map. ``free_slots`` is the smaller of the two lanes' free slots: whatever mix a
@@ -28,7 +31,6 @@ import torch
 from gptlab.generate.plan import Decoder
 from gptlab.generate.prefix_cache import PrefixCache
 from gptlab.generate.prepared import prepared_of
-from gptlab.generate.sampling import supports
 from gptlab.generate.session import BatchSession
 from gptlab.generate.static import StaticSession
 
@@ -54,7 +56,7 @@ class Lanes:
         is free, until ``shrink()`` (the server calls it after an idle grace period).
         ``remember_at_add=False``: prompts leave their blocks in the prefix cache at ``remember_prompts()``
         (the server calls it once their first tokens are out), not during ``add_many``."""
-        engine = prepared_of(model)
+        engine = self._engine = prepared_of(model)
         #: how these lanes decode (printed at the server's start)
         self.plan = engine.plan(max_batch)
         # capacity: the dynamic lane's starting cache length, grown as rows need (the static lane's is fixed)
@@ -124,7 +126,8 @@ class Lanes:
                 self.dynamic.fit(p)
         fast = []
         if self.static is not None and steps is not None:
-            fast = [i for i, s in enumerate(steps) if s.top_n is None and supports(s.config)]
+            # the lane each request's own plan names (its options, whether it wants probabilities)
+            fast = [i for i, s in enumerate(steps) if self._session_of(s) == "static"]
         slow = [i for i in range(len(prompts)) if i not in fast]
         out: list[Any] = [None] * len(prompts)
         if slow:
@@ -139,6 +142,10 @@ class Lanes:
             ):
                 out[i] = chosen
         return out
+
+    def _session_of(self, state: RequestState) -> str:
+        plan = self._engine.plan(self.max_batch, config=state.config, want_probs=state.top_n is not None)
+        return plan.session
 
     def step(self, feed: dict[int, int]) -> dict[int, torch.Tensor | int]:
         """One decode step of each lane that has fed slots."""
