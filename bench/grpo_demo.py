@@ -3,14 +3,16 @@
     python bench/grpo_demo.py                                   # the full demonstration (≤ 15 min target)
     python bench/grpo_demo.py --steps 2 --held-out 8 --group 4  # a short check that it runs
 
-The default task is ``evals/rl/capitals.jsonl`` (``evals/rl/make_capitals.py`` writes it): "What is the
-capital of Peru? Reply with the city name only.", 123 countries, a fifth held out; its reward
-``evals/rl/capitals_reward.py:reward`` gives 1 for the capital alone, ``0.5·4/(4 + words)`` for it inside a
-longer reply, 0 otherwise (no credit for the format alone). The model knows many capitals but answers in a
-sentence, so the accuracy starts at 0 and what the reward teaches is the format. ``--task reading``
-(counts in a sentence) and ``--task addition`` (two-digit sums, beyond SmolLM2-135M) are the tasks tried
-before (docs/benchmarks.md). Runs differ: of three on a quiet machine, one met the +20 points, two stayed
-at 0 (the guide's table). The pipeline is the user's:
+The default task is ``evals/rl/capitals.jsonl`` (``evals/rl/make_capitals.py`` writes it): a chat with one
+worked example ("What is the capital of France? Reply with the city name only." → "Paris"), then the
+question for one of 122 other countries, a fifth held out; its reward ``evals/rl/capitals_reward.py:reward``
+gives 1 for the capital alone, ``0.5·4/(4 + words)`` for it inside a longer reply, 0 otherwise (no credit
+for the format alone). Greedy, SmolLM2 is right for a fifth of the held-out countries; the rest are a
+wrong city or the right one run on into more words, which the reward teaches it to drop. Four runs (two
+learning rates, three seeds) each gained 28–48 points (docs/benchmarks.md); ``--seed`` picks the run.
+``--task reading`` (counts in a sentence) and ``--task addition`` (two-digit sums, beyond SmolLM2-135M)
+are the tasks tried before, and the capitals without the worked example before them (docs/benchmarks.md).
+The pipeline is the user's:
 ``prepare --format prompts`` (a held-out split), then ``train objective=grpo finetune=lora`` from the
 ``finetune`` recipe, then the run loaded (adapters merged). Accuracy is the share of held-out prompts (never
 trained on) whose greedy reply passes the task's ``correct`` check (the answer alone).
@@ -78,7 +80,7 @@ def main() -> None:
     p.add_argument("--group", type=int, default=8, help="completions per prompt")
     p.add_argument("--max-new", type=int, default=12, help="rl_max_new_tokens")
     p.add_argument("--temperature", type=float, default=1.0, help="rl_temperature")
-    p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--kl", type=float, default=0.0, help="kl_coef")
     p.add_argument("--held-out", type=int, default=25, help="held-out prompts scored before and after")
     p.add_argument("--val-fraction", type=float, default=0.2, help="the share of prompts held out")

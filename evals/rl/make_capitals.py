@@ -3,16 +3,24 @@ demonstration (bench/grpo_demo.py --task capitals).
 
     python evals/rl/make_capitals.py           # rewrites evals/rl/capitals.jsonl (deterministic)
 
-Each record asks for one country's capital, to be answered with the city's name alone::
+Each record is a chat that ends on a user turn: one worked example of the format (France, answered
+"Paris"), then the question for one country, to be answered with the city's name alone::
 
-    {"prompt": "What is the capital of Peru? Reply with the city name only.", "answer": "Lima"}
+    {"messages": [{"role": "user", "content": "What is the capital of France? Reply with the city name only."},
+                  {"role": "assistant", "content": "Paris"},
+                  {"role": "user", "content": "What is the capital of Peru? Reply with the city name only."}],
+     "answer": "Lima"}
 
 Countries whose capital is disputed or split (Bolivia, South Africa, Sri Lanka, …) are left out, and
 so are those whose capital shares the country's name only where the reply would be ambiguous.
-SmolLM2-135M-Instruct knows many capitals but answers in a sentence ("The capital of Peru is
-Lima."), so a reply that is the city alone is rare at first: the reinforcement teaches the format
-from the reward, and the held-out countries (``gptlab prepare --format prompts --val-fraction``)
-show whether it carried over to capitals never asked during training.
+Why the example: without it SmolLM2-135M-Instruct answers in a sentence ("The capital of Peru is
+Lima."), and at temperature 1 none of 384 sampled replies was the city alone, so a reward for the
+exact format had nothing to reinforce (the runs of docs/benchmarks.md). With it, about 1 sampled
+reply in 10 is a capital alone and greedy replies are right for about a quarter of the held-out
+countries, the rest a wrong city or the right one run on into other words ("Caracas Venezuela"):
+what the reward then teaches is to answer right and to stop. The held-out countries
+(``gptlab prepare --format prompts --val-fraction``) show whether it carried over to capitals never
+asked during training.
 """
 
 from __future__ import annotations
@@ -151,8 +159,19 @@ CAPITALS = {
 }
 
 
+EXAMPLE = ("France", "Paris")  # the worked example every chat starts with (not asked itself)
+
+
 def records(seed: int = 0) -> list[dict]:
-    rows = [{"prompt": QUESTION.format(country=c), "answer": a} for c, a in CAPITALS.items()]
+    shot = [
+        {"role": "user", "content": QUESTION.format(country=EXAMPLE[0])},
+        {"role": "assistant", "content": EXAMPLE[1]},
+    ]
+    rows = [
+        {"messages": [*shot, {"role": "user", "content": QUESTION.format(country=c)}], "answer": a}
+        for c, a in CAPITALS.items()
+        if c != EXAMPLE[0]
+    ]
     random.Random(seed).shuffle(rows)  # prepare's held-out split takes a share: countries of every region
     return rows
 
