@@ -140,11 +140,15 @@ def test_the_frozen_step_module_notices_an_in_place_write():
         ("on", None, "bf16", True),  # bf16 matrices, float32 activations (bf16 emulated)
         ("on", None, "bf16-native", False),  # bf16 activations: not measured with the frozen GEMM
         ("on", None, "int8", False),
+        ("auto", None, "fp32-avx512", False),  # 1.27x there: short of what a minute of compiling must earn
+        ("on", None, "fp32-avx512", True),  # asked for: obeyed anywhere
     ],
 )
 def test_when_batches_take_the_frozen_step(requested, planned, weights, expected):
     from gptlab.generate.plan import frozen_batches_pay
 
     act = torch.bfloat16 if weights == "bf16-native" else torch.float32
-    got, why = frozen_batches_pay(requested, planned, weights.removesuffix("-native"), act)
+    cpu = "AVX512" if weights.endswith("-avx512") else "AVX2"
+    kind = weights.removesuffix("-native").removesuffix("-avx512")
+    got, why = frozen_batches_pay(requested, planned, kind, act, cpu)
     assert got is expected and why.startswith("batches")

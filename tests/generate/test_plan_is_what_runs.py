@@ -14,8 +14,7 @@ import pytest
 import torch
 
 from gptlab.compiling import can_compile
-from gptlab.generate import SampleConfig, prepare_decoding, prepared_of
-from gptlab.generate import driver
+from gptlab.generate import SampleConfig, driver, prepare_decoding, prepared_of
 from gptlab.generate.plan import STEPS
 from gptlab.generate.prepared import PreparedDecoding
 from gptlab.generate.session import BatchSession

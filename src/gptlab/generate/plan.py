@@ -115,6 +115,7 @@ class ModelFacts:
     weights: str = "fp32"  # "fp32" | "bf16" | "int8"
     activations: torch.dtype = torch.float32
     alibi_half: bool = False  # ALiBi in bf16/fp16: the static cache's bias would round the scores
+    cpu: str = "AVX2"  # torch's CPU capability (AVX2, AVX512, DEFAULT): where the frozen batch step pays
     no_compiler: str = NO_COMPILER  # why not, when ``compiler`` is False
 
     @classmethod
@@ -132,6 +133,7 @@ class ModelFacts:
             weights=str(getattr(model, "quantization", "fp32")),
             activations=dtype,
             alibi_half=getattr(getattr(model, "config", None), "pos", None) == "alibi" and half,
+            cpu=str(torch.backends.cpu.get_cpu_capability()) if device == "cpu" else "",
         )
 
 
@@ -218,17 +220,26 @@ def decode_compile_pays(
 
 
 def frozen_batches_pay(
-    requested: str, planned_tokens: int | None, weights: str, activations: torch.dtype = torch.float32
+    requested: str,
+    planned_tokens: int | None,
+    weights: str,
+    activations: torch.dtype = torch.float32,
+    cpu: str = "AVX2",
 ) -> tuple[bool, str]:
     """Whether a CPU that compiles (already on for one sequence) also sends batches to the frozen step.
 
     For float matrices with float32 activations, what the frozen GEMM was measured with: fp32
     weights, and bf16 ones on a CPU that emulates bf16 (frozen, ``W.float()`` folds into a packed
     float32 constant). int8 weights and bf16 activations keep their own kernels. ``on`` then always;
-    ``auto`` for a long-lived session or from ``FROZEN_PAYBACK_TOKENS`` planned tokens.
+    ``auto`` for a long-lived session or from ``FROZEN_PAYBACK_TOKENS`` planned tokens, on a CPU where
+    it was measured to pay: 2.32× the layer-by-layer step at batch 8 on AVX2, but 1.27× on an AVX-512
+    CPU (MKL's few-row sgemm is good there), short of the 1.3× an engine must show for a minute of
+    compiling in every process (docs/benchmarks.md#decoding).
     """
     if weights not in ("fp32", "bf16") or activations != torch.float32:
         return False, f"batches decode layer by layer ({weights} weights keep their own kernels)"
+    if requested != "on" and cpu.upper().startswith("AVX512"):
+        return False, "batches decode layer by layer (on AVX-512 the frozen step gains 1.3x at most)"
     if requested == "on" or planned_tokens is None or planned_tokens >= FROZEN_PAYBACK_TOKENS:
         return True, "batches: the static step with frozen weights"
     return False, f"batches decode layer by layer (the frozen step pays from {FROZEN_PAYBACK_TOKENS} tokens)"
@@ -267,7 +278,7 @@ def _static_on_cpu(
     if not compiled or batch < 2:
         return False, "one sequence keeps the dynamic cache" if compiled else "the dynamic cache"
     requested = settings.compile or "on"
-    return frozen_batches_pay(requested, settings.planned_tokens, facts.weights, facts.activations)
+    return frozen_batches_pay(requested, settings.planned_tokens, facts.weights, facts.activations, facts.cpu)
 
 
 def _static_elsewhere(
