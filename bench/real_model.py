@@ -182,7 +182,11 @@ def main() -> None:
 
     torch.set_num_threads(args.threads)
     parts = set(args.parts.split(","))
-    result: dict = {"threads": args.threads, "machine": "shared 2-core AVX2 CPU (other jobs running)"}
+    capability = torch.backends.cpu.get_cpu_capability()
+    result: dict = {
+        "threads": args.threads,
+        "machine": f"{os.cpu_count()} CPUs, torch capability {capability}",
+    }
     with tempfile.TemporaryDirectory() as tmp:
         ckpt = Path(tmp) / "smollm2"
         result.update(run_import(ckpt))
