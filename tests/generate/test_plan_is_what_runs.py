@@ -89,11 +89,27 @@ def test_what_runs_is_the_printed_plan(batch, static, request_kind, monkeypatch)
         assert plan.draft == "prompt-lookup"
 
 
-def test_beam_search_takes_the_dynamic_cache_whatever_is_asked():
+def test_beam_search_and_encoder_decoders_are_routes_the_plan_decides_and_prints(monkeypatch):
+    """Beam search and an encoder–decoder's sources are the plan's routes: printed, and what the public
+    entry points then run (beam search never reaches the batched driver; a bound source is planned
+    like a GPT)."""
+    from gptlab.generate import generate_ids
+
     model = tiny_model(n_layer=1, n_head=2, pos="rope")
     engine = prepare_decoding(model, compile="off", static=True)
     plan = engine.plan(1, config=SampleConfig(beam_width=2))
-    assert (plan.session, plan.step, plan.sampler) == ("dynamic", "layers", "per-request"), plan
+    assert (plan.session, plan.step, plan.sampler, plan.route) == ("dynamic", "layers", "per-request", "beam")
+    assert "beam search" in str(plan)
+    assert engine.plan(1, config=SampleConfig()).route == "rows"
+    started = []
+    monkeypatch.setattr(driver, "start", lambda *a, **k: started.append(a) or pytest.fail("batched driver"))
+    generate_ids(model, torch.tensor([PROMPTS[0]]), 4, beam_width=2)  # the beam route only
+    assert started == []
+
+    encdec = tiny_model(n_layer=1, n_head=2, arch="encoder-decoder")
+    plan = prepared_of(encdec).plan(1, config=SampleConfig())
+    assert plan.route == "source" and "each source bound alone" in str(plan)
+    assert prepared_of(encdec.bind(torch.tensor([PROMPTS[0]]))).plan(1).route == "rows"  # bound: a GPT
 
 
 needs_compiler = pytest.mark.skipif(not can_compile("cpu"), reason="torch.compile has no C++ compiler here")

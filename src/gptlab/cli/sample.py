@@ -128,7 +128,7 @@ def run(args: argparse.Namespace) -> int:
 
     import gptlab
     from gptlab.generate import SampleConfig, stream_events
-    from gptlab.generate.driver import check_generative, read_prompt
+    from gptlab.generate.driver import check_generative, read_prompt, route
     from gptlab.generate.grammar import check_constraint
 
     if args.num_samples < 1:
@@ -172,7 +172,8 @@ def run(args: argparse.Namespace) -> int:
     check_constraint(config, tokenizer)  # a schema or grammar the engine cannot compile: one error line
     # an encoder-decoder: the prompt is the source (not echoed), the output its target
     echo = prompt if decoder is model else ""
-    not_for = "beam search" if args.beam_width > 1 else None if decoder is model else "an encoder-decoder"
+    how = route(model, config)  # the plan's route: the batched rows, beam search or a bound source
+    not_for = {"beam": "beam search", "source": "an encoder-decoder"}.get(how)
     engine = prepare_decode(
         args.compile,
         model,

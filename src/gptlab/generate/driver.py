@@ -254,7 +254,7 @@ def decode_events(
     """The events of one request from token ids, on the model to decode (a decoder, or a bound one):
     beam search (no prefix cache), or ``start`` and ``decode_rows`` (with the top 5 alternatives when
     ``want_probs``; reusing and filling ``prefix_cache`` on the dynamic cache)."""
-    if config.beam_width > 1:
+    if route(model, config) == "beam":
         yield from beam_events(model, tokenizer, fit_prompts(model, [ids], config)[0], config, cache_dtype)
         return
     top_n = 5 if want_probs else None
@@ -262,6 +262,12 @@ def decode_events(
         model, tokenizer, [ids], config, cache_dtype, top_n=top_n, prefix_cache=prefix_cache
     )
     yield from decode_rows(session, rows)
+
+
+def route(model: Decoder, config: SampleConfig) -> str:
+    """How the plan drives a request of ``config`` on ``model`` (``plan.ROUTES``): the batched rows,
+    beam search, or (an unbound encoder–decoder) each source bound alone."""
+    return prepared_of(model).plan(1, config=config).route
 
 
 # ------------------------------------------------------------ seq2seq
@@ -335,7 +341,7 @@ def target_ids(
     Stops at ``config.stop_tokens`` (give the EOS id there) or ``max_new_tokens``.
     """
     bound = model.bind(source)
-    if config.beam_width > 1:
+    if route(bound, config) == "beam":
         return beam_search(bound, [bos_id], config, None, cache_dtype)
     session, rows = start(bound, None, [[bos_id]], config, cache_dtype)
     tokens = [e.token_id for e in decode_rows(session, rows) if e.token_id is not None]
@@ -469,7 +475,7 @@ def generate_batch(
         raise GptlabError("generate_batch needs a non-empty list of prompt strings")
     read = [read_prompt(model, tokenizer, p) for p in prompts]
     shared = all(decoder is model for decoder, _ in read)  # an encoder-decoder binds each source alone
-    if config.beam_width > 1 or not shared:
+    if route(model, config) != "rows" or not shared:
         return [generate_text(model, tokenizer, p, config, cache_dtype=cache_dtype) for p in prompts]
     session, rows = start(model, tokenizer, [ids for _, ids in read], config, cache_dtype)
     out = [""] * len(prompts)
@@ -508,7 +514,7 @@ def generate_ids(
     config = SampleConfig(max_new_tokens=max_new_tokens, **sampling)
     prompts = idx.tolist()
     seeds = None if config.seed is None else [config.seed + b for b in range(len(prompts))]
-    if config.beam_width > 1:
+    if route(model, config) == "beam":
         fitted = fit_prompts(model, prompts, config)
         found = [beam_search(model, p, config, None, cache_dtype) for p in fitted]
         return _assemble(idx, prompts, [t for t, _ in found], [why for _, why in found], config)

@@ -70,6 +70,10 @@ STEPS = {
     "compiled": "compiled (the caller's torch.compile options)",
     "eager": "the static step run eagerly",
 }
+#: how a request is driven, in words (``DecodePlan.route``): the batched driver (``driver.decode_rows``),
+#: beam search (its own dynamic session, one search step at a time), or an encoder–decoder's source
+#: (bound alone, ``driver.bind_source``: one request at a time)
+ROUTES = {"rows": "", "beam": "beam search", "source": "each source bound alone"}
 #: the steps that run through torch.compile (the rest run module by module or eagerly)
 COMPILED_STEPS = frozenset({"fused", "frozen", "cuda-graphs", "compiled"})
 
@@ -116,6 +120,7 @@ class ModelFacts:
     activations: torch.dtype = torch.float32
     alibi_half: bool = False  # ALiBi in bf16/fp16: the static cache's bias would round the scores
     cpu: str = "AVX2"  # torch's CPU capability (AVX2, AVX512, DEFAULT): where the frozen batch step pays
+    seq2seq: bool = False  # an encoder–decoder not yet bound to a source: each request binds its own
     no_compiler: str = NO_COMPILER  # why not, when ``compiler`` is False
 
     @classmethod
@@ -134,6 +139,8 @@ class ModelFacts:
             activations=dtype,
             alibi_half=getattr(getattr(model, "config", None), "pos", None) == "alibi" and half,
             cpu=str(torch.backends.cpu.get_cpu_capability()) if device == "cpu" else "",
+            seq2seq=isinstance(model, nn.Module)
+            and getattr(getattr(model, "config", None), "arch", "decoder") == "encoder-decoder",
         )
 
 
@@ -148,12 +155,14 @@ class DecodePlan:
     sampler: str  # "per-request" | "in-graph"
     why: str
     draft: str = "none"  # "none" | "prompt-lookup" (gptlab.generate.lookup)
+    route: str = "rows"  # a key of ROUTES
 
     def __str__(self) -> str:
         drafts = ", prompt-lookup drafts" if self.draft == "prompt-lookup" else ""
+        route = f", {ROUTES[self.route]}" if self.route != "rows" else ""
         return (
             f"decode plan ({self.device}, batch {self.batch}): {self.session} cache, "
-            f"{STEPS[self.step]}, {self.sampler} sampler{drafts} ({self.why})"
+            f"{STEPS[self.step]}, {self.sampler} sampler{drafts}{route} ({self.why})"
         )
 
 
@@ -334,6 +343,10 @@ def plan_decoding(
     want_probs: bool = False,
 ) -> DecodePlan:
     """The plan for a decode of ``batch`` sequences (``config`` etc.: the request, where known)."""
+    route = route_of(config, facts.seq2seq)
+    if route != "rows":  # one request at a time on the dynamic cache, layer by layer
+        why = "beam search keeps its own dynamic session" if route == "beam" else "an encoder–decoder"
+        return DecodePlan(facts.device, batch, "dynamic", "layers", "per-request", why, route=route)
     decide = _compile_default if settings.compile is None else _compile_asked
     compiled, why = decide(facts, settings)
     if settings.static is False:
@@ -368,6 +381,15 @@ def plan_decoding(
     )
 
 
+def route_of(config: SampleConfig | None, seq2seq: bool = False) -> str:
+    """How a request is driven (``ROUTES``): an unbound encoder–decoder binds each source alone
+    (``source``; its bound decoder is then planned like a GPT), ``beam_width`` > 1 is beam search
+    (``beam``), anything else the batched rows of ``driver.decode_rows``."""
+    if seq2seq:
+        return "source"
+    return "beam" if config is not None and config.beam_width > 1 else "rows"
+
+
 def _draft(config: SampleConfig | None, batch: int, step: str, activations: torch.dtype) -> str:
     """Prompt lookup (``SampleConfig.prompt_lookup``) on the dynamic cache, for one sequence (a batch's
     rows would verify drafts of different lengths): ``on`` always; ``auto`` where the step runs layer
@@ -376,7 +398,7 @@ def _draft(config: SampleConfig | None, batch: int, step: str, activations: torc
     than one row's, so a near-tie can resolve the other way and the text part from plain decoding's;
     beside the compiled one-row step (``fused``), several times faster a token, it pays only for long
     accepted drafts. ``auto`` leaves both out."""
-    if config is None or batch != 1 or config.beam_width > 1 or config.prompt_lookup == "off":
+    if config is None or batch != 1 or config.prompt_lookup == "off":
         return "none"
     if config.prompt_lookup == "auto" and (step != "layers" or activations != torch.float32):
         return "none"

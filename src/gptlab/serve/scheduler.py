@@ -58,7 +58,7 @@ import torch
 
 from gptlab.errors import GptlabError
 from gptlab.generate.beam import beam_steps, beam_stream
-from gptlab.generate.driver import Row, advance_row, step_rows
+from gptlab.generate.driver import Row, advance_row, route, step_rows
 from gptlab.generate.prefix_cache import PrefixCache
 from gptlab.generate.request import RequestState, TokenEvent
 from gptlab.serve.admission import FairQueue, per_request_cap
@@ -116,9 +116,6 @@ class Scheduler:
         self.max_batch = max_batch
         self.max_len = max_len or model.config.block_size
         self.beam_slots = beam_slots or max(2, max_batch // 4)
-        from gptlab.generate import driver as seq2seq
-
-        self.seq2seq = seq2seq.is_seq2seq(model)  # each source has its own encoding: one job at a time
         # a BatchSession, plus on CUDA a static lane (CUDA graphs) for the requests it can sample
         # the cache starts at KV_START_TOKENS positions per row and doubles as requests need, up to max_len
         from gptlab.generate.request import vocab_size
@@ -153,7 +150,7 @@ class Scheduler:
     # ------------------------------------------------------------ public
     def submit(self, job: Job) -> None:
         """Queue a job; its events arrive on ``job.channel``."""
-        stepped = job.config.beam_width > 1 or self.seq2seq
+        stepped = route(self.model, job.config) != "rows"  # beam search, or an encoder–decoder's source
         with self._cond:
             if self._closed:
                 raise GptlabError("the server is shutting down")
@@ -358,7 +355,7 @@ class Scheduler:
     # ------------------------------------------------------------ beam search, one step per iteration
     def _start_beam(self, job: Job) -> None:
         self._beams[job] = stepped_events(
-            self.model, self.tokenizer, job.prompt_ids, job.config, self.seq2seq
+            self.model, self.tokenizer, job.prompt_ids, job.config, route(self.model, job.config)
         )
 
     def _step_beams(self) -> int:
@@ -384,11 +381,11 @@ class Scheduler:
 
 
 def stepped_events(
-    model: GPT, tokenizer: Tokenizer, prompt: list[int], config: SampleConfig, seq2seq: bool
+    model: GPT, tokenizer: Tokenizer, prompt: list[int], config: SampleConfig, how: str
 ) -> Iterator[TokenEvent | None]:
     """A beam-search job (or an encoder–decoder's) as an iterator: None per search step, then its
     events; each ``next`` runs the model at most once."""
-    if seq2seq:
+    if how == "source":  # the plan's route: an encoder–decoder binds its source
         from gptlab.generate import driver as s2s
         from gptlab.model import EncoderDecoder
 
