@@ -46,8 +46,8 @@ def _ran(model: torch.nn.Module, batch: int, options: dict, top_n: int | None, m
     before = sum(step.compiled_calls for step in prepared_of(model).compiled_steps)
     config = SampleConfig(max_new_tokens=6, **options)
     session, rows = driver.start(model, None, PROMPTS[:batch], config, None, top_n=top_n)
-    for _ in driver.decode_rows(session, rows):
-        pass
+    events = list(driver.decode_rows(session, rows))
+    assert sum(e.finish_reason is not None for e in events) == batch  # every row ran to its end
     after = sum(step.compiled_calls for step in prepared_of(model).compiled_steps)
     monkeypatch.setattr(PreparedDecoding, "plan", original)
     assert len(plans) == 1  # the driver asked once and ran that

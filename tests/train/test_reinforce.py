@@ -309,17 +309,24 @@ def test_grpo_under_ddp_ends_in_a_checkpoint(task, tmp_path):
 
 
 # ---------------------------------------------------------------- the shipped task
-def test_the_shipped_addition_task_is_its_script_output_and_its_reward_checks_it():
+def _shipped_task(name: str) -> tuple[list[dict], RewardFunction]:
+    """``evals/rl/<name>.jsonl`` as records, checked to be what ``make_<name>.py`` writes (deterministic),
+    and its reward function."""
     import importlib.util
     from pathlib import Path
 
     here = Path(__file__).resolve().parents[2] / "evals" / "rl"
-    spec = importlib.util.spec_from_file_location("make_addition", here / "make_addition.py")
+    spec = importlib.util.spec_from_file_location(f"make_{name}", here / f"make_{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    shipped = [json.loads(line) for line in (here / "addition.jsonl").read_text().splitlines()]
+    text = (here / f"{name}.jsonl").read_text(encoding="utf-8")
+    shipped = [json.loads(line) for line in text.splitlines()]
     assert shipped == module.records()  # regenerated deterministically
-    reward = RewardFunction(f"{here / 'addition_reward.py'}:reward")
+    return shipped, RewardFunction(f"{here / f'{name}_reward.py'}:reward")
+
+
+def test_the_shipped_addition_task_is_its_script_output_and_its_reward_checks_it():
+    shipped, reward = _shipped_task("addition")
     for record in shipped[:50]:
         a, b = map(int, re.findall(r"\d+", record["prompt"]))
         assert reward("", f" {a + b}.", record, "x") == 1.0
@@ -329,17 +336,8 @@ def test_the_shipped_addition_task_is_its_script_output_and_its_reward_checks_it
 
 
 def test_the_shipped_reading_task_is_its_script_output_and_its_reward_checks_it():
-    import importlib.util
-    from pathlib import Path
-
-    here = Path(__file__).resolve().parents[2] / "evals" / "rl"
-    spec = importlib.util.spec_from_file_location("make_reading", here / "make_reading.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    shipped = [json.loads(line) for line in (here / "reading.jsonl").read_text().splitlines()]
-    assert shipped == module.records()  # regenerated deterministically
+    shipped, reward = _shipped_task("reading")
     assert len({r["prompt"] for r in shipped}) == len(shipped)
-    reward = RewardFunction(f"{here / 'reading_reward.py'}:reward")
     for record in shipped[:50]:
         n1, n2 = re.findall(r"\d+", record["prompt"])
         asked, other = (n1, n2) if record["answer"] == n1 else (n2, n1)
@@ -351,22 +349,11 @@ def test_the_shipped_reading_task_is_its_script_output_and_its_reward_checks_it(
 
 
 def test_the_shipped_capitals_task_is_its_script_output_and_its_reward_checks_it():
-    import importlib.util
-    from pathlib import Path
-
-    here = Path(__file__).resolve().parents[2] / "evals" / "rl"
-    spec = importlib.util.spec_from_file_location("make_capitals", here / "make_capitals.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    shipped = [
-        json.loads(line) for line in (here / "capitals.jsonl").read_text(encoding="utf-8").splitlines()
-    ]
-    assert shipped == module.records()  # regenerated deterministically
+    shipped, reward = _shipped_task("capitals")
     questions = [r["messages"][-1]["content"] for r in shipped]
     assert len(set(questions)) == len(shipped) >= 100
     assert all(r["messages"][-1]["role"] == "user" for r in shipped)  # a chat that ends on the question
     assert not any("France" in q for q in questions)  # the worked example is never asked
-    reward = RewardFunction(f"{here / 'capitals_reward.py'}:reward")
     records = {r["answer"]: r for r in shipped}
     lima, rome = records["Lima"], records["Rome"]
     assert reward("", " Lima.", lima, "x") == 1.0
