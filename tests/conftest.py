@@ -83,3 +83,21 @@ def _own_compile_cache(tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("xdg-cache")))
         yield
+
+
+@pytest.fixture(params=["compiled", "library"])
+def one_row(request, monkeypatch):
+    """Each CPU's way of multiplying a decode step's one row (``gptlab.hardware.one_row_kernel``), on any
+    machine: ``compiled`` (below native bf16) and ``library`` (with it); the name is the parameter."""
+    from gptlab import hardware
+
+    monkeypatch.setattr(hardware, "one_row_kernel", lambda device, machine=None: request.param)
+    return request.param
+
+
+@pytest.fixture
+def compiled_one_row(monkeypatch):
+    """The compiled one-row kernel, as a CPU without native bf16 takes it, on any machine."""
+    from gptlab import hardware
+
+    monkeypatch.setattr(hardware, "one_row_kernel", lambda device, machine=None: "compiled")

@@ -20,6 +20,11 @@ and ``detect()`` reads those reports once per process. The rules (docs/guide/har
                       float32 wherever dtype is float32
     inference         bf16 weights where bf16 is native, else fp32; bf16 weights are prepacked for
                       oneDNN only with native bf16, and otherwise multiply in float32
+    one row           a decode step's one row times a matrix that streams from memory: the library
+                      kernels (oneDNN's prepacked bf16, ``_weight_int8pack_mm``, MKL) where bf16 is
+                      native; elsewhere the compiled one-row reduction, which converts bf16 and int8
+                      weights to float in registers for the float32 activations (no compiler needed
+                      at start-up where the library kernels serve)
 
 A bf16 matrix product on a CPU without native bf16 is emulated, and many times slower than in
 float32 (docs/benchmarks.md#precision).
@@ -76,6 +81,7 @@ class Plan:
     newton_schulz: str  # Muon's orthogonalisation: bfloat16 (torch.optim.Muon) | float32
     weights: str  # inference weights for --dtype auto: fp32 | bf16
     bf16_matmul: str  # how bf16 weights multiply many rows: packed (oneDNN) | plain | float32
+    one_row: str  # how a CPU decode step's one row multiplies a streaming matrix: library | compiled
     compile: bool  # torch.compile the training forward (compile_training)
     machine: str  # what the choice was made from, for people
 
@@ -263,9 +269,27 @@ def plan(
         newton_schulz="bfloat16" if native and chosen != "float32" else "float32",
         weights="bf16" if native else "fp32",
         bf16_matmul=("packed" if native else "float32") if dev == "cpu" else "plain",
+        one_row=one_row_kernel(dev, m),
         compile=compile_training(dev, chosen, compile),
         machine=what if dev != "mps" else "Apple MPS",
     )
+
+
+def one_row_kernel(device: str, machine: Machine | None = None) -> str:
+    """How a decode step multiplies its one row by a matrix too large for the caches, on a CPU.
+
+    ``library`` where bf16 is native: activations are bf16 there, and the library's one-row kernels
+    (oneDNN's prepacked bf16, ``_weight_int8pack_mm`` with bf16 rows, MKL's fp32 ``sgemv``) read the
+    weights faster than the compiled reduction, at SmolLM2's shapes 1.3–4× per matrix and 1.2–1.4×
+    per decoded token (docs/benchmarks.md#cold-start), with no compiler to import at start-up.
+    ``compiled`` elsewhere: activations are float32 there, which the int8 kernel is slow with and
+    bf16 weights would have to be converted to whole; the compiled reduction converts each weight
+    in registers instead (``gptlab.model.quantized.gemv``). Other devices: ``library``.
+    """
+    m = machine or detect()
+    if device.split(":")[0] != "cpu":
+        return "library"
+    return "library" if native_bf16(device, m) else "compiled"
 
 
 # ------------------------------------------------------------------ emulated bf16

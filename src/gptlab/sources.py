@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from gptlab import checkpoint
+from gptlab import checkpoint, hardware
 from gptlab.checkpoint import lora as lora_files
 from gptlab.compiling import can_compile
 from gptlab.errors import GptlabError
@@ -310,9 +310,11 @@ def load(
     A GGUF file (or ``smollm2``) loads as llama.cpp runs it: its Q4_0/Q4_1 matrices int4 and its other
     quantized ones int8 (``quantize`` None or ``"keep"``, on the CPU, ``load_gguf_as``);
     ``quantize="fp32"`` asks for float32 weights (dequantized), the other formats convert to that format. On a
-    CPU its one-row decode kernels are then compiled before it is returned (``gptlab.model.warmup``:
-    the compiler imported on another thread while the weights are read), so the first prefill and
-    decode step cost what the later ones do.
+    CPU whose decode multiplies one row through the compiled kernel (``gptlab.hardware.one_row_kernel``:
+    below native bf16), that kernel is then compiled before the model is returned
+    (``gptlab.model.warmup``: the compiler imported on another thread while the weights are read), so
+    the first prefill and decode step cost what the later ones do; where the library kernels serve,
+    nothing compiles and the compiler is never imported.
     """
     src = source_path(path)
     kind = source_kind(src)
@@ -321,7 +323,10 @@ def load(
         src = checkpoint.resolve_checkpoint(src)
     importing = (
         import_compiler_in_background()
-        if inference and weight_bytes(src) >= STREAM_MIN_BYTES and can_compile("cpu")
+        if inference
+        and weight_bytes(src) >= STREAM_MIN_BYTES
+        and hardware.one_row_kernel("cpu") == "compiled"
+        and can_compile("cpu")
         else None
     )
     model, tokenizer = _load(src, kind, device, dtype, quantize)

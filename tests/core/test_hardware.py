@@ -20,18 +20,25 @@ from tests._machines import (
 )
 from tests._tiny import tiny_model
 
-# machine -> (device, dtype, attention, Newton–Schulz, inference weights, bf16 matmul of many rows, compile)
+# machine -> (device, dtype, attention, Newton–Schulz, inference weights, bf16 matmul of many rows,
+#             a decode step's one-row product, compile)
 EXPECTED = {
-    "avx2": (AVX2, ("cpu", "float32", "sdpa", "float32", "fp32", "float32", False)),
-    "avx512_bf16": (AVX512_BF16, ("cpu", "bfloat16", "plain", "bfloat16", "bf16", "packed", True)),
-    "avx512_without_bf16": (AVX512_NO_BF16, ("cpu", "float32", "sdpa", "float32", "fp32", "float32", False)),
+    "avx2": (AVX2, ("cpu", "float32", "sdpa", "float32", "fp32", "float32", "compiled", False)),
+    "avx512_bf16": (AVX512_BF16, ("cpu", "bfloat16", "plain", "bfloat16", "bf16", "packed", "library", True)),
+    "avx512_without_bf16": (
+        AVX512_NO_BF16,
+        ("cpu", "float32", "sdpa", "float32", "fp32", "float32", "compiled", False),
+    ),
     "avx512_bf16_dispatching_avx2": (
         AVX512_BF16_AS_AVX2,
-        ("cpu", "float32", "sdpa", "float32", "fp32", "float32", False),
+        ("cpu", "float32", "sdpa", "float32", "fp32", "float32", "compiled", False),
     ),
-    "cuda_bf16": (CUDA_BF16, ("cuda:0", "bfloat16", "sdpa", "bfloat16", "bf16", "plain", True)),
-    "cuda_without_bf16": (CUDA_NO_BF16, ("cuda:0", "float16", "sdpa", "float32", "fp32", "plain", True)),
-    "apple_mps": (APPLE, ("mps", "float32", "sdpa", "float32", "fp32", "plain", False)),
+    "cuda_bf16": (CUDA_BF16, ("cuda:0", "bfloat16", "sdpa", "bfloat16", "bf16", "plain", "library", True)),
+    "cuda_without_bf16": (
+        CUDA_NO_BF16,
+        ("cuda:0", "float16", "sdpa", "float32", "fp32", "plain", "library", True),
+    ),
+    "apple_mps": (APPLE, ("mps", "float32", "sdpa", "float32", "fp32", "plain", "library", False)),
 }
 
 
@@ -39,7 +46,8 @@ EXPECTED = {
 def test_auto_chooses_the_documented_device_precision_and_kernels(name):
     machine, expected = EXPECTED[name]
     p = plan(machine)
-    assert (p.device, p.dtype, p.attention, p.newton_schulz, p.weights, p.bf16_matmul, p.compile) == expected
+    chosen = (p.device, p.dtype, p.attention, p.newton_schulz, p.weights, p.bf16_matmul, p.one_row, p.compile)
+    assert chosen == expected
     assert p.to_dict()["dtype"] == p.dtype and p.device in p.summary()
     assert p.summary().endswith(", compiled" if p.compile else ", eager")
 

@@ -89,7 +89,7 @@ FORMATS = {
 
 
 @pytest.mark.parametrize("fmt", sorted(FORMATS))
-def test_one_row_kernel_equals_the_batched_product(fmt):
+def test_one_row_kernel_equals_the_batched_product(fmt, compiled_one_row):
     make, act, tol = FORMATS[fmt]
     torch.manual_seed(0)
     linear = torch.nn.Linear(512, 1024)
@@ -109,7 +109,7 @@ def test_one_row_kernel_equals_the_batched_product(fmt):
         assert kernel.compiled_calls > 0 and kernel.failure is None
 
 
-def test_each_weight_format_compiles_its_one_row_kernel_a_few_times_only(monkeypatch):
+def test_each_weight_format_compiles_its_one_row_kernel_a_few_times_only(monkeypatch, compiled_one_row):
     import torch._dynamo.utils as dynamo_utils
 
     monkeypatch.setattr(qz, "STREAM_MIN_BYTES", 0)  # a small model, treated as one that streams
@@ -139,15 +139,38 @@ def test_fp32_inference_keeps_tied_weights_and_checkpoint_names():
     assert gptlab.quantize(model, "int8").quantization == "int8"  # fp32 inference weights convert further
 
 
-def test_only_models_too_large_for_the_caches_take_the_one_row_kernel():
+def test_only_models_too_large_for_the_caches_take_the_one_row_kernel(one_row):
+    """A model of ``STREAM_MIN_BYTES`` or more streams through the compiled one-row kernel where the
+    hardware plan says ``compiled``; where it says ``library`` (native bf16) no layer does."""
     small = gptlab.quantize(tiny_model(vocab_size=50, block_size=16, n_head=2), "fp32")
     assert not any(m.streams for m in small.modules() if isinstance(m, qz.InferenceLinear))
     config = GPTConfig(vocab_size=50, block_size=16, n_layer=12, n_head=8, n_embd=512)  # 151 MB of fp32
     large = gptlab.quantize(GPT(config), "fp32")
-    assert all(m.streams for m in large.modules() if isinstance(m, qz.InferenceLinear))
+    streams = [m.streams for m in large.modules() if isinstance(m, qz.InferenceLinear)]
+    assert all(streams) if one_row == "compiled" else not any(streams)
 
 
-def test_without_a_compiled_kernel_one_row_uses_the_library_kernel(monkeypatch):
+def test_with_the_library_kernels_a_large_model_decodes_without_compiling(monkeypatch):
+    """Where the plan says ``library``, a model that streams decodes one row at a time through each
+    format's own kernel: dynamo compiles no frame, and each row equals the batched product."""
+    import torch._dynamo.utils as dynamo_utils
+
+    from gptlab import hardware
+
+    monkeypatch.setattr(hardware, "one_row_kernel", lambda device, machine=None: "library")
+    monkeypatch.setattr(qz, "STREAM_MIN_BYTES", 0)
+    frames = dynamo_utils.counters["frames"]
+    for fmt in ("fp32", "bf16", "int8"):
+        torch.manual_seed(0)
+        model = gptlab.quantize(
+            GPT(GPTConfig(vocab_size=600, block_size=32, n_layer=2, n_head=8, n_embd=256)), fmt
+        )
+        before = frames["ok"] + frames["total"]
+        assert generate_ids(model, torch.randint(0, 600, (1, 5)), 4, temperature=0).shape == (1, 9)
+        assert frames["ok"] + frames["total"] == before, fmt
+
+
+def test_without_a_compiled_kernel_one_row_uses_the_library_kernel(monkeypatch, compiled_one_row):
     torch.manual_seed(0)
     layer = qz.Int8Linear(torch.nn.Linear(256, 512))
     layer.streams = True

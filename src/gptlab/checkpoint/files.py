@@ -78,6 +78,9 @@ class LazyTensors(Mapping[str, torch.Tensor]):
     def __getitem__(self, name: str) -> torch.Tensor:
         return self._makers[name]()
 
+    def __contains__(self, name: object) -> bool:  # Mapping's own would make the tensor to find out
+        return name in self._makers
+
     def __iter__(self) -> Iterator[str]:
         return iter(self._makers)
 

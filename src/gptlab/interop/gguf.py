@@ -3,10 +3,10 @@
     model = gptlab.from_gguf("SmolLM2-135M-Instruct.Q4_1.gguf")   # float32, eval mode
     tok = tokenizer_from_gguf("SmolLM2-135M-Instruct.Q4_1.gguf")  # its BPE, special tokens, chat template
 
-The file is parsed with ``gguf.GGUFReader`` (llama.cpp's own reader) and every tensor is expanded
-with ``gguf.quants.dequantize``, so every type that package can dequantize is read (F32, F16, BF16,
-Q4_0 … Q8_0, the K-quants, the IQ types); a Q4_1 block of 32 weights, for instance, is
-``w_j = d·q_j + m`` with ``q_j ∈ [0, 15]``. Nothing is re-implemented here: the metadata becomes a
+The file's header is parsed in one pass (``gptlab.interop.gguf_file``, checked against llama.cpp's own
+``gguf.GGUFReader``) and every tensor is expanded with ``gguf.quants.dequantize``, so every type
+that package can dequantize is read (F32, F16, BF16, Q4_0 … Q8_0, the K-quants, the IQ types); a
+Q4_1 block of 32 weights, for instance, is ``w_j = d·q_j + m`` with ``q_j ∈ [0, 15]``. The metadata becomes a
 Hugging Face ``config.json`` dict and the tensor names become Hugging Face names, so the
 architecture families of ``from_hf`` (``interop/llama.py``, ``interop/gpt2.py``) map both into gptlab.
 
@@ -97,31 +97,19 @@ def read_gguf(path: str | os.PathLike[str] | GgufFile) -> GgufFile:
     """
     if isinstance(path, GgufFile):
         return path
-    from gguf import GGUFReader
+    import struct
+
+    from gptlab.interop.gguf_file import parse_gguf
 
     path = resolve(path)
     if not path.is_file():
         raise GptlabError(f"{path}: no such GGUF file")
-
-    class Reader(GGUFReader):
-        """``GGUFReader`` over a plain array view of its memory map: slicing a ``np.memmap`` runs Python
-        code per slice, which made reading a real model's tokenizer strings several times slower."""
-
-        @property  # type: ignore[override]  # GGUFReader's attribute, read through a property here
-        def data(self) -> np.ndarray:
-            return self._plain
-
-        @data.setter
-        def data(self, value: np.ndarray) -> None:
-            self._plain = value.view(np.ndarray)
-
     try:
-        reader = Reader(path, "r")
-        fields = {name: field.contents() for name, field in reader.fields.items()}
-    except (ValueError, OSError, IndexError, KeyError, TypeError) as exc:
+        fields, tensors = parse_gguf(path)
+    except (ValueError, OSError, IndexError, KeyError, TypeError, struct.error, UnicodeDecodeError) as exc:
         msg = " ".join(str(exc).split())[:200]
         raise GptlabError(f"{path}: not a readable GGUF file ({type(exc).__name__}: {msg})") from None
-    return GgufFile(path, fields, list(reader.tensors))
+    return GgufFile(path, fields, list(tensors))
 
 
 def dequantize(record: Any, source: Path) -> np.ndarray:

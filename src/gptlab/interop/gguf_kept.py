@@ -27,7 +27,7 @@ from gptlab.interop.gguf import (
     hf_state,
     read_gguf,
 )
-from gptlab.model import GPT, GPTConfig
+from gptlab.model import GPT, GPTConfig, build_empty
 from gptlab.model.int4 import Int4Parts, int4_supported
 
 #: GGUF block types that become ``Int4Linear`` as they are: bytes per block of 32 weights
@@ -74,7 +74,7 @@ def _fixed_parts(arch: GgufArchitecture, hf: dict[str, Any], records: list[tuple
 
 
 def kept_layers(
-    f: GgufFile, arch: GgufArchitecture, hf: dict[str, Any], config: Any
+    f: GgufFile, arch: GgufArchitecture, hf: dict[str, Any], config: Any, shapes: GPT | None = None
 ) -> tuple[dict[str, Callable[[], Int4Parts]], list[str]]:
     """Which of the model's matrices keep the file's 4-bit blocks, and which are made int8.
 
@@ -82,11 +82,12 @@ def kept_layers(
     Q4_0/Q4_1 (the rows of q, k and v stack into gptlab's fused ``qkv``) and whose shape the int4
     kernel takes, and the paths of the other matrices (Q8_0 and every other type: int8 per output
     channel). Architectures whose layout fixes are not row moves (GPT-2's transposes) keep none.
+    ``shapes``: the model built on the meta device, if the caller has it.
     """
     from gptlab.interop.common import COPY, FUSE_QKV
 
-    with torch.device("meta"):
-        linears = {p: m for p, m in GPT(config).named_modules() if isinstance(m, torch.nn.Linear)}
+    meta = shapes if shapes is not None else build_empty(config, "meta")
+    linears = {p: m for p, m in meta.named_modules() if isinstance(m, torch.nn.Linear)}
     records = {arch.hf_name(t.name): t for t in f.tensors}
     int4: dict[str, Callable[[], Int4Parts]] = {}
     for r in arch.family.all_rules(config):
@@ -139,12 +140,12 @@ def kept_model(
     from gptlab.model.load_quantized import build_quantized
     from gptlab.model.state_dict import model_state
 
-    int4, others = kept_layers(f, arch, hf, config)
+    meta = build_empty(config, "meta")  # shapes only
+    int4, others = kept_layers(f, arch, hf, config, meta)
     if quantize == "keep" and not int4:
         quantized = any(t.tensor_type.name not in FLOAT_TYPES for t in f.tensors if len(t.shape) == 2)
         return None, "int8" if quantized else None
-    with torch.device("meta"):
-        shapes = model_state(GPT(config))
+    shapes = model_state(meta)
     lazy = import_lazy(arch.family, config, hf_state(f, arch, hf), shapes, f.path)
     int8 = others if quantize == "keep" else ()
     embd = next(t for t in f.tensors if t.name == "token_embd.weight")

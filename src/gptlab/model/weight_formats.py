@@ -3,7 +3,9 @@
 Each format is a function chosen by name (``QUANTIZERS``) that replaces the model's ``nn.Linear``
 layers with the inference layers of ``gptlab.model.quantized`` (float, packed bf16, int8) or
 ``gptlab.model.int4`` and casts the rest (embeddings, norms) to the activation dtype; ``quantize``
-then marks which layers stream their weights from memory in a decode step (``STREAM_MIN_BYTES``).
+then marks which layers stream their weights from memory in a decode step through the compiled
+one-row kernel: a model of ``STREAM_MIN_BYTES`` or more of matrices, on a CPU where
+``gptlab.hardware.one_row_kernel`` says ``compiled`` (elsewhere the library kernels multiply one row).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from typing import TypeVar
 import torch
 from torch import nn
 
+from gptlab import hardware
 from gptlab.errors import GptlabError
 from gptlab.model import quantized
 from gptlab.model.int4 import to_int4
@@ -92,6 +95,7 @@ def quantize(model: M, mode: str) -> M:
     linears = [m for m in model.modules() if isinstance(m, InferenceLinear)]
     streams = (
         sum(int(m.weight.numel() * m.weight.element_size()) for m in linears) >= quantized.STREAM_MIN_BYTES
+        and hardware.one_row_kernel("cpu") == "compiled"
     )
     for m in linears:
         m.streams = streams  # a decode step reads every weight from memory: the one-row kernel pays
