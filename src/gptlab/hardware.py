@@ -280,8 +280,8 @@ def one_row_kernel(device: str, machine: Machine | None = None) -> str:
 
     ``library`` where bf16 is native: activations are bf16 there, and the library's one-row kernels
     (oneDNN's prepacked bf16, ``_weight_int8pack_mm`` with bf16 rows, MKL's fp32 ``sgemv``) read the
-    weights faster than the compiled reduction, at SmolLM2's shapes 1.3–4× per matrix and 1.2–1.4×
-    per decoded token (docs/benchmarks.md#cold-start), with no compiler to import at start-up.
+    weights faster than the compiled reduction, at SmolLM2's shapes 1.2–5× per matrix and 1.1–1.3×
+    per decoded token (docs/benchmarks.md, "The one-row product"), with no compiler to import at start-up.
     ``compiled`` elsewhere: activations are float32 there, which the int8 kernel is slow with and
     bf16 weights would have to be converted to whole; the compiled reduction converts each weight
     in registers instead (``gptlab.model.quantized.gemv``). Other devices: ``library``.

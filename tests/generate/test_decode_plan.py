@@ -57,9 +57,11 @@ GREEDY, BEAM = SampleConfig(temperature=0), SampleConfig(beam_width=2)
         (CPU, ON, 1, {"cache_dtype": torch.int8}, ("dynamic", "layers", "per-request")),
         (CPU_INT8, ON, 4, {}, ("dynamic", "layers", "per-request")),  # int8 keeps its own kernels
         (CPU_NO_COMPILER, ON, 1, {}, ("dynamic", "layers", "per-request")),
-        # auto weighs no payback for the one-row step: it compiles in the background (or loads)
+        # auto compiles the one-row step for a long generation, not for a short one or a session of
+        # unknown length (a server: its first request would wait for the compilation)
         (CPU, dataclasses.replace(AUTO, planned_tokens=100), 1, {}, ("dynamic", "layers", "per-request")),
-        (CPU, AUTO, 1, {}, ("dynamic", "fused", "per-request")),
+        (CPU, dataclasses.replace(AUTO, planned_tokens=4096), 1, {}, ("dynamic", "fused", "per-request")),
+        (CPU, AUTO, 1, {}, ("dynamic", "layers", "per-request")),
         (CPU, dataclasses.replace(AUTO, planned_tokens=100), 2, {}, ("dynamic", "layers", "per-request")),
         (CPU, DecodeSettings(compile="off", static=True), 2, {}, ("static", "eager", "in-graph")),
         (CPU, DecodeSettings(compile="on", static=False), 4, {}, ("dynamic", "layers", "per-request")),
@@ -111,8 +113,10 @@ def test_the_plan_prints_on_one_line_with_its_reasons():
     text = str(plan_decoding(CPU, dataclasses.replace(AUTO, planned_tokens=100), 1))
     assert "layer by layer" in text and "100 tokens do not pay back a compilation" in text
     text = str(plan_decoding(CPU, dataclasses.replace(AUTO, planned_tokens=None), 1))
+    assert "layer by layer" in text and "a session of unknown length" in text
+    text = str(plan_decoding(CPU, dataclasses.replace(AUTO, planned_tokens=4096), 1))
     assert "one compiled graph per token" in text and "compiled in this process, the first step waits" in text
-    text = str(plan_decoding(CPU, dataclasses.replace(AUTO, compile_wait=False), 1))
+    text = str(plan_decoding(CPU, dataclasses.replace(AUTO, planned_tokens=4096, compile_wait=False), 1))
     assert "compiled in this process, eager until it is ready" in text
     text = str(plan_decoding(CPU, DecodeSettings(compile="on", compile_cache="/c", compile_wait=True), 1))
     assert "kept in /c, the first step waits for it" in text

@@ -16,7 +16,7 @@ from gguf.quants import dequantize, quantize  # noqa: E402
 import gptlab  # noqa: E402
 from gptlab.cli import main  # noqa: E402
 from gptlab.interop.gguf import from_gguf, read_gguf  # noqa: E402
-from gptlab.interop.gguf_kept import from_gguf_kept, int4_parts  # noqa: E402
+from gptlab.interop.gguf_kept import from_gguf_kept, int4_parts, q8_0_rows  # noqa: E402
 from gptlab.model.int4 import Int4Linear, int4_supported  # noqa: E402
 from gptlab.model.quantized import Int8Embedding, Int8Linear  # noqa: E402
 from tests.interop._gguf import tiny_llama, write_llama  # noqa: E402
@@ -42,6 +42,17 @@ def test_blocks_carry_over_exactly(kind):
     want = torch.from_numpy(np.asarray(dequantize(blocks, kind), dtype=np.float32))
     assert parts.q.shape == (48, 128) and int(parts.q.max()) <= 15
     torch.testing.assert_close(parts.dequantize(), want, rtol=0, atol=1e-6 * float(want.abs().max()))
+
+
+def test_q8_0_rows_are_what_gguf_dequantizes_bit_for_bit():
+    """The token table's rows are dequantized by ``q8_0_rows`` (``w = d·q`` on every core) before they
+    are made int8 per row: the same float32 numbers as llama.cpp's own ``gguf.quants.dequantize``."""
+    rng = np.random.default_rng(0)
+    w = (rng.standard_normal((70, 96)) * rng.uniform(1e-4, 30, (70, 1))).astype(np.float32)
+    blocks = quantize(w, Q.Q8_0)
+    want = np.asarray(dequantize(blocks, Q.Q8_0), dtype=np.float32)
+    got = q8_0_rows(Record(Q.Q8_0, blocks), 5, 61)
+    assert torch.equal(got, torch.from_numpy(want[5:61]))
 
 
 def logits(model: torch.nn.Module) -> torch.Tensor:

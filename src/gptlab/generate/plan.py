@@ -193,8 +193,10 @@ def decode_compile_pays(
     ``on``/``off`` are obeyed (``on`` without a C++ compiler on a CPU, or with compiling switched
     off, runs layer by layer, with the reason ``no_compiler``). ``auto`` compiles on a CPU that has
     a C++ compiler, for a model whose matrices stream from memory (``weight_bytes ≥
-    STREAM_MIN_BYTES``), however few tokens are planned: that step compiles in the background (or
-    loads from the store) while decoding goes on, so it costs no wait. On CUDA the question is whether
+    STREAM_MIN_BYTES``) and a generation of ``PAYBACK_TOKENS`` or more: the first step waits for the
+    compilation (a minute or more of a few cores), which shorter generations do not pay back, and a
+    session of unknown length (``planned_tokens`` None: a server, whose first request would wait)
+    does not risk. On CUDA the question is whether
     to capture the static path's CUDA graphs: ``auto`` does for a long-lived session or from
     ``CUDA_PAYBACK_TOKENS`` planned tokens. Other devices run layer by layer.
     """
@@ -223,7 +225,12 @@ def decode_compile_pays(
         return True, "--compile on"
     if weight_bytes < STREAM_MIN_BYTES:
         return False, f"a small model ({weight_bytes / 2**20:.0f} MiB of matrices): nothing to gain"
-    if planned_tokens is not None and planned_tokens < PAYBACK_TOKENS:
+    if planned_tokens is None:
+        return False, (
+            "a session of unknown length: its first request would wait a minute or more for the "
+            "compilation (--compile on compiles it)"
+        )
+    if planned_tokens < PAYBACK_TOKENS:
         return False, f"{planned_tokens} tokens do not pay back a compilation (from {PAYBACK_TOKENS})"
     return True, "a large model and a long generation: the compiled step pays back its compilation"
 

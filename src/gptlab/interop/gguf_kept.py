@@ -46,17 +46,34 @@ def int4_parts(record: Any) -> Int4Parts:
     """
     kind = record.tensor_type.name
     size = INT4_BLOCKS[kind]
-    data = np.asarray(record.data, dtype=np.uint8)
-    n = data.shape[0]
-    blocks = data.reshape(n, -1, size)
-    d = np.ascontiguousarray(blocks[..., 0:2]).view(np.float16)[..., 0].astype(np.float32)
+    n = record.data.shape[0]
+    blocks = _bytes(record.data).view(n, -1, size)  # torch: the unpacking runs on every core
+    d = _fp16(blocks[..., 0:2])
     if kind == "Q4_1":
-        m = np.ascontiguousarray(blocks[..., 2:4]).view(np.float16)[..., 0].astype(np.float32)
-        qs, z = blocks[..., 4:], m + 8 * d
+        qs, z = blocks[..., 4:], _fp16(blocks[..., 2:4]) + 8 * d
     else:
-        qs, z = blocks[..., 2:], np.zeros_like(d)
-    q = np.concatenate([qs & 15, qs >> 4], axis=-1).reshape(n, -1)
-    return Int4Parts(torch.from_numpy(q), torch.from_numpy(d), torch.from_numpy(z))
+        qs, z = blocks[..., 2:], torch.zeros_like(d)
+    q = torch.cat([qs & 15, qs >> 4], dim=-1).reshape(n, -1)
+    return Int4Parts(q, d, z)
+
+
+def _bytes(data: np.ndarray) -> torch.Tensor:
+    """A record's bytes (a read-only view of the file) as a uint8 tensor of their own."""
+    return torch.from_numpy(np.array(data, dtype=np.uint8, copy=True))
+
+
+def _fp16(pairs: torch.Tensor) -> torch.Tensor:
+    """(…, 2) little-endian bytes → the fp16 numbers they hold, as float32 (…)."""
+    return pairs.contiguous().view(torch.float16)[..., 0].float()
+
+
+def q8_0_rows(record: Any, start: int, stop: int) -> torch.Tensor:
+    """Rows ``start:stop`` of a Q8_0 matrix as float32: a block of 32 weights is an fp16 ``d`` and 32
+    int8 ``q``, ``w = d·q`` (the product ``gguf.quants.dequantize`` computes, in float32, on every core)."""
+    blocks = _bytes(record.data[start:stop])
+    blocks = blocks.view(blocks.size(0), -1, 34)
+    w = blocks[..., 2:].contiguous().view(torch.int8).float() * _fp16(blocks[..., 0:2])[..., None]
+    return w.reshape(blocks.size(0), -1)
 
 
 def _fixed_parts(arch: GgufArchitecture, hf: dict[str, Any], records: list[tuple[str, Any]]) -> Int4Parts:
@@ -116,8 +133,11 @@ def int8_rows(record: Any, source: Path) -> tuple[torch.Tensor, torch.Tensor]:
     q = torch.empty(shape, dtype=torch.int8)
     scales = torch.empty(shape[0], dtype=torch.float32)
     for i in range(0, shape[0], DEQUANTIZE_ROWS):
-        view = _RowsOf(record, i, i + DEQUANTIZE_ROWS)
-        rows, s = quantize_int8(torch.from_numpy(dequantize(view, source)))
+        if record.tensor_type.name == "Q8_0":
+            floats = q8_0_rows(record, i, i + DEQUANTIZE_ROWS)
+        else:
+            floats = torch.from_numpy(dequantize(_RowsOf(record, i, i + DEQUANTIZE_ROWS), source))
+        rows, s = quantize_int8(floats)
         q[i : i + rows.size(0)], scales[i : i + rows.size(0)] = rows, s[:, 0]
     return q, scales
 
