@@ -99,12 +99,12 @@ def test_q8_0_matrices_become_int8(tmp_path):
     assert gptlab.load(f32)[0].quantization == "fp32"  # a float-only file stays float
 
 
-def test_int4_checkpoint_from_the_file_is_the_same_model(q4_file, tmp_path, capsys):
+@pytest.mark.parametrize("flag", ["--from-gguf", "--from"])
+def test_int4_checkpoint_from_the_file_is_the_same_model(q4_file, tmp_path, capsys, flag):
+    """``--dtype keep`` takes the GGUF file however it is named (``--from`` takes any source)."""
     from gptlab.generate.driver import generate_ids
 
-    assert (
-        main(["convert", "--from-gguf", str(q4_file), "--out", str(tmp_path / "ck"), "--dtype", "keep"]) == 0
-    )
+    assert main(["convert", flag, str(q4_file), "--out", str(tmp_path / "ck"), "--dtype", "keep"]) == 0
     assert "int4" in capsys.readouterr().out
     kept = from_gguf_kept(q4_file, "keep")
     loaded, tok = gptlab.load(tmp_path / "ck")
@@ -117,6 +117,12 @@ def test_int4_checkpoint_from_the_file_is_the_same_model(q4_file, tmp_path, caps
     torch.testing.assert_close(logits(direct), logits(kept), rtol=0, atol=0)
     as_float, _ = gptlab.load(q4_file, quantize="fp32")
     assert not any(isinstance(m, Int4Linear) for m in as_float.modules())
+
+
+def test_keep_from_a_checkpoint_is_one_error(tmp_path, capsys, tiny_model):
+    ckpt = gptlab.save(tiny_model(), None, tmp_path / "ckpt")
+    assert main(["convert", "--from", str(ckpt), "--out", str(tmp_path / "o"), "--dtype", "keep"]) == 2
+    assert "the source must be a GGUF file" in capsys.readouterr().err
 
 
 def test_reader_reports_the_kept_types(q4_file):

@@ -73,7 +73,7 @@ def register(subparsers: Any) -> None:
         help="weight storage of an imported checkpoint (default fp32; int8: int8 matrices and token "
         "table with per-row scales, converted tensor by tensor, for sample/serve/chat/eval, not training; "
         "int4: matrices in groups of 32 with a scale and zero each, head and token table int8; keep "
-        "(--from-gguf): Q4_0/Q4_1 blocks as int4 without dequantising, the other matrices int8)",
+        "(a GGUF source): Q4_0/Q4_1 blocks as int4 without dequantising, the other matrices int8)",
     )
     p.add_argument(
         "--type",
@@ -105,8 +105,9 @@ def run(args: argparse.Namespace) -> int:
     return directions[name](Path(getattr(args, name)), out, args)
 
 
-def _dtype(args: argparse.Namespace) -> dict[str, Any]:
-    """The import's keyword arguments for ``--dtype``: a float dtype, or int8 quantization."""
+def _dtype(args: argparse.Namespace, gguf: bool = False) -> dict[str, Any]:
+    """The import's keyword arguments for ``--dtype``: a float dtype, or int8 quantization
+    (``keep`` only for a ``gguf`` source, however it was named: ``--from`` or ``--from-gguf``)."""
     import torch
 
     choices: dict[str, dict[str, Any]] = {
@@ -116,8 +117,10 @@ def _dtype(args: argparse.Namespace) -> dict[str, Any]:
         "int4": {"quantize": "int4"},
         "keep": {"quantize": "keep"},
     }
-    if args.dtype == "keep" and args.from_gguf is None:
-        raise GptlabError("--dtype keep keeps a GGUF file's quantized weights: use it with --from-gguf")
+    if args.dtype == "keep" and not gguf:
+        raise GptlabError(
+            "--dtype keep keeps a GGUF file's quantized weights: the source must be a GGUF file"
+        )
     return choices[args.dtype]
 
 
@@ -167,7 +170,7 @@ def _from_gguf(source: Path, out: Path, args: argparse.Namespace) -> int:
 
     started = time.perf_counter()
     gguf_file = read_gguf(source)
-    options = _dtype(args)
+    options = _dtype(args, gguf=True)
     if options.get("quantize") in ("keep", "int4") and options.get("dtype") is None:
         from gptlab.interop.gguf_kept import from_gguf_kept
 
