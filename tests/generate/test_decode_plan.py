@@ -307,3 +307,24 @@ def test_the_cli_keeps_compiled_steps_in_the_users_cache_unless_told_otherwise(t
 
     parsed = build_parser().parse_args(args)
     assert parsed.compile_cache == str(tmp_path) and parsed.static == "auto"
+
+
+def test_the_plan_names_the_one_row_kernel_that_runs(one_row, monkeypatch):
+    """A CPU's layer-by-layer plan says how one row is multiplied, and that is what runs: through the
+    compiled kernel dynamo compiles frames at the first decode; through the library kernels none."""
+    import torch._dynamo.utils as dynamo_utils
+
+    from gptlab.compiling import can_compile
+    from gptlab.model import quantized
+
+    monkeypatch.setattr(quantized, "STREAM_MIN_BYTES", 0)  # a tiny model streams as a large one does
+    model = gptlab.quantize(tiny_model(n_layer=1, n_head=2, vocab_size=64, block_size=16), "int8")
+    compiled = one_row == "compiled" and can_compile("cpu")
+    text = str(prepare_decoding(model, compile="off").plan(1))
+    expected = "compiled one-row kernel" if compiled else "one row through the library kernels"
+    assert expected in text, text
+    torch._dynamo.reset()
+    frames = dynamo_utils.counters["frames"]
+    before = frames["ok"]
+    generate_ids(model, torch.tensor([[1, 2, 3]]), 3, temperature=0)
+    assert (frames["ok"] > before) is compiled

@@ -49,7 +49,7 @@ from gptlab.model.config import GPTConfig
 from gptlab.model.gpt import ModelOutput
 from gptlab.model.kvcache import LayeredCache
 from gptlab.model.positional import PositionalEncoding
-from gptlab.model.quantized import STREAM_MIN_BYTES
+from gptlab.model.quantized import STREAM_MIN_BYTES, one_row_compiled
 
 # Below this many generated tokens compiling the one-row CPU step (when it is not in the store yet)
 # costs more than the compiled step saves.
@@ -122,6 +122,7 @@ class ModelFacts:
     cpu: str = "AVX2"  # torch's CPU capability (AVX2, AVX512, DEFAULT): where the frozen batch step pays
     seq2seq: bool = False  # an encoder–decoder not yet bound to a source: each request binds its own
     no_compiler: str = NO_COMPILER  # why not, when ``compiler`` is False
+    one_row: str = "library"  # a CPU's layer-by-layer one-row products: "library" | "compiled" (gemv)
 
     @classmethod
     def of(cls, model: Decoder) -> ModelFacts:
@@ -141,6 +142,7 @@ class ModelFacts:
             cpu=str(torch.backends.cpu.get_cpu_capability()) if device == "cpu" else "",
             seq2seq=isinstance(model, nn.Module)
             and getattr(getattr(model, "config", None), "arch", "decoder") == "encoder-decoder",
+            one_row="compiled" if isinstance(model, nn.Module) and one_row_compiled(model) else "library",
         )
 
 
@@ -333,6 +335,13 @@ def _static_step(facts: ModelFacts, settings: DecodeSettings, compiled: bool) ->
     return "frozen" if settings.compile_options is None else "compiled"
 
 
+#: how a layer-by-layer step on a CPU multiplies its one row (``gptlab.hardware.one_row_kernel``), in words
+ONE_ROW = {
+    "library": "one row through the library kernels",
+    "compiled": "one row through the compiled one-row kernel",
+}
+
+
 def fused_how(settings: DecodeSettings) -> str:
     """How the one-row step comes to be: waited for or in the background, stored or not."""
     when = "the first step waits for it" if settings.compile_wait else "eager until it is ready"
@@ -377,6 +386,8 @@ def plan_decoding(
     if compiled and facts.device == "cpu" and batch == 1 and not float_cache:
         reason += "; an int8 cache dequantises on reads: layer by layer"
     step = "fused" if fused else "layers"
+    if step == "layers" and facts.device == "cpu" and batch == 1:
+        reason += "; " + ONE_ROW[facts.one_row]
     return DecodePlan(
         facts.device,
         batch,

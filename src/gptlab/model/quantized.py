@@ -142,6 +142,18 @@ class InferenceLinear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, {self.fmt}"
 
 
+def one_row_compiled(model: nn.Module) -> bool:
+    """Whether ``model``'s one-row products run through the compiled kernel: a CPU layer streams
+    (``quantize`` marked it, where ``gptlab.hardware.one_row_kernel`` says ``compiled``) and its
+    kernel is not switched off (no C++ compiler, ``configure(compile=False)``, a failed compilation)."""
+    for m in model.modules():
+        if isinstance(m, InferenceLinear) and m.streams and m.weight.device.type == "cpu":
+            kernel = _GEMV.get(m.weight.dtype)
+            if kernel is not None and kernel.enabled:
+                return True
+    return False
+
+
 #: what an ``InferenceLinear`` is made from: an ``nn.Linear``, or a ``FloatLinear`` holding its parameters
 Linear = nn.Linear | InferenceLinear
 
