@@ -9,7 +9,9 @@ spawned (warm page cache: one unmeasured run of each first):
 * ``import_torch_s``: ``python -c "import torch"``, the floor every command stands on;
 * ``sample_*_s``: ``gptlab sample SRC --prompt "The capital of France is" --max-new-tokens 8
   --temperature 0`` until the first generated token reaches stdout (the echoed prompt does not count),
-  for the GGUF file, a converted checkpoint and, with ``--demo``, the demo model;
+  for the GGUF file, a converted checkpoint and, with ``--demo``, the demo model; every command keeps
+  a GGUF file's conversion in a temporary ``--weights-cache`` (made by the unmeasured first run), and
+  ``sample_gguf_unkept_s`` is the GGUF file converted at start (``--weights-cache none``);
 * ``chat_first_token_s`` / ``chat_answer_s``: ``gptlab chat smollm2`` with one question on stdin,
   until the reply's first character, and until the reply's end;
 * ``serve_ready_s`` / ``serve_first_reply_s``: ``gptlab serve smollm2`` until ``/health`` answers,
@@ -101,13 +103,18 @@ def until_output(
     return first, time.perf_counter() - start
 
 
-def sample(src: str, env: dict[str, str]) -> float:
+#: ``--weights-cache`` of every command (``main`` sets a temporary folder: a GGUF file's kept conversion)
+STORE = ["--weights-cache", "none"]
+
+
+def sample(src: str, env: dict[str, str], store: list[str] | None = None) -> float:
     cmd = [*GPTLAB, "sample", src, "--prompt", PROMPT, "--max-new-tokens", "8", "--temperature", "0"]
-    return until_output(cmd, env, after=len(PROMPT.encode()))[0]
+    return until_output([*cmd, *(store or STORE)], env, after=len(PROMPT.encode()))[0]
 
 
 def chat(src: str, env: dict[str, str]) -> tuple[float, float]:
-    return until_output([*GPTLAB, "chat", src, "--max-new-tokens", "16"], env, 0, f"{QUESTION}\n/exit\n")
+    cmd = [*GPTLAB, "chat", src, "--max-new-tokens", "16", *STORE]
+    return until_output(cmd, env, 0, f"{QUESTION}\n/exit\n")
 
 
 def serve(src: str, env: dict[str, str]) -> tuple[float, float]:
@@ -117,7 +124,7 @@ def serve(src: str, env: dict[str, str]) -> tuple[float, float]:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     start = time.perf_counter()
-    cmd = [*GPTLAB, "serve", src, "--port", str(port), "--max-batch", "1"]
+    cmd = [*GPTLAB, "serve", src, "--port", str(port), "--max-batch", "1", *STORE]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
     try:
         wait_healthy(url, proc, timeout=600)
@@ -176,6 +183,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     skip = set(filter(None, args.skip.split(",")))
     load_before = os.getloadavg()
     with tempfile.TemporaryDirectory() as tmp:
+        STORE[1] = str(Path(tmp) / "weights")  # kept conversions: made by the unmeasured first runs
         ckpt = args.checkpoint
         if ckpt is None:
             ckpt = str(Path(tmp) / "ckpt")
@@ -196,6 +204,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             for name, src in sources.items():
                 runs.setdefault(f"sample_{name}_s", []).append(sample(src, env))
                 cpu.setdefault(f"sample_{name}", []).append(CPU["first"])
+            # the same file converted at start (no kept conversion): a first start, less writing the entry
+            runs.setdefault("sample_gguf_unkept_s", []).append(
+                sample(args.source, env, ["--weights-cache", "none"])
+            )
+            cpu.setdefault("sample_gguf_unkept", []).append(CPU["first"])
             if "chat" not in skip:
                 first, answer = chat(args.source, env)
                 runs.setdefault("chat_first_token_s", []).append(first)

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from gptlab import checkpoint, hardware
+from gptlab.checkpoint import kept
 from gptlab.checkpoint import lora as lora_files
 from gptlab.compiling import can_compile
 from gptlab.errors import GptlabError
@@ -125,9 +126,15 @@ def load_gguf(path: Path) -> tuple[GPT, Tokenizer | None]:
 
 
 def load_gguf_as(
-    path: Path, device: str | torch.device, dtype: torch.dtype | None, quantize: str | None
+    path: Path,
+    device: str | torch.device,
+    dtype: torch.dtype | None,
+    quantize: str | None,
+    store: str | os.PathLike[str] | None = None,
 ) -> tuple[GPT, Tokenizer | None]:
-    """``load`` of a GGUF file: kept as it ships (``quantize`` None or ``"keep"``) on a CPU, else as asked."""
+    """``load`` of a GGUF file: kept as it ships (``quantize`` None or ``"keep"``) on a CPU, else as asked.
+    With a ``store``, the kept (or int4) conversion is read from there once it has been made
+    (``gptlab.checkpoint.kept``)."""
     gguf = gguf_module()
     cpu = torch.device(device).type == "cpu"
     if quantize in (None, "keep") and (dtype is not None or not cpu):
@@ -139,11 +146,21 @@ def load_gguf_as(
             f"{path}: {quantize} weights run on the CPU; load it with --device cpu or as fp32/bf16"
         )
     streamed = quantize if quantize not in (None, "fp32") else None
+    entry = (
+        kept.entry_for(path, streamed, store) if store is not None and streamed in ("keep", "int4") else None
+    )
+    stored = kept.read_entry(entry) if entry is not None else None
+    if stored is not None:
+        return stored
     f = gguf.read_gguf(path)  # parsed once for both (its metadata holds the whole vocabulary)
     if streamed in ("keep", "int4"):
         from gptlab.interop.gguf_kept import from_gguf_kept
 
         model = from_gguf_kept(f, streamed)
+        if entry is not None and getattr(model, "quantization", None) in ("int4", "int8"):
+            tokenizer = gguf.tokenizer_from_gguf(f)
+            kept.keep(model, tokenizer, entry)  # what converting cost is paid once
+            return model, tokenizer
     else:
         model = gguf.from_gguf(f, dtype=dtype if streamed is None else None, quantize=streamed)
     if streamed is None:
@@ -300,6 +317,7 @@ def load(
     device: str | torch.device = "cpu",
     dtype: torch.dtype | None = None,
     quantize: str | None = None,
+    store: str | os.PathLike[str] | None = None,
 ) -> tuple[GPT, Tokenizer | None]:
     """``gptlab.load``: any source → ``(model, tokenizer_or_None)`` in eval mode: a checkpoint directory
     (or a run directory: its latest checkpoint; a LoRA run's adapters merged into their base), a Hugging
@@ -315,6 +333,9 @@ def load(
     (``gptlab.model.warmup``: the compiler imported on another thread while the weights are read), so
     the first prefill and decode step cost what the later ones do; where the library kernels serve,
     nothing compiles and the compiler is never imported.
+
+    ``store`` (a folder; the CLI's ``--weights-cache``): a GGUF file's conversion into int4/int8
+    layers is kept there the first time and read from there afterwards (``gptlab.checkpoint.kept``).
     """
     src = source_path(path)
     kind = source_kind(src)
@@ -329,7 +350,7 @@ def load(
         and can_compile("cpu")
         else None
     )
-    model, tokenizer = _load(src, kind, device, dtype, quantize)
+    model, tokenizer = _load(src, kind, device, dtype, quantize, store)
     if importing is not None:
         importing.join()
     if inference:
@@ -338,10 +359,15 @@ def load(
 
 
 def _load(
-    src: Path, kind: str, device: str | torch.device, dtype: torch.dtype | None, quantize: str | None
+    src: Path,
+    kind: str,
+    device: str | torch.device,
+    dtype: torch.dtype | None,
+    quantize: str | None,
+    store: str | os.PathLike[str] | None = None,
 ) -> tuple[GPT, Tokenizer | None]:
     if kind == "gguf":
-        return load_gguf_as(src, device, dtype, quantize)
+        return load_gguf_as(src, device, dtype, quantize, store)
     if kind != "gptlab":
         return load_imported(src, kind, device, dtype, quantize)
     if lora_files.is_lora_checkpoint(src):  # the one place LoRA adapters are merged on load

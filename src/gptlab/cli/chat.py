@@ -25,6 +25,7 @@ from gptlab.cli.options import (
     add_model_argument,
     add_structure_arguments,
     add_weights_argument,
+    cache_dir,
     device_from_args,
     prepare_decode,
     structure_from_args,
@@ -226,7 +227,9 @@ def run(args: argparse.Namespace) -> int:
         torch.set_num_threads(max(1, args.threads))
     device = device_from_args(args)
     weights = weights_format(args.dtype, device, args.checkpoint)
-    model, tokenizer = gptlab.load(args.checkpoint, device=device, quantize=weights)  # converted while read
+    model, tokenizer = gptlab.load(  # converted while read (a GGUF file: once, into --weights-cache)
+        args.checkpoint, device=device, quantize=weights, store=cache_dir(args.weights_cache)
+    )
     if tokenizer is None:
         raise GptlabError(f"{args.checkpoint} has no tokenizer.json; chat needs the model's tokenizer")
     template = _template(tokenizer, args.template)

@@ -140,6 +140,14 @@ def add_compile_argument(p: argparse.ArgumentParser, env: Mapping[str, str] = os
         "'none': compile in each process)",
     )
     p.add_argument(
+        "--weights-cache",
+        default=default_cache("weights", env),
+        metavar="DIR",
+        help="where a GGUF file's weights, once converted into int4/int8 layers, are kept, so that a "
+        "later start reads them instead of converting (default $XDG_CACHE_HOME/gptlab/weights, else "
+        "~/.cache/gptlab/weights; 'none': convert at every start)",
+    )
+    p.add_argument(
         "--static",
         choices=list(STATIC_CHOICES),
         default="off" if env.get("GPTLAB_STATIC", "1") == "0" else "auto",
@@ -151,8 +159,18 @@ def add_compile_argument(p: argparse.ArgumentParser, env: Mapping[str, str] = os
 
 def default_compile_cache(env: Mapping[str, str] = os.environ) -> str:
     """``--compile-cache``'s default: ``$XDG_CACHE_HOME/gptlab/compiled``, else ``~/.cache/gptlab/compiled``."""
+    return default_cache("compiled", env)
+
+
+def default_cache(name: str, env: Mapping[str, str] = os.environ) -> str:
+    """``$XDG_CACHE_HOME/gptlab/NAME``, else ``~/.cache/gptlab/NAME``: what gptlab keeps per machine."""
     base = env.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "gptlab", "compiled")
+    return os.path.join(base, "gptlab", name)
+
+
+def cache_dir(value: str | None) -> str | None:
+    """A cache option's folder, or None for ``none`` (or nothing given)."""
+    return None if value in (None, "", "none") else value
 
 
 #: ``--static`` → ``prepare_decoding``'s ``static``
@@ -181,7 +199,7 @@ def prepare_decode(
     if requested == "on" and not_for is not None:
         sys.stderr.write(f"compile: off (the compiled step decodes one sequence, not {not_for})\n")
     asked = "off" if not_for is not None else requested
-    store = None if compile_cache in (None, "", "none") else compile_cache
+    store = cache_dir(compile_cache)
     engine = prepare_decoding(
         model,
         compile=asked,

@@ -21,6 +21,7 @@ from gptlab.cli.options import (
     add_model_argument,
     add_structure_arguments,
     add_weights_argument,
+    cache_dir,
     device_from_args,
     prepare_decode,
     print_plan,
@@ -158,7 +159,9 @@ def run(args: argparse.Namespace) -> int:
     prompt = _prompt(args)
     device = device_from_args(args)
     weights = weights_format(args.dtype, device, args.checkpoint, args.num_samples * args.beam_width)
-    model, tokenizer = gptlab.load(args.checkpoint, device=device, quantize=weights)  # converted while read
+    model, tokenizer = gptlab.load(  # converted while read (a GGUF file: once, into --weights-cache)
+        args.checkpoint, device=device, quantize=weights, store=cache_dir(args.weights_cache)
+    )
     if args.tokenizer:
         from gptlab.checkpoint import check_tokenizer_fits
         from gptlab.tokenizers import load as load_tokenizer

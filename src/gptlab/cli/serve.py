@@ -12,6 +12,7 @@ from gptlab.cli.options import (
     add_device_argument,
     add_model_argument,
     add_weights_argument,
+    cache_dir,
     device_from_args,
     prepare_decode,
     print_plan,
@@ -112,7 +113,10 @@ def run(args: argparse.Namespace) -> int:
     check_bind(args.host, args.port)
     device = device_from_args(args)
     model, tokenizer = load_for_serving(
-        args.checkpoint, weights_format(args.dtype, device, args.checkpoint, args.max_batch), device
+        args.checkpoint,
+        weights_format(args.dtype, device, args.checkpoint, args.max_batch),
+        device,
+        store=cache_dir(args.weights_cache),
     )
     if task_of(model) == "generate":
         # a server: a long session

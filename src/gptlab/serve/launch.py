@@ -49,13 +49,15 @@ def model_name(source: str) -> str:
     return path.stem if path.is_file() and path.suffix.lower() == ".gguf" else path.name
 
 
-def load_for_serving(checkpoint: str, dtype: str, device: str = "cpu") -> tuple[Any, Any]:
+def load_for_serving(
+    checkpoint: str, dtype: str, device: str = "cpu", store: str | None = None
+) -> tuple[Any, Any]:
     """The model ``checkpoint`` names (any source ``gptlab.sources`` opens; weights in ``dtype``, on
-    ``device``) and its tokenizer, which serving needs."""
+    ``device``; a GGUF file's conversion kept in ``store``) and its tokenizer, which serving needs."""
     from gptlab.model.weight_formats import quantize
     from gptlab.sources import load
 
-    model, tokenizer = load(checkpoint, device=device, quantize=dtype)  # converted while read
+    model, tokenizer = load(checkpoint, device=device, quantize=dtype, store=store)  # converted while read
     if tokenizer is None:
         raise GptlabError(
             f"{checkpoint}: the model has no tokenizer (tokenizer.json); serving needs one "
