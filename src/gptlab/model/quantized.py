@@ -22,10 +22,11 @@ Every ``nn.Linear`` becomes an inference linear ``y = x·Wᵀ + b`` whose weight
   gathers rows), as llama.cpp's 4-bit files keep them at 8 bits or more (``gptlab.model.int4``).
 
 A decode step multiplies one row by every matrix, so it is bound by how fast the weights stream
-from memory. On a CPU that one-row product is ``gemv``, ``y_o = s_o·Σ_k x_k·w_ok``, written as one
-reduction that inductor compiles into a single pass over the weights, converting each one to float
-in registers (no (N, K) temporary), in models whose matrices total ``STREAM_MIN_BYTES`` or more.
-On gpt2's matrices it reads them faster than the library kernels (docs/benchmarks.md#decoding). More rows (a prefill, a batch of sequences) use each format's
+from memory. Where ``gptlab.hardware.one_row_kernel`` says ``compiled`` (a CPU below native bf16),
+in models whose matrices total ``STREAM_MIN_BYTES`` or more, that one-row product is ``gemv``,
+``y_o = s_o·Σ_k x_k·w_ok``, written as one reduction that inductor compiles into a single pass over
+the weights, converting each one to float in registers (no (N, K) temporary); where bf16 is native
+the library kernels below read the weights faster (docs/benchmarks.md, "The one-row product"). More rows (a prefill, a batch of sequences) use each format's
 batched kernel: ``F.linear``; bf16 weights prepacked for oneDNN's bf16 kernels where the CPU has
 native bf16, and multiplied in float32 where it only emulates bf16 (``gptlab.hardware``: an
 emulated bf16 product is many times slower than a float32 one on an AVX2 CPU); int8

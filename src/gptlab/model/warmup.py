@@ -1,7 +1,8 @@
 """Paying a decode's first-call set-up while the model loads, not at its first token.
 
-A model large enough to stream its weights (``gptlab.model.quantized``: ``InferenceLinear.streams``)
-multiplies one row on a CPU through a compiled kernel (``gemv``), which is compiled on its first
+A model large enough to stream its weights (``gptlab.model.quantized``: ``InferenceLinear.streams``, set
+where ``gptlab.hardware.one_row_kernel`` says ``compiled``: below native bf16; elsewhere nothing here
+runs) multiplies one row on a CPU through a compiled kernel (``gemv``), which is compiled on its first
 call: from inductor's cache that still means importing torch's compiler and tracing the kernel,
 seconds that the first prefill used to pay (its last row goes through the head's one-row product)
 and the second did not. Dynamo compiles the kernel twice, once for a row at the start of its
