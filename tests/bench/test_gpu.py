@@ -105,7 +105,7 @@ def test_cuda_graph_buckets_serve_joins_and_leaves():
     alone = StaticSession(model, 4, 48, step="eager")
     ((slot, first),) = alone.add_many([[5, 6, 7]], [greedy], [0])
     ref = [first] + [alone.step([slot])[slot] for _ in range(10)]
-    session = StaticSession(model, 4, 48)
+    session = StaticSession(model, 4, 48, step="cuda-graphs")
     got = {s: [t] for s, t in session.add_many([[1, 2], [5, 6, 7], [9]], [greedy] * 3, [0] * 3)}
     mine = sorted(got)[1]
     for i in range(10):

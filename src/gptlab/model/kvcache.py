@@ -195,11 +195,13 @@ class KVView:
     def __init__(
         self,
         store: KVStore,
-        rows: Rows = slice(None),
+        rows: Rows | None = None,
         write: int | torch.Tensor | None = None,
         end: int | None = None,
     ) -> None:
-        self.store, self.rows, self.write, self.end = store, rows, write, end
+        # rows=None: every row. The slice is made here, not kept as a default: dynamo before torch
+        # 2.13 cannot trace a constructor whose default argument is a slice (it falls back to eager)
+        self.store, self.rows, self.write, self.end = store, slice(None) if rows is None else rows, write, end
 
     def update(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         write = self.write
