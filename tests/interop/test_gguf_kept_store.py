@@ -122,3 +122,25 @@ def test_the_cli_keeps_the_conversion_in_weights_cache(q4_file, tmp_path, capsys
     shutil.rmtree(store)
     assert main([*argv, "--weights-cache", "none"]) == 0
     assert capsys.readouterr().out == first and not store.exists() and len(conversions) == 2
+
+
+@pytest.mark.parametrize("kind", [Q.Q4_1, Q.Q8_0, Q.F32])
+def test_auto_weights_are_known_from_the_kept_entry_as_from_the_header(tmp_path, monkeypatch, kind):
+    """``--dtype auto`` of a GGUF file: ``keep`` where it holds quantized matrices. Once the store keeps
+    its conversion, the header is not read again for that, and the answer is the header's."""
+    from gptlab.cli.options import weights_format
+    from gptlab.interop import gguf as gguf_reader
+
+    path = tmp_path / "tiny.gguf"
+    write_llama(path, tiny_llama(), kind)
+    store = str(tmp_path / "store")
+    from_header = weights_format("auto", "cpu", str(path), store=store)
+    assert (from_header == "keep") is (kind != Q.F32)
+    gptlab.load(path, store=store, quantize="keep")  # keeps the quantized files' conversions only
+    assert kept.has_entry(path, "keep", store) is (kind != Q.F32)
+
+    reads = []
+    real = gguf_reader.read_gguf
+    monkeypatch.setattr(gguf_reader, "read_gguf", lambda p: reads.append(p) or real(p))
+    assert weights_format("auto", "cpu", str(path), store=store) == from_header
+    assert len(reads) == (1 if kind == Q.F32 else 0)  # a float file has no entry: its header says

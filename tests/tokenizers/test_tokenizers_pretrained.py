@@ -54,6 +54,21 @@ def test_ids_out_of_merge_order_are_refused():
         PretrainedTokenizer(BYTES + ["abc", "ab"], ["a b", "ab c"])
     with pytest.raises(GptlabError, match="not in the vocabulary"):
         PretrainedTokenizer(tokens, ["x y"])
+    # the first bad merge is named, whichever its fault
+    with pytest.raises(GptlabError, match=r"merge 1 \('x y'\) makes a token that is not"):
+        PretrainedTokenizer(BYTES + ["abc", "ab"], ["a b", "x y", "ab c"])
+
+
+@pytest.mark.parametrize("bad", ["ab", "a  b", " a", "a b c", ["a"], ["a", ""]])
+def test_a_malformed_merge_is_named(bad):
+    with pytest.raises(GptlabError, match="merge 1 is .*a merge is two tokens"):
+        PretrainedTokenizer(BYTES + ["ab"], [["a", "b"], bad])
+
+
+def test_merges_as_pairs_or_strings_give_one_tokenizer():
+    tokens, merges = BYTES + ["ab", "abc"], ["a b", "ab c"]
+    as_pairs = PretrainedTokenizer(tokens, [m.split(" ") for m in merges])
+    assert as_pairs.ranks == PretrainedTokenizer(tokens, merges).ranks and as_pairs.merges == merges
 
 
 def test_missing_bytes_are_dropped_and_both_backends_agree():

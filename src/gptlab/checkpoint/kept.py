@@ -1,4 +1,4 @@
-"""A model file's conversion, made once and kept: ``entry_for``, ``read_entry``, ``keep``.
+"""A model file's conversion, made once and kept: ``entry_for``, ``has_entry``, ``read_entry``, ``keep``.
 
 Converting a GGUF file's 4-bit blocks into the int4 kernel's layout and its token table into int8
 rows costs more at every start than reading a checkpoint of the result (SmolLM2: ~0.5 s of a 1 s
@@ -41,6 +41,12 @@ def entry_for(source: Path, conversion: str, store: str | os.PathLike[str]) -> P
     identity = [str(source.resolve()), st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
     key = json.dumps([*identity, conversion, FORMAT, __version__])
     return Path(store) / hashlib.sha256(key.encode()).hexdigest()[:32]
+
+
+def has_entry(source: Path, conversion: str, store: str | os.PathLike[str]) -> bool:
+    """Whether ``store`` holds an entry for ``source`` converted as ``conversion`` (unchecked: ``read_entry``
+    checks it)."""
+    return (entry_for(source, conversion, store) / "config.json").is_file()
 
 
 def read_entry(entry: Path) -> tuple[GPT, Tokenizer | None] | None:

@@ -15,6 +15,7 @@ import warnings
 from collections.abc import Sequence
 
 from gptlab import __version__
+from gptlab.cli import startup
 from gptlab.errors import GptlabError
 
 # Command modules, in the order ``gptlab --help`` lists them.
@@ -116,6 +117,14 @@ def _said_once() -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    startup.pause()  # until the command's model is loaded (gptlab.cli.startup)
+    try:
+        return _run(argv)
+    finally:
+        startup.resume()
+
+
+def _run(argv: Sequence[str] | None) -> int:
     parser = build_parser()
     try:
         args = _parse(parser, list(sys.argv[1:] if argv is None else argv))
@@ -124,6 +133,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
+    if not getattr(args, "loads_a_model", False):  # only a model's start is worth the pause
+        startup.started()
     from gptlab import compiling
     from gptlab.cli.options import compile_settings
 

@@ -19,6 +19,7 @@ import argparse
 import sys
 from typing import TYPE_CHECKING, Any
 
+from gptlab.cli import startup
 from gptlab.cli.options import (
     add_compile_argument,
     add_device_argument,
@@ -88,7 +89,7 @@ def register(subparsers: Any) -> None:
     add_device_argument(p)
     p.add_argument("--threads", type=int, help="torch threads (default: torch's choice)")
     add_compile_argument(p)
-    p.set_defaults(func=run)
+    p.set_defaults(func=run, loads_a_model=True)  # the collector paused until then: cli/startup.py
 
 
 def _template(tokenizer: Tokenizer, spec: str | None) -> ChatTemplate:
@@ -226,10 +227,11 @@ def run(args: argparse.Namespace) -> int:
     if args.threads is not None:
         torch.set_num_threads(max(1, args.threads))
     device = device_from_args(args)
-    weights = weights_format(args.dtype, device, args.checkpoint)
+    weights = weights_format(args.dtype, device, args.checkpoint, store=cache_dir(args.weights_cache))
     model, tokenizer = gptlab.load(  # converted while read (a GGUF file: once, into --weights-cache)
         args.checkpoint, device=device, quantize=weights, store=cache_dir(args.weights_cache)
     )
+    startup.started()
     if tokenizer is None:
         raise GptlabError(f"{args.checkpoint} has no tokenizer.json; chat needs the model's tokenizer")
     template = _template(tokenizer, args.template)

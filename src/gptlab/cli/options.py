@@ -57,18 +57,22 @@ def device_from_args(args: argparse.Namespace) -> str:
     return resolve(args.device, option="--device ")
 
 
-def weights_format(dtype: str, device: str, checkpoint: str, sequences: int = 1) -> str:
+def weights_format(
+    dtype: str, device: str, checkpoint: str, sequences: int = 1, store: str | None = None
+) -> str:
     """The weight format to run the model ``checkpoint`` names in: an int8 checkpoint runs in int8
     (``--dtype auto`` or ``int8``; another format is one ``error:`` line), a float one (or a Hugging
     Face folder, a GGUF file) as given or, for ``auto``, as ``gptlab.hardware.inference_weights`` says
-    for ``sequences`` decoded together. A source that names no model is ``gptlab.sources``' one line."""
+    for ``sequences`` decoded together; a GGUF file with quantized matrices runs as it ships (``keep``:
+    known without reading its header where ``store``, the ``--weights-cache``, already keeps its
+    conversion). A source that names no model is ``gptlab.sources``' one line."""
     from gptlab.errors import GptlabError
     from gptlab.hardware import inference_weights
     from gptlab.sources import source_path, stored_format
 
     gguf = source_path(checkpoint)
     if gguf.is_file() and gguf.suffix.lower() == ".gguf":  # quantized weights as llama.cpp runs them
-        if dtype == "auto" and device.split(":")[0] == "cpu" and _quantized_gguf(gguf):
+        if dtype == "auto" and device.split(":")[0] == "cpu" and _quantized_gguf(gguf, store):
             return "keep"
         return inference_weights(device, sequences) if dtype == "auto" else resolve_dtype(dtype, device)
     stored = stored_format(checkpoint)
@@ -82,11 +86,16 @@ def weights_format(dtype: str, device: str, checkpoint: str, sequences: int = 1)
     return stored
 
 
-def _quantized_gguf(path: Path) -> bool:
-    """Whether a GGUF file holds quantized matrices (Q4_0, Q8_0, …) rather than only float ones."""
+def _quantized_gguf(path: Path, store: str | None) -> bool:
+    """Whether a GGUF file holds quantized matrices (Q4_0, Q8_0, …) rather than only float ones: yes
+    where ``store`` keeps its ``keep`` conversion (only an int4 or int8 one is kept), else its header says."""
     from gguf import GGMLQuantizationType
 
+    from gptlab.checkpoint import kept
     from gptlab.interop.gguf import read_gguf
+
+    if store is not None and kept.has_entry(path, "keep", store):
+        return True
 
     floats = {GGMLQuantizationType.F32, GGMLQuantizationType.F16, GGMLQuantizationType.BF16}
     return any(t.tensor_type not in floats for t in read_gguf(path).tensors)

@@ -15,6 +15,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from gptlab.cli import startup
 from gptlab.cli.options import (
     add_compile_argument,
     add_device_argument,
@@ -86,7 +87,7 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "--verbose", action="store_true", help="print the decode plan (engine, step, sampler, why)"
     )
-    p.set_defaults(func=run)
+    p.set_defaults(func=run, loads_a_model=True)  # the collector paused until then: cli/startup.py
 
 
 def _prompt(args: argparse.Namespace) -> str:
@@ -158,10 +159,13 @@ def run(args: argparse.Namespace) -> int:
     )
     prompt = _prompt(args)
     device = device_from_args(args)
-    weights = weights_format(args.dtype, device, args.checkpoint, args.num_samples * args.beam_width)
+    weights = weights_format(
+        args.dtype, device, args.checkpoint, args.num_samples * args.beam_width, cache_dir(args.weights_cache)
+    )
     model, tokenizer = gptlab.load(  # converted while read (a GGUF file: once, into --weights-cache)
         args.checkpoint, device=device, quantize=weights, store=cache_dir(args.weights_cache)
     )
+    startup.started()
     if args.tokenizer:
         from gptlab.checkpoint import check_tokenizer_fits
         from gptlab.tokenizers import load as load_tokenizer

@@ -7,6 +7,7 @@ import os
 import sys
 from typing import Any
 
+from gptlab.cli import startup
 from gptlab.cli.options import (
     add_compile_argument,
     add_device_argument,
@@ -89,7 +90,7 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "--log-level", default="warning", choices=("critical", "error", "warning", "info", "debug")
     )
-    p.set_defaults(func=run)
+    p.set_defaults(func=run, loads_a_model=True)  # the collector paused until then: cli/startup.py
 
 
 def run(args: argparse.Namespace) -> int:
@@ -114,7 +115,7 @@ def run(args: argparse.Namespace) -> int:
     device = device_from_args(args)
     model, tokenizer = load_for_serving(
         args.checkpoint,
-        weights_format(args.dtype, device, args.checkpoint, args.max_batch),
+        weights_format(args.dtype, device, args.checkpoint, args.max_batch, cache_dir(args.weights_cache)),
         device,
         store=cache_dir(args.weights_cache),
     )
@@ -141,6 +142,7 @@ def run(args: argparse.Namespace) -> int:
         prefix_cache_mb=args.prefix_cache_mb,
         kv_keep_s=args.kv_keep_s,
     )
+    startup.started()  # the collector runs again while serving (cli/startup.py)
     if not is_loopback(args.host) and not args.api_key:
         sys.stderr.write(
             f"warning: binding {args.host} without --api-key: anyone who can reach this port "

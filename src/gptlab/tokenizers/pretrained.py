@@ -77,6 +77,15 @@ def spelled_bytes(token: str) -> bytes:
     return token.encode("utf-8") if data is None else data
 
 
+def _pairs(merges: Sequence[str | Sequence[str]]) -> list[tuple[str, str]]:
+    """Each merge as its two tokens: ``"Ġ t"`` (or ``["Ġ", "t"]``) → ``("Ġ", "t")``; a malformed one is a
+    ``GptlabError`` naming it."""
+    split = [m.split(" ") for m in merges if isinstance(m, str)]  # the usual form, split in one pass
+    if len(split) == len(merges) and all(len(p) == 2 and p[0] and p[1] for p in split):
+        return [(a, b) for a, b in split]
+    return [_pair(m, i) for i, m in enumerate(merges)]
+
+
 def _pair(merge: str | Sequence[str], i: int) -> tuple[str, str]:
     parts = merge.split(" ") if isinstance(merge, str) else list(merge)
     if len(parts) == 2 and parts[0] and parts[1]:
@@ -113,31 +122,25 @@ class PretrainedTokenizer(RankedTokenizer):
                 raise GptlabError(f"special token id {i!r} is outside the vocabulary (0..{len(tokens) - 1})")
         specials = {tokens[i]: i for i in special_ids}
         special_set = set(specials.values())
-        spelled = [t.encode("utf-8") if i in special_set else spelled_bytes(t) for i, t in enumerate(tokens)]
-        ids: dict[bytes, int] = {}
-        for i, token in enumerate(spelled):
-            if i not in special_set:
-                ids.setdefault(token, i)
+        spelled = [spelled_bytes(t) for t in tokens]
+        for i in special_set:
+            spelled[i] = tokens[i].encode("utf-8")
+        # {token bytes: its first id}, special tokens left out: reversed, so the first id is written last
+        ids = {spelled[i]: i for i in range(len(spelled) - 1, -1, -1) if i not in special_set}
         by_text = dict(zip(tokens, spelled))
-        pairs = [_pair(m, i) for i, m in enumerate(merges)]
+        pairs = _pairs(merges)
         self.tokens, self.merges = tokens, [f"{a} {b}" for a, b in pairs]
-        ranks = {t: i for t, i in ids.items() if len(t) == 1}
-        last = -1
-        for n, (left, right) in enumerate(pairs):
-            made = by_text.get(left, b"") + by_text.get(right, b"")
-            if left not in by_text or right not in by_text:
-                made = spelled_bytes(left) + spelled_bytes(right)
-            if made not in ids:
-                raise GptlabError(
-                    f"merge {n} ({self.merges[n]!r}) makes a token that is not in the vocabulary"
-                )
-            if ids[made] <= last:
-                raise GptlabError(
-                    f"merge {n} ({self.merges[n]!r}) makes id {ids[made]}, not above the previous merge's {last}; "
-                    "gptlab needs ids in merge order"
-                )
-            ranks[made] = last = ids[made]
-        super().__init__(ranks, pattern, specials, backend=backend)
+        # merge n joins left + right into the token of rank ids[made[n]]; the ranks rise in merge order
+        made = [
+            by_text[a] + by_text[b] if a in by_text and b in by_text else spelled_bytes(a) + spelled_bytes(b)
+            for a, b in pairs
+        ]
+        made_ids = [ids.get(m, -1) for m in made]
+        if not all(a < b for a, b in zip([-1, *made_ids], made_ids)):
+            self._refuse_merges(made_ids)
+        ranks = {t: i for i, t in sorted((i, t) for t, i in ids.items() if len(t) == 1)}  # the bytes, by id
+        ranks.update(zip(made, made_ids))
+        super().__init__(ranks, pattern, specials, backend=backend, checked=True)
         # tokens no merge reaches (and duplicates) can still be generated: decode them too
         decoder = dict(self._decoder)
         for i, token in enumerate(spelled):
@@ -146,6 +149,21 @@ class PretrainedTokenizer(RankedTokenizer):
         self._drop_re = re.compile(b"[" + re.escape(self._drop) + b"]") if self._drop else None
         self.bos_id, self.eos_id, self.add_bos = bos_id, eos_id, bool(add_bos)
         self.chat_template = chat_template
+
+    def _refuse_merges(self, made_ids: list[int]) -> None:
+        """The first merge that makes no token of the vocabulary, or an id not above the previous one's."""
+        last = -1
+        for n, made in enumerate(made_ids):
+            if made < 0:
+                raise GptlabError(
+                    f"merge {n} ({self.merges[n]!r}) makes a token that is not in the vocabulary"
+                )
+            if made <= last:
+                raise GptlabError(
+                    f"merge {n} ({self.merges[n]!r}) makes id {made}, not above the previous merge's {last}; "
+                    "gptlab needs ids in merge order"
+                )
+            last = made
 
     # ------------------------------------------------------------ the source's tokens
     @property

@@ -90,7 +90,8 @@ class RankedTokenizer(Tokenizer):
     """Byte-level BPE from ``ranks`` ({token bytes: id}), a split pattern and special tokens.
 
     ``backend`` is ``"auto"`` (tiktoken if installed and it accepts the pattern,
-    else pure Python), ``"python"`` or ``"tiktoken"``; every back-end gives the same ids.
+    else pure Python), ``"python"`` or ``"tiktoken"``; every back-end gives the same ids. ``checked``:
+    the caller built ``ranks`` as ``check_ranks`` requires (non-empty bytes, distinct int ranks ≥ 0).
     """
 
     drop_missing_bytes = False  # True: a byte with no token is left out instead of being an error
@@ -101,8 +102,9 @@ class RankedTokenizer(Tokenizer):
         pattern: str,
         special_tokens: Mapping[str, int] | None = None,
         backend: str = "auto",
+        checked: bool = False,
     ) -> None:
-        ranks = check_ranks(ranks)
+        ranks = dict(ranks) if checked else check_ranks(ranks)
         missing = [b for b in range(256) if bytes([b]) not in ranks]
         # bytes with no token are dropped from the text (as Hugging Face's BPE does) where a subclass allows it
         self._drop = bytes(missing) if self.drop_missing_bytes else b""
