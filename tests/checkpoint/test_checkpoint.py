@@ -121,3 +121,27 @@ def test_run_directories_resolve_to_the_latest_complete_checkpoint(tmp_path: Pat
         gptlab.load(tmp_path / "ckpt-000500")
     with pytest.raises(GptlabError, match="no such checkpoint"):
         gptlab.load(tmp_path / "nope")
+
+
+@pytest.mark.parametrize("name", ["model.safetensors", "tokenizer.json"])
+@pytest.mark.parametrize("damage", ["flipped", "truncated"])
+def test_a_changed_file_is_refused_by_its_checksum_whatever_breaks_first(
+    tmp_path: Path, name: str, damage: str
+) -> None:
+    """Whether the damaged file would break the reading (truncated) or not (one flipped bit), the error
+    is the checksum's, naming the file."""
+    from gptlab.tokenizers import CharTokenizer
+
+    gptlab.save(tiny(), CharTokenizer.from_text("abcdefgh"), tmp_path)
+    data = bytearray((tmp_path / name).read_bytes())
+    if damage == "truncated":
+        data = data[: len(data) // 2]
+    else:
+        data[-3] ^= 0x01
+    (tmp_path / name).write_bytes(bytes(data))
+    with pytest.raises(GptlabError, match=rf"{name.replace('.', '[.]')}: SHA-256 differs"):
+        gptlab.load(tmp_path)
+    write_checksums(tmp_path)  # the damage recorded: now the reader's own check speaks, if it can tell
+    if damage == "truncated":
+        with pytest.raises(GptlabError, match=rf"{name.replace('.', '[.]')}(: not a valid|' is corrupt)"):
+            gptlab.load(tmp_path)

@@ -51,9 +51,11 @@ class Int4Parts:
         return (self.q.float() - 8) * s + z
 
 
-#: From this many rows an int4 matrix is dequantized to bf16 and multiplied by the float kernels: the
-#: int4 kernel works 4 rows at a time and is ~10× slower than a bf16 GEMM at 505 rows (docs/benchmarks.md).
-INT4_DEQUANT_ROWS = 16
+#: From this many rows an int4 matrix is dequantized to bf16 and multiplied by the float kernels. The
+#: int4 kernel's cost grows with the rows (~10× a bf16 GEMM's at 505 rows); dequantizing costs the same
+#: at any row count (~2 ns a weight). ``bench/int4_rows.py`` at SmolLM2's shapes: the dequantized product
+#: is the faster one from 128–192 rows on an AVX-512 CPU, from 96–128 under AVX2 (docs/benchmarks.md).
+INT4_DEQUANT_ROWS = 128
 
 
 @functools.cache

@@ -1,0 +1,104 @@
+"""An int4 matrix times a few rows: the int4 kernel against dequantising to float and a GEMM. One JSON line.
+
+    python bench/int4_rows.py                       # SmolLM2's matrix shapes, 2 threads
+    python bench/int4_rows.py --rows 16,64,96,128,256
+
+``Int4Linear`` multiplies fewer than ``gptlab.model.int4.INT4_DEQUANT_ROWS`` rows with
+``_weight_int4pack_mm_for_cpu`` (each weight read once per 4 rows), and more by dequantising the
+matrix (``Int4Linear.dequantized``, a cost per weight) and multiplying in the activations' dtype (bf16
+where it is native, else float32). This times both, in turns, at each row count, per matrix shape
+(milliseconds, median of ``--rounds``), and per shape the smallest row count measured at which the
+dequantised product is the faster one (``dequantised_faster_from``; null where it never was).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+from gptlab.model.int4 import INT4_DEQUANT_ROWS, INT4_GROUP, Int4Linear  # noqa: E402
+from gptlab.model.quantized import activation_dtype  # noqa: E402
+
+SHAPES = [(576, 576), (192, 576), (1536, 576), (576, 1536), (49152, 576)]  # SmolLM2: q/o, k/v, gate/up, down
+
+
+def per_call_ms(fn: Callable[[], object], calls: int) -> float:
+    fn()
+    t = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    return (time.perf_counter() - t) / calls * 1e3
+
+
+def kernel(layer: Int4Linear, x: torch.Tensor) -> torch.Tensor:
+    """The product through the int4 kernel (what ``Int4Linear`` runs below ``INT4_DEQUANT_ROWS``)."""
+    sz = layer.scales_and_zeros
+    return torch.ops.aten._weight_int4pack_mm_for_cpu(
+        x.to(sz.dtype).contiguous(), layer.weight, INT4_GROUP, sz
+    )
+
+
+def dequantised(layer: Int4Linear, x: torch.Tensor) -> torch.Tensor:
+    """The product through the matrix dequantised to ``x``'s dtype (what it runs from there on)."""
+    return torch.nn.functional.linear(x, layer.dequantized().to(x.dtype))
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--rows", default="8,16,32,64,96,128,192", help="comma-separated row counts")
+    p.add_argument("--rounds", type=int, default=3, help="turns of each way (median)")
+    p.add_argument("--calls", type=int, default=10, help="products timed per turn")
+    p.add_argument("--shapes", help="N×K shapes, e.g. 576x576,1536x576 (default: SmolLM2's)")
+    args = p.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    rows = [int(r) for r in args.rows.split(",")]
+    shapes = [tuple(int(d) for d in s.split("x")) for s in args.shapes.split(",")] if args.shapes else SHAPES
+    act = activation_dtype("cpu")
+    torch.manual_seed(0)
+    out: dict[str, Any] = {}
+    faster_from: dict[str, int | None] = {}
+    with torch.inference_mode():
+        for n, k in shapes:
+            layer = Int4Linear(torch.nn.Linear(k, n, bias=False))
+            line: dict[str, Any] = {}
+            first = None
+            for m in rows:
+                x = torch.randn(m, k, dtype=act)
+                ways = {"kernel": partial(kernel, layer, x), "dequantised": partial(dequantised, layer, x)}
+                times: dict[str, list[float]] = {w: [] for w in ways}
+                for _ in range(args.rounds):
+                    for w, fn in ways.items():
+                        times[w].append(per_call_ms(fn, args.calls))
+                kern, deq = (statistics.median(times[w]) for w in ways)
+                line[str(m)] = {"kernel_ms": round(kern, 3), "dequantised_ms": round(deq, 3)}
+                if first is None and deq < kern:
+                    first = m
+            out[f"{n}x{k}"] = line
+            faster_from[f"{n}x{k}"] = first
+    result = {
+        "bench": "int4_rows",
+        "threads": args.threads,
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "activations": str(act).removeprefix("torch."),
+        "dequant_rows_now": INT4_DEQUANT_ROWS,
+        "dequantised_faster_from": faster_from,
+        "shapes": out,
+    }
+    print(json.dumps(result))
+    return result
+
+
+if __name__ == "__main__":
+    main()
