@@ -5,10 +5,8 @@ Everything is imported lazily, so ``import gptlab.tokenizers`` works without tor
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
-
 from gptlab.errors import GptlabError
+from gptlab.lazy import lazy_names
 
 __version__ = "0.1.0"
 
@@ -31,17 +29,7 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        module, attr = _LAZY[name]
-        value = getattr(importlib.import_module(module), attr)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'gptlab' has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted(list(globals()) + list(_LAZY))
+__getattr__, __dir__ = lazy_names("gptlab", _LAZY, globals())
 
 
 __all__ = ["GptlabError", "__version__", *_LAZY]

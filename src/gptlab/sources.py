@@ -135,7 +135,6 @@ def load_gguf_as(
     """``load`` of a GGUF file: kept as it ships (``quantize`` None or ``"keep"``) on a CPU, else as asked.
     With a ``store``, the kept (or int4) conversion is read from there once it has been made
     (``gptlab.checkpoint.kept``)."""
-    gguf = gguf_module()
     cpu = torch.device(device).type == "cpu"
     if quantize in (None, "keep") and (dtype is not None or not cpu):
         quantize = None  # a float dtype, or another device: float weights
@@ -151,7 +150,8 @@ def load_gguf_as(
     )
     stored = kept.read_entry(entry) if entry is not None else None
     if stored is not None:
-        return stored
+        return stored  # the gguf package never imported
+    gguf = gguf_module()
     f = gguf.read_gguf(path)  # parsed once for both (its metadata holds the whole vocabulary)
     if streamed in ("keep", "int4"):
         from gptlab.interop.gguf_kept import from_gguf_kept

@@ -62,6 +62,26 @@ def test_loading_imports_no_compiler(tmp_path, tiny_model):
     assert "torch._dynamo" not in found and "torch._inductor" not in found and "sympy" not in found, found
 
 
+def test_a_kept_gguf_conversion_is_read_without_the_gguf_package(tmp_path):
+    """Once ``--weights-cache`` keeps a GGUF file's conversion, a start reads that checkpoint and chooses
+    its weights without importing the ``gguf`` package or the exporters (``gptlab.interop`` is lazy)."""
+    pytest.importorskip("gguf", reason="the gguf package writes GGUF files")
+    from gguf import GGMLQuantizationType as Q
+
+    from gptlab.model.int4 import int4_supported
+    from tests.interop._gguf import tiny_llama, write_llama
+
+    if not int4_supported(16, 32):
+        pytest.skip("this torch has no CPU int4 kernel: nothing is kept")
+    path, store = tmp_path / "tiny.gguf", tmp_path / "store"
+    write_llama(path, tiny_llama(), Q.Q4_1)
+    gptlab.load(path, store=store)  # converts and keeps (imports gguf)
+    choose = f"from gptlab.cli.options import weights_format; weights_format('auto', 'cpu', {str(path)!r}, store={str(store)!r})"
+    found = _imported_after(f"import gptlab; {choose}; gptlab.load({str(path)!r}, store={str(store)!r})")
+    assert "gguf" not in found, found
+    assert "gguf" in _imported_after(f"import gptlab; gptlab.load({str(path)!r})")  # the probe can tell
+
+
 @pytest.mark.parametrize("quantize", [None, "fp32", "bf16", "int8"])
 def test_loading_draws_no_random_weights(tmp_path, tiny_model, monkeypatch, quantize):
     """Every weight is read from the file, so none is first drawn at random (seconds on 100M+ weights)."""

@@ -89,13 +89,13 @@ def weights_format(
 def _quantized_gguf(path: Path, store: str | None) -> bool:
     """Whether a GGUF file holds quantized matrices (Q4_0, Q8_0, …) rather than only float ones: yes
     where ``store`` keeps its ``keep`` conversion (only an int4 or int8 one is kept), else its header says."""
-    from gguf import GGMLQuantizationType
-
     from gptlab.checkpoint import kept
-    from gptlab.interop.gguf import read_gguf
 
     if store is not None and kept.has_entry(path, "keep", store):
         return True
+    from gguf import GGMLQuantizationType
+
+    from gptlab.interop.gguf import read_gguf
 
     floats = {GGMLQuantizationType.F32, GGMLQuantizationType.F16, GGMLQuantizationType.BF16}
     return any(t.tensor_type not in floats for t in read_gguf(path).tensors)
