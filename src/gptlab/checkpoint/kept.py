@@ -46,7 +46,12 @@ def entry_for(source: Path, conversion: str, store: str | os.PathLike[str]) -> P
 def has_entry(source: Path, conversion: str, store: str | os.PathLike[str]) -> bool:
     """Whether ``store`` holds an entry for ``source`` converted as ``conversion`` (unchecked: ``read_entry``
     checks it)."""
-    return (entry_for(source, conversion, store) / "config.json").is_file()
+    return _present(entry_for(source, conversion, store))
+
+
+def _present(entry: Path) -> bool:
+    """Whether ``entry`` holds a checkpoint (``keep`` renames it into place whole)."""
+    return (entry / "config.json").is_file()
 
 
 def read_entry(entry: Path) -> tuple[GPT, Tokenizer | None] | None:
@@ -54,7 +59,7 @@ def read_entry(entry: Path) -> tuple[GPT, Tokenizer | None] | None:
     it is removed, with a warning, and the caller converts again)."""
     from gptlab.checkpoint.model import load
 
-    if not (entry / "config.json").is_file():
+    if not _present(entry):
         return None
     try:
         return load(entry)
@@ -87,4 +92,4 @@ def keep(model: GPT, tokenizer: Tokenizer | None, entry: Path) -> bool:
         return False
 
 
-__all__ = ["FORMAT", "entry_for", "keep", "read_entry"]
+__all__ = ["FORMAT", "entry_for", "has_entry", "keep", "read_entry"]

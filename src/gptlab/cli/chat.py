@@ -227,9 +227,10 @@ def run(args: argparse.Namespace) -> int:
     if args.threads is not None:
         torch.set_num_threads(max(1, args.threads))
     device = device_from_args(args)
-    weights = weights_format(args.dtype, device, args.checkpoint, store=cache_dir(args.weights_cache))
+    store = cache_dir(args.weights_cache)
+    weights = weights_format(args.dtype, device, args.checkpoint, store=store)
     model, tokenizer = gptlab.load(  # converted while read (a GGUF file: once, into --weights-cache)
-        args.checkpoint, device=device, quantize=weights, store=cache_dir(args.weights_cache)
+        args.checkpoint, device=device, quantize=weights, store=store
     )
     startup.started()
     if tokenizer is None:

@@ -159,11 +159,10 @@ def run(args: argparse.Namespace) -> int:
     )
     prompt = _prompt(args)
     device = device_from_args(args)
-    weights = weights_format(
-        args.dtype, device, args.checkpoint, args.num_samples * args.beam_width, cache_dir(args.weights_cache)
-    )
+    store = cache_dir(args.weights_cache)
+    weights = weights_format(args.dtype, device, args.checkpoint, args.num_samples * args.beam_width, store)
     model, tokenizer = gptlab.load(  # converted while read (a GGUF file: once, into --weights-cache)
-        args.checkpoint, device=device, quantize=weights, store=cache_dir(args.weights_cache)
+        args.checkpoint, device=device, quantize=weights, store=store
     )
     startup.started()
     if args.tokenizer:

@@ -113,11 +113,12 @@ def run(args: argparse.Namespace) -> int:
         raise GptlabError(f"--max-tokens-cap must be at least 1, got {args.max_tokens_cap}")
     check_bind(args.host, args.port)
     device = device_from_args(args)
+    store = cache_dir(args.weights_cache)
     model, tokenizer = load_for_serving(
         args.checkpoint,
-        weights_format(args.dtype, device, args.checkpoint, args.max_batch, cache_dir(args.weights_cache)),
+        weights_format(args.dtype, device, args.checkpoint, args.max_batch, store),
         device,
-        store=cache_dir(args.weights_cache),
+        store,
     )
     if task_of(model) == "generate":
         # a server: a long session

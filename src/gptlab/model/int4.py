@@ -53,7 +53,7 @@ class Int4Parts:
 
 #: From this many rows an int4 matrix is dequantized to bf16 and multiplied by the float kernels. The
 #: int4 kernel's cost grows with the rows (~10× a bf16 GEMM's at 505 rows); dequantizing costs the same
-#: at any row count (~2 ns a weight). ``bench/int4_rows.py`` at SmolLM2's shapes: the dequantized product
+#: at any row count (1–4 ns a weight). ``bench/int4_rows.py`` at SmolLM2's shapes: the dequantized product
 #: is the faster one from 128–192 rows on an AVX-512 CPU, from 96–128 under AVX2 (docs/benchmarks.md).
 INT4_DEQUANT_ROWS = 128
 
