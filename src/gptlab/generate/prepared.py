@@ -477,7 +477,14 @@ class StoredStep:
         try:
             from torch._inductor import aoti_compile_and_package
 
-            options = {**_OPTIONS, "aot_inductor.package_constants_in_so": False}
+            # every constant the package reads is the live model's (user-managed): inductor keeps each
+            # tensor it meets as the module's named tensor rather than inlining small ones (an int4
+            # layer's group size) into constants of its own, which a package without weights lacks
+            options = {
+                **_OPTIONS,
+                "aot_inductor.package_constants_in_so": False,
+                "always_keep_tensor_constants": True,
+            }
             aoti_compile_and_package(program, package_path=str(built), inductor_configs=options)
             digest = _sha256(built)
             atomic_write(folder / PACKAGE, lambda tmp: os.replace(built, tmp))

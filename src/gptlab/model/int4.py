@@ -30,7 +30,9 @@ from gptlab.model.quantized import (
     replace_linears,
 )
 
-_INT4 = hasattr(torch.ops.aten, "_weight_int4pack_mm_for_cpu")
+_INT4 = hasattr(torch.ops.aten, "_convert_weight_to_int4pack_for_cpu") and hasattr(
+    torch.ops.quantized, "int4mm_packed_weight_cpu"
+)
 #: inputs per int4 group (one s, z pair): a GGUF Q4 block's 32
 INT4_GROUP = 32
 
@@ -154,6 +156,9 @@ class Int4Linear(InferenceLinear):
         packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.to(torch.int32).contiguous(), 1)
         self.register_buffer("weight", packed, persistent=False)
         self.register_buffer("scales_and_zeros", scales_and_zeros, persistent=False)
+        # the group size as a tensor, as the kernel's tensor form takes it: a compiled step reads it
+        # as this module's own buffer (an ahead-of-time package names it, so it loads from the model)
+        self.register_buffer("group", torch.tensor(INT4_GROUP), persistent=False)
 
     def unpacked(self) -> torch.Tensor:
         """q (N, K) uint8, read back from the kernel's layout (``kernel_layout``)."""
@@ -207,8 +212,8 @@ class Int4Linear(InferenceLinear):
             y = F.linear(x2, self.dequantized().to(x2.dtype))
         else:
             sz = self.scales_and_zeros
-            y = torch.ops.aten._weight_int4pack_mm_for_cpu(
-                x2.to(sz.dtype).contiguous(), self.weight, INT4_GROUP, sz
+            y = torch.ops.quantized.int4mm_packed_weight_cpu(
+                x2.to(sz.dtype).contiguous(), self.weight, self.group, sz
             )
             y = y.to(x.dtype)
         if self.bias is not None:
