@@ -82,6 +82,8 @@ def _own_compile_cache(tmp_path_factory):
     own, so it neither loads a step another run compiled nor fills the user's cache."""
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("xdg-cache")))
+        # no command of a test starts a background compilation (tests/cli/test_compile_later.py does)
+        mp.setenv("GPTLAB_BACKGROUND_COMPILE", "0")
         yield
 
 

@@ -9,9 +9,9 @@ from gptlab.compiling import can_compile
 from gptlab.errors import GptlabError
 from gptlab.generate.plan import (
     CUDA_PAYBACK_TOKENS,
-    PAYBACK_TOKENS,
     DecodeSettings,
     ModelFacts,
+    compiles_for_later,
     decode_compile_pays,
     matrix_bytes,
     plan_decoding,
@@ -26,8 +26,9 @@ BIG = 538 * 2**20  # SmolLM2-135M in float32
     ("requested", "device", "compiler", "weights", "planned", "expected"),
     [
         ("auto", "cpu", True, BIG, None, False),  # a server: its first request would wait for the compile
-        ("auto", "cpu", True, BIG, 1024, True),
-        ("auto", "cpu", True, BIG, 8, False),  # 8 tokens do not pay back a compilation
+        ("auto", "cpu", True, BIG, 10_000, True),  # a generation long enough to pay back waiting
+        ("auto", "cpu", True, BIG, 4096, False),
+        ("auto", "cpu", True, BIG, 8, False),
         ("auto", "cpu", True, STREAM_MIN_BYTES - 1, None, False),  # a small model gains nothing
         ("auto", "cpu", False, BIG, None, False),  # no C++ compiler
         ("auto", "cuda", True, BIG, None, True),  # CUDA graphs for a long-lived session
@@ -48,6 +49,44 @@ def test_decode_compile_choice(requested, device, compiler, weights, planned, ex
     assert why  # every choice says why
 
 
+@pytest.mark.parametrize(
+    ("compiler", "weights", "kept", "on", "later"),
+    [
+        (
+            True,
+            BIG,
+            True,
+            True,
+            False,
+        ),  # kept for this model and machine: loaded, compiled from the first token
+        (True, BIG, False, False, True),  # not kept yet: layer by layer now, compiled for later processes
+        (True, BIG, None, False, False),  # no compile cache: nothing to keep it in
+        (True, STREAM_MIN_BYTES - 1, True, False, False),  # a small model gains nothing, kept or not
+        (True, STREAM_MIN_BYTES - 1, False, False, False),
+        (False, BIG, True, False, False),  # no C++ compiler: nothing loads or compiles
+        (False, BIG, False, False, False),
+    ],
+)
+def test_auto_on_a_cpu_loads_a_kept_step_and_otherwise_compiles_it_for_later(
+    compiler, weights, kept, on, later
+):
+    """``--compile auto`` never makes a first token wait: it loads the one-row step the compile cache
+    holds, and else decodes layer by layer while ``compiles_for_later`` asks for the step in the background."""
+    facts = ModelFacts(
+        device="cpu", compiler=compiler, matrix_bytes=BIG if weights == BIG else weights, kept_step=kept
+    )
+    settings = DecodeSettings(compile="auto", planned_tokens=8, compile_cache=None if kept is None else "/c")
+    plan = plan_decoding(facts, settings, 1)
+    assert (plan.step == "fused") is on
+    assert compiles_for_later(facts, settings) is later
+    if on:
+        assert "kept for this model" in plan.why and "loaded from /c" in plan.why
+    assert decode_compile_pays("auto", "cpu", compiler, weights, 8, kept=kept)[0] is on
+    # asked for or switched off, the choice does not depend on the cache
+    assert compiles_for_later(facts, DecodeSettings(compile="on", compile_cache="/c")) is False
+    assert compiles_for_later(facts, DecodeSettings(compile="off", compile_cache="/c")) is False
+
+
 def test_bf16_weights_on_an_emulating_cpu_compute_in_float32_so_their_step_compiles():
     """bf16 activations made the compiled step 3× slower on an AVX2 CPU; with float32 activations
     (what ``quantize(model, "bf16")`` gives there) it is the fastest format, so auto compiles it."""
@@ -63,7 +102,7 @@ def test_bf16_weights_on_an_emulating_cpu_compute_in_float32_so_their_step_compi
     linear = next(m for m in model.modules() if type(m).__name__ == "PackedBF16Linear")
     assert linear.weight.dtype == torch.bfloat16  # ... bf16 matrices
     with mock.patch("gptlab.generate.plan.STREAM_MIN_BYTES", 0):  # as if the model were large
-        on = prepare_decode("auto", model, planned_tokens=PAYBACK_TOKENS).plan(1).step == "fused"
+        on = prepare_decode("on", model, planned_tokens=8).plan(1).step == "fused"
     assert on is can_compile("cpu")
 
 

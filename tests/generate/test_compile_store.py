@@ -220,3 +220,22 @@ def test_a_compiled_step_that_fails_in_the_background_falls_back_and_says_so(mon
     with pytest.raises(UserWarning, match="a test step: torch.compile failed .*Python.h"):
         step(x)  # pyproject turns the fallback's warning into an error in tests
     assert not step.enabled and step.compiled_calls == 0 and step.eager_calls == 1
+
+
+def test_auto_plans_the_compiled_step_once_the_cache_holds_it(tmp_path, monkeypatch):
+    """``compile="auto"`` reads the compile cache: layer by layer while it lacks this model's step,
+    the compiled step (loaded at its first call) once a package and its record are there."""
+    monkeypatch.setattr("gptlab.generate.plan.STREAM_MIN_BYTES", 0)  # as if the model were large
+    monkeypatch.setattr("gptlab.generate.plan.compile_blocker", lambda device: None)
+    model = _model()
+    engine = prepare_decoding(model, compile="auto", compile_cache=tmp_path)
+    assert engine.plan(1).step == "layers" and not engine.step_kept()
+    assert "the compile cache does not hold it yet" in engine.plan(1).why
+    folder = _store_a_fake(StoredStep(tmp_path), model)
+    assert folder == engine.step_folder(torch.float32) == engine.step_folder()
+    assert engine.step_kept() and engine.plan(1).step == "fused"
+    assert f"loaded from {tmp_path}" in str(engine.plan(1))
+    assert engine.plan(2).step == "layers"  # batches: the one-row step is not theirs
+    assert engine.step_folder(torch.int8) is None  # an int8 cache has no one-row step
+    (folder / PACKAGE).unlink()
+    assert not engine.step_kept() and engine.plan(1).step == "layers"

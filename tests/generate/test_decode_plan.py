@@ -39,6 +39,7 @@ BIG = 538 * 2**20  # SmolLM2-135M in float32: its matrices stream from memory
 CPU = ModelFacts(device="cpu", compiler=True, matrix_bytes=BIG)
 CPU_NO_COMPILER = dataclasses.replace(CPU, compiler=False)
 CPU_INT8 = dataclasses.replace(CPU, weights="int8")
+CPU_KEPT = dataclasses.replace(CPU, kept_step=True)  # the compile cache holds its one-row step
 CUDA = ModelFacts(device="cuda", compiler=True, matrix_bytes=BIG, weights="bf16", activations=torch.bfloat16)
 MPS = dataclasses.replace(CUDA, device="mps")
 
@@ -57,11 +58,15 @@ GREEDY, BEAM = SampleConfig(temperature=0), SampleConfig(beam_width=2)
         (CPU, ON, 1, {"cache_dtype": torch.int8}, ("dynamic", "layers", "per-request")),
         (CPU_INT8, ON, 4, {}, ("dynamic", "layers", "per-request")),  # int8 keeps its own kernels
         (CPU_NO_COMPILER, ON, 1, {}, ("dynamic", "layers", "per-request")),
-        # auto compiles the one-row step for a long generation, not for a short one or a session of
-        # unknown length (a server: its first request would wait for the compilation)
+        # auto runs the one-row step the compile cache keeps; it compiles it here only for a very long
+        # generation, not for a short one or a session of unknown length (a server: its first
+        # request would wait for the compilation)
         (CPU, dataclasses.replace(AUTO, planned_tokens=100), 1, {}, ("dynamic", "layers", "per-request")),
-        (CPU, dataclasses.replace(AUTO, planned_tokens=4096), 1, {}, ("dynamic", "fused", "per-request")),
+        (CPU, dataclasses.replace(AUTO, planned_tokens=4096), 1, {}, ("dynamic", "layers", "per-request")),
+        (CPU, dataclasses.replace(AUTO, planned_tokens=10_000), 1, {}, ("dynamic", "fused", "per-request")),
         (CPU, AUTO, 1, {}, ("dynamic", "layers", "per-request")),
+        (CPU_KEPT, AUTO, 1, {}, ("dynamic", "fused", "per-request")),
+        (CPU_KEPT, dataclasses.replace(AUTO, planned_tokens=8), 1, {}, ("dynamic", "fused", "per-request")),
         (CPU, dataclasses.replace(AUTO, planned_tokens=100), 2, {}, ("dynamic", "layers", "per-request")),
         (CPU, DecodeSettings(compile="off", static=True), 2, {}, ("static", "eager", "in-graph")),
         (CPU, DecodeSettings(compile="on", static=False), 4, {}, ("dynamic", "layers", "per-request")),
@@ -107,16 +112,20 @@ def test_the_facts_follow_the_machine_and_the_model():
 
 
 def test_the_plan_prints_on_one_line_with_its_reasons():
-    text = str(plan_decoding(CPU, dataclasses.replace(AUTO, planned_tokens=2000), 2))
+    text = str(plan_decoding(CPU, DecodeSettings(compile="on", planned_tokens=2000), 2, want_probs=True))
     assert text.startswith("decode plan (cpu, batch 2): dynamic cache, layer by layer, per-request sampler (")
-    assert "the frozen step pays from" in text and "\n" not in text
+    assert "--compile on" in text and "\n" not in text
     text = str(plan_decoding(CPU, dataclasses.replace(AUTO, planned_tokens=100), 1))
-    assert "layer by layer" in text and "100 tokens do not pay back a compilation" in text
-    text = str(plan_decoding(CPU, dataclasses.replace(AUTO, planned_tokens=None), 1))
-    assert "layer by layer" in text and "a session of unknown length" in text
-    text = str(plan_decoding(CPU, dataclasses.replace(AUTO, planned_tokens=4096), 1))
+    assert "layer by layer" in text and "the first token would wait a minute or more" in text
+    not_kept = dataclasses.replace(CPU, kept_step=False)
+    text = str(plan_decoding(not_kept, dataclasses.replace(AUTO, planned_tokens=None, compile_cache="/c"), 1))
+    assert "layer by layer" in text and "the compile cache does not hold it yet" in text
+    text = str(plan_decoding(CPU_KEPT, dataclasses.replace(AUTO, compile_cache="/c"), 1))
+    assert "one compiled graph per token" in text and "kept for this model and machine; " in text
+    assert "loaded from /c" in text
+    text = str(plan_decoding(CPU, dataclasses.replace(AUTO, planned_tokens=10_000), 1))
     assert "one compiled graph per token" in text and "compiled in this process, the first step waits" in text
-    text = str(plan_decoding(CPU, dataclasses.replace(AUTO, planned_tokens=4096, compile_wait=False), 1))
+    text = str(plan_decoding(CPU, dataclasses.replace(AUTO, planned_tokens=10_000, compile_wait=False), 1))
     assert "compiled in this process, eager until it is ready" in text
     text = str(plan_decoding(CPU, DecodeSettings(compile="on", compile_cache="/c", compile_wait=True), 1))
     assert "kept in /c, the first step waits for it" in text

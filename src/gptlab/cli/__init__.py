@@ -31,6 +31,7 @@ COMMANDS = [
     "tokenizer",
     "convert",
     "quantize",
+    "compile",
     "trace",
     "attention",
     "size",

@@ -20,6 +20,7 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from gptlab.cli import startup
+from gptlab.cli.background import Later
 from gptlab.cli.options import (
     add_compile_argument,
     add_device_argument,
@@ -247,6 +248,7 @@ def run(args: argparse.Namespace) -> int:
         planned_tokens=args.max_new_tokens,
         static=args.static,
         compile_cache=args.compile_cache,
+        later=Later(args.checkpoint, weights, store) if args.background_compile == "auto" else None,
     )
     config = SampleConfig(
         max_new_tokens=args.max_new_tokens,

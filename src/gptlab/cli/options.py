@@ -4,6 +4,7 @@ what ``--dtype auto`` means."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 from collections.abc import Mapping
@@ -11,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from gptlab.cli.background import Later
     from gptlab.compiling import Toolchain
     from gptlab.generate import PreparedDecoding, SampleConfig
     from gptlab.generate.plan import Decoder
@@ -136,9 +138,10 @@ def add_compile_argument(p: argparse.ArgumentParser, env: Mapping[str, str] = os
         default="off" if env.get("GPTLAB_COMPILE", "1") == "0" else "auto",
         help="run each decode step as one compiled graph. CPU: one sequence through the one-row "
         "kernels; several (and the server) through a static cache with the weights frozen into the "
-        "graph. CUDA: CUDA graphs. auto (default): on with a compiler, for a large model and a "
-        "generation long enough to pay back the compilation (seconds to two minutes). "
-        "GPTLAB_COMPILE=0 makes off the default and switches every compiled kernel off",
+        "graph. CUDA: CUDA graphs. auto (default), on a CPU with a compiler and a large model: the "
+        "one-row step if the compile cache holds it (else layer by layer, and it is compiled for later "
+        "processes in the background: --background-compile); compiled here for a generation of 8,192 "
+        "tokens or more. GPTLAB_COMPILE=0 makes off the default and switches every compiled kernel off",
     )
     p.add_argument(
         "--compile-cache",
@@ -147,6 +150,15 @@ def add_compile_argument(p: argparse.ArgumentParser, env: Mapping[str, str] = os
         help="where the compiled decode step is kept, so that a later process loads it instead of "
         "compiling (default $XDG_CACHE_HOME/gptlab/compiled, else ~/.cache/gptlab/compiled; "
         "'none': compile in each process)",
+    )
+    p.add_argument(
+        "--background-compile",
+        choices=["auto", "off"],
+        default="off" if env.get("GPTLAB_BACKGROUND_COMPILE", "1") == "0" else "auto",
+        help="auto (default): under --compile auto, where the compile cache lacks the one-row step, "
+        "compile it for later processes in a background process at the lowest CPU priority (gptlab "
+        "compile); this process decodes layer by layer. off: never (GPTLAB_BACKGROUND_COMPILE=0 makes "
+        "off the default)",
     )
     p.add_argument(
         "--weights-cache",
@@ -193,6 +205,7 @@ def prepare_decode(
     not_for: str | None = None,
     static: str = "auto",
     compile_cache: str | None = None,
+    later: Later | None = None,
 ) -> PreparedDecoding:
     """``--compile``, ``--static`` and ``--compile-cache`` (``none``/None: none) →
     ``prepare_decoding(model, …)`` → its engine.
@@ -200,10 +213,12 @@ def prepare_decode(
     What ``--compile`` chose, and why, goes to stderr as one ``compile:`` line on a CPU or CUDA, so
     the choice is never silent (``print_plan`` shows the whole plan). ``not_for`` names a decode that
     the compiled steps do not serve (beam search, an encoder–decoder): it then stays layer by layer.
-    ``--static off`` keeps every decode off the static cache.
+    ``--static off`` keeps every decode off the static cache. ``later`` (``--background-compile
+    auto``): where the plan says so (``compiles_for_later``), the one-row step is compiled into the
+    compile cache by a background ``gptlab compile`` for later processes (``gptlab.cli.compile``).
     """
     from gptlab.generate import prepare_decoding
-    from gptlab.generate.plan import COMPILED_STEPS
+    from gptlab.generate.plan import COMPILED_STEPS, ModelFacts, compiles_for_later
 
     if requested == "on" and not_for is not None:
         sys.stderr.write(f"compile: off (the compiled step decodes one sequence, not {not_for})\n")
@@ -218,7 +233,13 @@ def prepare_decode(
     )
     one, batches = engine.plan(1), engine.plan(2)
     on = one.step in COMPILED_STEPS
-    why = batches.why if one.device == "cpu" and on else one.why
+    why = batches.why if one.device == "cpu" and on and asked == "on" else one.why
+    if later is not None and one.step == "layers" and not_for is None:
+        facts = dataclasses.replace(ModelFacts.of(model), kept_step=engine.step_kept())
+        if compiles_for_later(facts, engine.settings):
+            from gptlab.cli.background import compile_later
+
+            why += "; " + compile_later(engine, later)
     if requested != "off" and not_for is None and one.device in ("cpu", "cuda"):
         sys.stderr.write(f"compile: {'on' if on else 'off'} ({why})\n")
     return engine

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from gptlab.cli import startup
+from gptlab.cli.background import Later
 from gptlab.cli.options import (
     add_compile_argument,
     add_device_argument,
@@ -180,6 +181,7 @@ def run(args: argparse.Namespace) -> int:
     echo = prompt if decoder is model else ""
     how = route(model, config)  # the plan's route: the batched rows, beam search or a bound source
     not_for = {"beam": "beam search", "source": "an encoder-decoder"}.get(how)
+    one_row = args.num_samples == 1 and args.background_compile == "auto"
     engine = prepare_decode(
         args.compile,
         model,
@@ -187,6 +189,7 @@ def run(args: argparse.Namespace) -> int:
         not_for,
         static=args.static,
         compile_cache=args.compile_cache,
+        later=Later(args.checkpoint, weights, store) if one_row else None,
     )
     if args.verbose:
         print_plan(engine, args.beam_width, config)

@@ -8,6 +8,7 @@ import sys
 from typing import Any
 
 from gptlab.cli import startup
+from gptlab.cli.background import Later
 from gptlab.cli.options import (
     add_compile_argument,
     add_device_argument,
@@ -114,16 +115,13 @@ def run(args: argparse.Namespace) -> int:
     check_bind(args.host, args.port)
     device = device_from_args(args)
     store = cache_dir(args.weights_cache)
-    model, tokenizer = load_for_serving(
-        args.checkpoint,
-        weights_format(args.dtype, device, args.checkpoint, args.max_batch, store),
-        device,
-        store,
-    )
+    weights = weights_format(args.dtype, device, args.checkpoint, args.max_batch, store)
+    model, tokenizer = load_for_serving(args.checkpoint, weights, device, store)
     if task_of(model) == "generate":
-        # a server: a long session
+        # a server: a long session; a request decoded alone loads the one-row step once it is kept
+        later = Later(args.checkpoint, weights, store) if args.background_compile == "auto" else None
         engine = prepare_decode(
-            args.compile, model, None, static=args.static, compile_cache=args.compile_cache
+            args.compile, model, None, static=args.static, compile_cache=args.compile_cache, later=later
         )
         print_plan(engine, args.max_batch)
     else:

@@ -51,9 +51,10 @@ from gptlab.model.kvcache import LayeredCache
 from gptlab.model.positional import PositionalEncoding
 from gptlab.model.quantized import STREAM_MIN_BYTES, one_row_compiled
 
-# Below this many generated tokens compiling the one-row CPU step (when it is not in the store yet)
-# costs more than the compiled step saves.
-PAYBACK_TOKENS = 1024
+# From this many planned tokens a CPU generation waits for the one-row step's compilation when the
+# compile cache does not hold it (a minute or more on 2 cores, then ~2× the tokens/s); below, auto
+# decodes layer by layer at once and the step is compiled in the background for later processes.
+PAYBACK_TOKENS = 8192
 # On CUDA the static path's CUDA graphs: a compilation of tens of seconds, paid back only by a long generation.
 CUDA_PAYBACK_TOKENS = 8192
 # A frozen graph is not in inductor's on-disk graph cache, so each process compiles it again.
@@ -123,6 +124,8 @@ class ModelFacts:
     seq2seq: bool = False  # an encoder–decoder not yet bound to a source: each request binds its own
     no_compiler: str = NO_COMPILER  # why not, when ``compiler`` is False
     one_row: str = "library"  # a CPU's layer-by-layer one-row products: "library" | "compiled" (gemv)
+    # the compile cache holds this model's compiled one-row step (None: no compile cache given)
+    kept_step: bool | None = None
 
     @classmethod
     def of(cls, model: Decoder) -> ModelFacts:
@@ -189,16 +192,18 @@ def decode_compile_pays(
     weight_bytes: int,
     planned_tokens: int | None,
     no_compiler: str = NO_COMPILER,
+    kept: bool | None = None,
 ) -> tuple[bool, str]:
     """Whether to compile the decode step here, and why (a pure function of its inputs).
 
     ``on``/``off`` are obeyed (``on`` without a C++ compiler on a CPU, or with compiling switched
-    off, runs layer by layer, with the reason ``no_compiler``). ``auto`` compiles on a CPU that has
-    a C++ compiler, for a model whose matrices stream from memory (``weight_bytes ≥
-    STREAM_MIN_BYTES``) and a generation of ``PAYBACK_TOKENS`` or more: the first step waits for the
-    compilation (a minute or more of a few cores), which shorter generations do not pay back, and a
-    session of unknown length (``planned_tokens`` None: a server, whose first request would wait)
-    does not risk. On CUDA the question is whether
+    off, runs layer by layer, with the reason ``no_compiler``). On a CPU ``auto`` never waits for a
+    compilation it would not pay back: for a model whose matrices stream from memory (``weight_bytes
+    ≥ STREAM_MIN_BYTES``; a smaller step gains nothing) it runs the compiled one-row step where the
+    compile cache already ``kept`` it for this model and machine (loaded in milliseconds), compiles
+    it for a generation of ``PAYBACK_TOKENS`` or more, and otherwise decodes layer by layer, while
+    ``compiles_for_later`` says whether the caller should compile the step into the cache in the
+    background for later processes (``gptlab compile``). On CUDA the question is whether
     to capture the static path's CUDA graphs: ``auto`` does for a long-lived session or from
     ``CUDA_PAYBACK_TOKENS`` planned tokens. Other devices run layer by layer.
     """
@@ -227,14 +232,27 @@ def decode_compile_pays(
         return True, "--compile on"
     if weight_bytes < STREAM_MIN_BYTES:
         return False, f"a small model ({weight_bytes / 2**20:.0f} MiB of matrices): nothing to gain"
-    if planned_tokens is None:
-        return False, (
-            "a session of unknown length: its first request would wait a minute or more for the "
-            "compilation (--compile on compiles it)"
-        )
-    if planned_tokens < PAYBACK_TOKENS:
-        return False, f"{planned_tokens} tokens do not pay back a compilation (from {PAYBACK_TOKENS})"
-    return True, "a large model and a long generation: the compiled step pays back its compilation"
+    if kept:
+        return True, "its compiled step is kept for this model and machine"
+    if planned_tokens is not None and planned_tokens >= PAYBACK_TOKENS:
+        return True, f"a long generation ({planned_tokens} tokens) pays back waiting for the compilation"
+    later = "; the compile cache does not hold it yet" if kept is False else " (--compile on compiles it)"
+    return False, f"not compiled here, where the first token would wait a minute or more{later}"
+
+
+def compiles_for_later(facts: ModelFacts, settings: DecodeSettings) -> bool:
+    """Whether the caller should compile the one-row step into the compile cache in the background
+    (``gptlab compile``, a process of its own) for later processes: ``auto`` on a CPU with a
+    compiler, a model large enough to gain, a cache that does not hold the step yet, and a generation
+    that does not compile it here (``decode_compile_pays``)."""
+    return (
+        settings.compile == "auto"
+        and not (settings.planned_tokens is not None and settings.planned_tokens >= PAYBACK_TOKENS)
+        and facts.device == "cpu"
+        and facts.compiler
+        and facts.matrix_bytes >= STREAM_MIN_BYTES
+        and facts.kept_step is False
+    )
 
 
 def frozen_batches_pay(
@@ -281,6 +299,7 @@ def _compile_asked(facts: ModelFacts, settings: DecodeSettings) -> tuple[bool, s
         facts.matrix_bytes,
         settings.planned_tokens,
         facts.no_compiler,
+        facts.kept_step,
     )
 
 
@@ -342,8 +361,10 @@ ONE_ROW = {
 }
 
 
-def fused_how(settings: DecodeSettings) -> str:
-    """How the one-row step comes to be: waited for or in the background, stored or not."""
+def fused_how(settings: DecodeSettings, kept: bool | None = None) -> str:
+    """How the one-row step comes to be: loaded, or compiled (waited for or in the background, stored or not)."""
+    if kept:
+        return f"loaded from {settings.compile_cache}"
     when = "the first step waits for it" if settings.compile_wait else "eager until it is ready"
     where = f"kept in {settings.compile_cache}" if settings.compile_cache else "compiled in this process"
     return f"{where}, {when}"
@@ -382,7 +403,7 @@ def plan_decoding(
     if config is not None and config.constrained and blocker is None:
         reason += f"; a {config.constraints()[0]} masks the tokens in the per-request sampler"
     if fused:
-        reason += "; " + fused_how(settings)
+        reason += "; " + fused_how(settings, facts.kept_step)
     if compiled and facts.device == "cpu" and batch == 1 and not float_cache:
         reason += "; an int8 cache dequantises on reads: layer by layer"
     step = "fused" if fused else "layers"

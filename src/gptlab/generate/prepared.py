@@ -77,7 +77,7 @@ from gptlab.generate.plan import DecodePlan, Decoder, DecodeSettings, ModelFacts
 from gptlab.generate.prefix_cache import PrefixCache
 from gptlab.generate.session import BatchSession
 from gptlab.generate.static import FrozenSteps, StaticSession
-from gptlab.model.kvcache import KVStore, KVView
+from gptlab.model.kvcache import KVStore, KVView, default_cache_dtype
 
 #: the model attribute that holds its engine
 ATTRIBUTE = "decode_engine"
@@ -94,6 +94,7 @@ class PreparedDecoding:
         self._one_token: Compiled | None = None
         #: the static session later requests reuse while it is free and large enough
         self.static: StaticSession | None = None
+        self._folders: dict[torch.dtype, Path] = {}
 
     def __deepcopy__(self, memo: dict[int, object]) -> None:
         """A copied model starts without an engine (its compiled steps would point at the original)."""
@@ -107,11 +108,33 @@ class PreparedDecoding:
         cache_dtype: torch.dtype | None = None,
         want_probs: bool = False,
     ) -> DecodePlan:
-        """How a decode of ``batch`` sequences runs now (``plan_decoding`` over this model's facts)."""
+        """How a decode of ``batch`` sequences runs now (``plan_decoding`` over this model's facts,
+        with whether the compile cache holds its one-row step for this cache dtype)."""
         facts = ModelFacts.of(self.model)
+        if self.settings.compile_cache is not None and facts.device == "cpu" and batch == 1:
+            facts = dataclasses.replace(facts, kept_step=self.step_kept(cache_dtype))
         return plan_decoding(
             facts, self.settings, batch, config=config, cache_dtype=cache_dtype, want_probs=want_probs
         )
+
+    def step_folder(self, cache_dtype: torch.dtype | None = None) -> Path | None:
+        """Where the compile cache keeps this model's one-row step over a cache of ``cache_dtype``
+        (None: the default, ``default_cache_dtype``); None without a compile cache or for an int8 cache."""
+        if self.settings.compile_cache is None:
+            return None
+        dtype = cache_dtype or default_cache_dtype(self.model.dtype, self.model.device)
+        if not dtype.is_floating_point:
+            return None
+        if dtype not in self._folders:  # the key hashes the model's tensors' layout: once per dtype
+            store = StoredStep(Path(self.settings.compile_cache))
+            self._folders[dtype] = store.folder(store.key(self.model, dtype))
+        return self._folders[dtype]
+
+    def step_kept(self, cache_dtype: torch.dtype | None = None) -> bool:
+        """Whether the compile cache holds this model's one-row step (``step_folder``): a record
+        beside a package; ``StoredStep.load`` verifies them when the step first runs."""
+        folder = self.step_folder(cache_dtype)
+        return folder is not None and (folder / RECORD).is_file() and (folder / PACKAGE).is_file()
 
     @property
     def one_token(self) -> Compiled:
@@ -470,7 +493,9 @@ class StoredStep:
             "values": [{2: capacity}] * layers,
             "span": {0: end},
         }
-        with torch.inference_mode():
+        with torch.inference_mode(), warnings.catch_warnings():
+            # torch's export deprecating its own internals (LeafSpec) is not the user's business
+            warnings.filterwarnings("ignore", category=FutureWarning, module=r"torch\.|copyreg")
             program = torch.export.export(twin, examples, dynamic_shapes=shapes, strict=False)
         folder.mkdir(parents=True, exist_ok=True)
         built = folder / f".{PACKAGE}.{os.getpid()}.{uuid.uuid4().hex}.pt2"
