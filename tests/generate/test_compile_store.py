@@ -239,3 +239,44 @@ def test_auto_plans_the_compiled_step_once_the_cache_holds_it(tmp_path, monkeypa
     assert engine.step_folder(torch.int8) is None  # an int8 cache has no one-row step
     (folder / PACKAGE).unlink()
     assert not engine.step_kept() and engine.plan(1).step == "layers"
+
+
+def test_a_session_of_several_rows_runs_a_lone_row_through_the_kept_step(tmp_path, monkeypatch):
+    """The server's session (several rows): a step that feeds one row goes through the one-row step
+    once the compile cache keeps it, on that row's own cache rows; its logits are the layer-by-layer
+    ones. Steps of several rows, and any step before the step is kept, run layer by layer."""
+    monkeypatch.setattr("gptlab.generate.plan.STREAM_MIN_BYTES", 0)
+    monkeypatch.setattr("gptlab.generate.plan.compile_blocker", lambda device: None)
+    model = _model()
+    engine = prepare_decoding(model, compile="auto", compile_cache=tmp_path)
+    calls: list[int] = []
+
+    def one_row(m, idx, pos, keys, values, end):
+        calls.append(keys[0].size(0))
+        return decode_one_token(m, idx, pos, keys, values, end)  # the step's own code, run eagerly
+
+    engine._one_token = one_row  # type: ignore[assignment]  # (stands in for the loaded package)
+    # the rows end together: a shorter prompt starts later in its row, which the one-row step (its
+    # attention reads from position 0) does not take, so slot 2, which starts at 0, is the lone one
+    prompts = [[3, 1, 4, 1], [2, 7, 1], [6, 6, 2, 9, 5]]
+
+    def run(session) -> list[torch.Tensor]:
+        out = [logits for _, logits in session.add_many(prompts)]
+        out += session.step({0: 1, 1: 2, 2: 3}).values()
+        session.remove(0)
+        session.remove(1)
+        for t in (4, 5, 6):  # slot 2 alone
+            out.append(session.step({2: t})[2])
+        return out
+
+    assert not engine.plan(3).lone_rows
+    run(engine.dynamic_session(engine.plan(3), 3))
+    assert calls == []  # not kept: layer by layer
+    _store_a_fake(StoredStep(tmp_path), model)
+    assert engine.plan(3).lone_rows and "(a lone row: one compiled graph per token" in str(engine.plan(3))
+    fused = run(engine.dynamic_session(engine.plan(3), 3))
+    assert calls == [1, 1, 1]  # the three lone steps, each on one row
+    prepare_decoding(model, compile="off")
+    layers = run(prepared_of(model).dynamic_session(prepared_of(model).plan(3), 3))
+    for a, b in zip(fused, layers, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)

@@ -34,6 +34,7 @@ positions come from a table (the window past the context depends on it), the dev
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -161,13 +162,15 @@ class DecodePlan:
     why: str
     draft: str = "none"  # "none" | "prompt-lookup" (gptlab.generate.lookup)
     route: str = "rows"  # a key of ROUTES
+    lone_rows: bool = False  # several rows, dynamic: a step that feeds one row alone runs the "fused" step
 
     def __str__(self) -> str:
         drafts = ", prompt-lookup drafts" if self.draft == "prompt-lookup" else ""
         route = f", {ROUTES[self.route]}" if self.route != "rows" else ""
+        lone = f" (a lone row: {STEPS['fused']})" if self.lone_rows else ""
         return (
             f"decode plan ({self.device}, batch {self.batch}): {self.session} cache, "
-            f"{STEPS[self.step]}, {self.sampler} sampler{drafts}{route} ({self.why})"
+            f"{STEPS[self.step]}{lone}, {self.sampler} sampler{drafts}{route} ({self.why})"
         )
 
 
@@ -385,7 +388,8 @@ def plan_decoding(
         why = "beam search keeps its own dynamic session" if route == "beam" else "an encoder–decoder"
         return DecodePlan(facts.device, batch, "dynamic", "layers", "per-request", why, route=route)
     decide = _compile_default if settings.compile is None else _compile_asked
-    compiled, why = decide(facts, settings)
+    # a kept one-row step decides for one row (batches: the frozen and CUDA steps weigh their own)
+    compiled, why = decide(facts if batch == 1 else dataclasses.replace(facts, kept_step=None), settings)
     if settings.static is False:
         static, static_why = False, "static cache off (static=False: --static off)"
     elif settings.static:
@@ -409,6 +413,16 @@ def plan_decoding(
     step = "fused" if fused else "layers"
     if step == "layers" and facts.device == "cpu" and batch == 1:
         reason += "; " + ONE_ROW[facts.one_row]
+    # several rows: a step that feeds one of them alone runs the kept one-row step (nothing waits)
+    lone = (
+        batch > 1
+        and bool(facts.kept_step)
+        and facts.device == "cpu"
+        and float_cache
+        and decide(facts, settings)[0]
+    )
+    if lone:
+        reason += f"; a step of one row: {STEPS['fused']}, {fused_how(settings, True)}"
     return DecodePlan(
         facts.device,
         batch,
@@ -417,6 +431,7 @@ def plan_decoding(
         "per-request",
         reason,
         _draft(config, batch, step, facts.activations),
+        lone_rows=lone,
     )
 
 

@@ -111,7 +111,7 @@ class PreparedDecoding:
         """How a decode of ``batch`` sequences runs now (``plan_decoding`` over this model's facts,
         with whether the compile cache holds its one-row step for this cache dtype)."""
         facts = ModelFacts.of(self.model)
-        if self.settings.compile_cache is not None and facts.device == "cpu" and batch == 1:
+        if self.settings.compile_cache is not None and facts.device == "cpu":
             facts = dataclasses.replace(facts, kept_step=self.step_kept(cache_dtype))
         return plan_decoding(
             facts, self.settings, batch, config=config, cache_dtype=cache_dtype, want_probs=want_probs
@@ -185,8 +185,9 @@ class PreparedDecoding:
         prefix_cache: PrefixCache | None = None,
     ) -> BatchSession:
         """A ``BatchSession`` that runs ``plan``'s step (the fused one-row step, or layer by layer),
-        reading and filling ``prefix_cache`` if given (only the dynamic cache uses one)."""
-        one_token = self.one_token if plan.step == "fused" else None
+        reading and filling ``prefix_cache`` if given (only the dynamic cache uses one), and, where the
+        plan says ``lone_rows``, a step that feeds one row of several through the one-row step."""
+        one_token = self.one_token if plan.step == "fused" or plan.lone_rows else None
         return BatchSession(
             self.model,
             max_batch,
@@ -493,9 +494,7 @@ class StoredStep:
             "values": [{2: capacity}] * layers,
             "span": {0: end},
         }
-        with torch.inference_mode(), warnings.catch_warnings():
-            # torch's export deprecating its own internals (LeafSpec) is not the user's business
-            warnings.filterwarnings("ignore", category=FutureWarning, module=r"torch\.|copyreg")
+        with torch.inference_mode():
             program = torch.export.export(twin, examples, dynamic_shapes=shapes, strict=False)
         folder.mkdir(parents=True, exist_ok=True)
         built = folder / f".{PACKAGE}.{os.getpid()}.{uuid.uuid4().hex}.pt2"
@@ -510,7 +509,11 @@ class StoredStep:
                 "aot_inductor.package_constants_in_so": False,
                 "always_keep_tensor_constants": True,
             }
-            aoti_compile_and_package(program, package_path=str(built), inductor_configs=options)
+            with warnings.catch_warnings():
+                # torch deprecating its own internals while it copies the program (LeafSpec) is
+                # not the user's business
+                warnings.filterwarnings("ignore", category=FutureWarning, module="copyreg")
+                aoti_compile_and_package(program, package_path=str(built), inductor_configs=options)
             digest = _sha256(built)
             atomic_write(folder / PACKAGE, lambda tmp: os.replace(built, tmp))
         finally:

@@ -80,8 +80,9 @@ class BatchSession:
         one_token: Compiled | None = None,
         prefix_cache: PrefixCache | None = None,
     ) -> None:
-        """``one_token``: a compiled ``fused_step.decode_one_token`` to run each step of a session of one
-        row with a float cache (the model's ``PreparedDecoding`` gives it when the plan says ``fused``).
+        """``one_token``: a compiled ``fused_step.decode_one_token`` to run each step that feeds one row
+        (from position 0) of a float cache: the model's ``PreparedDecoding`` gives it where the plan of
+        one row says ``fused`` (a session of several rows: only once the compile cache keeps the step).
         ``prefix_cache``: where prompts find the keys and values of a prefix seen before, and where
         prompts and freed rows leave theirs (``gptlab.generate.prefix_cache``)."""
         config = model.config
@@ -103,8 +104,9 @@ class BatchSession:
                 make_store(max_batch, n_kv, self.start_capacity, config.head_dim, dtype, device)
                 for _ in range(config.n_layer)
             ]
-        #: the compiled one-row step this session runs (the plan's "fused": one row, a float cache, a
-        #: CPU), or None (layer by layer); given by ``PreparedDecoding``, never re-decided here
+        #: the compiled one-row step this session runs for a step of one row (the plan's "fused": one
+        #: row, a float cache, a CPU), or None (layer by layer); given by ``PreparedDecoding``, never
+        #: re-decided here
         self.one_token = one_token
         #: what ``GPT.run`` takes as ``cache``: one view per layer, aimed by ``_run`` before each pass
         self.layers = [KVView(s) for s in self.stores]
@@ -324,8 +326,9 @@ class BatchSession:
             pos = (end_t - start_t)[:, None]  # (n, 1)
             j = torch.arange(max(ends) + 1, device=device)
             mask = ((j[None, :] >= start_t[:, None]) & (j[None, :] <= end_t[:, None]))[:, None, None, :]
-        if self.one_token is not None:  # a session of one row: slot 0, no mask
-            keys, values = [st.k for st in self.stores], [st.v for st in self.stores]
+        if self.one_token is not None and len(slots) == 1 and not starts[0]:  # one row, unmasked
+            row = slice(slots[0], slots[0] + 1)
+            keys, values = [st.k[row] for st in self.stores], [st.v[row] for st in self.stores]
             logits = self.one_token(self.model, idx, pos, keys, values, ends[0] + 1)
         else:
             logits = self._run(idx, pos, mask, _rows(slots), write, max(ends) + 1)
