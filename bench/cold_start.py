@@ -19,6 +19,11 @@ spawned (warm page cache: one unmeasured run of each first):
 * ``prefill_first_s`` / ``prefill_second_s``: a 505-token prefill (and one token), twice in one
   process after ``gptlab.load``; their ratio is the first-call penalty.
 
+The commands run under ``--compile auto`` with no background compilation. By default their compile
+cache is ``none``: the start of a machine that has not compiled the one-row step, decoding layer by
+layer. With ``--kept-step`` each source's step is compiled first into a temporary compile cache
+(``gptlab compile``, unmeasured) and every command loads it: the start of every later process.
+
 ``*_over_floor_s`` are the same figures less ``import_torch_s``; ``cpu_s`` the CPU seconds (user and
 system, every thread) the measured process had used at the same moments, which a busy machine
 distorts less than wall time (with ``--threads 1``: no spinning threads either). ``loadavg`` (before, after) says how
@@ -49,7 +54,8 @@ GPTLAB = [sys.executable, "-m", "gptlab"]
 
 
 def _env(threads: int | None) -> dict[str, str]:
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    # no command starts a background compilation (it would take the cores from the next figure)
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "GPTLAB_BACKGROUND_COMPILE": "0"}
     if threads:
         env["OMP_NUM_THREADS"] = str(threads)
     return env
@@ -105,15 +111,17 @@ def until_output(
 
 #: ``--weights-cache`` of every command (``main`` sets a temporary folder: a GGUF file's kept conversion)
 STORE = ["--weights-cache", "none"]
+#: ``--compile-cache`` of every command (``main`` sets a temporary folder with ``--kept-step``)
+COMPILED = ["--compile-cache", "none"]
 
 
 def sample(src: str, env: dict[str, str], store: list[str] | None = None) -> float:
     cmd = [*GPTLAB, "sample", src, "--prompt", PROMPT, "--max-new-tokens", "8", "--temperature", "0"]
-    return until_output([*cmd, *(store or STORE)], env, after=len(PROMPT.encode()))[0]
+    return until_output([*cmd, *(store or STORE), *COMPILED], env, after=len(PROMPT.encode()))[0]
 
 
 def chat(src: str, env: dict[str, str]) -> tuple[float, float]:
-    cmd = [*GPTLAB, "chat", src, "--max-new-tokens", "16", *STORE]
+    cmd = [*GPTLAB, "chat", src, "--max-new-tokens", "16", *STORE, *COMPILED]
     return until_output(cmd, env, 0, f"{QUESTION}\n/exit\n")
 
 
@@ -124,7 +132,7 @@ def serve(src: str, env: dict[str, str]) -> tuple[float, float]:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     start = time.perf_counter()
-    cmd = [*GPTLAB, "serve", src, "--port", str(port), "--max-batch", "1", *STORE]
+    cmd = [*GPTLAB, "serve", src, "--port", str(port), "--max-batch", "1", *STORE, *COMPILED]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
     try:
         wait_healthy(url, proc, timeout=600)
@@ -178,10 +186,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--demo", help="the demo model's run directory or checkpoint, if one is at hand")
     p.add_argument("--threads", type=int, help="OMP_NUM_THREADS for every process (default: torch's choice)")
     p.add_argument("--skip", default="", help="comma-separated parts to leave out: chat, serve, prefill")
+    p.add_argument(
+        "--kept-step",
+        action="store_true",
+        help="compile each source's one-row step first (gptlab compile) and load it in every command",
+    )
     args = p.parse_args(argv)
     env = _env(args.threads)
     skip = set(filter(None, args.skip.split(",")))
     load_before = os.getloadavg()
+    kept: dict[str, object] = {}  # each source's step kept (True), or why not
     with tempfile.TemporaryDirectory() as tmp:
         STORE[1] = str(Path(tmp) / "weights")  # kept conversions: made by the unmeasured first runs
         ckpt = args.checkpoint
@@ -194,6 +208,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 stdout=subprocess.DEVNULL,
             )
         sources = {"gguf": args.source, "checkpoint": ckpt, **({"demo": args.demo} if args.demo else {})}
+        if args.kept_step:
+            COMPILED[1] = str(Path(tmp) / "compiled")
+            for name, src in (("gguf", args.source), ("checkpoint", ckpt)):  # what the commands load
+                cmd = [*GPTLAB, "compile", src, "--compile-cache", COMPILED[1], *STORE]
+                done = subprocess.run(cmd, env=env, capture_output=True, text=True)
+                # (a step that cannot be kept, e.g. bf16 through oneDNN's prepacked copies, runs layer by layer)
+                kept[name] = done.returncode == 0 or done.stderr.strip().splitlines()[-1:]
         for src in sources.values():  # warm the page cache (and inductor's), unmeasured
             sample(src, env)
         runs: dict[str, list[float]] = {}
@@ -224,7 +245,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 first_fill, second_fill = prefill(args.source, auto_weights(), env)
                 runs.setdefault("prefill_first_s", []).append(first_fill)
                 runs.setdefault("prefill_second_s", []).append(second_fill)
-    result: dict[str, Any] = {"bench": "cold_start", "rounds": args.rounds, "weights": auto_weights()}
+    result: dict[str, Any] = {
+        "bench": "cold_start",
+        "rounds": args.rounds,
+        "weights": auto_weights(),
+        "kept_step": kept if args.kept_step else False,
+    }
     result.update({name: median(values) for name, values in runs.items()})
     floor = result["import_torch_s"]
     for name in list(result):

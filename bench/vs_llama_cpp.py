@@ -2,6 +2,7 @@
 
     python bench/vs_llama_cpp.py                          # SmolLM2-135M-Instruct, every weight format, 2 rounds
     python bench/vs_llama_cpp.py --formats q4_1 --rounds 3 --new-tokens 64
+    python bench/vs_llama_cpp.py --compile-cache DIR      # gptlab's kept compiled step (compiled first)
 
 llama.cpp is npm's ``node-llama-cpp`` at the version ``make llama-cpp`` installs (its prebuilt CPU
 binary), driven by ``tools/llama_cpp/bench.mjs``. Both engines read the *same* file and the *same*
@@ -20,6 +21,9 @@ Per engine and round (fresh process):
     decode_tps    steady greedy decode after a 6-token prompt, tokens per second
     rss_mb        resident memory after decoding; max_rss_mb the process's peak
     greedy_tokens_agreeing   how many of the decoded tokens the two engines agree on, from the first
+With ``--compile-cache DIR`` each format's one-row step is compiled into DIR first (``gptlab compile``,
+once, outside the rounds: ``compile_s``), and gptlab's processes load it there, as a command under
+``--compile auto`` does once the step is kept.
 The line printed holds each figure's median over the rounds and gptlab ÷ llama.cpp (for decode
 llama.cpp ÷ gptlab is not used: every ratio is "gptlab's figure over llama.cpp's").
 """
@@ -100,7 +104,7 @@ def run_llama(job: dict) -> dict:
     }
 
 
-def run_gptlab(job: dict, weights: str, compile_mode: str) -> dict:
+def run_gptlab(job: dict, weights: str, compile_mode: str, cache: Path | None) -> dict:
     started = time.time()
     cmd = [
         sys.executable,
@@ -111,6 +115,7 @@ def run_gptlab(job: dict, weights: str, compile_mode: str) -> dict:
         weights,
         "--compile",
         compile_mode,
+        *(["--compile-cache", str(cache)] if cache else []),
     ]
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
     done = subprocess.run(cmd, capture_output=True, text=True, check=True, env=env)
@@ -119,7 +124,17 @@ def run_gptlab(job: dict, weights: str, compile_mode: str) -> dict:
     return out
 
 
-def worker(job: dict, weights: str, compile_mode: str) -> None:
+def keep_step(job: dict, cache: Path) -> float:
+    """``gptlab compile`` of the job's file into ``cache`` (what its gptlab rounds load) → seconds."""
+    started = time.time()
+    cmd = [sys.executable, "-m", "gptlab", "compile", job["model"], "--compile-cache", str(cache)]
+    cmd += ["--threads", str(job["threads"]), "--weights-cache", "none", "--dtype", job["dtype"]]
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    subprocess.run(cmd, capture_output=True, text=True, check=True, env=env)
+    return time.time() - started
+
+
+def worker(job: dict, weights: str, compile_mode: str, cache: str | None = None) -> None:
     """One gptlab process: load the file, then the same measurements as ``bench.mjs``."""
     import torch
 
@@ -130,7 +145,7 @@ def worker(job: dict, weights: str, compile_mode: str) -> None:
     model, _ = gptlab.load(job["model"])  # a GGUF file's weights as it ships them (Q4 → int4, Q8_0 → int8)
     if getattr(model, "quantization", "fp32") != weights:
         raise SystemExit(f"error: {job['model']} loaded as {model.quantization}, not {weights}")
-    prepare_decoding(model, compile=compile_mode)
+    engine = prepare_decoding(model, compile=compile_mode, compile_cache=cache)
     loaded_at = time.time()
 
     generated: list[int] = []
@@ -149,6 +164,8 @@ def worker(job: dict, weights: str, compile_mode: str) -> None:
     decode = statistics.median(
         (n - 1) / (timed(job["decode_ids"], n) - timed(job["decode_ids"], 1)) for _ in range(3)
     )
+    if cache and engine.plan(1).step == "fused" and engine.one_token.source != "loaded":
+        raise SystemExit(f"error: the kept step in {cache} was not what ran: {engine.ran()}")
     rss = int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
     print(
         json.dumps(
@@ -178,11 +195,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--work", type=Path, default=ROOT / ".cache" / "vs-llama-cpp", help="where the GGUF files go"
     )
+    p.add_argument(
+        "--compile-cache",
+        type=Path,
+        help="keep gptlab's compiled one-row steps here (compiled first), and load them in the rounds",
+    )
     p.add_argument("--worker", help=argparse.SUPPRESS)
     p.add_argument("--weights", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.worker:
-        worker(json.loads(args.worker), args.weights, args.compile)
+        worker(
+            json.loads(args.worker),
+            args.weights,
+            args.compile,
+            args.compile_cache and str(args.compile_cache),
+        )
         return 0
     if not (LLAMA_DIR / "bench.mjs").exists():
         raise SystemExit("error: llama.cpp is not installed: run `make llama-cpp` first")
@@ -205,11 +232,14 @@ def main(argv: list[str] | None = None) -> int:
             "prefill_ids": prefill_ids,
             "decode_ids": decode_ids,
             "new_tokens": args.new_tokens,
+            # what `gptlab compile` loads it as: the worker's weights (float32 for F32, the file's own else)
+            "dtype": "fp32" if PAIRS[fmt] == "fp32" else "auto",
         }
+        compile_s = None if args.compile_cache is None else round(keep_step(job, args.compile_cache), 1)
         rows: dict[str, list[dict]] = {"llama_cpp": [], "gptlab": []}
         for _ in range(args.rounds):
             rows["llama_cpp"].append(run_llama(job))
-            rows["gptlab"].append(run_gptlab(job, PAIRS[fmt], args.compile))
+            rows["gptlab"].append(run_gptlab(job, PAIRS[fmt], args.compile, args.compile_cache))
         ours, theirs = rows["gptlab"][0].pop("generated"), rows["llama_cpp"][0].pop("generated")
         agree = next((i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b), min(len(ours), len(theirs)))
         medians = {
@@ -222,6 +252,7 @@ def main(argv: list[str] | None = None) -> int:
             **medians,
             "gptlab_over_llama_cpp": ratios,
             "greedy_tokens_agreeing": f"{agree}/{len(theirs)}",
+            **({} if compile_s is None else {"compile_s": compile_s}),
         }
     import torch
 

@@ -1,5 +1,5 @@
 """``python -m gptlab`` (and ``torchrun -m gptlab``) runs the CLI."""
 
-from gptlab.cli import main
+from gptlab.cli import entry
 
-raise SystemExit(main())
+raise SystemExit(entry())

@@ -25,3 +25,9 @@ def test_a_command_that_fails_is_an_error_with_its_stderr():
     code = "import sys; sys.stderr.write('boom'); sys.exit(3)"
     with pytest.raises(RuntimeError, match="boom"):
         cold_start.until_output([sys.executable, "-c", code], dict(os.environ), after=0)
+
+
+def test_no_measured_command_starts_a_background_compilation():
+    """A background ``gptlab compile`` would take the cores from the figures measured after it."""
+    assert cold_start._env(None)["GPTLAB_BACKGROUND_COMPILE"] == "0"
+    assert cold_start.COMPILED[0] == "--compile-cache"  # every command names its compile cache

@@ -104,6 +104,9 @@ def test_a_failed_compilation_is_not_tried_again_and_off_starts_nothing(
     assert _sample(ckpt, store) == 0
     assert len(started) == 1  # not again
     assert "an earlier try failed (export: an op it cannot take" in capsys.readouterr().err
+    (folder / background.FAILED).write_text("{not json")
+    assert _sample(ckpt, store) == 0
+    assert len(started) == 1 and "its record is unreadable" in capsys.readouterr().err
 
 
 def test_the_background_compile_records_why_it_failed(ckpt, tmp_path, monkeypatch, capsys):

@@ -8,7 +8,7 @@ import gc
 import pytest
 
 import gptlab
-from gptlab.cli import main
+from gptlab.cli import main, startup
 from gptlab.tokenizers import CharTokenizer
 
 
@@ -80,3 +80,24 @@ def test_the_collector_is_left_as_the_caller_had_it_after_an_error(tmp_path, cap
     assert main(["sample", str(tmp_path / "missing"), "--prompt", "a"]) == 2
     assert capsys.readouterr().err.startswith("error:")
     assert gc.isenabled() is enabled and gc.get_freeze_count() == 0
+
+
+def test_the_gptlab_command_ends_with_what_its_start_built_still_frozen(ckpt, capsys, collector):
+    """``gptlab`` and ``python -m gptlab`` run ``entry``: the process ends with the command, so the
+    frozen objects stay frozen and the interpreter's last collection skips them; ``main`` called in a
+    process that goes on gives them back."""
+    import tomllib
+    from pathlib import Path
+
+    from gptlab.cli import entry
+
+    argv = ["sample", str(ckpt), "--prompt", "abc", "--max-new-tokens", "2"]
+    assert main(argv, exiting=True) == 0
+    assert gc.isenabled() and gc.get_freeze_count() > 0
+    startup.resume()  # (this process goes on: give them back)
+    assert gc.get_freeze_count() == 0
+    root = Path(__file__).resolve().parents[2]
+    scripts = tomllib.loads((root / "pyproject.toml").read_text())["project"]["scripts"]
+    assert scripts["gptlab"] == "gptlab.cli:entry"
+    assert "SystemExit(entry())" in (root / "src" / "gptlab" / "__main__.py").read_text()
+    assert entry.__module__ == "gptlab.cli"

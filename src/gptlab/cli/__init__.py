@@ -117,12 +117,19 @@ def _said_once() -> None:
         time.sleep(RANK_GRACE_S)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, *, exiting: bool = False) -> int:
+    """Run the command ``argv`` (default: ``sys.argv[1:]``) → its exit status. ``exiting``: the process
+    ends when this returns (``entry``), so what the start froze stays frozen (``gptlab.cli.startup``)."""
     startup.pause()  # until the command's model is loaded (gptlab.cli.startup)
     try:
         return _run(argv)
     finally:
-        startup.resume()
+        startup.resume(keep_frozen=exiting)
+
+
+def entry() -> int:
+    """The ``gptlab`` command and ``python -m gptlab``: ``main`` in a process that ends with it."""
+    return main(exiting=True)
 
 
 def _run(argv: Sequence[str] | None) -> int:

@@ -41,7 +41,10 @@ def compile_later(engine: PreparedDecoding, later: Later) -> str:
     assert folder is not None and engine.settings.compile_cache is not None
     failed = folder / FAILED
     if failed.is_file():
-        why = json.loads(failed.read_text()).get("why", "")
+        try:
+            why = str(json.loads(failed.read_text()).get("why", ""))
+        except (OSError, ValueError, AttributeError):
+            why = "its record is unreadable"
         return f"not compiled for later processes: an earlier try failed ({why}; delete {failed} to retry)"
     folder.mkdir(parents=True, exist_ok=True)
     claim = _claim(folder / BUILDING)

@@ -8,7 +8,7 @@ The compiled step is keyed by what its code depends on (torch, the CPU kind, the
 model's layout, gptlab's source: ``gptlab.generate.prepared``), so it is compiled with the weight
 format and thread count the later command will use. Under ``--compile auto`` a command whose compile
 cache lacks the step decodes layer by layer and starts this command once, detached and at the lowest
-CPU priority (``compile_later``): its output goes to ``compile.log`` in the step's folder, a
+CPU priority (``gptlab.cli.background``): its output goes to ``compile.log`` in the step's folder, a
 ``building.json`` there names the process so that no second one starts while it runs, and a
 ``failed.json`` records a step that cannot be compiled or kept, so that no later command tries again
 (delete it to retry). The next command loads the step and decodes compiled from its first token.
