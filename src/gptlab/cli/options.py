@@ -4,7 +4,6 @@ what ``--dtype auto`` means."""
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
 import sys
 from collections.abc import Mapping
@@ -218,7 +217,7 @@ def prepare_decode(
     compile cache by a background ``gptlab compile`` for later processes (``gptlab.cli.compile``).
     """
     from gptlab.generate import prepare_decoding
-    from gptlab.generate.plan import COMPILED_STEPS, ModelFacts, compiles_for_later
+    from gptlab.generate.plan import COMPILED_STEPS, compiles_for_later
 
     if requested == "on" and not_for is not None:
         sys.stderr.write(f"compile: off (the compiled step decodes one sequence, not {not_for})\n")
@@ -235,8 +234,7 @@ def prepare_decode(
     on = one.step in COMPILED_STEPS
     why = batches.why if one.device == "cpu" and on and asked == "on" else one.why
     if later is not None and one.step == "layers" and not_for is None:
-        facts = dataclasses.replace(ModelFacts.of(model), kept_step=engine.step_kept())
-        if compiles_for_later(facts, engine.settings):
+        if compiles_for_later(engine.facts(), engine.settings):
             from gptlab.cli.background import compile_later
 
             why += "; " + compile_later(engine, later)

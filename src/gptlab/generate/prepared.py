@@ -110,12 +110,21 @@ class PreparedDecoding:
     ) -> DecodePlan:
         """How a decode of ``batch`` sequences runs now (``plan_decoding`` over this model's facts,
         with whether the compile cache holds its one-row step for this cache dtype)."""
+        return plan_decoding(
+            self.facts(cache_dtype),
+            self.settings,
+            batch,
+            config=config,
+            cache_dtype=cache_dtype,
+            want_probs=want_probs,
+        )
+
+    def facts(self, cache_dtype: torch.dtype | None = None) -> ModelFacts:
+        """``ModelFacts.of`` the model, with whether the compile cache keeps its one-row step."""
         facts = ModelFacts.of(self.model)
         if self.settings.compile_cache is not None and facts.device == "cpu":
             facts = dataclasses.replace(facts, kept_step=self.step_kept(cache_dtype))
-        return plan_decoding(
-            facts, self.settings, batch, config=config, cache_dtype=cache_dtype, want_probs=want_probs
-        )
+        return facts
 
     def step_folder(self, cache_dtype: torch.dtype | None = None) -> Path | None:
         """Where the compile cache keeps this model's one-row step over a cache of ``cache_dtype``
