@@ -147,3 +147,14 @@ def test_what_gptlab_compile_keeps_the_next_command_loads(ckpt, tmp_path, as_lar
     assert "compile: on (its compiled step is kept for this model and machine" in err
     assert "one-row step ran: compiled 5 (loaded from" in err  # every step through the loaded package
     assert out == eager  # greedy: the same text
+
+
+def test_a_compile_cache_that_cannot_be_written_costs_a_note_never_the_command(
+    ckpt, tmp_path, as_large, started, capsys
+):
+    blocked = tmp_path / "a-file"
+    blocked.write_text("not a folder")
+    assert _sample(ckpt, blocked / "compiled") == 0  # (no folder can be made under a file)
+    out, err = capsys.readouterr()
+    assert out.startswith("abc") and started == []
+    assert "not compiled for later processes: NotADirectoryError" in err

@@ -34,7 +34,15 @@ class Later:
 
 def compile_later(engine: PreparedDecoding, later: Later) -> str:
     """Start ``gptlab compile`` for ``engine``'s model in the background, unless one is running or
-    failed before → the ``compile:`` line's words for what was done."""
+    failed before → the ``compile:`` line's words for what was done. A compile cache that cannot be
+    written, or a process that cannot be started, costs the words, never the command."""
+    try:
+        return _compile_later(engine, later)
+    except OSError as exc:
+        return f"not compiled for later processes: {type(exc).__name__}: {exc}"
+
+
+def _compile_later(engine: PreparedDecoding, later: Later) -> str:
     import torch
 
     folder = engine.step_folder()
