@@ -26,10 +26,10 @@ from typing import Any
 from gptlab.cli import startup
 from gptlab.cli.background import BUILDING, FAILED
 from gptlab.cli.options import (
+    add_cache_arguments,
     add_model_argument,
     add_weights_argument,
     cache_dir,
-    default_cache,
     weights_format,
 )
 from gptlab.errors import GptlabError
@@ -51,18 +51,7 @@ def register(subparsers: Any) -> None:
         type=int,
         help="torch threads of the commands that will load it (default: torch's choice)",
     )
-    p.add_argument(
-        "--compile-cache",
-        default=default_cache("compiled"),
-        metavar="DIR",
-        help="where the step is kept (default $XDG_CACHE_HOME/gptlab/compiled, else ~/.cache/gptlab/compiled)",
-    )
-    p.add_argument(
-        "--weights-cache",
-        default=default_cache("weights"),
-        metavar="DIR",
-        help="where a GGUF file's converted weights are kept ('none': convert at every start)",
-    )
+    add_cache_arguments(p)
     p.add_argument(
         "--background",
         action="store_true",

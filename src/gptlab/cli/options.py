@@ -128,9 +128,30 @@ def compile_settings(env: Mapping[str, str] = os.environ) -> Toolchain:
     return Toolchain(compile=env.get("GPTLAB_COMPILE", "1") != "0", cxx=env.get("CXX") or None)
 
 
+def add_cache_arguments(p: argparse.ArgumentParser, env: Mapping[str, str] = os.environ) -> None:
+    """``--compile-cache`` and ``--weights-cache``: what a command that loads a model keeps per machine."""
+    p.add_argument(
+        "--compile-cache",
+        default=default_compile_cache(env),
+        metavar="DIR",
+        help="where the compiled decode step is kept, so that a later process loads it instead of "
+        "compiling (default $XDG_CACHE_HOME/gptlab/compiled, else ~/.cache/gptlab/compiled; "
+        "'none': compile in each process)",
+    )
+    p.add_argument(
+        "--weights-cache",
+        default=default_cache("weights", env),
+        metavar="DIR",
+        help="where a GGUF file's weights, once converted into int4/int8 layers, are kept, so that a "
+        "later start reads them instead of converting (default $XDG_CACHE_HOME/gptlab/weights, else "
+        "~/.cache/gptlab/weights; 'none': convert at every start)",
+    )
+
+
 def add_compile_argument(p: argparse.ArgumentParser, env: Mapping[str, str] = os.environ) -> None:
-    """``--compile`` (default ``off`` under ``GPTLAB_COMPILE=0``) and ``--static`` (default ``off``
-    under ``GPTLAB_STATIC=0``): the decode settings of sample, chat and serve."""
+    """``--compile`` (default ``off`` under ``GPTLAB_COMPILE=0``), ``--static`` (default ``off`` under
+    ``GPTLAB_STATIC=0``), ``--background-compile`` and the caches: the decode settings of sample, chat
+    and serve."""
     p.add_argument(
         "--compile",
         choices=["auto", "on", "off"],
@@ -142,14 +163,7 @@ def add_compile_argument(p: argparse.ArgumentParser, env: Mapping[str, str] = os
         "processes in the background: --background-compile); compiled here for a generation of 8,192 "
         "tokens or more. GPTLAB_COMPILE=0 makes off the default and switches every compiled kernel off",
     )
-    p.add_argument(
-        "--compile-cache",
-        default=default_compile_cache(env),
-        metavar="DIR",
-        help="where the compiled decode step is kept, so that a later process loads it instead of "
-        "compiling (default $XDG_CACHE_HOME/gptlab/compiled, else ~/.cache/gptlab/compiled; "
-        "'none': compile in each process)",
-    )
+    add_cache_arguments(p, env)
     p.add_argument(
         "--background-compile",
         choices=["auto", "off"],
@@ -158,14 +172,6 @@ def add_compile_argument(p: argparse.ArgumentParser, env: Mapping[str, str] = os
         "compile it for later processes in a background process at the lowest CPU priority (gptlab "
         "compile); this process decodes layer by layer. off: never (GPTLAB_BACKGROUND_COMPILE=0 makes "
         "off the default)",
-    )
-    p.add_argument(
-        "--weights-cache",
-        default=default_cache("weights", env),
-        metavar="DIR",
-        help="where a GGUF file's weights, once converted into int4/int8 layers, are kept, so that a "
-        "later start reads them instead of converting (default $XDG_CACHE_HOME/gptlab/weights, else "
-        "~/.cache/gptlab/weights; 'none': convert at every start)",
     )
     p.add_argument(
         "--static",
