@@ -8,8 +8,10 @@ for real and then a command that loads what it kept.
 
 from __future__ import annotations
 
+import io
 import json
 import os
+import string
 import subprocess
 import sys
 from pathlib import Path
@@ -158,3 +160,57 @@ def test_a_compile_cache_that_cannot_be_written_costs_a_note_never_the_command(
     out, err = capsys.readouterr()
     assert out.startswith("abc") and started == []
     assert "not compiled for later processes: NotADirectoryError" in err
+
+
+class _Questions(io.StringIO):
+    """Standard input with a question a line; ``between()`` runs before every line after the first
+    (after the answer before it)."""
+
+    def __init__(self, lines: list[str], between) -> None:
+        super().__init__("".join(f"{line}\n" for line in lines))
+        self.asked, self.between = 0, between
+
+    def readline(self, *args) -> str:  # type: ignore[override]
+        if self.asked:
+            self.between()
+        self.asked += 1
+        return super().readline(*args)
+
+
+def test_a_chat_takes_up_the_step_a_background_compile_kept_during_it(
+    tmp_path, tiny_model, as_large, started, monkeypatch, capsys
+):
+    """A chat that began layer by layer (its step compiling in the background) answers through the
+    one-row step from the first question after the step is kept, says so on one line, and gives the
+    answer the layer-by-layer chat gives."""
+    from gptlab.cli import chat
+    from tests._kept import keep_a_recording_step
+
+    engines = []
+
+    def prepare_decode(*args, **kwargs):
+        engines.append(chat_prepare(*args, **kwargs))
+        return engines[-1]
+
+    tok = CharTokenizer.from_text(string.printable, special_tokens=["<|endoftext|>"])  # the template's text
+    model = tiny_model(vocab_size=tok.vocab_size, n_layer=2, n_head=4, n_embd=32, pos="rope", norm="rmsnorm")
+    ckpt = gptlab.save(model, tok, tmp_path / "c")
+    chat_prepare = chat.prepare_decode
+    monkeypatch.setattr(chat, "prepare_decode", prepare_decode)
+    store = tmp_path / "compiled"
+    calls: list[list[int]] = []
+    kept = lambda: calls or calls.append(keep_a_recording_step(engines[-1].model, store))  # noqa: E731
+    questions = ["abc", "ab", "a"]
+    args = ["chat", str(ckpt), "--compile-cache", str(store), "--max-new-tokens", "6", "--temperature", "0"]
+    monkeypatch.setattr("sys.stdin", io.StringIO("".join(f"{q}\n" for q in questions)))
+    assert main([*args, "--compile", "off"]) == 0
+    layer_by_layer = capsys.readouterr().out
+    monkeypatch.setattr("sys.stdin", _Questions(questions, kept))
+    assert main(args) == 0
+    out, err = capsys.readouterr()
+    assert "compile: off (not compiled here" in err and len(started) == 1
+    assert (
+        err.count("compile: on from this answer (its compiled step is kept for this model and machine") == 1
+    )
+    assert calls[0] and set(calls[0]) == {1}  # the later answers' steps, one row each
+    assert out == layer_by_layer  # greedy: the same answers

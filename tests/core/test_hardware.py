@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import threading
+
 import pytest
 import torch
 
@@ -215,3 +218,74 @@ def test_auto_inference_weights_follow_the_machine_and_the_number_of_sequences(
     machine, device, sequences, expected
 ):
     assert hardware.inference_weights(device, sequences, machine) == expected
+
+
+def _threads() -> set[str]:
+    """The process's threads (ids) now."""
+    return set(os.listdir("/proc/self/task"))
+
+
+def _parallel_work() -> None:
+    x = torch.randn(1024, 1024)
+    for _ in range(4):  # a product big enough to run on every intra-op thread
+        x = torch.tanh(x @ x)
+
+
+@pytest.fixture
+def two_threads():
+    """Two intra-op threads (the suite runs on one), then back."""
+    was = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(was)
+
+
+needs_threads = pytest.mark.skipif(
+    not os.path.isdir("/proc/self/task"), reason="counts the process's threads in /proc/self/task (Linux)"
+)
+
+
+@needs_threads
+def test_handing_threads_over_lets_the_calling_threads_workers_go(two_threads):
+    """The thread that ran parallel work holds its OpenMP workers; handing its threads over ends them
+    (on two intra-op threads, its one worker), and parallel work on it later
+    still runs, with a team of its own again."""
+    out: dict[str, object] = {}
+
+    def on_a_thread_of_its_own():  # (the test's main thread may hold a team that others wait on)
+        before = _threads()
+        _parallel_work()
+        out["with_team"] = len(_threads() - before)
+        out["released"] = hardware.hand_threads_over()
+        out["after"] = len(_threads() - before)
+        _parallel_work()
+        out["again"] = len(_threads() - before)
+
+    t = threading.Thread(target=on_a_thread_of_its_own)
+    t.start()
+    t.join()
+    assert out == {"with_team": 1, "released": True, "after": 0, "again": 1}
+
+
+@needs_threads
+def test_the_thread_that_builds_a_server_leaves_the_parallel_work_to_its_scheduler(tiny_model, two_threads):
+    """A server built on a thread that loaded a model (its OpenMP team alive) leaves that thread no
+    workers: only the scheduler's thread is added, whose team then does every decode step."""
+    from gptlab.serve.scheduler import Scheduler
+    from gptlab.tokenizers import CharTokenizer
+
+    out: dict[str, int] = {}
+
+    def build():
+        before = _threads()
+        tok = CharTokenizer.from_text("abcdef")
+        model = tiny_model(vocab_size=tok.vocab_size)
+        _parallel_work()  # (loading a real model does as much)
+        scheduler = Scheduler(model, tok, max_batch=2)
+        out["added"] = len(_threads() - before)  # threads started since, alive
+        scheduler.close()
+
+    t = threading.Thread(target=build)
+    t.start()
+    t.join()
+    assert out == {"added": 1}  # the scheduler's thread, and no idle team beside it

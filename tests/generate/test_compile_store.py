@@ -22,6 +22,7 @@ import gptlab
 from gptlab.compiling import Compiled, can_compile
 from gptlab.generate import generate_ids, prepare_decoding, prepared_of
 from gptlab.generate.prepared import PACKAGE, RECORD, StoredStep, decode_one_token
+from tests._kept import keep_a_recording_step, store_a_fake
 from tests._tiny import tiny_model
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -101,21 +102,6 @@ def test_waiting_for_the_step_runs_it_compiled_from_the_first_token(monkeypatch,
     assert "the first step waits for it" in str(engine.plan(1))
 
 
-def _store_a_fake(store: StoredStep, model, *, key_change: dict | None = None, damage: bool = False) -> Path:
-    key = store.key(model, torch.float32)
-    folder = store.folder(key)
-    folder.mkdir(parents=True)
-    (folder / PACKAGE).write_bytes(b"not a package, but its checksum is recorded")
-    import hashlib
-
-    digest = hashlib.sha256((folder / PACKAGE).read_bytes()).hexdigest()
-    if damage:
-        (folder / PACKAGE).write_bytes(b"not a package, and changed since")
-    record = {"key": {**key, **(key_change or {})}, "sha256": digest, "file": PACKAGE}
-    (folder / RECORD).write_text(json.dumps(record, default=str))
-    return folder
-
-
 @pytest.mark.parametrize(
     ("change", "damage", "said"),
     [
@@ -129,7 +115,7 @@ def test_a_damaged_or_foreign_step_is_not_loaded_and_is_compiled_again(
 ):
     model = _model()
     store = StoredStep(tmp_path)
-    _store_a_fake(store, model, key_change=change, damage=damage)
+    store_a_fake(store, model, key_change=change, damage=damage)
     with pytest.warns(UserWarning, match=f"is not used \\({said}.*compiling it again"):
         assert store.load(_args(model)) is None
     # through the step: it warns, then builds (the stand-in compilation), and decodes the same tokens
@@ -231,7 +217,7 @@ def test_auto_plans_the_compiled_step_once_the_cache_holds_it(tmp_path, monkeypa
     engine = prepare_decoding(model, compile="auto", compile_cache=tmp_path)
     assert engine.plan(1).step == "layers" and not engine.step_kept()
     assert "the compile cache does not hold it yet" in engine.plan(1).why
-    folder = _store_a_fake(StoredStep(tmp_path), model)
+    folder = store_a_fake(StoredStep(tmp_path), model)
     assert folder == engine.step_folder(torch.float32) == engine.step_folder()
     assert engine.step_kept() and engine.plan(1).step == "fused"
     assert f"loaded from {tmp_path}" in str(engine.plan(1))
@@ -249,13 +235,6 @@ def test_a_session_of_several_rows_runs_a_lone_row_through_the_kept_step(tmp_pat
     monkeypatch.setattr("gptlab.generate.plan.compile_blocker", lambda device: None)
     model = _model()
     engine = prepare_decoding(model, compile="auto", compile_cache=tmp_path)
-    calls: list[int] = []
-
-    def one_row(m, idx, pos, keys, values, end):
-        calls.append(keys[0].size(0))
-        return decode_one_token(m, idx, pos, keys, values, end)  # the step's own code, run eagerly
-
-    engine._one_token = one_row  # type: ignore[assignment]  # (stands in for the loaded package)
     # the rows end together: a shorter prompt starts later in its row, which the one-row step (its
     # attention reads from position 0) does not take, so slot 2, which starts at 0, is the lone one
     prompts = [[3, 1, 4, 1], [2, 7, 1], [6, 6, 2, 9, 5]]
@@ -270,9 +249,10 @@ def test_a_session_of_several_rows_runs_a_lone_row_through_the_kept_step(tmp_pat
         return out
 
     assert not engine.plan(3).lone_rows
-    run(engine.dynamic_session(engine.plan(3), 3))
-    assert calls == []  # not kept: layer by layer
-    _store_a_fake(StoredStep(tmp_path), model)
+    session = engine.dynamic_session(engine.plan(3), 3)
+    assert session.one_token is None  # not kept: layer by layer
+    run(session)
+    calls = keep_a_recording_step(model, tmp_path)
     assert engine.plan(3).lone_rows and "(a lone row: one compiled graph per token" in str(engine.plan(3))
     fused = run(engine.dynamic_session(engine.plan(3), 3))
     assert calls == [1, 1, 1]  # the three lone steps, each on one row
@@ -280,3 +260,19 @@ def test_a_session_of_several_rows_runs_a_lone_row_through_the_kept_step(tmp_pat
     layers = run(prepared_of(model).dynamic_session(prepared_of(model).plan(3), 3))
     for a, b in zip(fused, layers, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
+def test_a_later_generation_takes_up_a_step_kept_since(tmp_path, monkeypatch):
+    """A process that began layer by layer (a chat: each answer is planned afresh) decodes its next
+    generation through the one-row step once the compile cache keeps it (a background ``gptlab
+    compile`` finished meanwhile): every token after the first, the same greedy tokens."""
+    monkeypatch.setattr("gptlab.generate.plan.STREAM_MIN_BYTES", 0)
+    monkeypatch.setattr("gptlab.generate.plan.compile_blocker", lambda device: None)
+    model = _model()
+    engine = prepare_decoding(model, compile="auto", compile_cache=tmp_path)
+    assert engine.plan(1).step == "layers"
+    before = _greedy(model)
+    calls = keep_a_recording_step(model, tmp_path)
+    assert engine.plan(1).step == "fused"
+    assert _greedy(model) == before == _eager(_model())
+    assert calls == [1] * (NEW - 1)  # each step after the prefill, one row

@@ -242,7 +242,7 @@ def run(args: argparse.Namespace) -> int:
     functions = load_tools(args.tools) if args.tools else {}
     # a session's length is unknown: auto judges frozen batches and CUDA graphs (which make the
     # first step wait) by one reply; the one-row step compiles in the background, or loads
-    prepare_decode(
+    engine = prepare_decode(
         args.compile,
         model,
         planned_tokens=args.max_new_tokens,
@@ -263,6 +263,8 @@ def run(args: argparse.Namespace) -> int:
     cache = PrefixCache(budget_of(args.prefix_cache_mb))  # the conversation's keys and values
     start = [{"role": "system", "content": args.system}] if args.system else []
     history = list(start)
+    # each answer is planned afresh: one whose step a background compile has kept since runs it
+    layered = engine.plan(1).step == "layers"
     interactive = sys.stdin.isatty()
     if interactive:
         sys.stderr.write(f"chat with {args.checkpoint} ({template.name} template); /reset, /exit\n")
@@ -283,6 +285,9 @@ def run(args: argparse.Namespace) -> int:
         if not text.strip():
             continue
         history.append({"role": "user", "content": text})
+        if layered and (plan := engine.plan(1)).step != "layers":
+            layered = False
+            sys.stderr.write(f"compile: on from this answer ({plan.why})\n")
         if functions:  # the turn adds its own messages (calls, results, the answer) to the history
             for piece in tool_turn(model, tokenizer, template, history, config, functions, args.tool_choice):
                 sys.stdout.write(piece)

@@ -89,9 +89,26 @@ def register(subparsers: Any) -> None:
         "again; 0 gives it back at once (default 60)",
     )
     p.add_argument(
-        "--log-level", default="warning", choices=("critical", "error", "warning", "info", "debug")
+        "--log-level",
+        default="warning",
+        choices=("critical", "error", "warning", "info", "debug"),
+        help="uvicorn's log level (default warning); the server's own notes (such as taking up a one-row "
+        "step that a background compile kept) are printed unless it is error or critical",
     )
     p.set_defaults(func=run, loads_a_model=True)  # the collector paused until then: cli/startup.py
+
+
+def _show_notes(level: str) -> None:
+    """The server's own log (``gptlab.serve``) on stderr, one line a note, from INFO up unless ``level``
+    (``--log-level``) is higher."""
+    import logging
+
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    log = logging.getLogger("gptlab.serve")
+    log.addHandler(handler)
+    asked = logging.getLevelName(level.upper())
+    log.setLevel(asked if asked > logging.WARNING else min(asked, logging.INFO))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -141,6 +158,7 @@ def run(args: argparse.Namespace) -> int:
         prefix_cache_mb=args.prefix_cache_mb,
         kv_keep_s=args.kv_keep_s,
     )
+    _show_notes(args.log_level)
     startup.started()  # the collector runs again while serving (cli/startup.py)
     if not is_loopback(args.host) and not args.api_key:
         sys.stderr.write(

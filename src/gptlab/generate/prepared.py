@@ -196,16 +196,20 @@ class PreparedDecoding:
         """A ``BatchSession`` that runs ``plan``'s step (the fused one-row step, or layer by layer),
         reading and filling ``prefix_cache`` if given (only the dynamic cache uses one), and, where the
         plan says ``lone_rows``, a step that feeds one row of several through the one-row step."""
-        one_token = self.one_token if plan.step == "fused" or plan.lone_rows else None
         return BatchSession(
             self.model,
             max_batch,
             max_len,
             cache_dtype,
             capacity,
-            one_token=one_token,
+            one_token=self.one_row_step(plan),
             prefix_cache=prefix_cache,
         )
+
+    def one_row_step(self, plan: DecodePlan) -> Compiled | None:
+        """The compiled one-row step where ``plan`` runs it (its step is the fused one, or it feeds
+        ``lone_rows`` through it), else None: what a ``BatchSession`` for ``plan`` is given."""
+        return self.one_token if plan.step == "fused" or plan.lone_rows else None
 
     def new_static_session(
         self,

@@ -62,6 +62,10 @@ class Health(BaseModel):
         description="positions per slot the batch's KV cache holds now: it grows with the requests and "
         "shrinks back after --kv-keep-s idle seconds"
     )
+    decode_plan: str = Field(
+        description="how the batch decodes now (the plan the server printed at its start; a one-row step "
+        "a background compile kept since is taken up as requests arrive)"
+    )
 
 
 def router(service: Service) -> APIRouter:

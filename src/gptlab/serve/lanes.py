@@ -16,12 +16,18 @@ A prefix cache (``gptlab.generate.prefix_cache``) belongs to the dynamic lane: t
 prefills reuse and leave their keys and values there. The static lane bypasses it (its rows are
 prefilled in full), so which lane a request takes is decided as before and each is correct.
 
+A server started before its model's one-row step was kept (``--compile auto`` decodes layer by layer
+and compiles the step in a background process for later ones) takes that step up once the compile
+cache keeps it: ``adopt_kept_step``, which the scheduler calls as it admits requests, asks the plan
+again (at most every ``RECHECK_S`` seconds) and from then on a step that feeds one row runs it.
+
 A request in the static lane keeps its ``RequestState`` (stops, text, finish reason), which is handed
 the token chosen inside the graph; the seed its ``Sampler`` drew seeds the row there.
 """
 
 from __future__ import annotations
 
+import time
 import warnings
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -36,6 +42,9 @@ from gptlab.generate.static import StaticSession
 
 if TYPE_CHECKING:
     from gptlab.generate.request import RequestState
+
+#: how often (seconds) lanes without the one-row step look for it in the compile cache again
+RECHECK_S = 1.0
 
 
 class Lanes:
@@ -64,6 +73,7 @@ class Lanes:
         self.dynamic = engine.dynamic_session(
             dynamic_plan, max_batch, max_len, capacity=capacity, prefix_cache=prefix_cache
         )
+        self._checked = time.monotonic()  # when the compile cache was last asked for the one-row step
         self.dynamic.shrink_when_idle = shrink_when_idle
         self.dynamic.remember_at_add = remember_at_add
         self.max_batch, self.max_len = max_batch, self.dynamic.max_len
@@ -73,6 +83,22 @@ class Lanes:
             self.static = engine.new_static_session(
                 self.plan, max_batch, self.max_len, None, vocab, max_batch
             )
+
+    def adopt_kept_step(self, now: float | None = None) -> bool:
+        """Where the dynamic lane runs no one-row step and the plan now gives it one (the compile
+        cache has come to keep the step since these lanes started), give it → whether it did.
+
+        Asks at most once every ``RECHECK_S`` seconds (``now``: ``time.monotonic()``)."""
+        now = time.monotonic() if now is None else now
+        if self.dynamic.one_token is not None or now - self._checked < RECHECK_S:
+            return False
+        self._checked = now
+        step = self._engine.one_row_step(self._engine.plan(self.max_batch, want_probs=True))
+        if step is None:
+            return False
+        self.dynamic.one_token = step
+        self.plan = self._engine.plan(self.max_batch)
+        return True
 
     @property
     def free_slots(self) -> int:

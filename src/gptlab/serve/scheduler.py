@@ -61,6 +61,7 @@ from gptlab.generate.beam import beam_steps, beam_stream
 from gptlab.generate.driver import Row, advance_row, route, step_rows
 from gptlab.generate.prefix_cache import PrefixCache
 from gptlab.generate.request import RequestState, TokenEvent
+from gptlab.hardware import hand_threads_over
 from gptlab.serve.admission import FairQueue, per_request_cap
 from gptlab.serve.jobs import Channel, EndEvent, Job
 from gptlab.serve.lanes import Lanes
@@ -134,6 +135,10 @@ class Scheduler:
             remember_at_add=False,  # _start stores the prompts' blocks once their first tokens are out
         )
         self.session = self._new_session()
+        # from here the scheduler's thread does the parallel work: the thread that built the model and
+        # this session (the server's main thread) lets its idle OpenMP workers go, which would
+        # otherwise slow every decode step of the scheduler's (gptlab.hardware.hand_threads_over)
+        hand_threads_over()
         self._cond = threading.Condition()
         self._waiting = FairQueue(per_request_cap(max_batch))
         self._beam_waiting = FairQueue(per_request_cap(self.beam_slots))
@@ -176,6 +181,7 @@ class Scheduler:
             "tokens": self.tokens,
             "prefix_cache": self.prefix_cache.stats(),
             "kv_capacity": self.session.dynamic.capacity,
+            "decode_plan": str(self.session.plan),
         }
 
     def close(self) -> None:
@@ -262,6 +268,8 @@ class Scheduler:
         for job in beams:
             self._guarded(job, self._start_beam)
         if batch:
+            if self.session.adopt_kept_step():  # a background `gptlab compile` has kept the step
+                log.info("decode: the compile cache keeps the one-row step now; %s", self.session.plan)
             self._starting = batch
             self._start(batch)
             self._starting = []
