@@ -355,8 +355,8 @@ def hand_threads_over() -> bool:
     idle workers spin between parallel regions only while the process holds no more OpenMP threads
     than CPUs; beyond that every region wakes its workers through the kernel. A decode step runs
     ~450 regions a token, so a server whose main thread loaded the model (its team idle, yet alive)
-    decoded on its scheduler thread 3.2× slower than the same step on one thread (SmolLM2, int4, 2
-    CPUs: 37 against 123 tokens/s). Parallel work on the calling thread afterwards makes a new team;
+    decoded on its scheduler thread 3.3× slower than the same step on the loading thread (SmolLM2's
+    kept int4 step, 2 CPUs: 37 against 123 tokens/s). Parallel work on the calling thread afterwards makes a new team;
     a runtime without the call (or whose call fails) changes nothing."""
     import ctypes
 
