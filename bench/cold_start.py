@@ -10,7 +10,8 @@ spawned (warm page cache: one unmeasured run of each first):
 * ``sample_*_s``: ``gptlab sample SRC --prompt "The capital of France is" --max-new-tokens 8
   --temperature 0`` until the first generated token reaches stdout (the echoed prompt does not count),
   for the GGUF file, a converted checkpoint and, with ``--demo``, the demo model; every command keeps
-  a GGUF file's conversion in a temporary ``--weights-cache`` (made by the unmeasured first run), and
+  a GGUF file's conversion (and a float32 checkpoint's bf16 copy, where ``auto`` runs it in bf16) in a
+  temporary ``--weights-cache`` (made by the unmeasured first run), and
   ``sample_gguf_unkept_s`` is the GGUF file converted at start (``--weights-cache none``);
 * ``chat_first_token_s`` / ``chat_answer_s``: ``gptlab chat smollm2`` with one question on stdin,
   until the reply's first character, and until the reply's end;

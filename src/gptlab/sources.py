@@ -376,7 +376,35 @@ def _load(
         if quantize:
             quantize_model(model, quantize)  # in place
         return model, tokenizer
+    if quantize == "bf16" and store is not None and dtype is None and torch.device(device).type == "cpu":
+        return load_kept_bf16(src, store)
     return checkpoint.load(src, device, dtype, quantize)
+
+
+def load_kept_bf16(src: Path, store: str | os.PathLike[str]) -> tuple[GPT, Tokenizer | None]:
+    """A float checkpoint run in bf16 on the CPU, through its bf16 copy kept in ``store``: read from
+    there (half the bytes to read and check, no cast), else made there first (once: the checkpoint
+    read, cast to bf16 and saved), then read. A bf16 checkpoint needs no copy: it is read as it is."""
+    entry = kept.entry_for(src, "bf16", store)
+    found = kept.read_entry(entry, quantize="bf16")
+    if found is not None:
+        return found
+    if checkpoint.stored_format(src) is None and not _holds_bf16(src):
+        model, tokenizer = checkpoint.load(src, dtype=torch.bfloat16)
+        if kept.keep(model, tokenizer, entry):
+            del model
+            found = kept.read_entry(entry, quantize="bf16")
+            if found is not None:
+                return found
+    return checkpoint.load(src, quantize="bf16")
+
+
+def _holds_bf16(src: Path) -> bool:
+    """Whether a checkpoint's matrices are stored in bf16 already (its header says; nothing is read)."""
+    from safetensors import safe_open
+
+    with safe_open(str(src / checkpoint.WEIGHTS_FILE), framework="pt") as f:
+        return all(f.get_slice(name).get_dtype() == "BF16" for name in f.keys() if name.endswith(".weight"))
 
 
 __all__ = [

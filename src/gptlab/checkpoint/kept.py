@@ -3,11 +3,13 @@
 Converting a GGUF file's 4-bit blocks into the int4 kernel's layout and its token table into int8
 rows costs more at every start than reading a checkpoint of the result (SmolLM2: ~0.5 s of a 1 s
 start after ``import torch``). ``gptlab.load(file, store=DIR)`` keeps the converted model as a
-checkpoint in ``DIR`` the first time, and reads that checkpoint afterwards.
+checkpoint in ``DIR`` the first time, and reads that checkpoint afterwards. A float32 checkpoint run
+in bf16 is kept the same way, as a bf16 checkpoint: half the bytes to read and to check, and no
+cast (``gptlab.sources``).
 
-An entry is named by the sha256 of the file's identity (its resolved path, inode, size and
-modification and change times: a rewritten, replaced or touched file gets a new entry), the
-conversion asked for, ``FORMAT`` and gptlab's version. Its files are checked against their sha256
+An entry is named by the sha256 of the source's identity (a file's resolved path, inode, size and
+modification and change times; a folder's, each of its files': a rewritten, replaced or touched file
+gets a new entry), the conversion asked for, ``FORMAT`` and gptlab's version. Its files are checked against their sha256
 when it is read, as every checkpoint is, and an entry that fails the check is converted again. An
 entry is written to a temporary folder and renamed into place, so a reader never sees half of one;
 a store that cannot be written costs a warning, never the load.
@@ -37,8 +39,11 @@ def entry_for(source: Path, conversion: str, store: str | os.PathLike[str]) -> P
     """The folder in ``store`` that holds (or will hold) ``source`` converted as ``conversion``."""
     from gptlab import __version__
 
-    st = source.stat()
-    identity = [str(source.resolve()), st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
+    files = sorted(p for p in source.iterdir() if p.is_file()) if source.is_dir() else [source]
+    identity = []
+    for file in files:
+        st = file.stat()
+        identity += [str(file.resolve()), st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
     key = json.dumps([*identity, conversion, FORMAT, __version__])
     return Path(store) / hashlib.sha256(key.encode()).hexdigest()[:32]
 
@@ -54,15 +59,16 @@ def _present(entry: Path) -> bool:
     return (entry / "config.json").is_file()
 
 
-def read_entry(entry: Path) -> tuple[GPT, Tokenizer | None] | None:
-    """The kept model and tokenizer, or None where there is no entry yet (or it failed its check: then
-    it is removed, with a warning, and the caller converts again)."""
+def read_entry(entry: Path, quantize: str | None = None) -> tuple[GPT, Tokenizer | None] | None:
+    """The kept model and tokenizer (``quantize``: as ``gptlab.checkpoint.load`` reads a float entry for
+    inference), or None where there is no entry yet (or it failed its check: then it is removed, with
+    a warning, and the caller converts again)."""
     from gptlab.checkpoint.model import load
 
     if not _present(entry):
         return None
     try:
-        return load(entry)
+        return load(entry, quantize=quantize)
     except GptlabError as exc:
         warnings.warn(f"a kept conversion failed its check and is made again ({exc})", stacklevel=3)
         shutil.rmtree(entry, ignore_errors=True)

@@ -142,9 +142,10 @@ def add_cache_arguments(p: argparse.ArgumentParser, env: Mapping[str, str] = os.
         "--weights-cache",
         default=default_cache("weights", env),
         metavar="DIR",
-        help="where a GGUF file's weights, once converted into int4/int8 layers, are kept, so that a "
-        "later start reads them instead of converting (default $XDG_CACHE_HOME/gptlab/weights, else "
-        "~/.cache/gptlab/weights; 'none': convert at every start)",
+        help="where a GGUF file's weights, once converted into int4/int8 layers, and a float32 "
+        "checkpoint's bf16 copy (where it runs in bf16) are kept, so that a later start reads them "
+        "instead of converting (default $XDG_CACHE_HOME/gptlab/weights, else ~/.cache/gptlab/weights; "
+        "'none': convert at every start)",
     )
 
 

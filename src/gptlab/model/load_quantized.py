@@ -81,7 +81,10 @@ def build_quantized(
     def take(name: str) -> torch.Tensor:
         one = {name: tensors[name]}
         check_state({name: expected[name]}, one, source)  # its shape
-        return pad_vocab(model, {name: one[name].float()})[name]
+        t = one[name]  # float32 for the quantizers; a bf16 tensor read for bf16 as it is (nothing to cast)
+        return pad_vocab(model, {name: t if mode == "bf16" and t.dtype == torch.bfloat16 else t.float()})[
+            name
+        ]
 
     tied = config.tie_embeddings
     done: set[str] = set()
