@@ -1,7 +1,8 @@
-"""An int4 matrix times a few rows: the int4 kernel against dequantising to float and a GEMM. One JSON line.
+"""An int4 (or int8) matrix times a few rows: the library kernel against the float GEMM. One JSON line.
 
     python bench/int4_rows.py                       # SmolLM2's matrix shapes, 2 threads
     python bench/int4_rows.py --rows 16,64,96,128,256
+    python bench/int4_rows.py --weights int8        # _weight_int8pack_mm against the float product
 
 ``Int4Linear`` multiplies fewer than ``gptlab.model.int4.INT4_DEQUANT_ROWS`` rows with
 ``_weight_int4pack_mm_for_cpu`` (each weight read once per 4 rows), and more by dequantising the
@@ -9,6 +10,10 @@ matrix (``Int4Linear.dequantized``, a cost per weight) and multiplying in the ac
 where it is native, else float32). This times both, in turns, at each row count, per matrix shape
 (milliseconds, median of ``--rounds``), and per shape the smallest row count measured at which the
 dequantised product is the faster one (``dequantised_faster_from``; null where it never was).
+
+``--weights int8``: ``Int8Linear`` multiplies fewer than ``gptlab.model.quantized.int8_float_rows``
+rows with ``_weight_int8pack_mm`` and more as ``(x · qᵀ) ⊙ s`` with q converted to the activations'
+dtype (exactly: |q| ≤ 127) and the float kernels; the same two ways are timed.
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from gptlab.model.int4 import INT4_DEQUANT_ROWS, INT4_GROUP, Int4Linear  # noqa: E402
-from gptlab.model.quantized import activation_dtype  # noqa: E402
+from gptlab.model.quantized import Int8Linear, activation_dtype, int8_float_rows  # noqa: E402
 
 SHAPES = [(576, 576), (192, 576), (1536, 576), (576, 1536), (49152, 576)]  # SmolLM2: q/o, k/v, gate/up, down
 
@@ -54,6 +59,18 @@ def dequantised(layer: Int4Linear, x: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.linear(x, layer.dequantized().to(x.dtype))
 
 
+def int8_kernel(layer: Int8Linear, x: torch.Tensor) -> torch.Tensor:
+    """The product through ``_weight_int8pack_mm`` (what ``Int8Linear`` runs below ``int8_float_rows``)."""
+    assert layer.scales is not None
+    return torch.ops.aten._weight_int8pack_mm(x.contiguous(), layer.weight, layer.scales.to(x.dtype))
+
+
+def int8_float(layer: Int8Linear, x: torch.Tensor) -> torch.Tensor:
+    """``(x · qᵀ) ⊙ s`` through the float kernels (what it runs from there on)."""
+    assert layer.scales is not None
+    return torch.nn.functional.linear(x, layer.weight.to(x.dtype)) * layer.scales.to(x.dtype)
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--threads", type=int, default=2)
@@ -61,6 +78,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--rounds", type=int, default=3, help="turns of each way (median)")
     p.add_argument("--calls", type=int, default=10, help="products timed per turn")
     p.add_argument("--shapes", help="N×K shapes, e.g. 576x576,1536x576 (default: SmolLM2's)")
+    p.add_argument("--weights", choices=("int4", "int8"), default="int4")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     rows = [int(r) for r in args.rows.split(",")]
@@ -71,12 +89,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     faster_from: dict[str, int | None] = {}
     with torch.inference_mode():
         for n, k in shapes:
-            layer = Int4Linear(torch.nn.Linear(k, n, bias=False))
+            linear = torch.nn.Linear(k, n, bias=False)
+            int8 = args.weights == "int8"
+            layer = Int8Linear(linear, act) if int8 else Int4Linear(linear)
             line: dict[str, Any] = {}
             first = None
             for m in rows:
                 x = torch.randn(m, k, dtype=act)
-                ways = {"kernel": partial(kernel, layer, x), "dequantised": partial(dequantised, layer, x)}
+                kern_fn, deq_fn = (int8_kernel, int8_float) if int8 else (kernel, dequantised)
+                ways = {"kernel": partial(kern_fn, layer, x), "dequantised": partial(deq_fn, layer, x)}
                 times: dict[str, list[float]] = {w: [] for w in ways}
                 for _ in range(args.rounds):
                     for w, fn in ways.items():
@@ -89,10 +110,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             faster_from[f"{n}x{k}"] = first
     result = {
         "bench": "int4_rows",
+        "weights": args.weights,
         "threads": args.threads,
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "activations": str(act).removeprefix("torch."),
-        "dequant_rows_now": INT4_DEQUANT_ROWS,
+        "dequant_rows_now": (
+            {f"{n}x{k}": int8_float_rows(act, n * k) for n, k in shapes}
+            if args.weights == "int8"
+            else INT4_DEQUANT_ROWS
+        ),
         "dequantised_faster_from": faster_from,
         "shapes": out,
     }

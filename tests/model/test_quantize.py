@@ -27,6 +27,30 @@ def test_int8_linear_is_the_dequantised_matmul_and_channel_error_is_bounded():
     assert q.weight.dtype == torch.int8
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("shape", [(48, 64), (4097, 1024)])  # a layer's matrix, one larger than INT8_SMALL
+def test_int8_products_agree_at_every_row_count(dtype, shape):
+    """A few rows go through ``_weight_int8pack_mm``, many through the float kernels as ``(x · qᵀ) ⊙ s``
+    (``int8_float_rows``): at every row count, on either side of the switch, each row's product is the
+    dequantised matrix's, and the same as that row multiplied alone."""
+    from gptlab.model.quantized import int8_float_rows
+
+    torch.manual_seed(0)
+    n, k = shape
+    q = Int8Linear(torch.nn.Linear(k, n, bias=False), dtype=dtype)
+    dequant = q.weight.double() * q.scales.double()[:, None]
+    switch = int8_float_rows(dtype, n * k)
+    for rows in sorted({1, max(1, switch - 1), switch, switch + 7}):
+        x = torch.randn(rows, k).to(dtype)
+        y = q(x)
+        want = x.double() @ dequant.T
+        tol = 2e-2 if dtype == torch.bfloat16 else 1e-4  # bf16 outputs: 8 significant bits
+        torch.testing.assert_close(y.double(), want, atol=tol * want.abs().max().item(), rtol=tol)
+        torch.testing.assert_close(
+            q(x[-1:]).double(), y[-1:].double(), atol=tol * want.abs().max().item(), rtol=tol
+        )
+
+
 def _perplexity(model: GPT, data: torch.Tensor, block: int) -> float:
     assert model.config.block_size == block
     return evaluate_tokens(model, data.numpy(), batch_size=len(data), bytes_per_token=1.0).perplexity

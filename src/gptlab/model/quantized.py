@@ -30,8 +30,9 @@ the library kernels below read the weights faster (docs/benchmarks.md, "The one-
 batched kernel: ``F.linear``; bf16 weights prepacked for oneDNN's bf16 kernels where the CPU has
 native bf16, and multiplied in float32 where it only emulates bf16 (``gptlab.hardware``: an
 emulated bf16 product is many times slower than a float32 one on an AVX2 CPU); int8
-through ``torch.ops.aten._weight_int8pack_mm`` (the CPU kernel gpt-fast uses), or dequantised on
-the fly where torch lacks it, with bf16 activations where bf16 is native and float32 elsewhere.
+through ``torch.ops.aten._weight_int8pack_mm`` (the CPU kernel gpt-fast uses) for a few rows, and as
+``(x · qᵀ) ⊙ s`` through the float kernels from ``int8_float_rows`` on (and where torch lacks the
+kernel), with bf16 activations where bf16 is native and float32 elsewhere.
 Without a C++ compiler the one-row product uses those too.
 """
 
@@ -81,6 +82,23 @@ STREAM_MIN_BYTES = 32 * 2**20
 # ~8 rows on it is compute-bound and slower than converting W to float32 and multiplying there
 # (docs/benchmarks.md#precision).
 UPCAST_MIN_ROWS = 8
+#: From how many rows an int8 matrix is multiplied as ``(x · qᵀ) ⊙ s`` by the float kernels, q converted
+#: to the activations' dtype (exactly: |q| ≤ 127), rather than by ``_weight_int8pack_mm``, whose cost
+#: grows with the rows while converting q costs the same at any count: per activation dtype, for a
+#: matrix of at most ``INT8_SMALL`` weights (its converted copy stays in the caches) and for a larger
+#: one (a head: converted at memory speed). ``bench/int4_rows.py --weights int8`` at SmolLM2's shapes
+#: (docs/benchmarks.md): with bf16 activations (AVX-512) the float product is the faster from 16–48 rows
+#: (the head from 128; 5.8× at 505 rows), with float32 ones (AVX2) from 1 row (the head from 8).
+INT8_FLOAT_ROWS = {torch.bfloat16: (32, 128), torch.float32: (1, 8)}
+INT8_SMALL = 1 << 22
+
+
+def int8_float_rows(activations: torch.dtype, weights: int) -> int:
+    """The rows from which an int8 matrix of ``weights`` weights is multiplied by the float kernels."""
+    small, large = INT8_FLOAT_ROWS.get(activations, INT8_FLOAT_ROWS[torch.float32])
+    return small if weights <= INT8_SMALL else large
+
+
 # (torch leaves it unannotated)
 mkldnn_available: Callable[[], bool] = torch.backends.mkldnn.is_available
 
@@ -220,10 +238,10 @@ class Int8Linear(InferenceLinear):
     def _matmul(self, x2: torch.Tensor) -> torch.Tensor:
         assert self.scales is not None
         scales = self.scales.to(x2.dtype)
-        if _FUSED and x2.device.type == "cpu":
+        if _FUSED and x2.device.type == "cpu" and x2.size(0) < int8_float_rows(x2.dtype, self.weight.numel()):
             y: torch.Tensor = torch.ops.aten._weight_int8pack_mm(x2.contiguous(), self.weight, scales)
             return y
-        return F.linear(x2, self.weight.to(x2.dtype)) * scales
+        return F.linear(x2, self.weight.to(x2.dtype)) * scales  # a prefill: the float kernels
 
 
 class Int8Embedding(nn.Module):
