@@ -335,7 +335,9 @@ def load(
     nothing compiles and the compiler is never imported.
 
     ``store`` (a folder; the CLI's ``--weights-cache``): a GGUF file's conversion into int4/int8
-    layers is kept there the first time and read from there afterwards (``gptlab.checkpoint.kept``).
+    layers, and a float32 checkpoint's bf16 copy where it is loaded as bf16 on the CPU
+    (``load_kept_bf16``), are kept there the first time and read from there afterwards
+    (``gptlab.checkpoint.kept``).
     """
     src = source_path(path)
     kind = source_kind(src)
