@@ -402,10 +402,14 @@ def load_kept_bf16(src: Path, store: str | os.PathLike[str]) -> tuple[GPT, Token
 
 
 def _holds_bf16(src: Path) -> bool:
-    """Whether a checkpoint's matrices are stored in bf16 already (its header says; nothing is read)."""
+    """Whether a checkpoint's matrices are stored in bf16 already (its header says; nothing is read).
+    No weights file: False, and reading the checkpoint says what is wrong with it."""
     from safetensors import safe_open
 
-    with safe_open(str(src / checkpoint.WEIGHTS_FILE), framework="pt") as f:
+    weights = src / checkpoint.WEIGHTS_FILE
+    if not weights.is_file():
+        return False
+    with safe_open(str(weights), framework="pt") as f:
         return all(f.get_slice(name).get_dtype() == "BF16" for name in f.keys() if name.endswith(".weight"))
 
 

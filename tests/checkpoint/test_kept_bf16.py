@@ -117,3 +117,25 @@ def test_the_cli_keeps_the_copy_in_weights_cache(ckpt, tmp_path, capsys):
         assert main([*args, "--dtype", "bf16", "--weights-cache", str(store)]) == 0
         assert capsys.readouterr().out == direct
     assert len(list(store.iterdir())) == 1
+
+
+@pytest.mark.parametrize("damage", ["missing", "changed"])
+def test_a_broken_checkpoint_is_refused_as_without_the_copy(ckpt, tmp_path, damage):
+    """A checkpoint with its weights missing or changed is one ``GptlabError`` naming the problem,
+    through the kept copy's path as without it, and no copy is made of it."""
+    from gptlab.errors import GptlabError
+
+    weights = ckpt / "model.safetensors"
+    if damage == "missing":
+        weights.unlink()
+    else:
+        data = bytearray(weights.read_bytes())
+        data[-1] ^= 0xFF
+        weights.write_bytes(bytes(data))
+    with pytest.raises(GptlabError) as direct:
+        gptlab.load(ckpt, quantize="bf16")
+    store = tmp_path / "store"
+    with pytest.raises(GptlabError) as kept_path:
+        gptlab.load(ckpt, quantize="bf16", store=store)
+    assert str(kept_path.value) == str(direct.value)
+    assert not store.exists() or not any(store.iterdir())

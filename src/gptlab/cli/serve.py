@@ -103,10 +103,11 @@ def _show_notes(level: str) -> None:
     (``--log-level``) is higher."""
     import logging
 
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("%(message)s"))
     log = logging.getLogger("gptlab.serve")
-    log.addHandler(handler)
+    if not log.handlers:  # (a second server in the same process prints each note once)
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        log.addHandler(handler)
     asked = logging.getLevelName(level.upper())
     log.setLevel(asked if asked > logging.WARNING else min(asked, logging.INFO))
 
