@@ -366,3 +366,38 @@ def hand_threads_over() -> bool:
         return False
     pause.argtypes, pause.restype = [ctypes.c_int], ctypes.c_int
     return bool(pause(_OMP_PAUSE_HARD) == 0)
+
+
+#: glibc ``mallopt`` parameters (malloc.h)
+_M_TOP_PAD, _M_MMAP_THRESHOLD = -2, -3
+#: blocks from this size come from ``mmap`` (and go back to the system when freed): glibc's own ceiling
+#: for its adaptive threshold, so only blocks past a prefill's activations do
+HEAP_MMAP_THRESHOLD = 32 << 20
+#: what the heap keeps at its top when it shrinks, rather than handing it back at each free
+HEAP_TOP_PAD = 64 << 20
+
+
+@functools.cache
+def keep_heap() -> bool:
+    """Let the C heap keep ``HEAP_TOP_PAD`` bytes at its top and serve blocks below
+    ``HEAP_MMAP_THRESHOLD`` (glibc's ``mallopt``) → whether the allocator took both; once per process.
+
+    An eager forward pass allocates and frees a block of 1–4 MB per operation (a 505-token prefill's
+    activations, an int4 matrix dequantised for it). glibc's allocator starts with blocks from 128 KB
+    mapped afresh and returns the heap's top above twice its threshold, both adapted as the process
+    runs, so the same pass sometimes paid 50,000–120,000 page faults (each new page zeroed by the
+    kernel) and sometimes none, by the order of earlier frees: SmolLM2's int4 prefill took 0.40–0.43 s
+    in such a process against 0.30–0.34 (docs/benchmarks.md#cold-start). With both set, the blocks are
+    reused. Resident memory is what the unlucky process's would have been plus at most the pad's
+    touched pages (measured: none to +25 MB). An allocator without ``mallopt`` (musl, macOS) changes
+    nothing."""
+    import ctypes
+
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (AttributeError, OSError):
+        return False
+    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    return bool(
+        mallopt(_M_MMAP_THRESHOLD, HEAP_MMAP_THRESHOLD) == 1 and mallopt(_M_TOP_PAD, HEAP_TOP_PAD) == 1
+    )

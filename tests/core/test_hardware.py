@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import os
+import platform
+import subprocess
+import sys
 import threading
+from pathlib import Path
 
 import pytest
 import torch
@@ -289,3 +293,54 @@ def test_the_thread_that_builds_a_server_leaves_the_parallel_work_to_its_schedul
     t.start()
     t.join()
     assert out == {"added": 1}  # the scheduler's thread, and no idle team beside it
+
+
+_FAULTS_OF_A_PASS = """
+import ctypes, resource, sys
+from gptlab import hardware
+kept = hardware.keep_heap() if sys.argv[1] == "keep" else None
+if sys.argv[1] == "decoding":  # a model readied for decoding on the CPU
+    from gptlab.generate import prepare_decoding
+    from tests._tiny import tiny_model
+    prepare_decoding(tiny_model())
+libc = ctypes.CDLL(None)
+libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
+libc.free.argtypes = [ctypes.c_void_p]
+libc.memset.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t]
+MB = 1 << 20
+def faults():
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+def a_pass():  # three 3 MB blocks held at once, written, freed: an eager pass's activations
+    blocks = [libc.malloc(3 * MB) for _ in range(3)]
+    for b in blocks:
+        libc.memset(b, 1, 3 * MB)
+    for b in blocks:
+        libc.free(b)
+per_pass = []
+for _ in range(6):
+    before = faults()
+    a_pass()
+    per_pass.append(faults() - before)
+print(kept, *per_pass)
+"""
+
+
+@pytest.mark.skipif(
+    not sys.platform.startswith("linux") or platform.libc_ver()[0] != "glibc",
+    reason="glibc's allocator and its mallopt (Linux)",
+)
+def test_keeping_the_heap_lets_repeated_passes_reuse_their_blocks():
+    """In a fresh process glibc maps each 3 MB block afresh and unmaps it when freed, so every pass
+    faults its 9 MB of pages in again (~2,300); after ``keep_heap`` only the first pass does, and a
+    model readied for decoding on the CPU has called it."""
+
+    def run(mode: str) -> list[str]:
+        cmd = [sys.executable, "-c", _FAULTS_OF_A_PASS, mode]
+        done = subprocess.run(cmd, capture_output=True, text=True, check=True, cwd=Path(__file__).parents[2])
+        return done.stdout.split()
+
+    kept, *faults = run("keep")
+    assert kept == "True"
+    assert int(faults[0]) > 2000 and all(int(f) < 100 for f in faults[1:])
+    assert all(int(f) > 2000 for f in run("default")[1:])  # what the allocator does without it
+    assert all(int(f) < 100 for f in run("decoding")[2:])

@@ -9,6 +9,7 @@ import torch
 
 from gptlab.errors import GptlabError
 from gptlab.generate import BatchSession, ContextWarning, generate_ids
+from gptlab.generate.prefix_cache import PrefixCache
 from gptlab.model import GPT, KVCache
 from tests._tiny import tiny_model
 
@@ -60,6 +61,23 @@ def test_cached_logits_equal_uncached_at_every_step(options):
     stepped = session.step({slot: seq[n] for (slot, _), seq, n in zip(filled, seqs, (5, 5, 2), strict=True)})
     for (slot, _), seq, n in zip(filled, seqs, (5, 5, 2), strict=True):
         torch.testing.assert_close(stepped[slot], uncached(model, seq[: n + 1]), **TOL)
+
+
+@pytest.mark.parametrize("cache_dtype", [None, torch.float32])
+def test_a_bf16_prompt_gives_the_uncached_forwards_logits_after_a_cached_prefix_too(cache_dtype):
+    """bf16 weights over a float32 cache (the CPU's default): a prompt's logits are the forward pass's
+    without a cache, bit for bit, from position 0 and after a prefix read back from the cache alike."""
+    model = tiny(pos="rope", n_kv_head=2).to(torch.bfloat16)
+    ids = torch.randint(0, 61, (11,), generator=torch.Generator().manual_seed(5)).tolist()
+    session = BatchSession(
+        model, 3, cache_dtype=cache_dtype, prefix_cache=PrefixCache(1 << 20, block_tokens=4)
+    )
+    (_, logits), (_, shorter) = session.add_many([ids, ids[:9]])  # the shorter row left-padded
+    assert torch.equal(logits, uncached(model, ids).float())
+    torch.testing.assert_close(shorter, uncached(model, ids[:9]).float(), atol=0.05, rtol=0.05)
+    reused = session.prefix_cache.tokens_reused
+    assert torch.equal(session.add(ids[:10])[1], uncached(model, ids[:10]).float())
+    assert session.prefix_cache.tokens_reused - reused == 8  # the first 8 read back from the cache
 
 
 @pytest.mark.parametrize("impl", ["sdpa", "plain"])

@@ -99,6 +99,21 @@ def test_a_kv_cache_appends_each_pass_and_refuses_past_its_length():
             model.run(ids[:, 6:], cache=cache)
 
 
+def test_a_prompt_through_a_float32_cache_computes_what_the_uncached_forward_does():
+    """bf16 weights over a float32 cache (the CPU's default): a prompt's pass attends in bf16 over the
+    values it stored, so its logits are the forward pass's without a cache, bit for bit; the next
+    token's (one query, float32) stay close."""
+    model = tiny_model().to(torch.bfloat16)
+    ids = torch.tensor([[5, 1, 4, 1, 5, 9, 2, 6]])
+    with torch.no_grad():
+        whole = model.run(ids).logits
+        cache = KVCache(model.config, batch=1, max_len=16, dtype=torch.float32)
+        prefill = model.run(ids[:, :7], cache=cache).logits
+        step = model.run(ids[:, 7:], cache=cache).logits
+    assert torch.equal(prefill, whole[:, :7])
+    assert torch.allclose(step.float(), whole[:, 7:].float(), atol=0.1)
+
+
 def test_update_is_written_once_in_the_package():
     """One protocol, one view type: no other class in gptlab has a per-layer ``update(k, v)``."""
     root = Path(gptlab.__file__).parent

@@ -77,6 +77,7 @@ from gptlab.generate.plan import DecodePlan, Decoder, DecodeSettings, ModelFacts
 from gptlab.generate.prefix_cache import PrefixCache
 from gptlab.generate.session import BatchSession
 from gptlab.generate.static import FrozenSteps, StaticSession
+from gptlab.hardware import keep_heap
 from gptlab.model.kvcache import KVStore, KVView, default_cache_dtype
 
 #: the model attribute that holds its engine
@@ -90,6 +91,8 @@ class PreparedDecoding:
     def __init__(self, model: Decoder, settings: DecodeSettings | None = None) -> None:
         self.model = model
         self.settings = settings or DecodeSettings()
+        if model.device.type == "cpu":
+            keep_heap()  # an eager prefill's blocks reused, not page-faulted afresh (gptlab.hardware)
         self.frozen = FrozenSteps(model)  # the frozen CPU steps, one per sampler flavour
         self._one_token: Compiled | None = None
         #: the static session later requests reuse while it is free and large enough
