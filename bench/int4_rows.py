@@ -56,7 +56,7 @@ def kernel(layer: Int4Linear, x: torch.Tensor) -> torch.Tensor:
 
 def dequantised(layer: Int4Linear, x: torch.Tensor) -> torch.Tensor:
     """The product through the matrix dequantised to ``x``'s dtype (what it runs from there on)."""
-    return torch.nn.functional.linear(x, layer.dequantized().to(x.dtype))
+    return torch.nn.functional.linear(x, layer.dequantized(x.dtype))
 
 
 def int8_kernel(layer: Int8Linear, x: torch.Tensor) -> torch.Tensor:

@@ -47,6 +47,34 @@ def test_kernel_layout_reads_back_exactly(n):
     assert torch.equal(unpack_nibbles(pack_nibbles(parts.q)), parts.q)
 
 
+@pytest.mark.parametrize("n", [64, 80, 144])  # whole and partial blocks of the kernel's layout
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_a_dequantised_matrix_is_each_weight_rounded_once(n, dtype):
+    """What a prefill multiplies: ``(q − 8)·s + z`` computed exactly, rounded once to ``dtype``."""
+    parts = random_parts(n, 96, seed=n)
+    w = layer(parts).dequantized(dtype)
+    assert w.shape == (n, 96) and w.dtype == dtype
+    assert torch.equal(w, parts.dequantize().to(dtype))
+
+
+@pytest.mark.parametrize("layout", [(64, True), (32, True), (64, False), (32, False)])
+def test_every_packed_layout_unpacks_to_its_rows(layout):
+    """The layouts ``kernel_layout`` tells apart (AVX-512 and AVX2 blocks), read as (K, N): byte
+    (k, j) of a block of B rows holds rows j and j + B/2 (blocked) or 2j and 2j + 1; a last partial
+    block holds pairs."""
+    from gptlab.model.int4 import _unpack
+
+    block, blocked = layout
+    n, k = 2 * block + 16, 64
+    q = torch.randint(0, 16, (n, k), dtype=torch.uint8, generator=torch.Generator().manual_seed(block))
+    full = n // block * block
+    qt = q[:full].view(full // block, block, k).transpose(1, 2)  # (blocks, K, B)
+    lo, hi = (qt[..., : block // 2], qt[..., block // 2 :]) if blocked else (qt[..., 0::2], qt[..., 1::2])
+    tail = q[full:].t()  # (K, rows left) in pairs
+    packed = torch.cat([(lo | hi << 4).reshape(-1), (tail[:, 0::2] | tail[:, 1::2] << 4).reshape(-1)])
+    assert torch.equal(_unpack(packed, n, k, block, blocked), q.t())
+
+
 @pytest.mark.parametrize("rows", [1, 3, INT4_DEQUANT_ROWS + 5])  # the int4 kernel, then the bf16 GEMM
 def test_kernel_equals_the_direct_dequantization(rows):
     parts = random_parts(64, 128)

@@ -53,10 +53,11 @@ class Int4Parts:
         return (self.q.float() - 8) * s + z
 
 
-#: From this many rows an int4 matrix is dequantized to bf16 and multiplied by the float kernels. The
-#: int4 kernel's cost grows with the rows (~10× a bf16 GEMM's at 505 rows); dequantizing costs the same
-#: at any row count (1–4 ns a weight). ``bench/int4_rows.py`` at SmolLM2's shapes: the dequantized product
-#: is the faster one from 128–192 rows on an AVX-512 CPU, from 96–128 under AVX2 (docs/benchmarks.md).
+#: From this many rows an int4 matrix is dequantized to the activations' dtype and multiplied by the
+#: float kernels. The int4 kernel's cost grows with the rows (~10× a bf16 GEMM's at 505 rows);
+#: dequantizing costs the same at any row count (0.4–0.8 ns a weight). ``bench/int4_rows.py`` at
+#: SmolLM2's shapes: the dequantized product is the faster one from 96 rows on an AVX-512 CPU (bf16),
+#: from 128 under AVX2 (float32) (docs/benchmarks.md).
 INT4_DEQUANT_ROWS = 128
 
 
@@ -69,29 +70,31 @@ def kernel_layout() -> tuple[int, bool]:
     probe = torch.randint(0, 16, (80, 64), dtype=torch.int32, generator=torch.Generator().manual_seed(0))
     packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(probe, 1)
     for layout in ((64, True), (32, True), (64, False), (32, False), (16, False)):
-        if torch.equal(_unpack(packed, 80, 64, *layout).to(torch.int32), probe):
+        if torch.equal(_unpack(packed, 80, 64, *layout).t().to(torch.int32), probe):
             return layout
     raise GptlabError("this torch packs int4 weights in a layout gptlab does not know")
 
 
 def _unpack(packed: torch.Tensor, n: int, k: int, block: int, blocked: bool) -> torch.Tensor:
+    """q transposed, (K, N) uint8, from the kernel's packed weight in the layout (``block``, ``blocked``):
+    each block of rows is (K, block/2) bytes, so reading the blocks as (K, blocks, block/2) puts the
+    inputs first and every nibble lands in its row's column without a transposing copy."""
     flat = packed.reshape(-1)
     full = n // block * block
     out = []
     if full:
-        b = flat[: full * k // 2].view(full // block, k, block // 2)
+        b = flat[: full * k // 2].view(full // block, k, block // 2).permute(1, 0, 2)  # (K, blocks, B/2)
         lo, hi = b & 15, b >> 4
-        qt = torch.cat([lo, hi], -1) if blocked else torch.stack([lo, hi], -1).view(full // block, k, block)
-        out.append(qt.transpose(1, 2).reshape(full, k))
+        out.append((torch.cat([lo, hi], -1) if blocked else torch.stack([lo, hi], -1)).reshape(k, full))
     if n > full:
         b = flat[full * k // 2 :].view(k, (n - full) // 2)
-        out.append(torch.stack([b & 15, b >> 4], -1).view(k, n - full).t())
-    return torch.cat(out) if len(out) > 1 else out[0].contiguous()
+        out.append(torch.stack([b & 15, b >> 4], -1).view(k, n - full))
+    return torch.cat(out, 1) if len(out) > 1 else out[0]
 
 
 def unpack_kernel_layout(packed: torch.Tensor, n: int, k: int) -> torch.Tensor:
     """q (N, K) uint8 from the int4 kernel's packed (N, K/2) weight (``kernel_layout``)."""
-    return _unpack(packed, n, k, *kernel_layout())
+    return _unpack(packed, n, k, *kernel_layout()).t().contiguous()
 
 
 def int4_supported(out_features: int, in_features: int) -> bool:
@@ -164,13 +167,19 @@ class Int4Linear(InferenceLinear):
         """q (N, K) uint8, read back from the kernel's layout (``kernel_layout``)."""
         return unpack_kernel_layout(self.weight, self.out_features, self.in_features)
 
-    def dequantized(self) -> torch.Tensor:
-        """``W = (q − 8)·s + z`` (N, K) in bf16, as ``(q·s) + (z − 8s)``: what many rows multiply."""
+    def dequantized(self, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+        """``W = (q − 8)·s + z`` (N, K) in ``dtype``, each weight rounded once from its exact value:
+        what many rows multiply. Built as Wᵀ (K, N), a transposed view: the kernel's blocks of rows
+        unpack in that order without a copy, and one scale and offset row then serves each group's
+        32 rows, ``Wᵀ[k] = (qᵀ[k] − 8)·s[k/32] + z[k/32]`` (one ``addcmul``; |q − 8| ≤ 8 and the bf16
+        scale make each product exact in the float arithmetic it is computed in). A 1536×576 matrix
+        dequantises in 0.36 ms against 0.82 ms as (N, K) in five operations (docs/benchmarks.md)."""
         n, k = self.out_features, self.in_features
         sz = self.scales_and_zeros
-        s, z = sz[..., 0].t(), sz[..., 1].t()
-        q = self.unpacked().view(n, k // INT4_GROUP, INT4_GROUP).to(torch.bfloat16)
-        return (q * s[..., None] + (z - 8 * s)[..., None]).view(n, k)
+        s = sz[..., 0].to(dtype).contiguous().view(k // INT4_GROUP, 1, n)  # rows of N, not every other
+        z = sz[..., 1].to(dtype).contiguous().view(k // INT4_GROUP, 1, n)
+        q = _unpack(self.weight, n, k, *kernel_layout()).view(torch.int8).sub_(8)  # q − 8 (K, N)
+        return torch.addcmul(z, q.view(k // INT4_GROUP, INT4_GROUP, n), s).view(k, n).t()
 
     def parts(self) -> Int4Parts:
         """The matrix as held: q, and the bf16 scales and zeros widened to float32."""
@@ -209,7 +218,7 @@ class Int4Linear(InferenceLinear):
                 "int4 weights run on the CPU (torch's int4 kernel for CUDA takes another layout)"
             )
         if x2.size(0) >= INT4_DEQUANT_ROWS:  # a prefill: the kernel is compute-bound there
-            y = F.linear(x2, self.dequantized().to(x2.dtype))
+            y = F.linear(x2, self.dequantized(x2.dtype))
         else:
             sz = self.scales_and_zeros
             y = torch.ops.quantized.int4mm_packed_weight_cpu(
