@@ -387,10 +387,11 @@ def keep_heap() -> bool:
     mapped afresh and returns the heap's top above twice its threshold, both adapted as the process
     runs, so the same pass sometimes paid 50,000–120,000 page faults (each new page zeroed by the
     kernel) and sometimes none, by the order of earlier frees: SmolLM2's int4 prefill took 0.40–0.43 s
-    in such a process against 0.30–0.34 (docs/benchmarks.md#beside-llamacpp). With both set, the blocks are
-    reused. Resident memory is what the unlucky process's would have been plus at most the pad's
-    touched pages (measured: none to +25 MB). An allocator without ``mallopt`` (musl, macOS) changes
-    nothing."""
+    in such a process against 0.30–0.34 (docs/benchmarks.md#beside-llamacpp). With both set, the
+    blocks are reused. Resident memory is what the unlucky process's would have been plus at most the
+    pad's touched pages (measured: none to +25 MB with SmolLM2's int4 file, +60 MB with its int8 one
+    under AVX2, whose float32 prefill converts each matrix). An allocator without ``mallopt`` (musl,
+    macOS) changes nothing."""
     import ctypes
 
     try:
