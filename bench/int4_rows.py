@@ -4,7 +4,7 @@
     python bench/int4_rows.py --rows 16,64,96,128,256
     python bench/int4_rows.py --weights int8        # _weight_int8pack_mm against the float product
 
-``Int4Linear`` multiplies fewer than ``gptlab.model.int4.INT4_DEQUANT_ROWS`` rows with
+``Int4Linear`` multiplies fewer than ``gptlab.model.int4.int4_dequant_rows(activations)`` rows with
 ``_weight_int4pack_mm_for_cpu`` (each weight read once per 4 rows), and more by dequantising the
 matrix (``Int4Linear.dequantized``, a cost per weight) and multiplying in the activations' dtype (bf16
 where it is native, else float32). This times both, in turns, at each row count, per matrix shape
@@ -32,7 +32,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from gptlab.model.int4 import INT4_DEQUANT_ROWS, INT4_GROUP, Int4Linear  # noqa: E402
+from gptlab.model.int4 import INT4_GROUP, Int4Linear, int4_dequant_rows  # noqa: E402
 from gptlab.model.quantized import Int8Linear, activation_dtype, int8_float_rows  # noqa: E402
 
 SHAPES = [(576, 576), (192, 576), (1536, 576), (576, 1536), (49152, 576)]  # SmolLM2: q/o, k/v, gate/up, down
@@ -47,7 +47,7 @@ def per_call_ms(fn: Callable[[], object], calls: int) -> float:
 
 
 def kernel(layer: Int4Linear, x: torch.Tensor) -> torch.Tensor:
-    """The product through the int4 kernel (what ``Int4Linear`` runs below ``INT4_DEQUANT_ROWS``)."""
+    """The product through the int4 kernel (what ``Int4Linear`` runs below ``int4_dequant_rows``)."""
     sz = layer.scales_and_zeros
     return torch.ops.aten._weight_int4pack_mm_for_cpu(
         x.to(sz.dtype).contiguous(), layer.weight, INT4_GROUP, sz
@@ -117,7 +117,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "dequant_rows_now": (
             {f"{n}x{k}": int8_float_rows(act, n * k) for n, k in shapes}
             if args.weights == "int8"
-            else INT4_DEQUANT_ROWS
+            else int4_dequant_rows(act)
         ),
         "dequantised_faster_from": faster_from,
         "shapes": out,

@@ -54,11 +54,17 @@ class Int4Parts:
 
 
 #: From this many rows an int4 matrix is dequantized to the activations' dtype and multiplied by the
-#: float kernels. The int4 kernel's cost grows with the rows (~10× a bf16 GEMM's at 505 rows);
-#: dequantizing costs the same at any row count (0.4–0.8 ns a weight). ``bench/int4_rows.py`` at
-#: SmolLM2's shapes: the dequantized product is the faster one from 96 rows on an AVX-512 CPU (bf16),
-#: from 128 under AVX2 (float32) (docs/benchmarks.md).
-INT4_DEQUANT_ROWS = 128
+#: float kernels, per activation dtype (``int4_dequant_rows``). The int4 kernel's cost grows with the
+#: rows (~10× a bf16 GEMM's at 505 rows); dequantizing costs the same at any row count (0.4–0.8 ns a
+#: weight). ``bench/int4_rows.py`` at SmolLM2's shapes: the dequantized product is the faster one from
+#: 96 rows with bf16 activations (an AVX-512 CPU with native bf16), from 128 with float32 ones (AVX2)
+#: (docs/benchmarks.md).
+INT4_DEQUANT_ROWS = {torch.bfloat16: 96, torch.float32: 128}
+
+
+def int4_dequant_rows(activations: torch.dtype) -> int:
+    """The rows from which an int4 matrix is dequantized for the float kernels (``INT4_DEQUANT_ROWS``)."""
+    return INT4_DEQUANT_ROWS.get(activations, INT4_DEQUANT_ROWS[torch.float32])
 
 
 @functools.cache
@@ -217,7 +223,7 @@ class Int4Linear(InferenceLinear):
             raise GptlabError(
                 "int4 weights run on the CPU (torch's int4 kernel for CUDA takes another layout)"
             )
-        if x2.size(0) >= INT4_DEQUANT_ROWS:  # a prefill: the kernel is compute-bound there
+        if x2.size(0) >= int4_dequant_rows(x2.dtype):  # a prefill: the kernel is compute-bound there
             y = F.linear(x2, self.dequantized(x2.dtype))
         else:
             sz = self.scales_and_zeros
