@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from gptlab import GPT, GPTConfig
-from gptlab.model.attention import CausalSelfAttention, plain_attention, sdpa_attention
+from gptlab.model.attention import CausalSelfAttention, plain_attention, sdpa_attention, share_kv_heads
 from gptlab.model.gelu import _CompiledGELU, gelu
 from gptlab.model.mlp import FeedForward, ffn_param_count, gelu_tanh, relu2
 from gptlab.model.norms import LayerNorm
@@ -75,6 +75,26 @@ def test_paths_agree_with_a_cache_and_a_custom_mask() -> None:
         a, _ = plain_attention(q, k, v, m, b, 0.0, False)
         s, _ = sdpa_attention(q, k, v, m, b, 0.0, False)
         torch.testing.assert_close(a, s, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("n_q", [1, 5, 7])  # a decode step, a pass over part of a cache, a whole pass
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_shared_kv_heads_read_in_the_kernel_give_what_their_copies_give(n_q: int, dtype: torch.dtype) -> None:
+    """On a CPU the SDPA kernel reads each of the 2 key/value heads for its 3 query heads in place
+    (``enable_gqa``): bit for bit what attending over a copy per query head gives, with or without a
+    mask or a bias, and the same for the written-out path."""
+    g = torch.Generator().manual_seed(n_q)
+    q = torch.randn(2, 6, n_q, 8, generator=g).to(dtype)
+    k, v = (torch.randn(2, 2, 7, 8, generator=g).to(dtype) for _ in range(2))
+    mask = torch.rand(2, 1, n_q, 7, generator=g) > 0.3
+    mask[..., 0] = True
+    bias = torch.randn(6, n_q, 7, generator=g).to(dtype)
+    copies = share_kv_heads(k, v, 6)
+    for m, b in [(None, None), (mask, None), (None, bias), (mask, bias)]:
+        for path in (sdpa_attention, plain_attention):
+            shared, _ = path(q, k, v, m, b, 0.0, False, True, True)
+            copied, _ = path(q, *copies, m, b, 0.0, False)
+            assert torch.equal(shared, copied)
 
 
 def test_gqa_stores_only_kv_heads_and_shares_them_across_query_groups() -> None:

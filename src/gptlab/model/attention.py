@@ -74,12 +74,16 @@ def plain_attention(
     dropout_p: float,
     need_weights: bool,
     causal: bool = True,
+    enable_gqa: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """``softmax(Q·Kᵀ/√d_k + M)·V`` written out. q: (B, H, T_q, d_k); k, v: (B, H, T_k, d_k).
+    """``softmax(Q·Kᵀ/√d_k + M)·V`` written out. q: (B, H, T_q, d_k); k, v: (B, H, T_k, d_k), or
+    (B, H_kv, T_k, d_k) with ``enable_gqa`` (each key/value head shared by ``H/H_kv`` query heads).
 
     ``Q·Kᵀ/√d_k + M`` is one ``baddbmm`` (the scale and the mask applied as the product is
     written); the softmax runs in float32, with exact zeros where ``M = −∞``.
     """
+    if enable_gqa:
+        k, v = share_kv_heads(k, v, q.size(1))
     B, H, n_q, d_k = q.shape
     n_k = k.size(-2)
     m = _full_mask(n_q, n_k, attn_mask, bias, q.device, q.dtype, causal)
@@ -102,19 +106,35 @@ def sdpa_attention(
     dropout_p: float,
     need_weights: bool,
     causal: bool = True,
+    enable_gqa: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The same function through ``F.scaled_dot_product_attention``."""
+    """The same function through ``F.scaled_dot_product_attention`` (``enable_gqa``: its kernel reads
+    query head ``h``'s keys from head ``h·H_kv/H``)."""
     n_q, n_k = q.size(-2), k.size(-2)
     if attn_mask is None and bias is None:
         if n_q == 1 or not causal:  # one new token sees every cached key, or no M: no mask at all
-            return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p), None
+            return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, enable_gqa=enable_gqa), None
         if n_q == n_k:
-            return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True), None
+            out = F.scaled_dot_product_attention(
+                q, k, v, dropout_p=dropout_p, is_causal=True, enable_gqa=enable_gqa
+            )
+            return out, None
     if bias is None:
         mask = _allowed(n_q, n_k, attn_mask, causal, q.device)
     else:
         mask = _full_mask(n_q, n_k, attn_mask, bias, q.device, q.dtype, causal)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p), None
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, enable_gqa=enable_gqa)
+    return out, None
+
+
+def kv_heads_shared_in_kernel(path: str, device: torch.device) -> bool:
+    """Whether attention through ``path`` on ``device`` reads shared key/value heads (GQA) where they
+    are, rather than from a copy of every key per query head (``share_kv_heads``): the CPU's SDPA
+    kernel does (``enable_gqa``, the same numbers). A decode step copied its whole cache at every
+    layer otherwise (SmolLM2's 3 heads for 9 at 600 cached positions: 120 µs a layer against 39);
+    the GPU kernels that take no ``enable_gqa`` get the copy.
+    """
+    return path == "sdpa" and device.type == "cpu"
 
 
 ATTENTION_PATHS = {"plain": plain_attention, "sdpa": sdpa_attention}
@@ -190,10 +210,14 @@ class CausalSelfAttention(nn.Module):
             if k.dtype != q.dtype:
                 dt = attention_dtype(q.dtype, k.dtype, T)
                 q, k, v = q.to(dt), k.to(dt), v.to(dt)
-        k, v = share_kv_heads(k, v, self.n_head)  # (B, H, T_k, d_k)
         bias = positional.bias(T, k.size(-2), x.device, q.dtype, causal=self.causal)
         path = "plain" if need_weights else self.impl
+        gqa = self.n_kv_head != self.n_head and kv_heads_shared_in_kernel(path, x.device)
+        if not gqa:
+            k, v = share_kv_heads(k, v, self.n_head)  # (B, H, T_k, d_k)
         dropout_p = self.dropout if self.training else 0.0
-        y, weights = ATTENTION_PATHS[path](q, k, v, attn_mask, bias, dropout_p, need_weights, self.causal)
+        y, weights = ATTENTION_PATHS[path](
+            q, k, v, attn_mask, bias, dropout_p, need_weights, self.causal, gqa
+        )
         y = y.transpose(1, 2).reshape(B, T, self.q_dim).to(x.dtype)  # Concat(head_1..head_h)
         return self.resid_dropout(self.proj(y)), weights

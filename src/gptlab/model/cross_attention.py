@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from gptlab.model.attention import ATTENTION_PATHS, share_kv_heads, split_heads
+from gptlab.model.attention import ATTENTION_PATHS, kv_heads_shared_in_kernel, share_kv_heads, split_heads
 from gptlab.model.config import GPTConfig
 from gptlab.model.norms import RMSNorm
 
@@ -60,9 +60,11 @@ class CrossAttention(nn.Module):
             k, v = k.expand(B, -1, -1, -1), v.expand(B, -1, -1, -1)
         if k.dtype != q.dtype:
             k, v = k.to(q.dtype), v.to(q.dtype)
-        k, v = share_kv_heads(k, v, self.n_head)  # (B, H, S, d_k)
         path = "plain" if need_weights else self.impl
+        gqa = self.n_kv_head != self.n_head and kv_heads_shared_in_kernel(path, x.device)
+        if not gqa:
+            k, v = share_kv_heads(k, v, self.n_head)  # (B, H, S, d_k)
         dropout_p = self.dropout if self.training else 0.0
-        y, weights = ATTENTION_PATHS[path](q, k, v, source_mask, None, dropout_p, need_weights, False)
+        y, weights = ATTENTION_PATHS[path](q, k, v, source_mask, None, dropout_p, need_weights, False, gqa)
         y = y.transpose(1, 2).reshape(B, T, self.q_dim).to(x.dtype)
         return self.resid_dropout(self.proj(y)), weights
