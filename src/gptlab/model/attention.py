@@ -140,17 +140,18 @@ def kv_heads_shared_in_kernel(path: str, device: torch.device) -> bool:
 ATTENTION_PATHS = {"plain": plain_attention, "sdpa": sdpa_attention}
 
 
-def attention_dtype(activations: torch.dtype, stored: torch.dtype, queries: int) -> torch.dtype:
-    """The dtype a pass of ``queries`` attends in over a cache stored in another dtype: one query (a
-    decode step) in the wider of the two, a pass of many (a prompt) in the activations'.
+def attention_dtype(activations: torch.dtype, stored: torch.dtype) -> torch.dtype:
+    """The dtype queries attend in over a cache stored in another dtype: the wider of the two, for one
+    query (a decode step) and for a prompt's many alike.
 
-    A float32 cache under bf16 weights is the CPU's default (``default_cache_dtype``): there one
-    query attends faster in float32 than in bf16, while a prompt's bf16 attention takes 0.43× the
-    float32 kernel's time (505 tokens, SmolLM2's heads). The cache holds the values the activations
-    had (bf16 in float32: exactly), so a prompt attends over the same numbers either way, whether its
-    earlier keys came from a prefix cache or from the pass itself.
+    A float32 cache under bf16 weights is the CPU's default (``default_cache_dtype``), where one query
+    attends faster in float32 than in bf16. A prompt's pass could attend in bf16 in 0.43× the float32
+    kernel's time (505 tokens, SmolLM2's heads, about 40 ms of a prefill), but bf16 attention rounds
+    its probabilities ``softmax(QKᵀ/√d_k)`` to bf16 before they weight ``V``, and that changed greedy
+    texts (SmolLM2: one of two prompts parted after 9 tokens; docs/benchmarks.md). A prompt therefore
+    attends as a decode step does, in the cache's float32.
     """
-    return torch.promote_types(activations, stored) if queries == 1 else activations
+    return torch.promote_types(activations, stored)
 
 
 def split_heads(x: torch.Tensor, n_head: int, head_dim: int) -> torch.Tensor:
@@ -208,7 +209,7 @@ class CausalSelfAttention(nn.Module):
         if cache is not None:
             k, v = cache.update(k, v)  # all keys/values so far: (B, H_kv, T_k, d_k)
             if k.dtype != q.dtype:
-                dt = attention_dtype(q.dtype, k.dtype, T)
+                dt = attention_dtype(q.dtype, k.dtype)
                 q, k, v = q.to(dt), k.to(dt), v.to(dt)
         bias = positional.bias(T, k.size(-2), x.device, q.dtype, causal=self.causal)
         path = "plain" if need_weights else self.impl
