@@ -231,6 +231,20 @@ def test_token_bytes(small_bpe):
         small_bpe.token_bytes(10**6)
 
 
+@pytest.mark.parametrize("bad", [-1, 10**6, 1.0, "1", None])
+def test_token_bytes_takes_numpy_ids_and_names_a_bad_one(small_bpe, bad):
+    """An id from a numpy array is an id; a negative, too large, float or text one is refused by name,
+    from ``token_bytes`` and from ``decode`` alike (never read from the end of the table)."""
+    import numpy as np
+
+    assert small_bpe.token_bytes(np.int64(ord("a"))) == b"a"
+    for fail in (lambda: small_bpe.token_bytes(bad), lambda: small_bpe.decode([97, bad])):
+        with pytest.raises(GptlabError, match=f"token id {re.escape(repr(bad))} at position"):
+            fail()
+    with pytest.raises(GptlabError, match="token id True at position 0"):
+        small_bpe.token_bytes(True)
+
+
 def test_encode_rejects_non_strings(small_bpe):
     with pytest.raises(GptlabError, match="must be a str"):
         small_bpe.encode(b"bytes")

@@ -91,7 +91,8 @@ class RankedTokenizer(Tokenizer):
 
     ``backend`` is ``"auto"`` (tiktoken if installed and it accepts the pattern,
     else pure Python), ``"python"`` or ``"tiktoken"``; every back-end gives the same ids. ``checked``:
-    the caller built ``ranks`` as ``check_ranks`` requires (non-empty bytes, distinct int ranks ≥ 0).
+    the caller built ``ranks`` as ``check_ranks`` requires (non-empty bytes, distinct int ranks ≥ 0), and
+    a dict is then held as it is, not copied.
     """
 
     drop_missing_bytes = False  # True: a byte with no token is left out instead of being an error
@@ -104,7 +105,7 @@ class RankedTokenizer(Tokenizer):
         backend: str = "auto",
         checked: bool = False,
     ) -> None:
-        ranks = dict(ranks) if checked else check_ranks(ranks)
+        ranks = (ranks if isinstance(ranks, dict) else dict(ranks)) if checked else check_ranks(ranks)
         missing = [b for b in range(256) if bytes([b]) not in ranks]
         # bytes with no token are dropped from the text (as Hugging Face's BPE does) where a subclass allows it
         self._drop = bytes(missing) if self.drop_missing_bytes else b""
