@@ -74,6 +74,24 @@ def test_every_packed_layout_unpacks_to_its_rows(layout):
     assert torch.equal(_unpack(packed, n, k, block, blocked), q.t())
 
 
+@pytest.mark.parametrize("layout", [(64, True), (32, True), (64, False), (32, False)])
+@pytest.mark.parametrize("n", [16, 48, 80, 576, 1536 + 16])
+def test_repacking_a_checkpoints_nibbles_gives_the_kernels_layout(layout, n):
+    """A checkpoint's portable nibbles go to the kernel's layout byte for byte as
+    ``_convert_weight_to_int4pack_for_cpu`` lays out q on this CPU, and read back (``_unpack``) to q in
+    every layout, with whole blocks, a partial one, or only pairs."""
+    from gptlab.model.int4 import _repack, _unpack, kernel_layout
+
+    k = 96
+    q = torch.randint(0, 16, (n, k), dtype=torch.uint8, generator=torch.Generator().manual_seed(n))
+    packed = _repack(pack_nibbles(q), *layout)
+    assert packed.shape == (n, k // 2) and packed.dtype == torch.uint8
+    assert torch.equal(_unpack(packed, n, k, *layout), q.t())
+    if layout == kernel_layout():
+        aten = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.to(torch.int32), 1)
+        assert torch.equal(packed, aten)
+
+
 @pytest.mark.parametrize(
     "rows", [1, 3, 128 + 5]
 )  # the int4 kernel, then the float GEMM (from 96 or 128 rows)

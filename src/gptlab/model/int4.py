@@ -98,6 +98,31 @@ def _unpack(packed: torch.Tensor, n: int, k: int, block: int, blocked: bool) -> 
     return torch.cat(out, 1) if len(out) > 1 else out[0]
 
 
+def _repack(portable: torch.Tensor, block: int, blocked: bool) -> torch.Tensor:
+    """``pack_nibbles``' (N, K/2) bytes → the kernel's packed weight in the layout (``block``,
+    ``blocked``), byte for byte what ``_convert_weight_to_int4pack_for_cpu`` makes of q (``_unpack``'s
+    inverse), without widening q to int32 or unpacking it first. Byte ``i`` of row ``r`` holds inputs
+    ``2i`` (low) and ``2i + 1``; in a block, input ``k`` of rows ``a`` (low) and ``b`` (high) is one byte,
+    so with ``A``, ``B`` the rows' portable bytes: inputs ``2i`` give ``(A & 15) | B << 4``, inputs ``2i + 1``
+    give ``A >> 4 | (B & 0xF0)``, written input-major."""
+    n, half = portable.shape
+    full = n // block * block
+    out = []
+
+    def paired(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:  # (…, rows, K/2) each → (…, K/2, 2, rows)
+        even, odd = (a & 15) | (b << 4), (a >> 4) | (b & 0xF0)
+        return torch.stack([even, odd], -1).transpose(-3, -2).transpose(-2, -1)
+
+    if full:
+        rows = portable[:full].view(full // block, block, half)
+        a, b = (rows[:, : block // 2], rows[:, block // 2 :]) if blocked else (rows[:, 0::2], rows[:, 1::2])
+        out.append(paired(a, b).reshape(-1))  # (blocks, K, B/2)
+    if n > full:
+        tail = portable[full:]
+        out.append(paired(tail[0::2], tail[1::2]).reshape(-1))  # (K, rows left / 2): in pairs
+    return (torch.cat(out) if len(out) > 1 else out[0]).view(n, half)
+
+
 def unpack_kernel_layout(packed: torch.Tensor, n: int, k: int) -> torch.Tensor:
     """q (N, K) uint8 from the int4 kernel's packed (N, K/2) weight (``kernel_layout``)."""
     return _unpack(packed, n, k, *kernel_layout()).t().contiguous()
@@ -156,13 +181,14 @@ class Int4Linear(InferenceLinear):
         if tuple(parts.q.shape) != (n, k) or tuple(parts.scales.shape) != (n, k // INT4_GROUP):
             raise GptlabError(f"int4 parts of shape {tuple(parts.q.shape)} for a {n}×{k} matrix")
         sz = torch.stack([parts.scales.t(), parts.zeros.t()], -1).to(torch.bfloat16).contiguous()
-        self._set(parts.q, sz)
+        self._set(pack_nibbles(parts.q), sz)
         bias = linear.bias.detach().to(dtype) if linear.bias is not None and not linear.bias.is_meta else None
         self.register_buffer("bias", bias)
 
-    def _set(self, q: torch.Tensor, scales_and_zeros: torch.Tensor) -> None:
-        """Hold ``q`` (N, K) in the kernel's packed layout and the (K/32, N, 2) bf16 scales and zeros."""
-        packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.to(torch.int32).contiguous(), 1)
+    def _set(self, portable: torch.Tensor, scales_and_zeros: torch.Tensor) -> None:
+        """Hold q, given as ``pack_nibbles`` bytes (N, K/2), in the kernel's packed layout, and the
+        (K/32, N, 2) bf16 scales and zeros."""
+        packed = _repack(portable.contiguous(), *kernel_layout())
         self.register_buffer("weight", packed, persistent=False)
         self.register_buffer("scales_and_zeros", scales_and_zeros, persistent=False)
         # the group size as a tensor, as the kernel's tensor form takes it: a compiled step reads it
@@ -206,7 +232,7 @@ class Int4Linear(InferenceLinear):
             shape = nn.Linear(k, n, bias=False)
         layer = cls.__new__(cls)
         InferenceLinear.__init__(layer, shape)
-        layer._set(unpack_nibbles(weight), scales_and_zeros.to(torch.bfloat16).contiguous())
+        layer._set(weight, scales_and_zeros.to(torch.bfloat16).contiguous())
         layer.register_buffer("bias", bias.to(dtype) if bias is not None else None)
         return layer
 
