@@ -118,3 +118,20 @@ def test_a_truncated_file_is_one_clear_error(tmp_path, cut):
     (tmp_path / "t.gguf").write_bytes(data[:cut])
     with pytest.raises(GptlabError, match="not a readable GGUF file"):
         read_gguf(tmp_path / "t.gguf")
+
+
+def test_a_file_cut_inside_a_vocabulary_is_one_clear_error(tmp_path):
+    """The vocabulary's strings are read in one loop: a file that ends inside them (the length read,
+    its bytes missing, or the length itself cut) is the same one error, whole strings before it intact."""
+    w = gguf.GGUFWriter(str(tmp_path / "v.gguf"), "llama")
+    tokens = [f"tok{i}é" for i in range(300)]
+    w.add_array("tokenizer.ggml.tokens", tokens)
+    w.add_tensor("x", np.ones((2, 4), dtype=np.float32))
+    finish(w)
+    data = (tmp_path / "v.gguf").read_bytes()
+    assert parse_gguf(tmp_path / "v.gguf")[0]["tokenizer.ggml.tokens"] == tokens
+    at = data.index(tokens[150].encode())
+    for cut in (at + 2, at - 3):  # inside a string's bytes; inside its length
+        (tmp_path / "t.gguf").write_bytes(data[:cut])
+        with pytest.raises(GptlabError, match="not a readable GGUF file"):
+            read_gguf(tmp_path / "t.gguf")
