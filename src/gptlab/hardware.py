@@ -390,8 +390,9 @@ def keep_heap() -> bool:
     in such a process against 0.30–0.34 (docs/benchmarks.md#beside-llamacpp). With both set, the
     blocks are reused. Resident memory is what the unlucky process's would have been plus at most the
     pad's touched pages (measured: none to +25 MB with SmolLM2's int4 file, +60 MB with its int8 one
-    under AVX2, whose float32 prefill converts each matrix). An allocator without ``mallopt`` (musl,
-    macOS) changes nothing."""
+    under AVX2, whose float32 prefill converts each matrix), until decoding hands it back after a long
+    pass and at each request (``gptlab.generate.session.release_after_pass``). An allocator without
+    ``mallopt`` (musl, macOS) changes nothing."""
     import ctypes
 
     try:

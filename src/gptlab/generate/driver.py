@@ -53,6 +53,7 @@ from gptlab.generate.prepared import PreparedDecoding, prepared_of
 from gptlab.generate.request import RequestState, TokenEvent, fit_prompt, session_len, vocab_size
 from gptlab.generate.session import BatchSession, ContextWarning, Session
 from gptlab.model.encdec import EncoderDecoder
+from gptlab.model.quantized import release_memory
 
 if TYPE_CHECKING:
     from gptlab.tokenizers.base import Tokenizer
@@ -151,6 +152,8 @@ def start(
     bypasses it (the plan decides, so a request is correct either way)."""
     fitted = fit_prompts(model, prompts, config)
     engine = prepared_of(model)
+    if engine.model.device.type == "cpu":
+        release_memory()  # the caches of earlier requests, freed, go back to the system before this one
     plan = engine.plan(len(fitted), config=config, cache_dtype=cache_dtype, want_probs=top_n is not None)
     request = Request(tokenizer, fitted, config, cache_dtype, seeds, top_n, prefix_cache)
     return STARTS[plan.session](engine, plan, request)

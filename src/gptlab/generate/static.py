@@ -69,7 +69,7 @@ from gptlab.errors import GptlabError
 from gptlab.generate.config import SampleConfig
 from gptlab.generate.plan import Decoder, logits_of
 from gptlab.generate.sampling import ROW_OPTIONS, ROW_SAMPLERS, penalise, row_options
-from gptlab.generate.session import Window
+from gptlab.generate.session import Window, release_after_pass
 from gptlab.model.kvcache import KVStore, KVView, StaticKVCache, default_cache_dtype, mark_static
 
 # (torch leaves it unannotated)
@@ -512,6 +512,7 @@ def prefill_rows(
     logits = logits_of(model.run(idx, pos=pos, cache=layers))  # (n, T, V)
     rows = torch.arange(n, device=idx.device)
     chosen = s.penalised(logits[rows, last, : session.vocab].float(), r0, r0 + n)  # (n, V)
+    release_after_pass(idx)
     return ROW_SAMPLERS[flavour](chosen, *s.options(r0, r0 + n), last)
 
 
