@@ -446,7 +446,7 @@ def release_after_pass(idx: torch.Tensor) -> bool:
     pays no page faults for its temporaries; afterwards they are free but stayed resident, so a long
     prompt raised what the decode that follows holds: SmolLM2's Q4_0 file, decoding after a 505-token
     prompt, 421–425 MB against 373 MB handed back. The price is the next long pass's first touch of
-    its pages (~12,000 faults, about half of them its cache: +5–9 % of a 505-token prefill) and the
+    its pages (~12,000 faults, about half of them its cache: +3–10 % of a 505-token prefill) and the
     trim itself (3–5 ms; 1–2 ms after a short pass, hence the threshold)."""
     if idx.device.type != "cpu" or idx.numel() < RELEASE_AFTER_TOKENS:
         return False

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -291,8 +292,10 @@ def activation_dtype(device: torch.device | str) -> torch.dtype:
     return torch.bfloat16 if hardware.native_bf16("cpu" if kind == "meta" else kind) else torch.float32
 
 
+@functools.cache
 def _libc() -> ctypes.CDLL | None:
-    """The C library when it is glibc (``malloc_trim`` and ``mallopt`` are glibc's), else None."""
+    """The C library when it is glibc (``malloc_trim`` and ``mallopt`` are glibc's), else None; found
+    once per process (``find_library`` runs ``ldconfig``: 1–4 ms, and decoding asks at every request)."""
     name = ctypes.util.find_library("c")
     try:
         libc = ctypes.CDLL(name) if name else None
