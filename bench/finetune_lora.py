@@ -32,7 +32,7 @@ def _peak_rss_mb() -> float:
 
 
 def _reset_peak() -> None:
-    from gptlab.model.quantized import release_memory
+    from gptlab.hardware import release_memory
 
     gc.collect()
     release_memory()  # hand the loader's transient buffers back first

@@ -378,9 +378,52 @@ HEAP_TOP_PAD = 64 << 20
 
 
 @functools.cache
+def _glibc() -> Any:
+    """The C library when it is glibc (``malloc_trim`` and ``mallopt`` are glibc's), else None; found
+    once per process (``find_library`` runs ``ldconfig``: 1–4 ms, and decoding asks at every request)."""
+    import ctypes
+    import ctypes.util
+
+    name = ctypes.util.find_library("c")
+    try:
+        libc = ctypes.CDLL(name) if name else None
+    except OSError:
+        return None
+    if libc is None or not hasattr(libc, "malloc_trim"):
+        return None
+    libc.mallopt.argtypes, libc.mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    libc.malloc_trim.argtypes, libc.malloc_trim.restype = [ctypes.c_size_t], ctypes.c_int
+    return libc
+
+
+def release_memory() -> bool:
+    """Hand the C heap's free pages back to the system (glibc's ``malloc_trim(0)``) → whether the
+    library could. glibc keeps freed small and medium blocks in its heap: after float32 weights are
+    replaced by int8 ones, or after a long prompt's pass, the process still holds that memory."""
+    libc = _glibc()
+    if libc is not None:
+        libc.malloc_trim(0)
+    return libc is not None
+
+
+def map_large_blocks(threshold: int = 2**20) -> bool:
+    """Blocks of ``threshold`` bytes or more get their own mapping, returned to the system when freed
+    (while weights are loaded; ``keep_heap`` sets the decoding threshold again).
+
+    By default glibc raises this threshold to the largest block freed so far (up to 32 MB), so the
+    float weights converted one after another while loading land in the heap between the int8 ones
+    that stay, and the heap grows to several times the model (SmolLM2 int8: 1.0 GB instead of 0.5 GB
+    while loading). A fixed threshold also stops that adjustment for the rest of the process.
+    """
+    libc = _glibc()
+    return libc is not None and libc.mallopt(_M_MMAP_THRESHOLD, threshold) == 1
+
+
 def keep_heap() -> bool:
     """Let the C heap keep ``HEAP_TOP_PAD`` bytes at its top and serve blocks below
-    ``HEAP_MMAP_THRESHOLD`` (glibc's ``mallopt``) → whether the allocator took both; once per process.
+    ``HEAP_MMAP_THRESHOLD`` (glibc's ``mallopt``) → whether the allocator took both. Decoding sets it
+    when a model's engine is made and again at each request, since loading another model in the
+    same process maps large blocks again (``map_large_blocks``); each call costs microseconds.
 
     An eager forward pass allocates and frees a block of 1–4 MB per operation (a 505-token prefill's
     activations, an int4 matrix dequantised for it). glibc's allocator starts with blocks from 128 KB
@@ -393,13 +436,9 @@ def keep_heap() -> bool:
     under AVX2, whose float32 prefill converts each matrix), until decoding hands it back after a long
     pass and at each request (``gptlab.generate.session.release_after_pass``). An allocator without
     ``mallopt`` (musl, macOS) changes nothing."""
-    import ctypes
-
-    try:
-        mallopt = ctypes.CDLL(None).mallopt
-    except (AttributeError, OSError):
-        return False
-    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
-    return bool(
-        mallopt(_M_MMAP_THRESHOLD, HEAP_MMAP_THRESHOLD) == 1 and mallopt(_M_TOP_PAD, HEAP_TOP_PAD) == 1
+    libc = _glibc()
+    return (
+        libc is not None
+        and libc.mallopt(_M_MMAP_THRESHOLD, HEAP_MMAP_THRESHOLD) == 1
+        and libc.mallopt(_M_TOP_PAD, HEAP_TOP_PAD) == 1
     )

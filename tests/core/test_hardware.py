@@ -303,6 +303,14 @@ if sys.argv[1] == "decoding":  # a model readied for decoding on the CPU
     from gptlab.generate import prepare_decoding
     from tests._tiny import tiny_model
     prepare_decoding(tiny_model())
+if sys.argv[1] == "reloaded":  # readied, then another model loaded (large blocks mapped), then a request
+    import torch
+    from gptlab.generate import generate_ids, prepare_decoding
+    from tests._tiny import tiny_model
+    model = tiny_model()
+    prepare_decoding(model)
+    hardware.map_large_blocks()
+    generate_ids(model, torch.tensor([[1, 2, 3]]), 1)
 libc = ctypes.CDLL(None)
 libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
 libc.free.argtypes = [ctypes.c_void_p]
@@ -332,7 +340,8 @@ print(kept, *per_pass)
 def test_keeping_the_heap_lets_repeated_passes_reuse_their_blocks():
     """In a fresh process glibc maps each 3 MB block afresh and unmaps it when freed, so every pass
     faults its 9 MB of pages in again (~2,300); after ``keep_heap`` only the first pass does, and a
-    model readied for decoding on the CPU has called it."""
+    model readied for decoding on the CPU has called it, as a request does again after another model's
+    load mapped large blocks."""
 
     def run(mode: str) -> list[str]:
         cmd = [sys.executable, "-c", _FAULTS_OF_A_PASS, mode]
@@ -344,3 +353,4 @@ def test_keeping_the_heap_lets_repeated_passes_reuse_their_blocks():
     assert int(faults[0]) > 2000 and all(int(f) < 100 for f in faults[1:])
     assert all(int(f) > 2000 for f in run("default")[1:])  # what the allocator does without it
     assert all(int(f) < 100 for f in run("decoding")[2:])
+    assert all(int(f) < 100 for f in run("reloaded")[2:])  # a request sets it again after a load

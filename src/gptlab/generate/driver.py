@@ -52,8 +52,8 @@ from gptlab.generate.prefix_cache import PrefixCache
 from gptlab.generate.prepared import PreparedDecoding, prepared_of
 from gptlab.generate.request import RequestState, TokenEvent, fit_prompt, session_len, vocab_size
 from gptlab.generate.session import BatchSession, ContextWarning, Session
+from gptlab.hardware import keep_heap, release_memory
 from gptlab.model.encdec import EncoderDecoder
-from gptlab.model.quantized import release_memory
 
 if TYPE_CHECKING:
     from gptlab.tokenizers.base import Tokenizer
@@ -153,6 +153,7 @@ def start(
     fitted = fit_prompts(model, prompts, config)
     engine = prepared_of(model)
     if engine.model.device.type == "cpu":
+        keep_heap()  # again: a model loaded since maps its large blocks (gptlab.hardware.map_large_blocks)
         release_memory()  # the caches of earlier requests, freed, go back to the system before this one
     plan = engine.plan(len(fitted), config=config, cache_dtype=cache_dtype, want_probs=top_n is not None)
     request = Request(tokenizer, fitted, config, cache_dtype, seeds, top_n, prefix_cache)

@@ -52,8 +52,8 @@ from gptlab.compiling import Compiled
 from gptlab.errors import GptlabError
 from gptlab.generate.plan import Decoder, logits_of
 from gptlab.generate.prefix_cache import Layout, PrefixCache
+from gptlab.hardware import release_memory
 from gptlab.model.kvcache import KVView, Rows, default_cache_dtype, make_store
-from gptlab.model.quantized import release_memory
 
 
 def _rows(slots: Sequence[int]) -> Rows:
@@ -439,7 +439,7 @@ RELEASE_AFTER_TOKENS = 64
 
 def release_after_pass(idx: torch.Tensor) -> bool:
     """After a pass over the tokens ``idx`` on a CPU, from ``RELEASE_AFTER_TOKENS`` of them: the heap's
-    free pages go back to the system (glibc's ``malloc_trim``, ``gptlab.model.quantized.release_memory``)
+    free pages go back to the system (glibc's ``malloc_trim``, ``gptlab.hardware.release_memory``)
     → whether they were.
 
     Within a pass the kept heap (``gptlab.hardware.keep_heap``) reuses each freed block, so the pass

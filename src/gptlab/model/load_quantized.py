@@ -29,6 +29,7 @@ import torch
 from torch import nn
 
 from gptlab.errors import GptlabError
+from gptlab.hardware import map_large_blocks, release_memory
 from gptlab.model import GPT, GPTConfig, build_empty
 from gptlab.model.int4 import Int4Linear, Int4Parts
 from gptlab.model.quantized import (
@@ -36,8 +37,6 @@ from gptlab.model.quantized import (
     Int8Embedding,
     Int8Linear,
     activation_dtype,
-    map_large_blocks,
-    release_memory,
 )
 from gptlab.model.state_dict import check_state, load_model_state, model_state, pad_vocab
 from gptlab.model.weight_formats import QUANTIZERS, quantize

@@ -38,9 +38,6 @@ Without a C++ compiler the one-row product uses those too.
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
-import functools
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -290,45 +287,6 @@ def activation_dtype(device: torch.device | str) -> torch.dtype:
     """
     kind = torch.device(device).type
     return torch.bfloat16 if hardware.native_bf16("cpu" if kind == "meta" else kind) else torch.float32
-
-
-@functools.cache
-def _libc() -> ctypes.CDLL | None:
-    """The C library when it is glibc (``malloc_trim`` and ``mallopt`` are glibc's), else None; found
-    once per process (``find_library`` runs ``ldconfig``: 1–4 ms, and decoding asks at every request)."""
-    name = ctypes.util.find_library("c")
-    try:
-        libc = ctypes.CDLL(name) if name else None
-        return libc if libc is not None and hasattr(libc, "malloc_trim") else None
-    except OSError:
-        return None
-
-
-def release_memory() -> bool:
-    """Hand the heap pages freed by converting weights back to the system (glibc's ``malloc_trim(0)``).
-
-    glibc keeps freed small and medium blocks in its heap, so after float32 weights are replaced by
-    int8 ones the process still holds the float32 memory. False where the C library is not glibc.
-    """
-    libc = _libc()
-    if libc is not None:
-        libc.malloc_trim(0)
-    return libc is not None
-
-
-M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
-
-
-def map_large_blocks(threshold: int = 2**20) -> bool:
-    """Blocks of ``threshold`` bytes or more get their own mapping, returned to the system when freed.
-
-    By default glibc raises this threshold to the largest block freed so far (up to 32 MB), so the
-    float weights converted one after another while loading land in the heap between the int8 ones
-    that stay, and the heap grows to several times the model (SmolLM2 int8: 1.0 GB instead of 0.5 GB
-    while loading). A fixed threshold also stops that adjustment for the rest of the process.
-    """
-    libc = _libc()
-    return libc is not None and bool(libc.mallopt(M_MMAP_THRESHOLD, threshold))
 
 
 def quantize_rows(w: torch.Tensor, rows: int = 4096) -> tuple[torch.Tensor, torch.Tensor]:

@@ -28,7 +28,6 @@ from gptlab.model.quantized import (
     activation_dtype,
     cast_params,
     int8_embedding,
-    release_memory,
     replace_linears,
 )
 
@@ -100,5 +99,5 @@ def quantize(model: M, mode: str) -> M:
     for m in linears:
         m.streams = streams  # a decode step reads every weight from memory: the one-row kernel pays
     model.quantization = mode  # type: ignore[assignment]
-    release_memory()
+    hardware.release_memory()
     return model.eval()
