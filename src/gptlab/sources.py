@@ -105,10 +105,12 @@ def is_model_source(spec: str) -> bool:
 
 
 def load_gptlab(path: Path) -> tuple[GPT, Tokenizer | None]:
-    """A gptlab checkpoint, run or LoRA run in float (int8 inference weights are refused: nothing to train)."""
-    if checkpoint.stored_format(path) is not None:  # int8 inference weights: nothing to train or adapt
+    """A gptlab checkpoint, run or LoRA run in float (int8/int4 inference weights are refused: nothing
+    to train)."""
+    stored = checkpoint.stored_format(path)
+    if stored is not None:  # int8 or int4 inference weights: nothing to train, adapt or export
         raise GptlabError(
-            f"{path}: holds int8 inference weights, which cannot be trained; start from the float "
+            f"{path}: holds {stored} inference weights, which cannot be trained; start from the float "
             "checkpoint (for QLoRA-like fine-tuning: lora with base_format int8 on the float checkpoint)"
         )
     return load(path)

@@ -157,10 +157,22 @@ print(json.dumps(dict(tokens=out, source=step.source, compiled=step.compiled_cal
 
 @pytest.mark.slow  # an ahead-of-time compilation of the tiny step: 50-100 s on 2 busy cores
 @needs_compiler
-@pytest.mark.parametrize("weights", ["float32", "int4"])
+@pytest.mark.parametrize("weights", ["float32", "int4", "int4-table"])
 def test_a_second_process_loads_the_stored_step_instead_of_compiling(tmp_path, weights):
-    """Float and int4 weights (the int4 kernel's group size is a tensor the package must not own)."""
-    tiny = _model() if weights == "float32" else gptlab.quantize(_model(), "int4")
+    """Float and int4 weights (the int4 kernel's group size is a tensor the package must not own), and
+    a GGUF file's 4-bit token table kept int4 (a tied head sharing its bytes, rows gathered from them)."""
+    if weights == "int4-table":
+        from gguf import GGMLQuantizationType
+
+        from gptlab.interop.gguf_kept import from_gguf_kept
+        from gptlab.model.int4 import Int4Embedding
+        from tests.interop._gguf import tiny_llama, write_llama
+
+        write_llama(tmp_path / "t.gguf", tiny_llama(vocab_size=304), GGMLQuantizationType.Q4_0)
+        tiny = from_gguf_kept(tmp_path / "t.gguf")
+        assert isinstance(tiny.wte, Int4Embedding)
+    else:
+        tiny = _model() if weights == "float32" else gptlab.quantize(_model(), "int4")
     ckpt = gptlab.save(tiny, None, tmp_path / "ckpt")
     model, _ = gptlab.load(ckpt)
     eager = _eager(model)

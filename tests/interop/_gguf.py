@@ -123,10 +123,10 @@ def write_llama(path, model: GPT, qtype: Q = Q.F32, extra_tensor: str | None = N
     finish(w)
 
 
-def tiny_llama(tie: bool = True, seed: int = 0) -> GPT:
+def tiny_llama(tie: bool = True, seed: int = 0, vocab_size: int = 270) -> GPT:
     torch.manual_seed(seed)
     cfg = GPTConfig(
-        vocab_size=270, block_size=64, n_layer=2, n_head=4, n_kv_head=2, n_embd=64, d_ff=96, pos="rope",
+        vocab_size=vocab_size, block_size=64, n_layer=2, n_head=4, n_kv_head=2, n_embd=64, d_ff=96, pos="rope",
         rope_theta=5000.0, norm="rmsnorm", norm_eps=1e-5, mlp="swiglu", bias=False, tie_embeddings=tie,
     )  # fmt: skip
     model = GPT(cfg).eval()

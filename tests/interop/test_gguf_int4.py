@@ -17,7 +17,7 @@ import gptlab  # noqa: E402
 from gptlab.cli import main  # noqa: E402
 from gptlab.interop.gguf import from_gguf, read_gguf  # noqa: E402
 from gptlab.interop.gguf_kept import from_gguf_kept, int4_parts, q8_0_rows  # noqa: E402
-from gptlab.model.int4 import Int4Linear, int4_supported  # noqa: E402
+from gptlab.model.int4 import Int4Embedding, Int4Linear, held_weights, int4_supported  # noqa: E402
 from gptlab.model.quantized import Int8Embedding, Int8Linear  # noqa: E402
 from tests.interop._gguf import tiny_llama, write_llama  # noqa: E402
 
@@ -60,17 +60,24 @@ def logits(model: torch.nn.Module) -> torch.Tensor:
         return model(IDS)[0].float()
 
 
-@pytest.fixture(scope="module", params=[(Q.Q4_1, True), (Q.Q4_0, False)], ids=["q4_1-tied", "q4_0-untied"])
+# vocabularies of 270 rows (no int4 kernel for that shape: the table int8) and of 304 (int4: four
+# whole blocks of the kernel's layout and a partial one, tied and untied)
+@pytest.fixture(
+    scope="module",
+    params=[(Q.Q4_1, True, 270), (Q.Q4_0, False, 270), (Q.Q4_0, True, 304), (Q.Q4_1, False, 304)],
+    ids=["q4_1-tied", "q4_0-untied", "q4_0-tied-int4-table", "q4_1-untied-int4-table"],
+)
 def q4_file(request, tmp_path_factory):
-    kind, tie = request.param
+    kind, tie, vocab = request.param
     path = tmp_path_factory.mktemp("gguf") / "tiny.gguf"
-    write_llama(path, tiny_llama(tie=tie), kind)
+    write_llama(path, tiny_llama(tie=tie, vocab_size=vocab), kind)
     return path
 
 
 def test_keep_loads_the_blocks_as_int4_layers(q4_file):
     kept = from_gguf_kept(q4_file, "keep")
-    assert kept.quantization == "int4" and isinstance(kept.wte, Int8Embedding)
+    table = Int4Embedding if kept.config.vocab_size % 16 == 0 else Int8Embedding
+    assert kept.quantization == "int4" and isinstance(kept.wte, table)
     block = kept.blocks[0]
     for lin in (block.attn.qkv, block.attn.proj, block.mlp.gate, block.mlp.up, block.mlp.proj):
         assert isinstance(lin, Int4Linear)
@@ -83,6 +90,33 @@ def test_keep_loads_the_blocks_as_int4_layers(q4_file):
         ref = dense.blocks[0].get_submodule(name).weight.detach()
         assert (held - ref).abs().max() <= 2**-7 * ref.abs().max()
     ref = logits(dense)
+    assert (logits(kept) - ref).abs().max() < 0.05 * ref.abs().max()
+
+
+@pytest.mark.parametrize("kind", [Q.Q4_0, Q.Q4_1])
+@pytest.mark.parametrize("tie", [True, False])
+def test_a_4_bit_token_table_is_kept_as_it_ships(tmp_path, kind, tie):
+    """A Q4_0/Q4_1 token table stays int4: its rows are the file's blocks, as the gguf package
+    dequantizes them (up to the kernel's bf16 scales); a tied head multiplies the same bytes through
+    the int4 kernel and is counted once; the rows the table gives are the head's matrix's rows."""
+    path = tmp_path / "t.gguf"
+    write_llama(path, tiny_llama(tie=tie, vocab_size=304), kind)
+    kept = from_gguf_kept(path, "keep")
+    assert isinstance(kept.wte, Int4Embedding)
+    embd = next(t for t in read_gguf(path).tensors if t.name == "token_embd.weight")
+    want = torch.from_numpy(np.asarray(dequantize(np.asarray(embd.data), kind), dtype=np.float32))
+    ids = torch.arange(304).view(2, 152)
+    rows = kept.wte(ids).float().view(304, -1)
+    assert kept.wte(ids).dtype == kept.dtype
+    assert (rows - want).abs().max() <= 2**-7 * want.abs().max()  # bf16 scales: 8 significant bits
+    assert isinstance(kept.lm_head, Int4Linear)  # tied, or the file's own 4-bit output matrix
+    shared = kept.lm_head.weight.data_ptr() == kept.wte.weight.data_ptr()
+    assert shared == tie  # a tied head: one copy of the bytes
+    if tie:
+        assert torch.equal(kept.lm_head.dequantized(kept.dtype)[ids], kept.wte(ids))
+    matrices = sum(p.numel() for p in from_gguf(path).parameters() if p.dim() == 2)
+    assert held_weights(kept) == f"{matrices:,} weights in int4"
+    ref = logits(from_gguf(path))
     assert (logits(kept) - ref).abs().max() < 0.05 * ref.abs().max()
 
 
@@ -117,6 +151,15 @@ def test_int4_checkpoint_from_the_file_is_the_same_model(q4_file, tmp_path, caps
     torch.testing.assert_close(logits(direct), logits(kept), rtol=0, atol=0)
     as_float, _ = gptlab.load(q4_file, quantize="fp32")
     assert not any(isinstance(m, Int4Linear) for m in as_float.modules())
+
+
+def test_an_int4_checkpoint_is_refused_for_training_and_export_by_its_own_name(q4_file, tmp_path, capsys):
+    out = tmp_path / "ck"
+    assert main(["convert", "--from-gguf", str(q4_file), "--out", str(out), "--dtype", "keep"]) == 0
+    capsys.readouterr()
+    assert main(["convert", "--to-gguf", str(out), "--out", str(tmp_path / "x.gguf")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error:") and "holds int4 inference weights" in err and "\n" not in err
 
 
 def test_keep_from_a_checkpoint_is_one_error(tmp_path, capsys, tiny_model):

@@ -31,8 +31,8 @@ if TYPE_CHECKING:
     from gptlab.model import GPT
     from gptlab.tokenizers.base import Tokenizer
 
-#: the layout of an entry (a change makes every older one foreign)
-FORMAT = 1
+#: the layout of an entry (a change makes every older one foreign; 2: a 4-bit token table kept int4)
+FORMAT = 2
 
 
 def entry_for(source: Path, conversion: str, store: str | os.PathLike[str]) -> Path:

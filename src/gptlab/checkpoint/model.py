@@ -50,7 +50,8 @@ INT8_FORMAT = {
 INT4_FORMAT = {
     "format": "int4",
     "scheme": "w = (q - 8)*s + z in groups of 32 inputs: weight = q as nibbles (input 2j low, 2j+1 high), "
-    "scales_and_zeros (K/32, N, 2) bf16; matrices without scales_and_zeros, and the token table, int8",
+    "scales_and_zeros (K/32, N, 2) bf16; matrices without scales_and_zeros int8; the token table int8, "
+    "or int4 where wte.zeros is saved: wte.weight nibbles (V, d/2), wte.scales and wte.zeros (V, d/32) bf16",
 }
 FORMATS = {"int8": INT8_FORMAT, "int4": INT4_FORMAT}
 

@@ -25,7 +25,7 @@ def register(subparsers: Any) -> None:
         "smollm2) into a checkpoint that sample, chat, serve and eval run as it is stored. int4: every "
         "matrix in groups of 32 inputs, w = (q - 8)*s + z, through PyTorch's CPU int4 kernel (a GGUF "
         "file's Q4_0/Q4_1 blocks are carried over, not requantized); the output head and the token "
-        "table int8. int8: one scale per output channel. Converted tensor by tensor. Not for training.",
+        "table int8 (int4 where a GGUF file's table is Q4_0/Q4_1). int8: one scale per output channel. Converted tensor by tensor. Not for training.",
     )
     p.add_argument(
         "source", metavar="SRC", help="checkpoint, run directory, Hugging Face folder, GGUF file, smollm2"

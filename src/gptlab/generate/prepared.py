@@ -79,6 +79,7 @@ from gptlab.generate.session import BatchSession
 from gptlab.generate.static import FrozenSteps, StaticSession
 from gptlab.hardware import keep_heap
 from gptlab.model.kvcache import KVStore, KVView, default_cache_dtype
+from gptlab.model.quantized import PackedBF16Linear
 
 #: the model attribute that holds its engine
 ATTRIBUTE = "decode_engine"
@@ -407,8 +408,8 @@ def _shared_copy(model: Decoder) -> Decoder:
             memo[id(t)] = t
     twin = copy.deepcopy(model, memo)
     for module in twin.modules():  # type: ignore[attr-defined]
-        if getattr(module, "streams", False) and getattr(module, "packed", None) is not None:
-            module.packed = None
+        if isinstance(module, PackedBF16Linear) and module.streams and module.packed is not None:
+            module._buffers["packed"] = None
     return twin
 
 
@@ -470,7 +471,7 @@ class StoredStep:
         where the step cannot be exported (``torch.compile`` then compiles it in the process)."""
         model, keys = args[0], args[3]
         twin = _Step(_shared_copy(model))
-        if any(getattr(m, "packed", None) is not None for m in twin.modules()):
+        if any(isinstance(m, PackedBF16Linear) and m.packed is not None for m in twin.modules()):
             self.skipped = "oneDNN's prepacked bf16 weights cannot be exported"
             return None
         key = self.key(model, keys[0].dtype)

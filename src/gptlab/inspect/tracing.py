@@ -133,7 +133,7 @@ def trace(
         tokens=[{"position": i, "id": t, "token": lab} for i, (t, lab) in enumerate(zip(ids, labels))],
         embedding={
             "shape": list(tok_emb.shape),
-            "table_shape": list(model.wte.weight.shape),
+            "table_shape": [model.wte.num_embeddings, model.wte.embedding_dim],
             "rows": first_values(tok_emb, labels),
         },
         position=position,

@@ -1,7 +1,8 @@
 """A GGUF file's weights kept as it ships them (``from_gguf_kept(path, "keep" | "int4")``, ``gptlab.load``).
 
 Q4_0 and Q4_1 blocks become ``Int4Linear`` layers without a float copy (``int4_parts``: the block's
-``d``, ``m`` and nibbles as PyTorch's ``w = (q − 8)·s + z``); the token table becomes int8 rows a
+``d``, ``m`` and nibbles as PyTorch's ``w = (q − 8)·s + z``); a token table in Q4_0/Q4_1 stays int4 the
+same way (``Int4Embedding``, a tied head multiplying the same bytes), any other becomes int8 rows a
 block of rows at a time (``int8_rows``); every other matrix is dequantized and made int8 (``keep``) or
 int4 (``int4``) by ``gptlab.model.load_quantized.build_quantized``, tensor by tensor.
 """
@@ -169,14 +170,19 @@ def kept_model(
     lazy = import_lazy(arch.family, config, hf_state(f, arch, hf), shapes, f.path)
     int8 = others if quantize == "keep" else ()
     embd = next(t for t in f.tensors if t.name == "token_embd.weight")
-    table = partial(int8_rows, embd, f.path) if len(embd.shape) == 2 else None
+    table: Callable[[], tuple[torch.Tensor, torch.Tensor] | Int4Parts] | None = None
+    if len(embd.shape) == 2 and embd.tensor_type.name in INT4_BLOCKS and arch.rows_only:
+        if int4_supported(config.padded_vocab_size, config.n_embd):  # kept as its blocks
+            table = partial(_fixed_parts, arch, hf, [(arch.hf_name(embd.name) or embd.name, embd)])
+    if table is None and len(embd.shape) == 2:
+        table = partial(int8_rows, embd, f.path)
     return build_quantized(config, lazy, "int4", f.path, int4=int4, int8=int8, table=table), None
 
 
 def from_gguf_kept(path: str | Path | GgufFile, quantize: str = "keep") -> GPT:
-    """A GGUF file's model with its weights as it ships them (``quantize="keep"``: Q4_0/Q4_1 matrices int4
-    from their blocks, the other quantized matrices and the token table int8, a file of float tensors
-    only float32) or with every matrix int4 (``"int4"``): what ``gptlab.load`` of a GGUF file gives."""
+    """A GGUF file's model with its weights as it ships them (``quantize="keep"``: Q4_0/Q4_1 matrices and
+    token table int4 from their blocks, the other quantized matrices and token table int8, a file of
+    float tensors only float32) or with every matrix int4 (``"int4"``): what ``gptlab.load`` of a GGUF file gives."""
     f = read_gguf(path)
     arch, hf, config = gguf_config(f)
     model, fallback = kept_model(f, arch, hf, config, quantize)

@@ -4,7 +4,9 @@ inputs, multiplied by PyTorch's weight-only int4 CPU kernel (``_weight_int4pack_
 ``q ∈ [0, 15]``; one scale ``s`` and offset ``z`` per group of 32 inputs of an output channel, held as
 the kernel reads them: (K/32, N, 2) bf16. From float weights the groups are asymmetric min/max
 (``quantize_int4``); a GGUF file's Q4_0/Q4_1 blocks arrive as ``Int4Parts`` (``gptlab.interop.gguf``).
-The output head and the token table stay int8 (``Int8Linear``, ``Int8Embedding``).
+The output head and the token table of a model quantized from float weights stay int8 (``Int8Linear``,
+``Int8Embedding``); a GGUF file's 4-bit token table stays int4 as it ships (``Int4Embedding``, and a
+tied head multiplies the same bytes through the kernel).
 """
 
 from __future__ import annotations
@@ -128,6 +130,36 @@ def unpack_kernel_layout(packed: torch.Tensor, n: int, k: int) -> torch.Tensor:
     return _unpack(packed, n, k, *kernel_layout()).t().contiguous()
 
 
+def kernel_scales(parts: Int4Parts) -> torch.Tensor:
+    """The parts' scales and zeros as the kernel reads them: (K/32, N, 2) bf16."""
+    return torch.stack([parts.scales.t(), parts.zeros.t()], -1).to(torch.bfloat16).contiguous()
+
+
+def _row_bytes(
+    rows: torch.Tensor, n: int, k: int, block: int, blocked: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Where rows ``rows`` (T,) of an (N, K) matrix lie in the kernel's packed bytes (``kernel_layout``):
+    (the flat byte offsets (T, K), each row's nibble shift (T, 1): 0 low, 4 high). In a full block of
+    ``block`` rows, row ``j`` reads byte column ``j mod B/2`` (``blocked``: the high nibble from row
+    B/2) or ``j // 2`` (pairs: the high nibble for odd rows), ``B/2`` bytes a input; a last partial
+    block of ``L`` rows is in pairs, ``L/2`` bytes an input."""
+    full = n // block * block
+    half = block // 2
+    tail = rows >= full
+    b, j = rows // block, rows % block
+    column = j % half if blocked else j // 2
+    high = j >= half if blocked else j % 2 == 1
+    start = b * (k * half) + column
+    stride = torch.full_like(rows, half)
+    if n > full:  # the partial block's rows
+        t = rows - full
+        start = torch.where(tail, full * k // 2 + t // 2, start)
+        stride = torch.where(tail, torch.full_like(rows, (n - full) // 2), stride)
+        high = torch.where(tail, t % 2 == 1, high)
+    offsets = start[:, None] + torch.arange(k, device=rows.device)[None, :] * stride[:, None]
+    return offsets, (high.to(torch.uint8) * 4)[:, None]
+
+
 def int4_supported(out_features: int, in_features: int) -> bool:
     """True where torch has the CPU int4 kernel and it takes the shape (N a multiple of 16, K of 32)."""
     return _INT4 and out_features % 16 == 0 and in_features % INT4_GROUP == 0
@@ -180,15 +212,17 @@ class Int4Linear(InferenceLinear):
             parts = quantize_int4(linear.weight.detach())
         if tuple(parts.q.shape) != (n, k) or tuple(parts.scales.shape) != (n, k // INT4_GROUP):
             raise GptlabError(f"int4 parts of shape {tuple(parts.q.shape)} for a {n}×{k} matrix")
-        sz = torch.stack([parts.scales.t(), parts.zeros.t()], -1).to(torch.bfloat16).contiguous()
-        self._set(pack_nibbles(parts.q), sz)
+        self._set(pack_nibbles(parts.q), kernel_scales(parts))
         bias = linear.bias.detach().to(dtype) if linear.bias is not None and not linear.bias.is_meta else None
         self.register_buffer("bias", bias)
 
     def _set(self, portable: torch.Tensor, scales_and_zeros: torch.Tensor) -> None:
         """Hold q, given as ``pack_nibbles`` bytes (N, K/2), in the kernel's packed layout, and the
         (K/32, N, 2) bf16 scales and zeros."""
-        packed = _repack(portable.contiguous(), *kernel_layout())
+        self._hold(_repack(portable.contiguous(), *kernel_layout()), scales_and_zeros)
+
+    def _hold(self, packed: torch.Tensor, scales_and_zeros: torch.Tensor) -> None:
+        """Hold q already in the kernel's packed layout (N, K/2), and the (K/32, N, 2) scales and zeros."""
         self.register_buffer("weight", packed, persistent=False)
         self.register_buffer("scales_and_zeros", scales_and_zeros, persistent=False)
         # the group size as a tensor, as the kernel's tensor form takes it: a compiled step reads it
@@ -219,6 +253,21 @@ class Int4Linear(InferenceLinear):
         return Int4Parts(self.unpacked(), sz[..., 0].t().contiguous(), sz[..., 1].t().contiguous())
 
     @classmethod
+    def from_packed(
+        cls, weight: torch.Tensor, scales_and_zeros: torch.Tensor, bias: torch.Tensor | None = None
+    ) -> Int4Linear:
+        """The layer over q already in the kernel's layout (N, K/2) and (K/32, N, 2) bf16 scales and
+        zeros, held as they are (not copied: a tied head shares its token table's)."""
+        n, k = weight.size(0), weight.size(1) * 2
+        with torch.device("meta"):
+            shape = nn.Linear(k, n, bias=False)
+        layer = cls.__new__(cls)
+        InferenceLinear.__init__(layer, shape)
+        layer._hold(weight, scales_and_zeros)
+        layer.register_buffer("bias", bias)
+        return layer
+
+    @classmethod
     def stored(
         cls,
         weight: torch.Tensor,
@@ -227,14 +276,9 @@ class Int4Linear(InferenceLinear):
         dtype: torch.dtype,
     ) -> Int4Linear:
         """The layer of a checkpoint: ``pack_nibbles`` output (N, K/2) and (K/32, N, 2) scales and zeros."""
-        n, k = weight.size(0), weight.size(1) * 2
-        with torch.device("meta"):
-            shape = nn.Linear(k, n, bias=False)
-        layer = cls.__new__(cls)
-        InferenceLinear.__init__(layer, shape)
-        layer._set(weight, scales_and_zeros.to(torch.bfloat16).contiguous())
-        layer.register_buffer("bias", bias.to(dtype) if bias is not None else None)
-        return layer
+        packed = _repack(weight.contiguous(), *kernel_layout())
+        sz = scales_and_zeros.to(torch.bfloat16).contiguous()
+        return cls.from_packed(packed, sz, bias.to(dtype) if bias is not None else None)
 
     def _save_to_state_dict(self, destination: dict[str, Any], prefix: str, keep_vars: bool) -> None:
         destination[prefix + "weight"] = pack_nibbles(self.unpacked())
@@ -262,17 +306,93 @@ class Int4Linear(InferenceLinear):
         return y.reshape(*shape[:-1], self.out_features)
 
 
+class Int4Embedding(nn.Module):
+    """``e_x = (q_x − 8)·s_x + z_x`` in groups of 32 of the row's ``d_model`` entries: a token table held
+    as ``Int4Linear`` holds a matrix (the kernel's packed layout, (d/32, V, 2) bf16 scales and zeros),
+    so a tied output head is an ``Int4Linear`` over the same bytes (``head``). A row is gathered from
+    the packed bytes (``_row_bytes``) and computed as ``Int4Linear.dequantized`` computes it, in the
+    activations' dtype ``dtype``: rows of the table and of the head's matrix are equal.
+
+    Saved (``state_dict``) with the vocabulary first, as the other token tables are: ``weight`` the
+    nibbles in ``pack_nibbles``' portable layout (V, d/2), ``scales`` and ``zeros`` (V, d/32) bf16.
+    """
+
+    weight: torch.Tensor
+    scales_and_zeros: torch.Tensor
+
+    def __init__(self, weight: torch.Tensor, scales_and_zeros: torch.Tensor, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.num_embeddings, self.embedding_dim = weight.size(0), weight.size(1) * 2
+        self.register_buffer("weight", weight, persistent=False)
+        self.register_buffer("scales_and_zeros", scales_and_zeros, persistent=False)
+        self.out_dtype = dtype
+        self.layout = kernel_layout()  # found here, not while a compiled step is traced
+
+    @classmethod
+    def from_parts(cls, parts: Int4Parts, dtype: torch.dtype) -> Int4Embedding:
+        """The table of ``Int4Parts`` (V, d), packed in this CPU's kernel layout."""
+        v, d = parts.q.shape
+        if not int4_supported(v, d):
+            raise GptlabError(
+                f"no int4 kernel for a {v}×{d} token table (needs {v} % 16 == 0, {d} % 32 == 0)"
+            )
+        return cls(_repack(pack_nibbles(parts.q), *kernel_layout()), kernel_scales(parts), dtype)
+
+    @classmethod
+    def stored(
+        cls, weight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, dtype: torch.dtype
+    ) -> Int4Embedding:
+        """The table of a checkpoint: ``pack_nibbles`` output (V, d/2), scales and zeros (V, d/32)."""
+        sz = torch.stack([scales.t(), zeros.t()], -1).to(torch.bfloat16).contiguous()
+        return cls(_repack(weight.contiguous(), *kernel_layout()), sz, dtype)
+
+    @property
+    def compute_dtype(self) -> torch.dtype:
+        """The dtype the rows come out in (what ``GPT.dtype`` reports for a model with this table)."""
+        return self.out_dtype
+
+    def head(self) -> Int4Linear:
+        """The tied output head ``logits = h·W_eᵀ``: an ``Int4Linear`` over this table's own tensors."""
+        return Int4Linear.from_packed(self.weight, self.scales_and_zeros)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:  # (B, T) → (B, T, d_model)
+        v, d = self.num_embeddings, self.embedding_dim
+        rows = idx.reshape(-1)
+        offsets, shift = _row_bytes(rows, v, d, *self.layout)
+        q = (self.weight.reshape(-1)[offsets] >> shift) & 15  # (T, d)
+        sz = self.scales_and_zeros[:, rows].transpose(0, 1).to(self.out_dtype)  # (T, d/32, 2)
+        q8 = q.view(torch.int8).sub(8).view(rows.numel(), d // INT4_GROUP, INT4_GROUP)
+        e = torch.addcmul(sz[..., 1:], q8, sz[..., :1])  # as ``Int4Linear.dequantized``
+        return e.reshape(*idx.shape, d)
+
+    def _save_to_state_dict(self, destination: dict[str, Any], prefix: str, keep_vars: bool) -> None:
+        v, d = self.num_embeddings, self.embedding_dim
+        destination[prefix + "weight"] = pack_nibbles(_unpack(self.weight, v, d, *self.layout).t())
+        destination[prefix + "scales"] = self.scales_and_zeros[..., 0].t().contiguous()
+        destination[prefix + "zeros"] = self.scales_and_zeros[..., 1].t().contiguous()
+
+    def extra_repr(self) -> str:
+        return f"{self.num_embeddings}, {self.embedding_dim}, int4 groups of {INT4_GROUP}"
+
+
 def held_weights(model: nn.Module) -> str:
     """How many matrix weights a quantized model holds in each format: ``"…in int4, …in int8"``."""
     counts: dict[str, int] = {}
     seen: set[int] = set()
     for m in model.modules():
-        if isinstance(m, InferenceLinear | Int8Embedding) and id(m.weight) not in seen:
+        if isinstance(m, InferenceLinear | Int8Embedding | Int4Embedding) and id(m.weight) not in seen:
             seen.add(id(m.weight))
             kind = (
-                "int4" if isinstance(m, Int4Linear) else "int8" if m.weight.dtype == torch.int8 else "float"
+                "int4"
+                if isinstance(m, Int4Linear | Int4Embedding)
+                else "int8"
+                if m.weight.dtype == torch.int8
+                else "float"
             )
-            n = m.out_features * m.in_features if isinstance(m, InferenceLinear) else m.weight.numel()
+            if isinstance(m, InferenceLinear):
+                n = m.out_features * m.in_features
+            else:
+                n = m.num_embeddings * m.embedding_dim
             counts[kind] = counts.get(kind, 0) + n
     return ", ".join(f"{n:,} weights in {kind}" for kind, n in counts.items())
 

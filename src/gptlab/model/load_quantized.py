@@ -17,7 +17,8 @@ is the quantized model plus the largest float tensor, instead of the float32 mod
 int4 (``"int4"``): each matrix whose ``Int4Parts`` are given (a GGUF file's Q4_0/Q4_1 blocks) is
 built from them without a float copy; a matrix in ``int8`` (the GGUF loader's choice for its other
 tensor types) becomes ``Int8Linear``; any other becomes int4 from its float weight (``quantize_int4``);
-the output head and the token table are int8.
+the output head and the token table are int8, but a token table given as ``Int4Parts`` (a GGUF file's
+4-bit table) is kept int4 (``Int4Embedding``) and a tied head multiplies it through the int4 kernel.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from torch import nn
 from gptlab.errors import GptlabError
 from gptlab.hardware import map_large_blocks, release_memory
 from gptlab.model import GPT, GPTConfig, build_empty
-from gptlab.model.int4 import Int4Linear, Int4Parts
+from gptlab.model.int4 import Int4Embedding, Int4Linear, Int4Parts
 from gptlab.model.quantized import (
     InferenceLinear,
     Int8Embedding,
@@ -64,12 +65,13 @@ def build_quantized(
     source: str | os.PathLike[str],
     int4: Mapping[str, Callable[[], Int4Parts]] | None = None,
     int8: Collection[str] = (),
-    table: Callable[[], tuple[torch.Tensor, torch.Tensor]] | None = None,
+    table: Callable[[], tuple[torch.Tensor, torch.Tensor] | Int4Parts] | None = None,
 ) -> GPT:
     """A ``GPT`` in ``mode`` (``"bf16"``, ``"int8"``, ``"int4"``) from float tensors under gptlab names, read
     one at a time. ``int4`` (mode int4): linear path → its parts, read instead of its float weight;
     ``int8``: linear paths made int8 in an int4 model; ``table`` (int8 and int4): the token table as
-    int8 rows (V, d) and their scales (V,), made without its float copy (a tied head shares them)."""
+    int8 rows (V, d) and their scales (V,), or (mode int4) as ``Int4Parts``, made without its float
+    copy (a tied head shares them)."""
     if mode not in STREAMED:
         raise GptlabError(f"weights are converted while loading to {' or '.join(STREAMED)}, not {mode!r}")
     map_large_blocks()  # each float weight is freed back to the system, not kept in the heap
@@ -113,15 +115,28 @@ def build_quantized(
             setattr(model.get_submodule(parent), child, layer)
             del linear, layer
         if table is not None and mode in ("int8", "int4"):
-            q, scales = table()
-            rows = pad_vocab(model, {"wte.weight": q, "wte.scales": scales.float()})
+            made = table()
             act = activation_dtype("cpu")
-            embedding = Int8Embedding(rows["wte.weight"], rows["wte.scales"].to(act))
-            model.wte = embedding  # type: ignore[assignment]
+            if isinstance(made, Int4Parts):
+                if mode != "int4":
+                    raise GptlabError(f"an int4 token table in a model loaded as {mode}")
+                p = pad_vocab(
+                    model, {"wte.weight": made.q, "wte.scales": made.scales, "wte.zeros": made.zeros}
+                )
+                four = Int4Embedding.from_parts(
+                    Int4Parts(p["wte.weight"], p["wte.scales"], p["wte.zeros"]), act
+                )
+                model.wte = four  # type: ignore[assignment]
+                if tied:  # the head multiplies the table's own int4 bytes
+                    model.lm_head = four.head()  # type: ignore[assignment]
+            else:
+                rows = pad_vocab(model, {"wte.weight": made[0], "wte.scales": made[1].float()})
+                embedding = Int8Embedding(rows["wte.weight"], rows["wte.scales"].to(act))
+                model.wte = embedding  # type: ignore[assignment]
+                if tied:  # the head is the table's int8 matrix, stored once
+                    head = _stored_int8(model.lm_head, embedding.weight, embedding.scales, act)
+                    model.lm_head = head  # type: ignore[assignment]
             done.add("wte.weight")
-            if tied:  # the head is the table's int8 matrix, stored once
-                head = _stored_int8(model.lm_head, embedding.weight, embedding.scales, act)
-                model.lm_head = head  # type: ignore[assignment]
         for name in expected:
             if name not in done:
                 parent, _, leaf = name.rpartition(".")
@@ -158,8 +173,9 @@ def load_int8(config: GPTConfig, state: Mapping[str, torch.Tensor], source: str 
 
 def load_int4(config: GPTConfig, state: Mapping[str, torch.Tensor], source: str | os.PathLike[str]) -> GPT:
     """A model saved in int4 (``gptlab.save`` of an int4 model): each matrix as stored (int4 where
-    ``scales_and_zeros`` is saved with it, else int8), the int8 token table, the rest in the activations'
-    dtype; the int4 nibbles are packed into this CPU's kernel layout as they are read."""
+    ``scales_and_zeros`` is saved with it, else int8), the token table int8 (or int4 where ``wte.zeros``
+    is saved: a GGUF file's 4-bit table), the rest in the activations' dtype; the int4 nibbles are
+    packed into this CPU's kernel layout as they are read."""
     map_large_blocks()
     model = _meta_model(config)
     act = activation_dtype("cpu")
@@ -193,10 +209,16 @@ def load_int4(config: GPTConfig, state: Mapping[str, torch.Tensor], source: str 
                 layer.register_buffer("bias", bias)
             parent, _, child = path.rpartition(".")
             setattr(model.get_submodule(parent), child, layer)
-        table = Int8Embedding(get("wte.weight"), get("wte.scales").to(act))
-        model.wte = table  # type: ignore[assignment]
-        if config.tie_embeddings:
-            model.lm_head = _stored_int8(model.lm_head, table.weight, table.scales, act)  # type: ignore[assignment]
+        if "wte.zeros" in loaded:
+            four = Int4Embedding.stored(get("wte.weight"), get("wte.scales"), get("wte.zeros"), act)
+            model.wte = four  # type: ignore[assignment]
+            if config.tie_embeddings:
+                model.lm_head = four.head()  # type: ignore[assignment]
+        else:
+            table = Int8Embedding(get("wte.weight"), get("wte.scales").to(act))
+            model.wte = table  # type: ignore[assignment]
+            if config.tie_embeddings:
+                model.lm_head = _stored_int8(model.lm_head, table.weight, table.scales, act)  # type: ignore[assignment]
         for name in (k for k in loaded if k not in used):  # norms (and any other small tensor)
             parent, _, leaf = name.rpartition(".")
             try:

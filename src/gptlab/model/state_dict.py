@@ -1,6 +1,7 @@
 """The mapping between a model and its state dict as saved: no file I/O.
 
-A tied ``lm_head.weight`` (and an int8 head's ``lm_head.scales``) is not stored: it is ``wte.weight``.
+A tied ``lm_head.weight`` (and an int8 head's ``lm_head.scales``, an int4 head's
+``lm_head.scales_and_zeros``) is not stored: it is ``wte.weight``.
 The vocabulary's padding rows (``GPTConfig.vocab_multiple``) are cut off when saving and appended as
 zeros when loading, so a checkpoint holds exactly ``vocab_size`` rows whatever the padding.
 """
@@ -15,7 +16,8 @@ import torch
 from gptlab.errors import GptlabError
 from gptlab.model.gpt import GPT
 
-VOCAB_ROWS = ("wte.weight", "lm_head.weight", "wte.scales", "lm_head.scales")  # one row per token
+#: one row per token (an int4 token table's ``scales`` and ``zeros`` too: (V, d/32))
+VOCAB_ROWS = ("wte.weight", "lm_head.weight", "wte.scales", "lm_head.scales", "wte.zeros")
 
 
 def model_state(model: GPT) -> dict[str, torch.Tensor]:
@@ -25,6 +27,7 @@ def model_state(model: GPT) -> dict[str, torch.Tensor]:
     if model.config.tie_embeddings:
         state.pop("lm_head.weight", None)
         state.pop("lm_head.scales", None)
+        state.pop("lm_head.scales_and_zeros", None)
     for name in VOCAB_ROWS:
         if name in state:
             state[name] = state[name][: model.config.vocab_size]
