@@ -92,6 +92,34 @@ def test_repacking_a_checkpoints_nibbles_gives_the_kernels_layout(layout, n):
         assert torch.equal(packed, aten)
 
 
+@pytest.mark.parametrize("layout", [(64, True), (32, True), (64, False), (32, False)])
+@pytest.mark.parametrize("n", [16, 48, 80, 576, 1536 + 16])
+def test_a_token_tables_rows_are_gathered_from_every_packed_layout(layout, n):
+    """``Int4Embedding`` reads row x straight from the kernel's bytes (``_row_bytes``): in every layout,
+    whole blocks, a partial one or only pairs, the nibbles it gathers are the row's, in any order of ids."""
+    from gptlab.model.int4 import _repack, _row_bytes
+
+    k = 96
+    q = torch.randint(0, 16, (n, k), dtype=torch.uint8, generator=torch.Generator().manual_seed(n))
+    packed = _repack(pack_nibbles(q), *layout).reshape(-1)
+    rows = torch.randperm(n, generator=torch.Generator().manual_seed(1))
+    offsets, shift = _row_bytes(rows, n, k, *layout)
+    assert torch.equal((packed[offsets] >> shift) & 15, q[rows])
+
+
+def test_an_int4_token_table_gives_its_tied_heads_rows_in_the_activations_dtype():
+    from gptlab.model.int4 import Int4Embedding
+
+    parts = quantize_int4(torch.randn(80, 64))
+    for dtype in (torch.bfloat16, torch.float32):
+        table = Int4Embedding.from_parts(parts, dtype)
+        ids = torch.tensor([[79, 0, 64, 3], [17, 17, 65, 40]])
+        assert table(ids).dtype == dtype and table(ids).shape == (2, 4, 64)
+        assert torch.equal(table(ids), table.head().dequantized(dtype)[ids])
+        want = parts.dequantize()[ids]  # up to the bf16 scales and zeros (8 significant bits)
+        assert (table(ids).float() - want).abs().max() <= 2**-7 * want.abs().max()
+
+
 @pytest.mark.parametrize(
     "rows", [1, 3, 128 + 5]
 )  # the int4 kernel, then the float GEMM (from 96 or 128 rows)
