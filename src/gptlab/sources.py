@@ -343,7 +343,9 @@ def load(
     """
     src = source_path(path)
     kind = source_kind(src)
-    inference = quantize is not None and torch.device(device).type == "cpu"
+    # inference weights on the CPU: a format asked for, or a GGUF file kept as it ships (``load_gguf_as``)
+    kept_gguf = kind == "gguf" and quantize is None and dtype is None
+    inference = (quantize is not None or kept_gguf) and torch.device(device).type == "cpu"
     if kind == "gptlab":
         src = checkpoint.resolve_checkpoint(src)
     importing = (

@@ -147,3 +147,34 @@ def test_after_loading_a_decode_compiles_nothing_and_says_the_same(
     assert graphs >= 1  # the warm-up compiled
     assert gptlab.generate_text(warmed, tok, "abc ab", config) == expected
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == graphs
+
+
+@pytest.mark.slow
+def test_a_gguf_file_loaded_as_it_ships_is_warmed_up_like_a_quantized_checkpoint(
+    tmp_path, monkeypatch, compiled_one_row
+):
+    """``gptlab.load(file)`` with no format asked keeps a GGUF file's quantized weights (here Q8_0 →
+    int8): the one-row kernels are paid for while loading, as for ``quantize="int8"``, so the first
+    prefill does not compile them (it did: 5 s against 0.7 for SmolLM2's file under AVX2)."""
+    pytest.importorskip("gguf", reason="the gguf package writes GGUF files")
+    from gguf import GGMLQuantizationType as Q
+
+    from gptlab.compiling import can_compile
+    from gptlab.generate import generate_ids
+    from gptlab.model import quantized
+    from tests.interop._gguf import tiny_llama, write_llama
+
+    if not can_compile("cpu"):
+        pytest.skip("no C++ compiler: the one-row kernel runs uncompiled")
+    import torch._dynamo.utils
+
+    monkeypatch.setattr(quantized, "STREAM_MIN_BYTES", 0)  # a tiny model streams as a large one does
+    path = tmp_path / "q8.gguf"
+    write_llama(path, tiny_llama(), Q.Q8_0)
+    torch._dynamo.reset()
+    model, _ = gptlab.load(path)
+    assert model.quantization == "int8"
+    graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    assert graphs >= 1  # the warm-up compiled
+    generate_ids(model, torch.tensor([[5, 17, 99, 3, 250, 42]]), 4, temperature=0.0)
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == graphs
