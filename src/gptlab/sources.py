@@ -24,15 +24,13 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from gptlab import checkpoint, hardware
+from gptlab import checkpoint
 from gptlab.checkpoint import kept
 from gptlab.checkpoint import lora as lora_files
-from gptlab.compiling import can_compile
 from gptlab.errors import GptlabError
 from gptlab.model import GPT
 from gptlab.model.lora import apply_lora, load_adapter_state, merge_lora
-from gptlab.model.quantized import STREAM_MIN_BYTES
-from gptlab.model.warmup import import_compiler_in_background, warm_up
+from gptlab.model.warmup import warm_up
 from gptlab.model.weight_formats import quantize as quantize_model
 
 if TYPE_CHECKING:
@@ -308,12 +306,6 @@ def load_imported(
     return model.eval(), tokenizer
 
 
-def weight_bytes(path: Path) -> int:
-    """The bytes of a source's files (a folder's, or one file): how much there is to stream."""
-    files = [path] if path.is_file() else [p for p in path.iterdir() if p.is_file()]
-    return sum(p.stat().st_size for p in files)
-
-
 def load(
     path: PathLike,
     device: str | torch.device = "cpu",
@@ -332,9 +324,9 @@ def load(
     ``quantize="fp32"`` asks for float32 weights (dequantized), the other formats convert to that format. On a
     CPU whose decode multiplies one row through the compiled kernel (``gptlab.hardware.one_row_kernel``:
     below native bf16), that kernel is then compiled before the model is returned
-    (``gptlab.model.warmup``: the compiler imported on another thread while the weights are read), so
-    the first prefill and decode step cost what the later ones do; where the library kernels serve,
-    nothing compiles and the compiler is never imported.
+    (``gptlab.model.warmup``), so the first prefill and decode step cost what the later ones do; where
+    the library kernels serve, or no layer streams (int4), nothing compiles and the compiler is never
+    imported.
 
     ``store`` (a folder; the CLI's ``--weights-cache``): a GGUF file's conversion into int4/int8
     layers, and a float32 checkpoint's bf16 copy where it is loaded as bf16 on the CPU
@@ -348,17 +340,7 @@ def load(
     inference = (quantize is not None or kept_gguf) and torch.device(device).type == "cpu"
     if kind == "gptlab":
         src = checkpoint.resolve_checkpoint(src)
-    importing = (
-        import_compiler_in_background()
-        if inference
-        and weight_bytes(src) >= STREAM_MIN_BYTES
-        and hardware.one_row_kernel("cpu") == "compiled"
-        and can_compile("cpu")
-        else None
-    )
     model, tokenizer = _load(src, kind, device, dtype, quantize, store)
-    if importing is not None:
-        importing.join()
     if inference:
         warm_up(model)
     return model, tokenizer
@@ -436,5 +418,4 @@ __all__ = [
     "source_sha256",
     "source_tokenizer",
     "stored_format",
-    "weight_bytes",
 ]

@@ -178,3 +178,58 @@ def test_a_gguf_file_loaded_as_it_ships_is_warmed_up_like_a_quantized_checkpoint
     assert graphs >= 1  # the warm-up compiled
     generate_ids(model, torch.tensor([[5, 17, 99, 3, 250, 42]]), 4, temperature=0.0)
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == graphs
+
+
+def test_loading_a_model_with_no_streaming_layer_imports_no_compiler(tmp_path):
+    """Where decode compiles its one-row kernel (forced here: below native bf16) only a model with a
+    streaming layer imports torch's compiler while loading: a GGUF file whose every matrix and token
+    table is 4-bit loads as int4 layers only and pays nothing (it had paid ~2 s for an import started
+    from the file's size), a Q8_0 file's int8 layers pay their warm-up."""
+    pytest.importorskip("gguf", reason="the gguf package writes GGUF files")
+    from gguf import GGMLQuantizationType as Q
+
+    from gptlab.compiling import can_compile
+    from gptlab.model.int4 import int4_supported
+    from tests.interop._gguf import tiny_llama, write_llama
+
+    if not int4_supported(16, 32) or not can_compile("cpu"):
+        pytest.skip("needs torch's CPU int4 kernel and a C++ compiler")
+    four, eight = tmp_path / "q4.gguf", tmp_path / "q8.gguf"
+    write_llama(four, tiny_llama(vocab_size=304), Q.Q4_0)
+    write_llama(eight, tiny_llama(vocab_size=304), Q.Q8_0)
+    force = (
+        "import gptlab.hardware as h, gptlab.model.quantized as q; "
+        "h.one_row_kernel = lambda device, machine=None: 'compiled'; q.STREAM_MIN_BYTES = 0"
+    )
+    found = _imported_after(
+        f"import gptlab; {force}; m, _ = gptlab.load({str(four)!r}); assert m.quantization == 'int4'"
+    )
+    assert "torch._inductor" not in found and "torch._dynamo" not in found, found
+    assert "torch._inductor" in _imported_after(f"import gptlab; {force}; gptlab.load({str(eight)!r})")
+
+
+def test_a_gguf_conversion_read_back_from_the_weights_cache_streams_as_it_did_when_made(
+    tmp_path, monkeypatch, compiled_one_row
+):
+    """One decider for the one-row kernel: an int4 model read back from ``--weights-cache`` (an int4
+    checkpoint) has the same streaming layers as the conversion it was kept from."""
+    pytest.importorskip("gguf", reason="the gguf package writes GGUF files")
+    from gguf import GGMLQuantizationType as Q
+
+    from gptlab.model import quantized
+    from gptlab.model.int4 import int4_supported
+    from tests.interop._gguf import tiny_llama, write_llama
+
+    if not int4_supported(16, 32):
+        pytest.skip("this torch has no CPU int4 kernel: nothing is kept")
+    monkeypatch.setattr(quantized, "STREAM_MIN_BYTES", 0)
+    monkeypatch.setattr("gptlab.sources.warm_up", lambda model: 0)  # the flags, not the compilation
+    path, store = tmp_path / "t.gguf", tmp_path / "store"
+    write_llama(path, tiny_llama(), Q.Q4_1)  # a 270-row table: int8, and its tied head streams
+
+    def flags(model):
+        return [(n, m.streams) for n, m in model.named_modules() if isinstance(m, quantized.InferenceLinear)]
+
+    made = flags(gptlab.load(path, store=store)[0])
+    assert any(streams for _, streams in made)
+    assert flags(gptlab.load(path, store=store)[0]) == made

@@ -96,7 +96,11 @@ def finish(w: gguf.GGUFWriter) -> None:
     w.close()
 
 
-def write_llama(path, model: GPT, qtype: Q = Q.F32, extra_tensor: str | None = None, **meta) -> None:
+def write_llama(
+    path, model: GPT, qtype: Q = Q.F32, extra_tensor: str | None = None, table: Q | None = None, **meta
+) -> None:
+    """A llama GGUF file of ``model``: its matrices in ``qtype``, the token table in ``table`` (default
+    ``qtype``), 1-D tensors F32."""
     cfg = model.config
     w = _writer(path, meta.pop("arch", "llama"), cfg)
     w.add_head_count_kv(cfg.n_kv_head)
@@ -114,8 +118,9 @@ def write_llama(path, model: GPT, qtype: Q = Q.F32, extra_tensor: str | None = N
         elif ".k_proj." in hf_name:
             a = llama_cpp_permute(a, cfg.n_kv_head)
         name = _gguf_name(hf_name, LLAMA_TO_GGUF)
-        if a.ndim == 2 and qtype != Q.F32:
-            w.add_tensor(name, quantize(a, qtype), raw_dtype=qtype)  # the shape: from the bytes per row
+        kind = table if table is not None and name == "token_embd.weight" else qtype
+        if a.ndim == 2 and kind != Q.F32:
+            w.add_tensor(name, quantize(a, kind), raw_dtype=kind)  # the shape: from the bytes per row
         else:
             w.add_tensor(name, np.ascontiguousarray(a))
     if extra_tensor:

@@ -120,6 +120,45 @@ def test_a_4_bit_token_table_is_kept_as_it_ships(tmp_path, kind, tie):
     assert (logits(kept) - ref).abs().max() < 0.05 * ref.abs().max()
 
 
+@pytest.mark.parametrize("tie", [True, False])
+def test_a_q8_0_token_table_keeps_each_blocks_scale_as_two_int4_planes(tmp_path, tie):
+    """SmolLM2's layout: Q4_1 matrices and a Q8_0 token table. The table is held as two int4 planes of its
+    blocks (``q = 16·h + l``), so its rows are exactly what the gguf package dequantizes (each block's
+    fp16 scale in bf16, the weight rounded once), where one int8 scale per row had requantized them; a
+    tied head multiplies those planes through the int4 kernel, counted once as int8 weights."""
+    path = tmp_path / "t.gguf"
+    write_llama(path, tiny_llama(tie=tie, vocab_size=304), Q.Q4_1, table=Q.Q8_0)
+    kept = from_gguf_kept(path, "keep")
+    assert isinstance(kept.wte, Int4Embedding) and kept.wte.planes == 2
+    embd = next(t for t in read_gguf(path).tensors if t.name == "token_embd.weight")
+    assert embd.tensor_type.name == "Q8_0"
+    blocks = np.asarray(embd.data).reshape(304, -1, 34)
+    d = torch.from_numpy(blocks[..., :2].copy().view(np.float16)[..., 0].astype(np.float32))
+    q = torch.from_numpy(blocks[..., 2:].copy().view(np.int8)).float()
+    exact = (q * d.to(torch.bfloat16).float()[..., None]).reshape(304, -1)  # the kernel's bf16 scales
+    want = torch.from_numpy(np.asarray(dequantize(np.asarray(embd.data), Q.Q8_0), dtype=np.float32))
+    ids = torch.arange(304).view(4, 76)
+    assert torch.equal(kept.wte(ids).view(304, -1), exact.to(kept.dtype))  # each weight rounded once
+    assert (exact - want).abs().max() <= 2**-8 * want.abs().max()  # fp16 → bf16 scales: 8 significant bits
+    if tie:
+        assert isinstance(kept.lm_head, Int4Linear) and kept.lm_head.planes == 2
+        assert kept.lm_head.weight.data_ptr() == kept.wte.weight.data_ptr()
+        assert torch.equal(kept.lm_head.dequantized(kept.dtype), exact.to(kept.dtype))
+        x = torch.randn(3, 64, dtype=kept.dtype)
+        ref = x.float() @ exact.t()
+        assert (kept.lm_head(x[:1]).float() - ref[:1]).abs().max() < 0.02 * ref.abs().max()
+        matrices = sum(p.numel() for p in from_gguf(path).parameters() if p.dim() == 2)
+        table = 304 * 64
+        assert held_weights(kept) == f"{table:,} weights in int8, {matrices - table:,} weights in int4"
+    ref = logits(from_gguf(path))
+    assert (logits(kept) - ref).abs().max() < 0.05 * ref.abs().max()
+    # as an int4 checkpoint: the same planes, the same logits
+    assert main(["convert", "--from-gguf", str(path), "--out", str(tmp_path / "ck"), "--dtype", "keep"]) == 0
+    loaded, _ = gptlab.load(tmp_path / "ck")
+    assert isinstance(loaded.wte, Int4Embedding) and loaded.wte.planes == 2
+    torch.testing.assert_close(logits(loaded), logits(kept), rtol=0, atol=0)
+
+
 def test_q8_0_matrices_become_int8(tmp_path):
     path = tmp_path / "q8.gguf"
     write_llama(path, tiny_llama(tie=False), Q.Q8_0)

@@ -120,6 +120,30 @@ def test_an_int4_token_table_gives_its_tied_heads_rows_in_the_activations_dtype(
         assert (table(ids).float() - want).abs().max() <= 2**-7 * want.abs().max()
 
 
+@pytest.mark.parametrize("n", [80, 304])
+def test_an_int8_matrix_in_blocks_is_exact_as_two_int4_planes(n):
+    """``q8_planes``: ``w = d·q`` (int8 q, one scale per block of 32) as an int4 matrix of 2K inputs,
+    ``q = 16·h + l``: the table's rows and the head's dequantized matrix are ``q·d`` rounded once, and
+    the kernel's product over ``[x, x]`` is ``x·Wᵀ`` up to its bf16 rows; q = −128 and 127 included."""
+    from gptlab.model.int4 import Int4Embedding, q8_planes
+
+    g = torch.Generator().manual_seed(n)
+    q = torch.randint(-128, 128, (n, 96), dtype=torch.int8, generator=g)
+    q[0, :2] = torch.tensor([-128, 127], dtype=torch.int8)
+    d = (torch.rand(n, 3, generator=g) * 0.01).to(torch.bfloat16).float()  # scales the kernel holds
+    w = q.float() * d.repeat_interleave(32, 1)
+    for dtype in (torch.bfloat16, torch.float32):
+        table = Int4Embedding.from_parts(q8_planes(q, d), dtype, planes=2)
+        assert table.embedding_dim == 96
+        ids = torch.randint(0, n, (2, 7), generator=g)
+        assert torch.equal(table(ids), w[ids].to(dtype))
+        head = table.head()
+        assert head.in_features == 96 and torch.equal(head.dequantized(dtype), w.to(dtype))
+        x = torch.randn(2, 96, dtype=dtype, generator=g)
+        ref = x.to(torch.bfloat16).float() @ w.t()
+        assert (head(x[:1]).float() - ref[:1]).abs().max() <= 1e-2 * ref.abs().max()
+
+
 @pytest.mark.parametrize(
     "rows", [1, 3, 128 + 5]
 )  # the int4 kernel, then the float GEMM (from 96 or 128 rows)

@@ -51,7 +51,8 @@ INT4_FORMAT = {
     "format": "int4",
     "scheme": "w = (q - 8)*s + z in groups of 32 inputs: weight = q as nibbles (input 2j low, 2j+1 high), "
     "scales_and_zeros (K/32, N, 2) bf16; matrices without scales_and_zeros int8; the token table int8, "
-    "or int4 where wte.zeros is saved: wte.weight nibbles (V, d/2), wte.scales and wte.zeros (V, d/32) bf16",
+    "or int4 where wte.zeros is saved: wte.weight nibbles (V, d/2), wte.scales and wte.zeros (V, d/32) bf16; "
+    "twice as wide for an int8 table in blocks of 32 as two planes, q = 16*(h - 8) + l, h's d inputs first",
 }
 FORMATS = {"int8": INT8_FORMAT, "int4": INT4_FORMAT}
 

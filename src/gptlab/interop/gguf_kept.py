@@ -2,8 +2,9 @@
 
 Q4_0 and Q4_1 blocks become ``Int4Linear`` layers without a float copy (``int4_parts``: the block's
 ``d``, ``m`` and nibbles as PyTorch's ``w = (q − 8)·s + z``); a token table in Q4_0/Q4_1 stays int4 the
-same way (``Int4Embedding``, a tied head multiplying the same bytes), any other becomes int8 rows a
-block of rows at a time (``int8_rows``); every other matrix is dequantized and made int8 (``keep``) or
+same way (``Int4Embedding``, a tied head multiplying the same bytes), one in Q8_0 keeps its blocks as
+two int4 planes (``q8_0_planes``: ``q = 16·h + l``, each block's scale carried over), any other becomes
+int8 rows a block of rows at a time (``int8_rows``); every other matrix is dequantized and made int8 (``keep``) or
 int4 (``int4``) by ``gptlab.model.load_quantized.build_quantized``, tensor by tensor.
 """
 
@@ -29,7 +30,7 @@ from gptlab.interop.gguf import (
     read_gguf,
 )
 from gptlab.model import GPT, GPTConfig, build_empty
-from gptlab.model.int4 import Int4Parts, int4_supported
+from gptlab.model.int4 import Int4Parts, int4_supported, q8_planes
 
 #: GGUF block types that become ``Int4Linear`` as they are: bytes per block of 32 weights
 INT4_BLOCKS = {"Q4_0": 18, "Q4_1": 20}
@@ -68,6 +69,25 @@ def _fp16(pairs: torch.Tensor) -> torch.Tensor:
     return pairs.contiguous().view(torch.float16)[..., 0].float()
 
 
+def q8_0_planes(record: Any) -> Int4Parts:
+    """A Q8_0 matrix (N, K) as one int4 matrix (N, 2K) of its two planes (``q8_planes``): a block of 32
+    weights is an fp16 ``d`` and 32 int8 ``q``, ``w = d·q``, and each block keeps its own ``d``."""
+    n, width = record.data.shape
+    k = width // 34 * 32
+    out = Int4Parts(
+        torch.empty(n, 2 * k, dtype=torch.uint8),
+        torch.empty(n, 2 * k // 32, dtype=torch.float32),
+        torch.empty(n, 2 * k // 32, dtype=torch.float32),
+    )
+    for i in range(0, n, DEQUANTIZE_ROWS):  # a block of rows at a time: no whole-table temporaries
+        blocks = _bytes(record.data[i : i + DEQUANTIZE_ROWS]).view(-1, width // 34, 34)
+        q = blocks[..., 2:].contiguous().view(torch.int8).reshape(blocks.size(0), -1)
+        part = q8_planes(q, _fp16(blocks[..., 0:2]))
+        rows = slice(i, i + blocks.size(0))
+        out.q[rows], out.scales[rows], out.zeros[rows] = part.q, part.scales, part.zeros
+    return out
+
+
 def q8_0_rows(record: Any, start: int, stop: int) -> torch.Tensor:
     """Rows ``start:stop`` of a Q8_0 matrix as float32: a block of 32 weights is an fp16 ``d`` and 32
     int8 ``q``, ``w = d·q`` (the product ``gguf.quants.dequantize`` computes, in float32, on every core)."""
@@ -77,15 +97,23 @@ def q8_0_rows(record: Any, start: int, stop: int) -> torch.Tensor:
     return w.reshape(blocks.size(0), -1)
 
 
-def _fixed_parts(arch: GgufArchitecture, hf: dict[str, Any], records: list[tuple[str, Any]]) -> Int4Parts:
-    """The parts of HF tensors (name, record) with the architecture's row fixes, stacked by rows (q | k | v)."""
+def _fixed_parts(
+    arch: GgufArchitecture,
+    hf: dict[str, Any],
+    records: list[tuple[str, Any]],
+    read: Callable[[Any], Int4Parts] = int4_parts,
+) -> Int4Parts:
+    """The parts of HF tensors (name, record) with the architecture's row fixes, stacked by rows (q | k | v);
+    ``read`` makes one record's parts (``q8_0_planes`` for a Q8_0 table)."""
     pieces = []
     for name, record in records:
-        p = int4_parts(record)
+        p = read(record)
+        fixes = [fix for pattern, fix in arch.fixes if re.fullmatch(pattern, name)]
+        if not fixes and len(records) == 1:
+            return p  # as read: no copy (a token table's parts are tens of MB)
         arrays = [p.q.numpy(), p.scales.numpy(), p.zeros.numpy()]
-        for pattern, fix in arch.fixes:
-            if re.fullmatch(pattern, name):
-                arrays = [np.ascontiguousarray(fix(a, hf)) for a in arrays]
+        for fix in fixes:
+            arrays = [np.ascontiguousarray(fix(a, hf)) for a in arrays]
         pieces.append(arrays)
     q, s, z = (torch.from_numpy(np.concatenate([a[i] for a in pieces])) for i in range(3))
     return Int4Parts(q, s, z)
@@ -171,9 +199,12 @@ def kept_model(
     int8 = others if quantize == "keep" else ()
     embd = next(t for t in f.tensors if t.name == "token_embd.weight")
     table: Callable[[], tuple[torch.Tensor, torch.Tensor] | Int4Parts] | None = None
-    if len(embd.shape) == 2 and embd.tensor_type.name in INT4_BLOCKS and arch.rows_only:
-        if int4_supported(config.padded_vocab_size, config.n_embd):  # kept as its blocks
-            table = partial(_fixed_parts, arch, hf, [(arch.hf_name(embd.name) or embd.name, embd)])
+    kind, named = embd.tensor_type.name, [(arch.hf_name(embd.name) or embd.name, embd)]
+    if len(embd.shape) == 2 and arch.rows_only and kind in (*INT4_BLOCKS, "Q8_0"):
+        planes = 2 if kind == "Q8_0" else 1
+        if int4_supported(config.padded_vocab_size, config.n_embd * planes):  # kept as its blocks
+            read = q8_0_planes if kind == "Q8_0" else int4_parts
+            table = partial(_fixed_parts, arch, hf, named, read)
     if table is None and len(embd.shape) == 2:
         table = partial(int8_rows, embd, f.path)
     return build_quantized(config, lazy, "int4", f.path, int4=int4, int8=int8, table=table), None
@@ -181,8 +212,8 @@ def kept_model(
 
 def from_gguf_kept(path: str | Path | GgufFile, quantize: str = "keep") -> GPT:
     """A GGUF file's model with its weights as it ships them (``quantize="keep"``: Q4_0/Q4_1 matrices and
-    token table int4 from their blocks, the other quantized matrices and token table int8, a file of
-    float tensors only float32) or with every matrix int4 (``"int4"``): what ``gptlab.load`` of a GGUF file gives."""
+    token table int4 from their blocks, a Q8_0 table as two int4 planes of its blocks, the other
+    quantized matrices and token table int8, a file of float tensors only float32) or with every matrix int4 (``"int4"``): what ``gptlab.load`` of a GGUF file gives."""
     f = read_gguf(path)
     arch, hf, config = gguf_config(f)
     model, fallback = kept_model(f, arch, hf, config, quantize)

@@ -125,6 +125,22 @@ def _repack(portable: torch.Tensor, block: int, blocked: bool) -> torch.Tensor:
     return (torch.cat(out) if len(out) > 1 else out[0]).view(n, half)
 
 
+def kernel_packed(q: torch.Tensor, rows: int = 4096) -> torch.Tensor:
+    """q (N, K) in [0, 15] → the kernel's packed weight (N, K/2) (``_repack`` of ``pack_nibbles``), ``rows``
+    rows at a time: the layout's blocks of rows are consecutive bytes, so each slice of whole blocks
+    (the last one with the partial block) packs on its own, without temporaries of the whole matrix."""
+    block, blocked = kernel_layout()
+    rows = max(rows // block, 1) * block
+    n, k = q.shape
+    packed = torch.empty(n, k // 2, dtype=torch.uint8)
+    for i in range(0, n, rows):
+        stop = n if n - i < 2 * rows else i + rows  # the last slice takes the partial block
+        packed[i:stop] = _repack(pack_nibbles(q[i:stop]), block, blocked)
+        if stop == n:
+            break
+    return packed
+
+
 def unpack_kernel_layout(packed: torch.Tensor, n: int, k: int) -> torch.Tensor:
     """q (N, K) uint8 from the int4 kernel's packed (N, K/2) weight (``kernel_layout``)."""
     return _unpack(packed, n, k, *kernel_layout()).t().contiguous()
@@ -133,6 +149,28 @@ def unpack_kernel_layout(packed: torch.Tensor, n: int, k: int) -> torch.Tensor:
 def kernel_scales(parts: Int4Parts) -> torch.Tensor:
     """The parts' scales and zeros as the kernel reads them: (K/32, N, 2) bf16."""
     return torch.stack([parts.scales.t(), parts.zeros.t()], -1).to(torch.bfloat16).contiguous()
+
+
+def q8_planes(q: torch.Tensor, d: torch.Tensor) -> Int4Parts:
+    """An int8 matrix in blocks of 32 inputs, ``w = d·q`` (GGUF's Q8_0: q (N, K) int8, d (N, K/32)), as
+    one int4 matrix of 2K inputs holding its two planes side by side: ``q = 16·h + l`` with ``h = q >> 4``
+    in [−8, 7] and ``l = q & 15``, so ``w = (h + 8 − 8)·16d + (l − 8)·d + 8d``: the high plane is
+    ``q₄ = h + 8``, ``s = 16d``, ``z = 0``, the low one ``q₄ = l``, ``s = d``, ``z = 8d``, and
+    ``x·Wᵀ = [x, x]·[H | L]ᵀ``: every block's own scale, carried over (``planes = 2``)."""
+    high, low = (q >> 4) + 8, q & 15
+    nibbles = torch.cat([high, low], 1).to(torch.uint8)
+    d = d.float()
+    return Int4Parts(nibbles, torch.cat([16 * d, d], 1), torch.cat([torch.zeros_like(d), 8 * d], 1))
+
+
+def _planes_dequantized(qt: torch.Tensor, sz: torch.Tensor, k: int, dtype: torch.dtype) -> torch.Tensor:
+    """``W = q·d`` transposed, (K, N) in ``dtype``, from two planes' nibbles transposed (2K, N) and their
+    (2K/32, N, 2) scales and zeros (``q8_planes``): ``q = 16·(h − 8) + l`` exactly in int16 and ``d`` the
+    low plane's scale, so each weight is rounded once (|q| ≤ 128: exact in bf16)."""
+    n = qt.size(1)
+    q = (qt[:k].to(torch.int16) - 8) * 16 + qt[k:]
+    d = sz[k // INT4_GROUP :, :, 0].to(dtype)  # (K/32, N)
+    return (q.view(k // INT4_GROUP, INT4_GROUP, n).to(dtype) * d[:, None, :]).view(k, n)
 
 
 def _row_bytes(
@@ -199,6 +237,7 @@ class Int4Linear(InferenceLinear):
     """
 
     fmt = "int4 groups of 32"
+    planes = 1  # 2: an int8 matrix as two int4 planes of its blocks (``q8_planes``)
     scales_and_zeros: torch.Tensor
 
     def __init__(
@@ -212,7 +251,7 @@ class Int4Linear(InferenceLinear):
             parts = quantize_int4(linear.weight.detach())
         if tuple(parts.q.shape) != (n, k) or tuple(parts.scales.shape) != (n, k // INT4_GROUP):
             raise GptlabError(f"int4 parts of shape {tuple(parts.q.shape)} for a {n}×{k} matrix")
-        self._set(pack_nibbles(parts.q), kernel_scales(parts))
+        self._hold(kernel_packed(parts.q), kernel_scales(parts))
         bias = linear.bias.detach().to(dtype) if linear.bias is not None and not linear.bias.is_meta else None
         self.register_buffer("bias", bias)
 
@@ -230,8 +269,8 @@ class Int4Linear(InferenceLinear):
         self.register_buffer("group", torch.tensor(INT4_GROUP), persistent=False)
 
     def unpacked(self) -> torch.Tensor:
-        """q (N, K) uint8, read back from the kernel's layout (``kernel_layout``)."""
-        return unpack_kernel_layout(self.weight, self.out_features, self.in_features)
+        """q (N, K) uint8, read back from the kernel's layout (``kernel_layout``); (N, 2K) for two planes."""
+        return unpack_kernel_layout(self.weight, self.out_features, self.in_features * self.planes)
 
     def dequantized(self, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
         """``W = (q − 8)·s + z`` (N, K) in ``dtype``, each weight rounded once from its exact value:
@@ -242,6 +281,8 @@ class Int4Linear(InferenceLinear):
         dequantises in 0.36 ms against 0.82 ms as (N, K) in five operations (docs/benchmarks.md)."""
         n, k = self.out_features, self.in_features
         sz = self.scales_and_zeros
+        if self.planes == 2:
+            return _planes_dequantized(_unpack(self.weight, n, 2 * k, *kernel_layout()), sz, k, dtype).t()
         s = sz[..., 0].to(dtype).contiguous().view(k // INT4_GROUP, 1, n)  # rows of N, not every other
         z = sz[..., 1].to(dtype).contiguous().view(k // INT4_GROUP, 1, n)
         q = _unpack(self.weight, n, k, *kernel_layout()).view(torch.int8).sub_(8)  # q − 8 (K, N)
@@ -254,15 +295,23 @@ class Int4Linear(InferenceLinear):
 
     @classmethod
     def from_packed(
-        cls, weight: torch.Tensor, scales_and_zeros: torch.Tensor, bias: torch.Tensor | None = None
+        cls,
+        weight: torch.Tensor,
+        scales_and_zeros: torch.Tensor,
+        bias: torch.Tensor | None = None,
+        planes: int = 1,
     ) -> Int4Linear:
         """The layer over q already in the kernel's layout (N, K/2) and (K/32, N, 2) bf16 scales and
-        zeros, held as they are (not copied: a tied head shares its token table's)."""
-        n, k = weight.size(0), weight.size(1) * 2
+        zeros, held as they are (not copied: a tied head shares its token table's); ``planes=2``: an
+        int8 matrix of K/2 inputs as two planes (``q8_planes``)."""
+        n, k = weight.size(0), weight.size(1) * 2 // planes
         with torch.device("meta"):
             shape = nn.Linear(k, n, bias=False)
         layer = cls.__new__(cls)
         InferenceLinear.__init__(layer, shape)
+        layer.planes = planes
+        if planes == 2:
+            layer.fmt = "int8 blocks of 32 as two int4 planes"
         layer._hold(weight, scales_and_zeros)
         layer.register_buffer("bias", bias)
         return layer
@@ -297,9 +346,9 @@ class Int4Linear(InferenceLinear):
             y = F.linear(x2, self.dequantized(x2.dtype))
         else:
             sz = self.scales_and_zeros
-            y = torch.ops.quantized.int4mm_packed_weight_cpu(
-                x2.to(sz.dtype).contiguous(), self.weight, self.group, sz
-            )
+            xk = x2.to(sz.dtype)
+            xk = torch.cat([xk, xk], 1) if self.planes == 2 else xk.contiguous()  # [x, x]·[H | L]ᵀ
+            y = torch.ops.quantized.int4mm_packed_weight_cpu(xk, self.weight, self.group, sz)
             y = y.to(x.dtype)
         if self.bias is not None:
             y = y + self.bias.to(y.dtype)
@@ -320,31 +369,41 @@ class Int4Embedding(nn.Module):
     weight: torch.Tensor
     scales_and_zeros: torch.Tensor
 
-    def __init__(self, weight: torch.Tensor, scales_and_zeros: torch.Tensor, dtype: torch.dtype) -> None:
+    def __init__(
+        self, weight: torch.Tensor, scales_and_zeros: torch.Tensor, dtype: torch.dtype, planes: int = 1
+    ) -> None:
         super().__init__()
-        self.num_embeddings, self.embedding_dim = weight.size(0), weight.size(1) * 2
+        self.num_embeddings, self.embedding_dim = weight.size(0), weight.size(1) * 2 // planes
+        self.planes = planes
         self.register_buffer("weight", weight, persistent=False)
         self.register_buffer("scales_and_zeros", scales_and_zeros, persistent=False)
         self.out_dtype = dtype
         self.layout = kernel_layout()  # found here, not while a compiled step is traced
 
     @classmethod
-    def from_parts(cls, parts: Int4Parts, dtype: torch.dtype) -> Int4Embedding:
-        """The table of ``Int4Parts`` (V, d), packed in this CPU's kernel layout."""
+    def from_parts(cls, parts: Int4Parts, dtype: torch.dtype, planes: int = 1) -> Int4Embedding:
+        """The table of ``Int4Parts`` (V, d) (``planes=2``: (V, 2d), ``q8_planes``), packed in this CPU's
+        kernel layout."""
         v, d = parts.q.shape
         if not int4_supported(v, d):
             raise GptlabError(
                 f"no int4 kernel for a {v}×{d} token table (needs {v} % 16 == 0, {d} % 32 == 0)"
             )
-        return cls(_repack(pack_nibbles(parts.q), *kernel_layout()), kernel_scales(parts), dtype)
+        return cls(kernel_packed(parts.q), kernel_scales(parts), dtype, planes)
 
     @classmethod
     def stored(
-        cls, weight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, dtype: torch.dtype
+        cls,
+        weight: torch.Tensor,
+        scales: torch.Tensor,
+        zeros: torch.Tensor,
+        dtype: torch.dtype,
+        planes: int = 1,
     ) -> Int4Embedding:
-        """The table of a checkpoint: ``pack_nibbles`` output (V, d/2), scales and zeros (V, d/32)."""
+        """The table of a checkpoint: ``pack_nibbles`` output (V, d/2), scales and zeros (V, d/32) (twice
+        as wide for ``planes=2``)."""
         sz = torch.stack([scales.t(), zeros.t()], -1).to(torch.bfloat16).contiguous()
-        return cls(_repack(weight.contiguous(), *kernel_layout()), sz, dtype)
+        return cls(_repack(weight.contiguous(), *kernel_layout()), sz, dtype, planes)
 
     @property
     def compute_dtype(self) -> torch.dtype:
@@ -353,26 +412,30 @@ class Int4Embedding(nn.Module):
 
     def head(self) -> Int4Linear:
         """The tied output head ``logits = h·W_eᵀ``: an ``Int4Linear`` over this table's own tensors."""
-        return Int4Linear.from_packed(self.weight, self.scales_and_zeros)
+        return Int4Linear.from_packed(self.weight, self.scales_and_zeros, planes=self.planes)
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:  # (B, T) → (B, T, d_model)
         v, d = self.num_embeddings, self.embedding_dim
         rows = idx.reshape(-1)
-        offsets, shift = _row_bytes(rows, v, d, *self.layout)
-        q = (self.weight.reshape(-1)[offsets] >> shift) & 15  # (T, d)
+        offsets, shift = _row_bytes(rows, v, d * self.planes, *self.layout)
+        q = (self.weight.reshape(-1)[offsets] >> shift) & 15  # (T, d), (T, 2d) for two planes
+        if self.planes == 2:  # as Int4Linear.dequantized: q·d, rounded once
+            sz2 = self.scales_and_zeros[:, rows]  # (2d/32, T, 2)
+            return _planes_dequantized(q.t(), sz2, d, self.out_dtype).t().reshape(*idx.shape, d)
         sz = self.scales_and_zeros[:, rows].transpose(0, 1).to(self.out_dtype)  # (T, d/32, 2)
         q8 = q.view(torch.int8).sub(8).view(rows.numel(), d // INT4_GROUP, INT4_GROUP)
         e = torch.addcmul(sz[..., 1:], q8, sz[..., :1])  # as ``Int4Linear.dequantized``
         return e.reshape(*idx.shape, d)
 
     def _save_to_state_dict(self, destination: dict[str, Any], prefix: str, keep_vars: bool) -> None:
-        v, d = self.num_embeddings, self.embedding_dim
+        v, d = self.num_embeddings, self.embedding_dim * self.planes
         destination[prefix + "weight"] = pack_nibbles(_unpack(self.weight, v, d, *self.layout).t())
         destination[prefix + "scales"] = self.scales_and_zeros[..., 0].t().contiguous()
         destination[prefix + "zeros"] = self.scales_and_zeros[..., 1].t().contiguous()
 
     def extra_repr(self) -> str:
-        return f"{self.num_embeddings}, {self.embedding_dim}, int4 groups of {INT4_GROUP}"
+        kind = "int8 blocks of 32 as two int4 planes" if self.planes == 2 else f"int4 groups of {INT4_GROUP}"
+        return f"{self.num_embeddings}, {self.embedding_dim}, {kind}"
 
 
 def held_weights(model: nn.Module) -> str:
@@ -382,13 +445,10 @@ def held_weights(model: nn.Module) -> str:
     for m in model.modules():
         if isinstance(m, InferenceLinear | Int8Embedding | Int4Embedding) and id(m.weight) not in seen:
             seen.add(id(m.weight))
-            kind = (
-                "int4"
-                if isinstance(m, Int4Linear | Int4Embedding)
-                else "int8"
-                if m.weight.dtype == torch.int8
-                else "float"
-            )
+            if isinstance(m, Int4Linear | Int4Embedding):
+                kind = "int4" if m.planes == 1 else "int8"  # two planes: int8 blocks
+            else:
+                kind = "int8" if m.weight.dtype == torch.int8 else "float"
             if isinstance(m, InferenceLinear):
                 n = m.out_features * m.in_features
             else:

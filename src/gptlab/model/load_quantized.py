@@ -18,7 +18,8 @@ int4 (``"int4"``): each matrix whose ``Int4Parts`` are given (a GGUF file's Q4_0
 built from them without a float copy; a matrix in ``int8`` (the GGUF loader's choice for its other
 tensor types) becomes ``Int8Linear``; any other becomes int4 from its float weight (``quantize_int4``);
 the output head and the token table are int8, but a token table given as ``Int4Parts`` (a GGUF file's
-4-bit table) is kept int4 (``Int4Embedding``) and a tied head multiplies it through the int4 kernel.
+4-bit table, or its Q8_0 one as two int4 planes) is kept int4 (``Int4Embedding``) and a tied head
+multiplies it through the int4 kernel.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ from gptlab.model.quantized import (
     activation_dtype,
 )
 from gptlab.model.state_dict import check_state, load_model_state, model_state, pad_vocab
-from gptlab.model.weight_formats import QUANTIZERS, quantize
+from gptlab.model.weight_formats import QUANTIZERS, mark_streaming, quantize
 
 #: Formats built while loading (fp32 needs no conversion: it loads as it is stored).
 STREAMED = ("bf16", "int8", "int4")
@@ -123,9 +124,9 @@ def build_quantized(
                 p = pad_vocab(
                     model, {"wte.weight": made.q, "wte.scales": made.scales, "wte.zeros": made.zeros}
                 )
-                four = Int4Embedding.from_parts(
-                    Int4Parts(p["wte.weight"], p["wte.scales"], p["wte.zeros"]), act
-                )
+                padded = Int4Parts(p["wte.weight"], p["wte.scales"], p["wte.zeros"])
+                planes = made.q.size(1) // config.n_embd  # 2: a Q8_0 table's two planes
+                four = Int4Embedding.from_parts(padded, act, planes)
                 model.wte = four  # type: ignore[assignment]
                 if tied:  # the head multiplies the table's own int4 bytes
                     model.lm_head = four.head()  # type: ignore[assignment]
@@ -210,7 +211,9 @@ def load_int4(config: GPTConfig, state: Mapping[str, torch.Tensor], source: str 
             parent, _, child = path.rpartition(".")
             setattr(model.get_submodule(parent), child, layer)
         if "wte.zeros" in loaded:
-            four = Int4Embedding.stored(get("wte.weight"), get("wte.scales"), get("wte.zeros"), act)
+            nibbles = get("wte.weight")
+            planes = nibbles.size(1) * 2 // config.n_embd  # 2: a Q8_0 table's two planes
+            four = Int4Embedding.stored(nibbles, get("wte.scales"), get("wte.zeros"), act, planes)
             model.wte = four  # type: ignore[assignment]
             if config.tie_embeddings:
                 model.lm_head = four.head()  # type: ignore[assignment]
@@ -235,6 +238,7 @@ def load_int4(config: GPTConfig, state: Mapping[str, torch.Tensor], source: str 
     left = [n for n, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta]
     if left:
         raise GptlabError(f"{source}: no weights for {', '.join(left[:5])}")
+    mark_streaming(model)  # as a conversion at load decides it
     model.quantization = "int4"  # type: ignore[assignment]
     release_memory()
     return model.eval()

@@ -10,16 +10,19 @@ tensor (a decode step) and once for a row further in (a prefill's last position)
 ``dynamic=True`` makes each graph serve every matrix shape; so calling one streaming layer of each
 kind (weight dtype, with or without bias and scales) both ways compiles everything a decode uses.
 
-    import_compiler_in_background()   # at the start of a load: the compiler's modules, in parallel
-    warm_up(model)                     # after it: the one-row kernels, compiled (or read from the cache)
+    warm_up(model)   # after a load: the one-row kernels, compiled (or read from the cache)
+
+torch's compiler is imported by the warm-up itself, only for a model that streams: importing it on
+another thread while the weights were read overlapped nothing (the import holds the interpreter lock,
+and reading a kept checkpoint's tensors slowed from ~0.1 s to 1.2–1.5 s beside it), and it was
+started from the file's size, so a model that turned out to have no streaming layer (SmolLM2's file
+kept as int4) paid ~2 s and 116 MB for a compiler it never used.
 
 The warm-up runs zeros through the layers and returns nothing; the outputs, and so every generated
 token, are those of the kernels a decode would have compiled anyway.
 """
 
 from __future__ import annotations
-
-import threading
 
 import torch
 from torch import nn
@@ -63,20 +66,3 @@ def activation_dtype_of(model: nn.Module) -> torch.dtype:
         return dtype
     floats = (p.dtype for p in model.parameters() if p.is_floating_point())
     return next(floats, torch.float32)
-
-
-def _import_compiler() -> None:
-    """The import only: whatever fails here fails again, and is reported, where the kernel compiles."""
-    try:
-        import torch._dynamo  # noqa: F401
-        import torch._inductor.compile_fx  # noqa: F401
-    except Exception:  # a prefetch only: Compiled falls back to eager with its own warning
-        return
-
-
-def import_compiler_in_background() -> threading.Thread:
-    """Start importing torch's compiler (most of a warm-up's cost) on another thread, so it overlaps
-    reading and converting the weights, which release the interpreter lock; join it before ``warm_up``."""
-    thread = threading.Thread(target=_import_compiler, name="gptlab-import-compiler", daemon=True)
-    thread.start()
-    return thread

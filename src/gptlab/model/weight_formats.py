@@ -74,6 +74,20 @@ QUANTIZERS = {
 }
 
 
+def mark_streaming(model: nn.Module) -> None:
+    """Whether the model's layers multiply a decode step's one row through the compiled kernel
+    (``InferenceLinear.streams``): all of them where ``gptlab.hardware.one_row_kernel`` says ``compiled``
+    and the matrices are too large for the caches (``STREAM_MIN_BYTES``), else none. Decided here for
+    every inference model, converted (``quantize``) or read as stored (an int4 checkpoint)."""
+    linears = [m for m in model.modules() if isinstance(m, InferenceLinear)]
+    streams = (
+        sum(int(m.weight.numel() * m.weight.element_size()) for m in linears) >= quantized.STREAM_MIN_BYTES
+        and hardware.one_row_kernel("cpu") == "compiled"
+    )
+    for m in linears:
+        m.streams = streams  # a decode step reads every weight from memory: the one-row kernel pays
+
+
 @torch.no_grad()
 def quantize(model: M, mode: str) -> M:
     """Convert ``model`` in place for inference (``"fp32"``, ``"bf16"``, ``"int8"`` or ``"int4"``) and return it.
@@ -91,13 +105,7 @@ def quantize(model: M, mode: str) -> M:
             f"this model is already {current}; load the float checkpoint again to use another format"
         )
     QUANTIZERS[mode](model)
-    linears = [m for m in model.modules() if isinstance(m, InferenceLinear)]
-    streams = (
-        sum(int(m.weight.numel() * m.weight.element_size()) for m in linears) >= quantized.STREAM_MIN_BYTES
-        and hardware.one_row_kernel("cpu") == "compiled"
-    )
-    for m in linears:
-        m.streams = streams  # a decode step reads every weight from memory: the one-row kernel pays
+    mark_streaming(model)
     model.quantization = mode  # type: ignore[assignment]
     hardware.release_memory()
     return model.eval()
