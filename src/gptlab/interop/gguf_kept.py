@@ -4,8 +4,8 @@ Q4_0 and Q4_1 blocks become ``Int4Linear`` layers without a float copy (``int4_p
 ``d``, ``m`` and nibbles as PyTorch's ``w = (q − 8)·s + z``); a token table in Q4_0/Q4_1 stays int4 the
 same way (``Int4Embedding``, a tied head multiplying the same bytes), one in Q8_0 keeps its blocks as
 two int4 planes (``q8_0_planes``: ``q = 16·h + l``, each block's scale carried over), any other becomes
-int8 rows a block of rows at a time (``int8_rows``); every other matrix is dequantized and made int8 (``keep``) or
-int4 (``int4``) by ``gptlab.model.load_quantized.build_quantized``, tensor by tensor.
+int8 rows a block of rows at a time (``int8_rows``); every other matrix is dequantized and made int8
+(``keep``) or int4 (``int4``) by ``gptlab.model.load_quantized.build_quantized``, tensor by tensor.
 """
 
 from __future__ import annotations
@@ -213,7 +213,8 @@ def kept_model(
 def from_gguf_kept(path: str | Path | GgufFile, quantize: str = "keep") -> GPT:
     """A GGUF file's model with its weights as it ships them (``quantize="keep"``: Q4_0/Q4_1 matrices and
     token table int4 from their blocks, a Q8_0 table as two int4 planes of its blocks, the other
-    quantized matrices and token table int8, a file of float tensors only float32) or with every matrix int4 (``"int4"``): what ``gptlab.load`` of a GGUF file gives."""
+    quantized matrices and token table int8, a file of float tensors only float32) or with every matrix
+    int4 (``"int4"``): what ``gptlab.load`` of a GGUF file gives."""
     f = read_gguf(path)
     arch, hf, config = gguf_config(f)
     model, fallback = kept_model(f, arch, hf, config, quantize)
