@@ -155,7 +155,8 @@ def test_a_gguf_file_loaded_as_it_ships_is_warmed_up_like_a_quantized_checkpoint
 ):
     """``gptlab.load(file)`` with no format asked keeps a GGUF file's quantized weights (here Q8_0 →
     int8): the one-row kernels are paid for while loading, as for ``quantize="int8"``, so the first
-    prefill does not compile them (it did: 5 s against 0.7 for SmolLM2's file under AVX2)."""
+    prefill does not compile them (it did: 5 s against 0.7 for the second, under the AVX2 imitation,
+    while SmolLM2's Q8_0 head was int8)."""
     pytest.importorskip("gguf", reason="the gguf package writes GGUF files")
     from gguf import GGMLQuantizationType as Q
 

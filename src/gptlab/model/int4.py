@@ -255,11 +255,6 @@ class Int4Linear(InferenceLinear):
         bias = linear.bias.detach().to(dtype) if linear.bias is not None and not linear.bias.is_meta else None
         self.register_buffer("bias", bias)
 
-    def _set(self, portable: torch.Tensor, scales_and_zeros: torch.Tensor) -> None:
-        """Hold q, given as ``pack_nibbles`` bytes (N, K/2), in the kernel's packed layout, and the
-        (K/32, N, 2) bf16 scales and zeros."""
-        self._hold(_repack(portable.contiguous(), *kernel_layout()), scales_and_zeros)
-
     def _hold(self, packed: torch.Tensor, scales_and_zeros: torch.Tensor) -> None:
         """Hold q already in the kernel's packed layout (N, K/2), and the (K/32, N, 2) scales and zeros."""
         self.register_buffer("weight", packed, persistent=False)
