@@ -335,14 +335,11 @@ def load(
     """
     src = source_path(path)
     kind = source_kind(src)
-    # inference weights on the CPU: a format asked for, or a GGUF file kept as it ships (``load_gguf_as``)
-    kept_gguf = kind == "gguf" and quantize is None and dtype is None
-    inference = (quantize is not None or kept_gguf) and torch.device(device).type == "cpu"
     if kind == "gptlab":
         src = checkpoint.resolve_checkpoint(src)
     model, tokenizer = _load(src, kind, device, dtype, quantize, store)
-    if inference:
-        warm_up(model)
+    if getattr(model, "quantization", None) is not None:  # inference weights, however they were chosen
+        warm_up(model)  # (a format asked for, a quantized checkpoint, a GGUF file kept as it ships)
     return model, tokenizer
 
 

@@ -179,6 +179,14 @@ def test_a_gguf_file_loaded_as_it_ships_is_warmed_up_like_a_quantized_checkpoint
     assert graphs >= 1  # the warm-up compiled
     generate_ids(model, torch.tensor([[5, 17, 99, 3, 250, 42]]), 4, temperature=0.0)
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == graphs
+    # an int8 checkpoint loaded as it is stored (no format asked) is readied the same way
+    ckpt = gptlab.save(model, None, tmp_path / "int8")
+    torch._dynamo.reset()
+    stored, _ = gptlab.load(ckpt)
+    assert stored.quantization == "int8"
+    graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    generate_ids(stored, torch.tensor([[5, 17, 99, 3, 250, 42]]), 4, temperature=0.0)
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == graphs
 
 
 def test_loading_a_model_with_no_streaming_layer_imports_no_compiler(tmp_path):
