@@ -12,17 +12,21 @@ u64 count and the elements. This reads it as ``gguf.GGUFReader`` does (the same 
 tensor types, shapes and memory-mapped data; ``tests/interop/test_gguf_file.py`` checks the two
 against each other), with one ``struct`` call per value instead of NumPy views per element:
 a model's vocabulary is ~100,000 strings, which took ``GGUFReader`` 1.8 s for SmolLM2 and takes this
-about 0.03 s (the strings read in one loop), at every start of a command that runs a GGUF file.
+about 0.03 s (the strings read in one loop), at every start of a command that runs a GGUF file. An
+array of strings is a ``StringTable`` (one block of bytes; it compares equal to the list of them).
 """
 
 from __future__ import annotations
 
 import struct
+from array import array
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from gptlab.tokenizers.string_table import StringTable
 
 MAGIC = b"GGUF"
 VERSIONS = (2, 3)
@@ -67,10 +71,11 @@ class _Header:
         self.at = end
         return text
 
-    def strings(self, count: int) -> list[str]:
-        """``count`` strings in a row (a vocabulary's tokens or merges), read in one loop: two calls per
-        string cost 0.13 s of SmolLM2's 98,000, this 0.05 s."""
-        buf, at, size, texts = self.buf, self.at, len(self.buf), []
+    def strings(self, count: int) -> StringTable:
+        """``count`` strings in a row (a vocabulary's tokens or merges), read in one loop into one block of
+        bytes (``StringTable``: ~1 MB for SmolLM2's 98,000, where as ``str`` objects they held 8.3 MB)."""
+        buf, at, size = self.buf, self.at, len(self.buf)
+        data, starts = bytearray(), array("Q", [0])
         length = _U64.unpack_from
         for _ in range(count):
             (n,) = length(buf, at)
@@ -78,10 +83,11 @@ class _Header:
             end = at + n
             if end > size:
                 raise ValueError(f"a string of {n} bytes runs past the end of the file")
-            texts.append(str(buf[at:end], "utf-8"))
+            data += buf[at:end]
+            starts.append(len(data))
             at = end
         self.at = at
-        return texts
+        return StringTable(bytes(data), starts)
 
     def value(self, kind: int) -> Any:
         if kind == STRING:

@@ -22,14 +22,20 @@ text holding one is encoded by the Python path, which knows how.
 
 from __future__ import annotations
 
+import codecs
+import functools
+import operator
 import re
+from array import array
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from itertools import islice, repeat
+from typing import Any, cast
 
 from gptlab.errors import GptlabError
 from gptlab.tokenizers.base import AllowedSpecial, Tokenizer, as_id_list
-from gptlab.tokenizers.byte_unicode import bytes_to_token, spelled_in_alphabet
+from gptlab.tokenizers.byte_unicode import byte_to_char, bytes_to_token, spelled_in_alphabet
 from gptlab.tokenizers.ranked import RankedTokenizer
+from gptlab.tokenizers.string_table import StringTable
 
 #: Special tokens that end an assistant's turn in the chat formats gptlab knows; generation stops there.
 END_OF_TURN = ("<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<|end|>", "<end_of_turn>", "<|end_of_text|>")
@@ -77,16 +83,48 @@ def spelled_bytes(token: str) -> bytes:
     return token.encode("utf-8") if data is None else data
 
 
-def _made(
-    merges: Sequence[str | Sequence[str]], by_text: Mapping[str, bytes]
-) -> tuple[list[str], list[bytes]]:
-    """``(merges as "left right" strings, the bytes each makes)``: ``"Ġ t"`` (or ``["Ġ", "t"]``) makes
-    ``b" t"``; a malformed merge is a ``GptlabError`` naming it. A merge given in the usual form is kept
-    as the same string, and no container is kept per merge: tens of thousands of small lists or tuples
-    held at once would make the interpreter's collector sweep every object of the process (~0.07 s of
-    SmolLM2's 0.2 s tokenizer build)."""
-    texts: list[str] = []
-    made: list[bytes] = []
+def undone_all(table: StringTable, spaces: bool = False) -> list[bytes] | None:
+    """``spelled_in_alphabet`` of every string of ``table`` in a few passes over the whole table (decode,
+    encode through the alphabet as a codec, cut) instead of a call per string (with the merges read
+    so too, SmolLM2's tokenizer builds in 72 ms where it took 117); ``spaces``: each string holds one space, which goes (merge ``"Ġ t"`` → ``b" t"``,
+    what its parts make). None where some character is outside GPT-2's alphabet (then each string's own
+    answer differs)."""
+    text = table.joined()
+    if spaces:
+        text = text.replace(" ", "")
+    try:
+        data, _ = codecs.charmap_encode(text, "strict", _alphabet_codec())
+    except UnicodeEncodeError:
+        return None
+    at = table.char_starts()  # each character one byte now
+    if spaces:
+        at = array("Q", map(operator.sub, at, range(len(at))))  # one character fewer each
+    return list(map(data.__getitem__, map(slice, at, islice(at, 1, None))))
+
+
+@functools.cache
+def _alphabet_codec() -> Any:
+    """GPT-2's byte alphabet as a charmap codec: its character for byte ``b`` encodes to ``b``."""
+    table = byte_to_char()
+    return codecs.charmap_build("".join(table[b] for b in range(256)))
+
+
+def _merged_ids(
+    merges: Sequence[str | Sequence[str]], ids: Mapping[bytes, int], special: Mapping[str, bytes]
+) -> tuple[StringTable, list[int]]:
+    """``(merges as "left right" strings, the id of the token each makes)``: ``"Ġ t"`` (or ``["Ġ", "t"]``)
+    joins ``b" t"``, the id ``ids`` gives it (-1: none); a malformed merge is a ``GptlabError`` naming it.
+    A part's bytes are its spelling undone (``spelled_bytes``; a special token's text, its UTF-8), so no
+    object is kept per merge once they are read: they are only looked up."""
+    if not isinstance(merges, StringTable) and all(isinstance(m, str) for m in merges):
+        merges = StringTable.of(cast(Sequence[str], merges))
+    if isinstance(merges, StringTable) and all(spelled_in_alphabet(t) == b for t, b in special.items()):
+        made = undone_all(merges, spaces=True) if merges.all_split_once(ord(" ")) else None
+        if made is not None:  # (else each merge is read below, and a malformed one named)
+            return merges, list(map(ids.get, made, repeat(-1)))
+    texts: list[str] | None = None  # made only where a merge is not a "left right" string already
+    made_ids: list[int] = []
+    spelled = dict(special)  # each part's bytes, while the merges are read (a part recurs ~2×)
     for i, m in enumerate(merges):
         if isinstance(m, str) and m.count(" ") == 1:
             a, _, b = m.partition(" ")
@@ -94,13 +132,23 @@ def _made(
                 a, b = _pair(m, i)
         else:
             a, b = _pair(m, i)
+            if texts is None:
+                texts = [str(x) for x in merges[:i]]
             m = f"{a} {b}"
-        texts.append(m)
-        left, right = by_text.get(a), by_text.get(b)
-        made.append(
-            left + right if left is not None and right is not None else spelled_bytes(a) + spelled_bytes(b)
-        )
-    return texts, made
+        if texts is not None:
+            texts.append(m)
+        left, right = spelled.get(a), spelled.get(b)
+        if left is None:
+            left = spelled[a] = spelled_bytes(a)
+        if right is None:
+            right = spelled[b] = spelled_bytes(b)
+        made_ids.append(ids.get(left + right, -1))
+    if texts is not None:
+        return StringTable.of(texts), made_ids
+    # every merge was a "left right" string already
+    return (
+        merges if isinstance(merges, StringTable) else StringTable.of(cast(Sequence[str], merges))
+    ), made_ids
 
 
 def _pair(merge: str | Sequence[str], i: int) -> tuple[str, str]:
@@ -130,28 +178,34 @@ class PretrainedTokenizer(RankedTokenizer):
         chat_template: str | None = None,
         backend: str = "auto",
     ) -> None:
-        tokens = list(tokens)
-        if not tokens or not all(isinstance(t, str) and t for t in tokens):
+        if isinstance(tokens, StringTable):
+            bad = not tokens or tokens.has_empty()
+        else:
+            bad = not tokens or not all(isinstance(t, str) and t for t in tokens)
+        if bad:
             raise GptlabError("a pretrained vocabulary must be a non-empty list of non-empty token strings")
+        tokens = tokens if isinstance(tokens, StringTable) else StringTable.of(tokens)
         special_ids = sorted(set(special_ids))
         for i in (*special_ids, bos_id, eos_id):
             if i is not None and not (isinstance(i, int) and 0 <= i < len(tokens)):
                 raise GptlabError(f"special token id {i!r} is outside the vocabulary (0..{len(tokens) - 1})")
         specials = {tokens[i]: i for i in special_ids}
         special_set = set(specials.values())
-        spelled = [spelled_bytes(t) for t in tokens]
+        spelled = undone_all(tokens)
+        if spelled is None:  # some token is not spelled in GPT-2's alphabet
+            spelled = [spelled_bytes(t) for t in tokens]
         for i in special_set:
             spelled[i] = tokens[i].encode("utf-8")
         # {token bytes: its first id}, special tokens left out: reversed, so the first id is written last
         ids = {spelled[i]: i for i in range(len(spelled) - 1, -1, -1) if i not in special_set}
-        by_text = dict(zip(tokens, spelled))
-        # merge n joins left + right into the token of rank ids[made[n]]; the ranks rise in merge order
-        self.tokens, (self.merges, made) = tokens, _made(merges, by_text)
-        made_ids = [ids.get(m, -1) for m in made]
+        # merge n joins left + right into the token of rank made_ids[n]; the ranks rise in merge order
+        self.merges, made_ids = _merged_ids(merges, ids, {t: spelled[i] for t, i in specials.items()})
+        self.tokens = tokens
         if not all(a < b for a, b in zip([-1, *made_ids], made_ids)):
             self._refuse_merges(made_ids)
         ranks = {t: i for i, t in sorted((i, t) for t, i in ids.items() if len(t) == 1)}  # the bytes, by id
-        ranks.update(zip(made, made_ids))
+        ranks.update((spelled[i], i) for i in made_ids)  # (the token's own bytes object, held once)
+        del ids
         super().__init__(ranks, pattern, specials, backend=backend, checked=True)
         self._decode_also(spelled)  # tokens no merge reaches (and duplicates) can still be generated
         self._drop_re = re.compile(b"[" + re.escape(self._drop) + b"]") if self._drop else None
@@ -224,8 +278,8 @@ class PretrainedTokenizer(RankedTokenizer):
     def _payload(self) -> dict[str, Any]:
         return {
             "pattern": self.pattern,
-            "tokens": self.tokens,
-            "merges": self.merges,
+            "tokens": list(self.tokens),
+            "merges": list(self.merges),
             "bos_id": self.bos_id,
             "eos_id": self.eos_id,
             "add_bos": self.add_bos,
