@@ -11,7 +11,10 @@ Per matrix shape (N outputs, K inputs) and weight format, microseconds per one-r
   oneDNN's prepacked weight (``F.linear`` where oneDNN cannot pack bf16), int8
   ``_weight_int8pack_mm``, each with the activations' dtype ``gptlab.model.quantized.activation_dtype``
   gives on this CPU (bf16 where bf16 is native, else float32);
-* ``compiled``: ``gptlab.model.quantized.gemv`` through ``torch.compile`` (one pass over the weights).
+* ``compiled``: ``gptlab.model.quantized.gemv`` through ``torch.compile`` (one pass over the weights);
+* ``planes`` (int8 only): the int8 matrix in blocks of 32 as two int4 planes through the int4 kernel
+  (``gptlab.model.int4.q8_planes``), how a GGUF file's Q8_0 matrices are held below native bf16
+  (``gptlab.hardware.int8_blocks``).
 
 With ``--decode SRC``: greedy tokens per second of 64-token decodes (layer by layer, after a 6-token
 prompt), in fresh processes that alternate the two choices, and whether their greedy tokens agree.
@@ -49,6 +52,14 @@ def per_call_us(fn: Any, calls: int) -> float:
 
 def kernels(n: int, k: int) -> dict[str, dict[str, Any]]:
     """format → {"library": fn, "compiled": fn} for one (n, k) matrix."""
+    from gptlab.model.int4 import (
+        INT4_GROUP,
+        Int4Linear,
+        int4_supported,
+        kernel_packed,
+        kernel_scales,
+        q8_planes,
+    )
     from gptlab.model.quantized import _GEMV, activation_dtype, onednn_bf16
 
     act = activation_dtype("cpu")
@@ -65,16 +76,21 @@ def kernels(n: int, k: int) -> dict[str, dict[str, Any]]:
             return torch.ops.mkldnn._linear_pointwise(xb, packed, None, "none", [], "")
         return F.linear(x, wb.to(x.dtype))
 
+    int8: dict[str, Any] = {
+        "library": lambda: torch.ops.aten._weight_int8pack_mm(x, q, s),
+        "compiled": lambda: _GEMV[torch.int8](x, q, s, None),
+    }
+    if int4_supported(n, 2 * k):
+        parts = q8_planes(q, s.float()[:, None].expand(n, k // INT4_GROUP).contiguous())
+        planes = Int4Linear.from_packed(kernel_packed(parts.q), kernel_scales(parts), planes=2)
+        int8["planes"] = lambda: planes(x)
     return {
         "fp32": {
             "library": lambda: F.linear(x.float(), w),
             "compiled": lambda: _GEMV[torch.float32](x.float(), w, None, None),
         },
         "bf16": {"library": bf16_library, "compiled": lambda: _GEMV[torch.bfloat16](x, wb, None, None)},
-        "int8": {
-            "library": lambda: torch.ops.aten._weight_int8pack_mm(x, q, s),
-            "compiled": lambda: _GEMV[torch.int8](x, q, s, None),
-        },
+        "int8": int8,
     }
 
 
@@ -142,15 +158,18 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     with torch.inference_mode():
         for n, k in SHAPES:
             for fmt, pair in kernels(n, k).items():
-                times: dict[str, list[float]] = {"library": [], "compiled": []}
+                times: dict[str, list[float]] = {name: [] for name in pair}
                 for _ in range(args.rounds):
                     for name, fn in pair.items():
                         times[name].append(per_call_us(fn, args.calls))
-                lib, comp = (statistics.median(times[c]) for c in ("library", "compiled"))
+                us = {name: statistics.median(t) for name, t in times.items()}
                 shapes[f"{fmt} {n}x{k}"] = {
-                    "library_us": round(lib, 1),
-                    "compiled_us": round(comp, 1),
-                    "compiled_over_library": round(comp / lib, 2),
+                    **{f"{name}_us": round(t, 1) for name, t in us.items()},
+                    **{
+                        f"{name}_over_library": round(t / us["library"], 2)
+                        for name, t in us.items()
+                        if name != "library"
+                    },
                 }
     result["per_matrix"] = shapes
     if args.decode:

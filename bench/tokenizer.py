@@ -1,6 +1,7 @@
 """Tokenizer benchmark on Tiny Shakespeare; prints one JSON line.
 
     .venv/bin/python bench/tokenizer.py [--repeat 5] [--data ../shared/data]
+    .venv/bin/python bench/tokenizer.py --pretrained smollm2   # a GGUF file's vocabulary instead
 
 Figures (medians over ``--repeat`` runs):
 - ``train_s``: BPETokenizer.train to vocab 4096 (gpt4 pattern, <|endoftext|>), split included
@@ -11,16 +12,24 @@ Figures (medians over ``--repeat`` runs):
 - ``decode_mb_s`` / ``decode_python_mb_s``: GPT-2 decoding of the corpus's ids;
 - ``char_encode_mb_s`` / ``char_decode_mb_s``: CharTokenizer on the corpus;
 - ``hf_train_s``: Hugging Face ``tokenizers`` byte-level BPE to vocab 4096, if installed.
+
+With ``--pretrained FILE`` (a GGUF file, or ``smollm2``): ``header_s``, parsing the file's header (its
+vocabulary's strings); ``build_s``, the ``PretrainedTokenizer`` from them; ``held_mb``, the Python memory
+the tokenizer holds once the parsed header is dropped (``tracemalloc``), and ``peak_mb`` while it is
+built; the corpus's ids by both back-ends are checked equal.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
+import gc
 import json
 import os
 import statistics
 import sys
 import time
+import tracemalloc
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -71,14 +80,53 @@ def hf_train_seconds(path: Path, repeat: int) -> float | None:
     return median_seconds(train, repeat)
 
 
+def pretrained(source: str, text: str, repeat: int) -> dict[str, object]:
+    """A GGUF file's vocabulary: header parse and tokenizer build times, the memory the tokenizer holds."""
+    from gptlab.interop.gguf import resolve
+    from gptlab.interop.gguf_file import parse_gguf
+    from gptlab.tokenizers import PretrainedTokenizer
+
+    path = resolve(source)
+    header_s = median_seconds(lambda: parse_gguf(path), repeat)
+    build = functools.partial(PretrainedTokenizer.from_gguf_fields, parse_gguf(path)[0])
+    build_s = median_seconds(build, repeat)
+    del build  # (and the parsed header with it)
+    gc.collect()
+    tracemalloc.start()
+    fields = parse_gguf(path)[0]
+    tok = PretrainedTokenizer.from_gguf_fields(fields)
+    del fields
+    gc.collect()
+    held, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    assert tok.encode(text) == tok.with_backend("python").encode(text), "the back-ends' ids differ"
+    return {
+        "bench": "tokenizer-pretrained",
+        "source": path.name,
+        "tokens": len(tok.tokens),
+        "merges": len(tok.merges),
+        "repeat": repeat,
+        "header_s": round(header_s, 4),
+        "build_s": round(build_s, 4),
+        "held_mb": round(held / 2**20, 2),
+        "peak_mb": round(peak / 2**20, 2),
+        "cpus": os.cpu_count(),
+        "load_avg_1m": round(os.getloadavg()[0], 2),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--data", type=Path, default=ROOT.parent / "shared" / "data")
+    parser.add_argument("--pretrained", metavar="FILE", help="a GGUF file's vocabulary (or smollm2) instead")
     args = parser.parse_args()
     corpus = args.data / "tinyshakespeare.txt"
     text = corpus.read_text(encoding="utf-8")
     mb = len(text.encode("utf-8")) / 1e6
+    if args.pretrained:
+        print(json.dumps(pretrained(args.pretrained, text, args.repeat)))
+        return
 
     train_s = median_seconds(lambda: BPETokenizer.train(text, 4096), args.repeat)
     # CPU time of this process: what the wall time would be on an idle machine

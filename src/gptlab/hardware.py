@@ -25,6 +25,8 @@ and ``detect()`` reads those reports once per process. The rules (docs/guide/har
                       native; elsewhere the compiled one-row reduction, which converts bf16 and int8
                       weights to float in registers for the float32 activations (no compiler needed
                       at start-up where the library kernels serve)
+    int8 blocks       a GGUF file's Q8_0 matrices: int8 per output channel where bf16 is native;
+                      elsewhere each block's scale kept, as two int4 planes through the int4 kernel
 
 A bf16 matrix product on a CPU without native bf16 is emulated, and many times slower than in
 float32 (docs/benchmarks.md#precision).
@@ -290,6 +292,20 @@ def one_row_kernel(device: str, machine: Machine | None = None) -> str:
     if device.split(":")[0] != "cpu":
         return "library"
     return "library" if native_bf16(device, m) else "compiled"
+
+
+def int8_blocks(device: str, machine: Machine | None = None) -> str:
+    """How a CPU holds a matrix of int8 blocks (a GGUF file's Q8_0: an fp16 scale a block of 32 weights).
+
+    ``int8`` where bf16 is native: one scale per output channel, multiplied by torch's int8 kernel,
+    whose bf16 rows are 1.6–3.5× faster than the planes at SmolLM2's shapes, in 20 % fewer bytes.
+    ``planes`` elsewhere: each block's own scale kept, as two int4 planes through the int4 kernel
+    (``gptlab.model.int4.q8_planes``), which multiplies one float32 row by them 1.5–3× faster than the
+    int8 kernel and 3.4–5.9× faster than the compiled one-row reduction an int8 matrix takes there, and
+    needs no compiler at load (``python bench/one_row.py``; docs/benchmarks.md, "Q8_0 matrices as two
+    int4 planes below native bf16").
+    """
+    return "int8" if one_row_kernel(device, machine) == "library" else "planes"
 
 
 # ------------------------------------------------------------------ emulated bf16

@@ -99,6 +99,16 @@ def test_native_bf16_needs_the_flag_and_avx512_dispatch():
     assert AVX2.describe_cpu() == "AVX2, no native bf16"
 
 
+def test_int8_blocks_are_kept_as_planes_only_below_native_bf16():
+    """A GGUF file's Q8_0 matrices: int8 per channel where the library's int8 kernel takes bf16 rows, two
+    int4 planes of the blocks where a float32 row would go through the compiled reduction."""
+    from gptlab.hardware import int8_blocks, one_row_kernel
+
+    for m in (AVX2, AVX512_NO_BF16, AVX512_BF16_AS_AVX2):
+        assert one_row_kernel("cpu", m) == "compiled" and int8_blocks("cpu", m) == "planes"
+    assert int8_blocks("cpu", AVX512_BF16) == "int8" and int8_blocks("cuda:0", AVX2) == "int8"
+
+
 @pytest.mark.parametrize(
     ("machine", "name", "option", "message"),
     [

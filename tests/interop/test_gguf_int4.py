@@ -159,13 +159,37 @@ def test_a_q8_0_token_table_keeps_each_blocks_scale_as_two_int4_planes(tmp_path,
     torch.testing.assert_close(logits(loaded), logits(kept), rtol=0, atol=0)
 
 
-def test_q8_0_matrices_become_int8(tmp_path):
+def test_q8_0_matrices_are_held_as_this_cpu_multiplies_them_faster(tmp_path, one_row):
+    """A Q8_0 file's matrices: int8 per output channel where bf16 is native (``one_row`` "library"); below
+    it ("compiled"), each block's own scale kept as two int4 planes, each weight exactly ``q·d`` (d in
+    bf16, rounded once). Either way the model is int8 (no weight of it has 4 bits), its logits are the
+    float model's, and it comes back the same from a checkpoint and from the weights cache."""
     path = tmp_path / "q8.gguf"
     write_llama(path, tiny_llama(tie=False), Q.Q8_0)
     kept = from_gguf_kept(path, "keep")
-    assert kept.quantization == "int8" and isinstance(kept.blocks[0].attn.qkv, Int8Linear)
+    qkv = kept.blocks[0].attn.qkv
+    assert kept.quantization == "int8" and "int4" not in held_weights(kept)
+    if one_row == "compiled":
+        assert isinstance(qkv, Int4Linear) and qkv.planes == 2 and qkv.fmt.startswith("int8 blocks")
+        record = next(t for t in read_gguf(path).tensors if t.name == "blk.0.ffn_down.weight")
+        blocks = np.asarray(record.data).reshape(record.data.shape[0], -1, 34)
+        d = torch.from_numpy(blocks[..., :2].copy().view(np.float16)[..., 0].astype(np.float32))
+        q = torch.from_numpy(blocks[..., 2:].copy().view(np.int8)).float()
+        exact = (q * d.to(torch.bfloat16).float()[..., None]).reshape(record.data.shape[0], -1)
+        down = kept.blocks[0].mlp.proj  # W_2: ffn_down
+        assert isinstance(down, Int4Linear) and torch.equal(down.dequantized(torch.float32), exact)
+    else:
+        assert isinstance(qkv, Int8Linear)
     ref = logits(from_gguf(path))
     assert (logits(kept) - ref).abs().max() < 0.02 * ref.abs().max()
+    assert main(["convert", "--from-gguf", str(path), "--out", str(tmp_path / "ck"), "--dtype", "keep"]) == 0
+    for again in (
+        gptlab.load(tmp_path / "ck")[0],
+        *(gptlab.load(path, store=tmp_path / "w")[0] for _ in "ab"),
+    ):
+        assert again.quantization == "int8" and held_weights(again) == held_weights(kept)
+        assert type(again.blocks[0].attn.qkv) is type(qkv)
+        torch.testing.assert_close(logits(again), logits(kept), rtol=0, atol=0)
     f32 = tmp_path / "f32.gguf"
     write_llama(f32, tiny_llama(tie=False))
     assert getattr(from_gguf_kept(f32, "keep"), "quantization", None) in (None, "fp32")

@@ -120,11 +120,13 @@ def test_an_int4_token_table_gives_its_tied_heads_rows_in_the_activations_dtype(
         assert (table(ids).float() - want).abs().max() <= 2**-7 * want.abs().max()
 
 
-@pytest.mark.parametrize("n", [80, 304])
+@pytest.mark.parametrize("n", [80, 128, 304])
 def test_an_int8_matrix_in_blocks_is_exact_as_two_int4_planes(n):
     """``q8_planes``: ``w = d·q`` (int8 q, one scale per block of 32) as an int4 matrix of 2K inputs,
     ``q = 16·h + l``: the table's rows and the head's dequantized matrix are ``q·d`` rounded once, and
-    the kernel's product over ``[x, x]`` is ``x·Wᵀ`` up to its bf16 rows; q = −128 and 127 included."""
+    the kernel's product over ``[x, x]`` is ``x·Wᵀ`` up to its bf16 rows; q = −128 and 127 included. (128
+    rows: whole blocks of the kernel's layout, dequantized from the packed bytes; 80 and 304 end in a
+    partial block, unpacked first.)"""
     from gptlab.model.int4 import Int4Embedding, q8_planes
 
     g = torch.Generator().manual_seed(n)
@@ -133,7 +135,7 @@ def test_an_int8_matrix_in_blocks_is_exact_as_two_int4_planes(n):
     d = (torch.rand(n, 3, generator=g) * 0.01).to(torch.bfloat16).float()  # scales the kernel holds
     w = q.float() * d.repeat_interleave(32, 1)
     for dtype in (torch.bfloat16, torch.float32):
-        table = Int4Embedding.from_parts(q8_planes(q, d), dtype, planes=2)
+        table = Int4Embedding.from_parts(q8_planes(q, d), dtype)
         assert table.embedding_dim == 96
         ids = torch.randint(0, n, (2, 7), generator=g)
         assert torch.equal(table(ids), w[ids].to(dtype))

@@ -99,7 +99,7 @@ def test_a_vocabulary_outside_the_alphabet_is_read_one_by_one():
 )
 def test_a_real_vocabulary_holds_a_few_megabytes():
     """SmolLM2's 49,152 tokens and 48,900 merges, read from its file into a tokenizer, hold 7.8 MB of
-    Python objects once the file's metadata is dropped (14.3 MB when each string was an object: its
+    Python objects once the file's metadata is dropped (14.4 MB when each string was an object: its
     ``Ġ`` made CPython store two bytes a character), and the tokenizer encodes as before."""
     from gptlab.interop.gguf import resolve
     from gptlab.interop.gguf_file import parse_gguf

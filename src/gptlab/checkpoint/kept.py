@@ -36,15 +36,19 @@ FORMAT = 2
 
 
 def entry_for(source: Path, conversion: str, store: str | os.PathLike[str]) -> Path:
-    """The folder in ``store`` that holds (or will hold) ``source`` converted as ``conversion``."""
+    """The folder in ``store`` that holds (or will hold) ``source`` converted as ``conversion``. A GGUF file
+    kept as it ships (``keep``) is kept per way of holding its Q8_0 matrices (``gptlab.hardware.int8_blocks``:
+    int8 per channel, or two int4 planes), so each CPU kind reads the layout it multiplies faster."""
     from gptlab import __version__
+    from gptlab.hardware import int8_blocks
 
     files = sorted(p for p in source.iterdir() if p.is_file()) if source.is_dir() else [source]
     identity = []
     for file in files:
         st = file.stat()
         identity += [str(file.resolve()), st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
-    key = json.dumps([*identity, conversion, FORMAT, __version__])
+    held = [int8_blocks("cpu")] if conversion == "keep" else []
+    key = json.dumps([*identity, conversion, *held, FORMAT, __version__])
     return Path(store) / hashlib.sha256(key.encode()).hexdigest()[:32]
 
 

@@ -35,6 +35,7 @@ from gptlab.checkpoint.files import (
 from gptlab.checkpoint.integrity import verify_checksums, write_checksums
 from gptlab.errors import GptlabError
 from gptlab.model import GPT, GPTConfig, build_empty, load_quantized, weight_formats
+from gptlab.model.int4 import Int4Embedding, Int4Linear
 from gptlab.model.lora import is_lora_model
 from gptlab.model.state_dict import load_model_state, model_state
 
@@ -52,7 +53,8 @@ INT4_FORMAT = {
     "scheme": "w = (q - 8)*s + z in groups of 32 inputs: weight = q as nibbles (input 2j low, 2j+1 high), "
     "scales_and_zeros (K/32, N, 2) bf16; matrices without scales_and_zeros int8; the token table int8, "
     "or int4 where wte.zeros is saved: wte.weight nibbles (V, d/2), wte.scales and wte.zeros (V, d/32) bf16; "
-    "twice as wide for an int8 table in blocks of 32 as two planes, q = 16*(h - 8) + l, h's d inputs first",
+    "twice as wide for an int8 table in blocks of 32 as two planes, q = 16*(h - 8) + l, h's d inputs first; "
+    "a matrix whose nibbles are twice its inputs holds int8 blocks of 32 as two planes the same way",
 }
 FORMATS = {"int8": INT8_FORMAT, "int4": INT4_FORMAT}
 
@@ -128,6 +130,8 @@ def write_files(model: GPT, tokenizer: Tokenizer | None, directory: str | os.Pat
             "a model quantized to bf16 for inference cannot be saved; save it before quantize(), "
             "or store bf16 weights with model.to(torch.bfloat16) / gptlab convert --dtype bf16"
         )
+    if fmt == "int8" and any(isinstance(m, Int4Linear | Int4Embedding) for m in model.modules()):
+        fmt = "int4"  # int8 blocks held as two int4 planes: stored in the int4 layout, which holds them
     extra: dict[str, Any] = {"quantization": FORMATS[fmt]} if fmt in FORMATS else {}
     extra.update(context_extra(model))
     directory.mkdir(parents=True, exist_ok=True)

@@ -4,8 +4,10 @@ Q4_0 and Q4_1 blocks become ``Int4Linear`` layers without a float copy (``int4_p
 ``d``, ``m`` and nibbles as PyTorch's ``w = (q − 8)·s + z``); a token table in Q4_0/Q4_1 stays int4 the
 same way (``Int4Embedding``, a tied head multiplying the same bytes), one in Q8_0 keeps its blocks as
 two int4 planes (``q8_0_planes``: ``q = 16·h + l``, each block's scale carried over), any other becomes
-int8 rows a block of rows at a time (``int8_rows``); every other matrix is dequantized and made int8
-(``keep``) or int4 (``int4``) by ``gptlab.model.load_quantized.build_quantized``, tensor by tensor.
+int8 rows a block of rows at a time (``int8_rows``); Q8_0 matrices keep their blocks as planes too
+where ``gptlab.hardware.int8_blocks`` says so (below native bf16); every other matrix is dequantized
+and made int8 (``keep``) or int4 (``int4``) by ``gptlab.model.load_quantized.build_quantized``, tensor
+by tensor.
 """
 
 from __future__ import annotations
@@ -78,6 +80,7 @@ def q8_0_planes(record: Any) -> Int4Parts:
         torch.empty(n, 2 * k, dtype=torch.uint8),
         torch.empty(n, 2 * k // 32, dtype=torch.float32),
         torch.empty(n, 2 * k // 32, dtype=torch.float32),
+        planes=2,
     )
     for i in range(0, n, DEQUANTIZE_ROWS):  # a block of rows at a time: no whole-table temporaries
         blocks = _bytes(record.data[i : i + DEQUANTIZE_ROWS]).view(-1, width // 34, 34)
@@ -116,19 +119,25 @@ def _fixed_parts(
             arrays = [np.ascontiguousarray(fix(a, hf)) for a in arrays]
         pieces.append(arrays)
     q, s, z = (torch.from_numpy(np.concatenate([a[i] for a in pieces])) for i in range(3))
-    return Int4Parts(q, s, z)
+    return Int4Parts(q, s, z, p.planes)
 
 
 def kept_layers(
-    f: GgufFile, arch: GgufArchitecture, hf: dict[str, Any], config: Any, shapes: GPT | None = None
+    f: GgufFile,
+    arch: GgufArchitecture,
+    hf: dict[str, Any],
+    config: Any,
+    shapes: GPT | None = None,
+    q8_0_as_planes: bool = False,
 ) -> tuple[dict[str, Callable[[], Int4Parts]], list[str]]:
-    """Which of the model's matrices keep the file's 4-bit blocks, and which are made int8.
+    """Which of the model's matrices keep the file's blocks, and which are made int8 per output channel.
 
     Returns (linear path → its ``Int4Parts``, read when called) for each matrix whose tensors are all
-    Q4_0/Q4_1 (the rows of q, k and v stack into gptlab's fused ``qkv``) and whose shape the int4
-    kernel takes, and the paths of the other matrices (Q8_0 and every other type: int8 per output
-    channel). Architectures whose layout fixes are not row moves (GPT-2's transposes) keep none.
-    ``shapes``: the model built on the meta device, if the caller has it.
+    Q4_0/Q4_1, or all Q8_0 where ``q8_0_as_planes`` (two int4 planes of its blocks, ``q8_0_planes``;
+    ``gptlab.hardware.int8_blocks`` decides), and whose shape the int4 kernel takes (the rows of q, k and
+    v stack into gptlab's fused ``qkv``), and the paths of the other matrices (int8 per output channel).
+    Architectures whose layout fixes are not row moves (GPT-2's transposes) keep none. ``shapes``: the
+    model built on the meta device, if the caller has it.
     """
     from gptlab.interop.common import COPY, FUSE_QKV
 
@@ -142,13 +151,15 @@ def kept_layers(
             continue
         theirs = [(t, records[t]) for t in r.theirs]
         linear = linears[path]
+        kinds = {rec.tensor_type.name for _, rec in theirs}
+        planes = 2 if q8_0_as_planes and kinds == {"Q8_0"} else 1
         if (
             arch.rows_only
             and r.transform in (COPY, FUSE_QKV)
-            and all(rec.tensor_type.name in INT4_BLOCKS for _, rec in theirs)
-            and int4_supported(linear.out_features, linear.in_features)
+            and (kinds <= INT4_BLOCKS.keys() or planes == 2)
+            and int4_supported(linear.out_features, linear.in_features * planes)
         ):
-            int4[path] = partial(_fixed_parts, arch, hf, theirs)
+            int4[path] = partial(_fixed_parts, arch, hf, theirs, q8_0_planes if planes == 2 else int4_parts)
     return int4, [p for p in linears if p not in int4]
 
 
@@ -185,12 +196,15 @@ def kept_model(
 ) -> tuple[GPT | None, str | None]:
     """(the model kept as it ships, None) — or, under ``keep`` for a file without 4-bit matrices, (None,
     the format to load it in instead: ``int8`` where its matrices are quantized, None for float)."""
+    from gptlab.hardware import int8_blocks
     from gptlab.interop.common import import_lazy
     from gptlab.model.load_quantized import build_quantized
     from gptlab.model.state_dict import model_state
 
     meta = build_empty(config, "meta")  # shapes only
-    int4, others = kept_layers(f, arch, hf, config, meta)
+    int4, others = kept_layers(
+        f, arch, hf, config, meta, quantize == "keep" and int8_blocks("cpu") == "planes"
+    )
     if quantize == "keep" and not int4:
         quantized = any(t.tensor_type.name not in FLOAT_TYPES for t in f.tensors if len(t.shape) == 2)
         return None, "int8" if quantized else None

@@ -14,12 +14,13 @@ the token table) follows, and ``quantize(model, mode)`` finishes exactly as it d
 tied head and the int8 token table), so the weights equal ``quantize(load(...), mode)``'s. Peak memory
 is the quantized model plus the largest float tensor, instead of the float32 model plus its copy.
 
-int4 (``"int4"``): each matrix whose ``Int4Parts`` are given (a GGUF file's Q4_0/Q4_1 blocks) is
-built from them without a float copy; a matrix in ``int8`` (the GGUF loader's choice for its other
+int4 (``"int4"``): each matrix whose ``Int4Parts`` are given (a GGUF file's Q4_0/Q4_1 blocks, or its
+Q8_0 blocks as two int4 planes) is built from them without a float copy; a matrix in ``int8`` (the GGUF loader's choice for its other
 tensor types) becomes ``Int8Linear``; any other becomes int4 from its float weight (``quantize_int4``);
 the output head and the token table are int8, but a token table given as ``Int4Parts`` (a GGUF file's
 4-bit table, or its Q8_0 one as two int4 planes) is kept int4 (``Int4Embedding``) and a tied head
-multiplies it through the int4 kernel.
+multiplies it through the int4 kernel. Such a model is named by what it holds (``held_format``): int4,
+or int8 where none of its weights has 4 bits (a Q8_0 file's matrices all kept as planes).
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from torch import nn
 from gptlab.errors import GptlabError
 from gptlab.hardware import map_large_blocks, release_memory
 from gptlab.model import GPT, GPTConfig, build_empty
-from gptlab.model.int4 import Int4Embedding, Int4Linear, Int4Parts
+from gptlab.model.int4 import Int4Embedding, Int4Linear, Int4Parts, held_format
 from gptlab.model.quantized import (
     InferenceLinear,
     Int8Embedding,
@@ -124,9 +125,8 @@ def build_quantized(
                 p = pad_vocab(
                     model, {"wte.weight": made.q, "wte.scales": made.scales, "wte.zeros": made.zeros}
                 )
-                padded = Int4Parts(p["wte.weight"], p["wte.scales"], p["wte.zeros"])
-                planes = made.q.size(1) // config.n_embd  # 2: a Q8_0 table's two planes
-                four = Int4Embedding.from_parts(padded, act, planes)
+                padded = Int4Parts(p["wte.weight"], p["wte.scales"], p["wte.zeros"], made.planes)
+                four = Int4Embedding.from_parts(padded, act)
                 model.wte = four  # type: ignore[assignment]
                 if tied:  # the head multiplies the table's own int4 bytes
                     model.lm_head = four.head()  # type: ignore[assignment]
@@ -149,6 +149,8 @@ def build_quantized(
         if tied and table is None:
             model.lm_head.weight = model.wte.weight
     quantize(model, mode)  # the tied head, the int8 token table, the norms' dtype; then malloc_trim
+    if mode == "int4":
+        model.quantization = held_format(model)  # type: ignore[assignment]  # int8 if no 4-bit weight
     return model
 
 
@@ -199,8 +201,12 @@ def load_int4(config: GPTConfig, state: Mapping[str, torch.Tensor], source: str 
             if config.tie_embeddings and path == "lm_head":
                 continue
             if f"{path}.scales_and_zeros" in loaded:
+                nibbles = get(f"{path}.weight")
+                linear = model.get_submodule(path)
+                assert isinstance(linear, nn.Linear)
+                planes = nibbles.size(1) * 2 // linear.in_features  # 2: int8 blocks as two planes
                 layer: nn.Module = Int4Linear.stored(
-                    get(f"{path}.weight"), get(f"{path}.scales_and_zeros"), optional(f"{path}.bias"), act
+                    nibbles, get(f"{path}.scales_and_zeros"), optional(f"{path}.bias"), act, planes
                 )
             else:
                 layer = _stored_int8(
@@ -239,7 +245,7 @@ def load_int4(config: GPTConfig, state: Mapping[str, torch.Tensor], source: str 
     if left:
         raise GptlabError(f"{source}: no weights for {', '.join(left[:5])}")
     mark_streaming(model)  # as a conversion at load decides it
-    model.quantization = "int4"  # type: ignore[assignment]
+    model.quantization = held_format(model)  # type: ignore[assignment]
     release_memory()
     return model.eval()
 

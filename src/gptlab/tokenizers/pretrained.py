@@ -85,8 +85,8 @@ def spelled_bytes(token: str) -> bytes:
 
 def undone_all(table: StringTable, spaces: bool = False) -> list[bytes] | None:
     """``spelled_in_alphabet`` of every string of ``table`` in a few passes over the whole table (decode,
-    encode through the alphabet as a codec, cut) instead of a call per string (with the merges read
-    so too, SmolLM2's tokenizer builds in 72 ms where it took 117); ``spaces``: each string holds one space, which goes (merge ``"Ġ t"`` → ``b" t"``,
+    encode through the alphabet as a codec, cut) instead of a call per string (no object made per
+    string but the bytes kept: SmolLM2's tokenizer holds 7.8 MB where it held 14.4); ``spaces``: each string holds one space, which goes (merge ``"Ġ t"`` → ``b" t"``,
     what its parts make). None where some character is outside GPT-2's alphabet (then each string's own
     answer differs)."""
     text = table.joined()
