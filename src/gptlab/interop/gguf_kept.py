@@ -194,8 +194,9 @@ class _RowsOf:
 def kept_model(
     f: GgufFile, arch: GgufArchitecture, hf: dict[str, Any], config: GPTConfig, quantize: str
 ) -> tuple[GPT | None, str | None]:
-    """(the model kept as it ships, None) — or, under ``keep`` for a file without 4-bit matrices, (None,
-    the format to load it in instead: ``int8`` where its matrices are quantized, None for float)."""
+    """(the model kept as it ships, None) — or, under ``keep`` for a file with no matrix kept as its blocks
+    (none in Q4_0/Q4_1, nor in Q8_0 where those are kept as planes), (None, the format to load it in
+    instead: ``int8`` where its matrices are quantized, None for float)."""
     from gptlab.hardware import int8_blocks
     from gptlab.interop.common import import_lazy
     from gptlab.model.load_quantized import build_quantized
