@@ -10,17 +10,23 @@ Two process-wide settings, given by the caller and read nowhere else (the librar
 environment variable: the CLI turns ``GPTLAB_COMPILE=0`` and ``$CXX`` into them):
 ``configure(compile=False)`` runs every ``Compiled`` eagerly and makes ``can_compile`` say no, so
 the decode plan says so too; ``configure(cxx="clang++")`` names the C++ compiler inductor uses.
+
+``load_package(path)``: an AOTInductor package's loader, the folder it unpacks into removed at exit.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import shutil
+import tempfile
 import threading
 import types
 import warnings
+import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 COMPILE_FAILED = "torch.compile failed"  # in the warning; pytest turns it into an error (pyproject.toml)
@@ -285,3 +291,25 @@ def _copies(args: Any) -> Any:
     if isinstance(args, (list, tuple)):
         return type(args)(_copies(a) for a in args)
     return args.clone() if hasattr(args, "clone") and hasattr(args, "shape") else args
+
+
+def load_package(package: Path) -> Any:
+    """``torch._C._aoti.AOTIModelPackageLoader`` of an AOTInductor package (its model "model", on the CPU).
+
+    The loader unpacks the package into a new ``aotinductor_*`` folder of the system's temporary
+    directory and removes it only when the loader is destroyed, which a process's end does not do for
+    an object still referenced (a ``gptlab`` command ends with its start's objects kept, unfinalised):
+    every command that loaded a kept step left ~4 MB there. The folders that appeared while this one
+    was unpacked, holding its shared library, are removed as the process exits.
+    """
+    import torch
+
+    temp = Path(tempfile.gettempdir())
+    before = set(temp.glob("aotinductor_*"))
+    loader = torch._C._aoti.AOTIModelPackageLoader(str(package), "model", False, 1, -1)
+    with zipfile.ZipFile(package) as archive:
+        libraries = {Path(n).name for n in archive.namelist() if n.endswith(".so")}
+    for folder in set(temp.glob("aotinductor_*")) - before:
+        if any(f.name in libraries for f in folder.rglob("*.so")):  # this package's, not another's
+            atexit.register(shutil.rmtree, folder, True)
+    return loader

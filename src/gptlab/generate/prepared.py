@@ -70,7 +70,7 @@ import torch
 from torch import nn
 
 import gptlab
-from gptlab.compiling import Compiled, Job
+from gptlab.compiling import Compiled, Job, load_package
 from gptlab.fileio import atomic_write, atomic_write_json
 from gptlab.generate.config import SampleConfig
 from gptlab.generate.plan import DecodePlan, Decoder, DecodeSettings, ModelFacts, logits_of, plan_decoding
@@ -542,7 +542,7 @@ class StoredStep:
 
 def _loaded(package: Path, model: Decoder) -> Callable[..., Any]:
     """The AOTInductor package as ``decode_one_token``'s signature, reading ``model``'s own tensors."""
-    loader = torch._C._aoti.AOTIModelPackageLoader(str(package), "model", False, 1, -1)
+    loader = load_package(package)
     wrapper = _Step(model)
     constants = {name: operator.attrgetter(name)(wrapper) for name in loader.get_constant_fqns()}
     loader.load_constants(constants, False, True, True)  # (not on device, check all, user-managed)
