@@ -6,7 +6,8 @@ the kernel reads them: (K/32, N, 2) bf16. From float weights the groups are asym
 (``quantize_int4``); a GGUF file's Q4_0/Q4_1 blocks arrive as ``Int4Parts`` (``gptlab.interop.gguf``).
 The output head and the token table of a model quantized from float weights stay int8 (``Int8Linear``,
 ``Int8Embedding``); a GGUF file's 4-bit token table stays int4 as it ships (``Int4Embedding``, and a
-tied head multiplies the same bytes through the kernel).
+tied head multiplies the same bytes through the kernel). An int8 matrix in blocks of 32 (a GGUF file's
+Q8_0 token table; its Q8_0 matrices below native bf16) is held as two int4 planes (``q8_planes``).
 """
 
 from __future__ import annotations
