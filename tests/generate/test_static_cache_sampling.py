@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gptlab.generate import SampleConfig, Sampler
-from gptlab.generate.sampling import row_options, sample_rows, uniforms
+from gptlab.generate.sampling import draw as sampling_draw
+from gptlab.generate.sampling import row_options, sample_rows, truncate, truncate_row, uniforms
 
 V = 12
 
@@ -60,3 +63,127 @@ def test_greedy_rows_take_the_argmax():
     logits = torch.randn(5, V, generator=torch.Generator().manual_seed(0))
     tokens = draw(logits[:1], SampleConfig(temperature=0), 5)
     assert tokens.tolist() == [int(logits[0].argmax())] * 5
+
+
+def _mix_reference(x: torch.Tensor) -> torch.Tensor:
+    """The hash as the module docstring states it, one fresh tensor per operation."""
+    x = ((x >> 16) ^ x) * 0x45D9F3B & 0xFFFFFFFF
+    x = ((x >> 16) ^ x) * 0x45D9F3B & 0xFFFFFFFF
+    return (x >> 16) ^ x
+
+
+def _uniforms_reference(seed: torch.Tensor, position: torch.Tensor, vocab: int) -> torch.Tensor:
+    m = 0xFFFFFFFF
+    row = _mix_reference(
+        _mix_reference(seed & m) ^ _mix_reference((seed >> 32) & m) ^ _mix_reference(position & m)
+    )
+    col = torch.arange(vocab, dtype=torch.int64) * 0x9E3779B1 & m
+    bits = _mix_reference(row[:, None] ^ col[None, :]) >> 8
+    return ((bits.to(torch.float32) + 0.5) / float(1 << 24)).clamp(max=1 - 2**-24)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    seed=st.integers(0, 2**62 - 1),
+    position=st.integers(0, 2**40),
+    vocab=st.sampled_from([1, 7, 64, 1000, 49152]),
+    ties=st.integers(0, 3),
+)
+def test_the_draw_is_the_equation_bit_for_bit(seed, position, vocab, ties):
+    """``uniforms`` and ``draw`` (computed in place, one row's key as Python integers) give the bits of
+    ``u = (mix(r ^ c_i) >> 8 + ½)/2²⁴`` and ``argmax(z − log(−log u))`` written out plainly, with
+    tensor keys and integer keys alike, and the first of tied maxima (``Sampler``'s draw)."""
+    s, p = torch.tensor([seed]), torch.tensor([position])
+    expected = _uniforms_reference(s, p, vocab)
+    assert torch.equal(uniforms(s, p, vocab), expected)
+    assert torch.equal(uniforms(seed, position, vocab), expected)
+    g = torch.Generator().manual_seed(seed % 2**31)
+    z = torch.randn(1, vocab, generator=g) * 3
+    winner = int(torch.argmax(z - torch.log(-torch.log(expected))))
+    for i in range(ties):  # another token tied with the winner's score, before or after it
+        j = (winner + 1 + i * 7) % vocab
+        z[0, j] = (
+            z[0, winner] - torch.log(-torch.log(expected[0, winner])) + torch.log(-torch.log(expected[0, j]))
+        )
+    scores = z + (-torch.log(-torch.log(expected)))
+    first = int(torch.argmax(scores))
+    assert int(sampling_draw(z, s, p)[0]) == first
+    assert int(sampling_draw(z, seed, position)[0]) == first
+    assert Sampler(SampleConfig(temperature=0), vocab).choose(scores[0]) == first
+
+
+def test_rows_of_a_batch_draw_as_single_rows():
+    seeds, positions = torch.tensor([3, 2**40 + 5, 99]), torch.tensor([0, 17, 2**33])
+    batch = uniforms(seeds, positions, 300)
+    for b in range(3):
+        assert torch.equal(batch[b], uniforms(int(seeds[b]), int(positions[b]), 300)[0])
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    vocab=st.sampled_from([1, 2, 5, 64, 65, 300, 5000]),
+    top_k=st.one_of(st.none(), st.integers(1, 6000)),
+    top_p=st.one_of(st.none(), st.floats(0.01, 0.999)),
+    min_p=st.one_of(st.none(), st.floats(0.001, 0.5)),
+    spread=st.sampled_from([0.05, 1.0, 4.0, 30.0]),
+    bf16=st.booleans(),
+    seed=st.integers(0, 2**31 - 1),
+)
+def test_one_row_truncates_as_the_batched_rows_do(vocab, top_k, top_p, min_p, spread, bf16, seed):
+    """``truncate_row`` (a sorted prefix: what ``Sampler`` runs) keeps exactly the tokens ``truncate``
+    (the whole row sorted: what a captured step runs) keeps, ties at the threshold included (bf16
+    logits tie often), for every mix of top-k, top-p and min-p, on flat and peaked rows."""
+    z = torch.randn(vocab, generator=torch.Generator().manual_seed(seed)) * spread
+    if bf16:
+        z = z.to(torch.bfloat16).float()
+    z = z - z.max()
+    config = SampleConfig(top_k=top_k, top_p=top_p, min_p=min_p)
+    t, k, p, m = row_options(config, vocab, 0)[:4]
+    expected = truncate(
+        z[None], torch.tensor([k]), torch.tensor([p], dtype=torch.float32), torch.tensor([m])
+    )[0]
+    got = truncate_row(z, int(k), float(p), float(m))
+    assert torch.equal(torch.isinf(got), torch.isinf(expected))
+    assert torch.equal(got[~torch.isinf(got)], z[~torch.isinf(got)])  # the kept logits are unchanged
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    vocab=st.sampled_from([9, 64, 1000, 49152]),
+    kept=st.integers(1, 200),
+    seed=st.integers(0, 2**62 - 1),
+    position=st.integers(0, 10_000),
+    bf16=st.booleans(),
+)
+def test_a_draw_among_the_kept_tokens_is_the_draw_over_the_row(vocab, kept, seed, position, bf16):
+    """``Sampler.choose`` on a truncated row draws among its finite logits alone: the same uniforms
+    bit for bit (``uniforms(tokens=…)``) and the same token as the draw over the whole row."""
+    g = torch.Generator().manual_seed(seed % 2**31)
+    z = torch.full((vocab,), float("-inf"))
+    tokens = torch.randperm(vocab, generator=g)[: min(kept, vocab)].sort().values
+    values = torch.randn(tokens.numel(), generator=g)
+    z[tokens] = values.to(torch.bfloat16).float() if bf16 else values  # ties when bf16
+    assert torch.equal(
+        uniforms(seed, position, vocab, tokens=tokens), uniforms(seed, position, vocab)[:, tokens]
+    )
+    sampler = Sampler(SampleConfig(temperature=1.0, top_k=vocab, seed=seed), vocab)
+    assert sampler.choose(z, position) == int(sampling_draw(z[None], seed, position)[0])
+
+
+def test_the_top_uniform_neither_wins_every_draw_nor_passes_a_truncation():
+    """Seed 7 at position 35,151 hashes token 861 to the top 24 bits, whose ``(bits + ½)/2²⁴`` rounds to
+    1.0 in float32 (``−log(−log 1) = +∞``): drawn as it was, that token won whenever it was kept and, made
+    −∞ by a truncation or a grammar, scored NaN and was drawn anyway. Its u stays below 1 now."""
+    seed, position, token, vocab = 7, 35_151, 861, 1000
+    m = 0xFFFFFFFF
+    s, p = torch.tensor([seed]), torch.tensor([position])
+    row = _mix_reference(_mix_reference(s & m) ^ _mix_reference((s >> 32) & m) ^ _mix_reference(p & m))
+    assert int(_mix_reference(row ^ (token * 0x9E3779B1 & m)) >> 8) == (1 << 24) - 1  # the fixture holds
+    u = uniforms(seed, position, vocab)
+    assert float(u.max()) < 1.0 and bool(torch.isfinite(-torch.log(-torch.log(u))).all())
+    z = torch.zeros(vocab)
+    z[token] = float("-inf")  # truncated away: never drawn
+    assert int(sampling_draw(z[None], seed, position)[0]) != token
+    z = torch.zeros(vocab)
+    z[token] = -30.0  # kept but improbable (e^-30): another token wins
+    assert int(sampling_draw(z[None], seed, position)[0]) != token

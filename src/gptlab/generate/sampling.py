@@ -21,14 +21,21 @@ generator's state. So **a seed means the same tokens on every engine**: eager or
 dynamic or the static cache, one row or a batch (row b of a batch is a single run with its seed),
 and a captured CUDA graph replays its draws with no random state inside.
 
+One request's row (``Sampler``) computes the same tokens with less work: its truncation reads only
+the sorted prefix that holds the kept tokens (``truncate_row``; the batched ``truncate`` sorts every
+row, as a graph of fixed shapes must), and a row truncated to a few tokens is hashed and drawn among
+those alone (``draw(..., tokens=…)``: each token's u is the same number either way).
+
 Extreme options cannot poison a draw: a τ too small for float32 is greedy; top-p always keeps the
 most probable token; a row left with no finite logit, or with NaN, falls back to ``argmax`` of the
-finite logits; any integer seed is taken modulo 2⁶² (``Sampler.seed``).
+finite logits; any integer seed is taken modulo 2⁶² (``Sampler.seed``); u stays below 1 (``BELOW_ONE``),
+so no token's g is +∞.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -112,19 +119,77 @@ def penalise(
     return logits + bias
 
 
-def _mix(x: torch.Tensor) -> torch.Tensor:
-    """A 32-bit integer hash (xor-shift-multiply) on int64 values in [0, 2³²), without overflow."""
-    x = ((x >> 16) ^ x) * 0x45D9F3B & _MASK32
-    x = ((x >> 16) ^ x) * 0x45D9F3B & _MASK32
+_MIX = 0x45D9F3B
+
+#: a row's seed and position: (B,) int64 tensors, or one row's Python integers (``Sampler``)
+Key = torch.Tensor | int
+
+
+def _mix(x: Key) -> Key:
+    """A 32-bit integer hash (xor-shift-multiply) on values in [0, 2³²), without overflow: int64
+    tensors or Python integers, the same numbers."""
+    x = ((x >> 16) ^ x) * _MIX & _MASK32
+    x = ((x >> 16) ^ x) * _MIX & _MASK32
     return (x >> 16) ^ x
 
 
-def uniforms(seed: torch.Tensor, position: torch.Tensor, vocab: int) -> torch.Tensor:
-    """``u_{b,i} ∈ (0, 1)`` (B, V) float32 from ``seed`` (B,) and ``position`` (B,) int64."""
-    row = _mix(_mix(seed & _MASK32) ^ _mix((seed >> 32) & _MASK32) ^ _mix(position & _MASK32))  # (B,)
-    col = torch.arange(vocab, device=seed.device, dtype=torch.int64) * 0x9E3779B1 & _MASK32  # (V,)
-    bits = _mix(row[:, None] ^ col[None, :]) >> 8  # 24 bits: (bits + 0.5)/2²⁴ is exact in float32
-    return (bits.to(torch.float32) + 0.5) / float(1 << 24)
+def _columns(vocab: int, device: torch.device) -> torch.Tensor:
+    """``c_i = i·0x9E3779B1 mod 2³²`` (V,) int64."""
+    return _hashed(torch.arange(vocab, device=device, dtype=torch.int64))
+
+
+def _hashed(tokens: torch.Tensor) -> torch.Tensor:
+    return tokens * 0x9E3779B1 & _MASK32
+
+
+_kept_columns = functools.cache(_columns)  # the same for every draw: made once a vocabulary and device
+
+
+def _bits(seed: Key, position: Key, col: torch.Tensor) -> torch.Tensor:
+    """``h(seed_b, position_b, i) >> 8`` (B, n) int64, 24 bits, for the tokens whose ``c_i`` are ``col``
+    (1, n): ``r_b = mix(mix(seed mod 2³²) ^ mix(seed >> 32) ^ mix(position mod 2³²))``, then
+    ``mix(r_b ^ c_i)``. One row's ``r`` is computed on Python integers; the mix over the tokens runs
+    in place in one int64 tensor and one scratch tensor (a fresh tensor per operation took 0.37 ms a
+    draw at 49,152 tokens, against 0.27)."""
+    row = _mix(_mix(seed & _MASK32) ^ _mix((seed >> 32) & _MASK32) ^ _mix(position & _MASK32))
+    x = col ^ (row[:, None] if isinstance(row, torch.Tensor) else row)  # (B, n), a tensor of its own
+    scratch = torch.empty_like(x)
+    for _ in range(2):
+        x ^= torch.bitwise_right_shift(x, 16, out=scratch)
+        x *= _MIX
+        x &= _MASK32
+    x ^= torch.bitwise_right_shift(x, 16, out=scratch)
+    x >>= 8
+    return x
+
+
+def uniforms(
+    seed: Key,
+    position: Key,
+    vocab: int,
+    device: torch.device | None = None,
+    tokens: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """``u_{b,i} = (bits + ½)/2²⁴ ∈ (0, 1)`` (B, V) float32 (rounded to float32) from ``seed`` and
+    ``position`` ((B,) int64, or one row's integers: B = 1, on ``device``); (B, n) for the token ids
+    ``tokens`` (n,) alone, each the number it has in the whole row. The top value is ``BELOW_ONE``."""
+    dev = seed.device if isinstance(seed, torch.Tensor) else torch.device(device or "cpu")
+    if tokens is not None:
+        col = _hashed(tokens)
+    else:
+        kept = dev.type == "cpu" and not torch.compiler.is_compiling()  # not inside a captured graph
+        col = (_kept_columns if kept else _columns)(vocab, dev)
+    u = _bits(seed, position, col[None, :]).to(torch.float32)
+    u += 0.5
+    u /= float(1 << 24)
+    return u.clamp_(max=BELOW_ONE)
+
+
+#: the largest float32 below 1. ``(bits + ½)/2²⁴`` for the top bits, ``1 − 2⁻²⁵``, rounds to 1.0 in float32
+#: (ties to even), where ``g = −log(−log u)`` is +∞: that token then won every draw it was kept in, and
+#: one truncation or a grammar had removed scored ``−∞ + ∞ = NaN``, which ``argmax`` takes for the
+#: maximum, so it was drawn (0.3 % of draws over 49,152 tokens meet such a u). Clamped, u < 1.
+BELOW_ONE = 1.0 - 2.0**-24
 
 
 def scale(logits: torch.Tensor, temperature: torch.Tensor) -> torch.Tensor:
@@ -145,15 +210,69 @@ def truncate(z: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, min_p: t
     kept = (rank < top_k[:, None]) & nucleus  # the first token always stays
     last = (kept.sum(dim=-1, keepdim=True) - 1).clamp(min=0)  # (B, 1) the least probable kept token
     threshold = ordered.gather(-1, last)
-    z = z.masked_fill(z < threshold, float("-inf"))
+    return _min_p(z.masked_fill(z < threshold, float("-inf")), min_p)
+
+
+def _min_p(z: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
+    """Min-p on (B, V): ``z_i = −∞`` where ``p_i < min_p · max_j p_j``, ``p = softmax(z)``."""
     p = torch.softmax(z, dim=-1)
     return z.masked_fill(p < min_p[:, None] * p.amax(dim=-1, keepdim=True), float("-inf"))
 
 
-def draw(z: torch.Tensor, seed: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
-    """``argmax_i (z_{b,i} + g_{b,i})`` (B,): a draw from ``softmax(z_b)`` (Gumbel-max)."""
-    gumbel = -torch.log(-torch.log(uniforms(seed, position, z.size(-1))))
-    return torch.argmax(z + gumbel, dim=-1)
+#: the first sorted prefix ``truncate_row`` reads for top-p; it reads 8× more until the nucleus ends in it
+NUCLEUS_PREFIX = 64
+
+
+def truncate_row(z: torch.Tensor, top_k: int, top_p: float, min_p: float) -> torch.Tensor:
+    """``truncate`` of one row ``z`` (V,), the same kept tokens, from the sorted prefix it needs rather
+    than the whole sorted row (sorting 49,152 logits took 2.8 ms of a 3.5 ms truncation on a CPU).
+
+    Top-k's threshold is the k-th largest ``z`` (``topk``). Top-p's is the least probable token whose
+    mass before it, ``Σ_{j<r} p_j``, is below ``p``, with ``p = softmax`` over the top k (or every
+    token): that mass grows with the rank r, so a prefix of the sorted row in which it reaches ``p``
+    holds the whole nucleus (read 64, then 8× more until it does). Ties with the threshold stay, as
+    in ``truncate``; min-p is ``_min_p``.
+    """
+    v = z.numel()
+    threshold = None
+    if top_p < 1.0:
+        p = float(torch.tensor(top_p, dtype=torch.float32))  # as the batched rows compare it
+        if top_k < v:  # top-k first: the nucleus is among the k, their softmax renormalised
+            top = z.topk(top_k).values
+            probs = torch.softmax(top, dim=-1)
+            before = torch.cumsum(probs, dim=-1) - probs
+            threshold = top[max(int((before < p).sum()) - 1, 0)]
+        else:
+            high = z.max()
+            mass = torch.exp(z - high).sum()
+            n = NUCLEUS_PREFIX
+            while True:
+                top = z.topk(min(n, v)).values
+                probs = torch.exp(top - high) / mass
+                before = torch.cumsum(probs, dim=-1) - probs
+                kept = int((before < p).sum())
+                if kept < top.numel() or top.numel() == v:
+                    threshold = top[max(kept - 1, 0)]
+                    break
+                n *= 8
+    elif top_k < v:
+        threshold = z.topk(top_k).values[-1]
+    if threshold is not None:
+        z = z.masked_fill(z < threshold, float("-inf"))
+    return _min_p(z[None], _row(min_p, z.dtype))[0] if min_p > 0 else z
+
+
+def draw(z: torch.Tensor, seed: Key, position: Key, tokens: torch.Tensor | None = None) -> torch.Tensor:
+    """``argmax_i (z_{b,i} + g_{b,i})`` (B,): a draw from ``softmax(z_b)`` (Gumbel-max), with
+    ``g = −log(−log u)`` computed in place over ``u`` (the same operations in the same order, so the
+    same bits), and the first maximum's index (``max``'s, as ``argmax``'s, 3× faster on a CPU row).
+    With ``tokens`` (n,) ascending, ``z`` (B, n) holds those tokens' logits: the index among them."""
+    g = uniforms(seed, position, z.size(-1), z.device, tokens).log_().neg_().log_().neg_()
+    return g.add_(z).max(dim=-1).indices
+
+
+#: a truncated row with at most this share of its tokens left draws among those alone (``Sampler.choose``)
+DRAW_AMONG_KEPT = 1 / 8
 
 
 def sample_rows(
@@ -215,23 +334,19 @@ def apply_logit_bias(logits: torch.Tensor, bias: dict[int, float]) -> torch.Tens
     return logits.index_add(0, index, values)
 
 
-def _truncate_row(logits: torch.Tensor, k: int, p: float, m: float) -> torch.Tensor:
-    return truncate(logits[None], _row(k, torch.long), _row(p, logits.dtype), _row(m, logits.dtype))[0]
-
-
 def top_k_filter(logits: torch.Tensor, k: int) -> torch.Tensor:
     """Keep the ``k`` largest logits (and any tied with the k-th); the rest become −∞."""
-    return logits if k >= logits.numel() else _truncate_row(logits, k, 1.0, 0.0)
+    return logits if k >= logits.numel() else truncate_row(logits, k, 1.0, 0.0)
 
 
 def top_p_filter(logits: torch.Tensor, p: float) -> torch.Tensor:
     """Keep the smallest set of most probable tokens whose probabilities sum to ≥ ``p``."""
-    return logits if p >= 1.0 else _truncate_row(logits, logits.numel(), p, 0.0)
+    return logits if p >= 1.0 else truncate_row(logits, logits.numel(), p, 0.0)
 
 
 def min_p_filter(logits: torch.Tensor, min_p: float) -> torch.Tensor:
     """Keep tokens with ``p_i ≥ min_p · max_j p_j``."""
-    return logits if min_p <= 0.0 else _truncate_row(logits, logits.numel(), 1.0, min_p)
+    return logits if min_p <= 0.0 else truncate_row(logits, logits.numel(), 1.0, min_p)
 
 
 #: up to this many tokens a grammar's mask is applied as a select, above it as an addition
@@ -271,14 +386,9 @@ class Sampler:
         self.greedy = config.greedy or float(torch.tensor(config.temperature, dtype=torch.float32)) == 0.0
         seed = config.seed if config.seed is not None else int(torch.randint(0, 2**62, (1,)).item())
         self.seed = seed % (1 << SEED_BITS)  # negative seeds too
-        self._seed = _row(self.seed, torch.long)
         t, k, p, m = row_options(config, vocab_size, self.seed)[:4]
-        self._options = (
-            _row(t, torch.float32),
-            _row(k, torch.long),
-            _row(p, torch.float32),
-            _row(m, torch.float32),
-        )
+        self._temperature = _row(t, torch.float32)
+        self._truncation = (int(k), float(p), float(m))
         self._truncates = config.top_k is not None or config.top_p is not None or config.min_p is not None
 
     def process(
@@ -297,18 +407,22 @@ class Sampler:
             logits = apply_grammar_mask(logits, allowed[: logits.numel()])
         if self.greedy:
             return logits
-        temperature, top_k, top_p, min_p = self._options
-        z = scale(logits[None], temperature)
-        return (truncate(z, top_k, top_p, min_p) if self._truncates else z)[0]
+        z = scale(logits[None], self._temperature)[0]
+        return truncate_row(z, *self._truncation) if self._truncates else z
 
     def choose(self, logits: torch.Tensor, position: int = 0) -> int:
         """Argmax when greedy, else the draw ``argmax_i(z_i + g_i)`` with ``u = h(seed, position, i)``;
-        the argmax of the finite logits when no draw is possible (every logit −inf or NaN)."""
+        the argmax of the finite logits when no draw is possible (every logit −inf or NaN). A row that
+        truncation left with few tokens (top-k 40 of 49,152) hashes and draws among those alone."""
         if self.greedy:
-            return int(torch.argmax(logits).item())
+            return int(logits.max(dim=0).indices)  # the first maximum, as argmax gives it
         if not bool(logits.max() > float("-inf")):
             return int(torch.argmax(torch.nan_to_num(logits, nan=float("-inf"))).item())
-        return int(draw(logits[None], self._seed, _row(position, torch.long))[0])
+        if self._truncates:  # a token at −∞ never wins: the draw among the kept, the same token
+            kept = (logits > float("-inf")).nonzero()[:, 0]  # ascending: the first maximum stays first
+            if kept.numel() <= DRAW_AMONG_KEPT * logits.numel():
+                return int(kept[draw(logits[kept][None], self.seed, position, kept)[0]])
+        return int(draw(logits[None], self.seed, position)[0])
 
     def __call__(self, logits: torch.Tensor, history: Sequence[int]) -> int:
         return self.choose(self.process(logits, history), max(len(history) - 1, 0))

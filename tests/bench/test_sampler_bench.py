@@ -1,0 +1,22 @@
+"""``bench/sampler.py`` runs and prints its one JSON line: a time for every option and vocabulary asked."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from tests import ROOT
+
+
+def test_the_sampler_benchmark_prints_one_json_line_per_option_and_vocabulary():
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "sampler.py"), "--vocab", "65,3000", "--calls", "5",
+         "--rounds", "1", "--evict-mb", "1", "--threads", "1"],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    (line,) = done.stdout.strip().splitlines()
+    times = json.loads(line)["us_per_token"]
+    expected = {f"{o}@{v}" for o in ("greedy", "temperature", "top_p", "top_k") for v in (65, 3000)}
+    assert set(times) == expected and all(t > 0 for t in times.values())
