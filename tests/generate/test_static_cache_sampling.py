@@ -156,8 +156,9 @@ def test_one_row_truncates_as_the_batched_rows_do(vocab, top_k, top_p, min_p, sp
     bf16=st.booleans(),
 )
 def test_a_draw_among_the_kept_tokens_is_the_draw_over_the_row(vocab, kept, seed, position, bf16):
-    """``Sampler.choose`` on a truncated row draws among its finite logits alone: the same uniforms
-    bit for bit (``uniforms(tokens=…)``) and the same token as the draw over the whole row."""
+    """``Sampler.choose`` on a row that truncation or a grammar's mask left with few tokens draws among
+    its finite logits alone: the same uniforms bit for bit (``uniforms(tokens=…)``) and the same token
+    as the draw over the whole row."""
     g = torch.Generator().manual_seed(seed % 2**31)
     z = torch.full((vocab,), float("-inf"))
     tokens = torch.randperm(vocab, generator=g)[: min(kept, vocab)].sort().values
@@ -166,8 +167,9 @@ def test_a_draw_among_the_kept_tokens_is_the_draw_over_the_row(vocab, kept, seed
     assert torch.equal(
         uniforms(seed, position, vocab, tokens=tokens), uniforms(seed, position, vocab)[:, tokens]
     )
-    sampler = Sampler(SampleConfig(temperature=1.0, top_k=vocab, seed=seed), vocab)
-    assert sampler.choose(z, position) == int(sampling_draw(z[None], seed, position)[0])
+    expected = int(sampling_draw(z[None], seed, position)[0])
+    for config in (SampleConfig(top_k=vocab, seed=seed), SampleConfig(regex="[a-z]+", seed=seed)):
+        assert Sampler(config, vocab).choose(z, position) == expected  # truncated, or a grammar's mask
 
 
 def test_the_top_uniform_neither_wins_every_draw_nor_passes_a_truncation():

@@ -413,12 +413,13 @@ class Sampler:
     def choose(self, logits: torch.Tensor, position: int = 0) -> int:
         """Argmax when greedy, else the draw ``argmax_i(z_i + g_i)`` with ``u = h(seed, position, i)``;
         the argmax of the finite logits when no draw is possible (every logit −inf or NaN). A row that
-        truncation left with few tokens (top-k 40 of 49,152) hashes and draws among those alone."""
+        truncation or a grammar left with few tokens (top-k 40 of 49,152) hashes and draws among those
+        alone: the same token."""
         if self.greedy:
             return int(logits.max(dim=0).indices)  # the first maximum, as argmax gives it
         if not bool(logits.max() > float("-inf")):
             return int(torch.argmax(torch.nan_to_num(logits, nan=float("-inf"))).item())
-        if self._truncates:  # a token at −∞ never wins: the draw among the kept, the same token
+        if self._truncates or self.config.constrained:  # a token at −∞ never wins: the draw among the kept
             kept = (logits > float("-inf")).nonzero()[:, 0]  # ascending: the first maximum stays first
             if kept.numel() <= DRAW_AMONG_KEPT * logits.numel():
                 return int(kept[draw(logits[kept][None], self.seed, position, kept)[0]])
