@@ -34,6 +34,7 @@ sys.path.insert(0, str(ROOT / "src"))
 OPTIONS = {
     "greedy": {"temperature": 0.0},
     "temperature": {"temperature": 1.0},
+    "cool": {"temperature": 0.7},
     "top_p": {"temperature": 0.7, "top_p": 0.9},
     "top_k": {"temperature": 0.8, "top_k": 40},
 }
@@ -61,7 +62,8 @@ def main(argv: list[str] | None = None) -> int:
     times: dict[str, list[float]] = {}
     for _ in range(args.rounds):
         for v in (int(x) for x in args.vocab.split(",")):
-            logits = torch.randn(v, generator=torch.Generator().manual_seed(v)) * 4
+            # σ = 6: about 5 % of the tokens within 14 of the top, as SmolLM2's next-token logits
+            logits = torch.randn(v, generator=torch.Generator().manual_seed(v)) * 6
             for name in args.options.split(","):
                 sampler = Sampler(SampleConfig(seed=1, **OPTIONS[name]), v)  # type: ignore[arg-type]
                 sampler(logits, history)

@@ -154,22 +154,30 @@ def test_one_row_truncates_as_the_batched_rows_do(vocab, top_k, top_p, min_p, sp
     seed=st.integers(0, 2**62 - 1),
     position=st.integers(0, 10_000),
     bf16=st.booleans(),
+    rest=st.sampled_from([float("-inf"), -20.0, -25.0]),
 )
-def test_a_draw_among_the_kept_tokens_is_the_draw_over_the_row(vocab, kept, seed, position, bf16):
-    """``Sampler.choose`` on a row that truncation or a grammar's mask left with few tokens draws among
-    its finite logits alone: the same uniforms bit for bit (``uniforms(tokens=…)``) and the same token
-    as the draw over the whole row."""
+def test_a_draw_among_the_contenders_is_the_draw_over_the_row(vocab, kept, seed, position, bf16, rest):
+    """``Sampler.choose`` draws among the tokens that can win when they are few: those a truncation or a
+    grammar's mask left finite, or those within ``CONTENDING`` (20.5) of the top logit (a low temperature
+    puts the rest far below). The same uniforms bit for bit (``uniforms(tokens=…)``) and the same token
+    as the draw over the whole row, also with the rest just inside the bound (−20) or just outside (−25)."""
     g = torch.Generator().manual_seed(seed % 2**31)
-    z = torch.full((vocab,), float("-inf"))
+    z = torch.full((vocab,), rest) - torch.rand(vocab, generator=g) * 0.4
     tokens = torch.randperm(vocab, generator=g)[: min(kept, vocab)].sort().values
     values = torch.randn(tokens.numel(), generator=g)
     z[tokens] = values.to(torch.bfloat16).float() if bf16 else values  # ties when bf16
+    z -= z.max()  # as the temperature leaves a row: its top at 0
     assert torch.equal(
         uniforms(seed, position, vocab, tokens=tokens), uniforms(seed, position, vocab)[:, tokens]
     )
     expected = int(sampling_draw(z[None], seed, position)[0])
-    for config in (SampleConfig(top_k=vocab, seed=seed), SampleConfig(regex="[a-z]+", seed=seed)):
-        assert Sampler(config, vocab).choose(z, position) == expected  # truncated, or a grammar's mask
+    configs = (
+        SampleConfig(seed=seed),
+        SampleConfig(top_k=vocab, seed=seed),
+        SampleConfig(regex="[a-z]+", seed=seed),
+    )
+    for config in configs:  # plain, truncated, a grammar's mask
+        assert Sampler(config, vocab).choose(z, position) == expected
 
 
 def test_the_top_uniform_neither_wins_every_draw_nor_passes_a_truncation():
@@ -189,3 +197,11 @@ def test_the_top_uniform_neither_wins_every_draw_nor_passes_a_truncation():
     z = torch.zeros(vocab)
     z[token] = -30.0  # kept but improbable (e^-30): another token wins
     assert int(sampling_draw(z[None], seed, position)[0]) != token
+    # 18.5 below the top and at the greatest g, it wins over the token of least g: a contender
+    # (``CONTENDING``) that ``Sampler.choose``'s draw among the few must not leave out
+    g = -torch.log(-torch.log(u[0]))
+    least = int(g.argmin())
+    z = torch.full((vocab,), float("-inf"))
+    z[least], z[token] = 0.0, -18.5
+    assert float(z[token] + g[token]) > float(g[least])  # the fixture holds
+    assert Sampler(SampleConfig(seed=seed), vocab).choose(z, position) == token
