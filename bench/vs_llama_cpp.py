@@ -19,6 +19,9 @@ Per engine and round (fresh process):
     prefill_s     a ``--prompt-tokens`` prompt (Tiny Shakespeare) to its first generated token: the
                   first call in the process, then the second
     decode_tps    steady greedy decode after a 6-token prompt, tokens per second
+    sampled_decode_tps  with ``--sampled``: the same decode sampled with llama.cpp's command-line
+                  defaults (``SAMPLING``), once per process after the greedy ones (and after the memory
+                  figures, which stay those of greedy decoding)
     rss_mb        resident memory after decoding; max_rss_mb the process's peak
     greedy_tokens_agreeing   how many of the decoded tokens the two engines agree on, from the first
 With ``--compile-cache DIR`` each format's one-row step is compiled into DIR first (``gptlab compile``,
@@ -34,6 +37,7 @@ import argparse
 import json
 import os
 import resource
+import shutil
 import statistics
 import subprocess
 import sys
@@ -45,6 +49,9 @@ LLAMA_DIR = ROOT / ".cache" / "llama-cpp"
 PROMPT = "The capital of France is"
 # GGUF type → the gptlab weight format at equal bits
 PAIRS = {"f32": "fp32", "q8_0": "int8", "q4_0": "int4", "q4_1": "int4"}
+#: ``--sampled``: llama.cpp's command-line sampling defaults (``llama-cli``: temperature 0.8, top-k 40,
+#: top-p 0.95, min-p 0.05), a fixed seed
+SAMPLING = {"temperature": 0.8, "top_k": 40, "top_p": 0.95, "min_p": 0.05, "seed": 1}
 
 
 def source_file() -> Path:
@@ -98,6 +105,7 @@ def run_llama(job: dict) -> dict:
         "prefill_first_s": out["prefill_s"][0],
         "prefill_second_s": out["prefill_s"][1],
         "decode_tps": out["decode_tokens_per_s"],
+        **({"sampled_decode_tps": out["sampled_decode_tokens_per_s"]} if job.get("sampling") else {}),
         "rss_mb": out["rss_mb"],
         "max_rss_mb": out["max_rss_mb"],
         "generated": out["generated"],
@@ -164,9 +172,18 @@ def worker(job: dict, weights: str, compile_mode: str, cache: str | None = None)
     decode = statistics.median(
         (n - 1) / (timed(job["decode_ids"], n) - timed(job["decode_ids"], 1)) for _ in range(3)
     )
+    rss = int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+    max_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    sampled: dict[str, float] = {}
+    if job.get("sampling"):  # the same decode, sampled as llama.cpp's command line samples by default
+        options = job["sampling"]
+        t0 = time.perf_counter()
+        generate_ids(model, torch.tensor([job["decode_ids"]]), n, **options)
+        t1 = time.perf_counter()
+        generate_ids(model, torch.tensor([job["decode_ids"]]), 1, **options)
+        sampled["sampled_decode_tps"] = (n - 1) / ((t1 - t0) - (time.perf_counter() - t1))
     if cache and engine.plan(1).step == "fused" and engine.one_token.source != "loaded":
         raise SystemExit(f"error: the kept step in {cache} was not what ran: {engine.ran()}")
-    rss = int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
     print(
         json.dumps(
             {
@@ -174,8 +191,9 @@ def worker(job: dict, weights: str, compile_mode: str, cache: str | None = None)
                 "prefill_first_s": prefill[0],
                 "prefill_second_s": prefill[1],
                 "decode_tps": decode,
+                **sampled,
                 "rss_mb": rss,
-                "max_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                "max_rss_mb": max_rss,
                 "generated": tokens,
             }
         )
@@ -192,6 +210,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--prompt-tokens", type=int, default=505)
     p.add_argument("--new-tokens", type=int, default=64)
     p.add_argument("--compile", default="auto", help="gptlab's --compile (auto, on, off)")
+    p.add_argument(
+        "--sampled",
+        action="store_true",
+        help=f"also decode sampled as llama.cpp's command line does by default ({SAMPLING})",
+    )
     p.add_argument(
         "--work", type=Path, default=ROOT / ".cache" / "vs-llama-cpp", help="where the GGUF files go"
     )
@@ -211,8 +234,9 @@ def main(argv: list[str] | None = None) -> int:
             args.compile_cache and str(args.compile_cache),
         )
         return 0
-    if not (LLAMA_DIR / "bench.mjs").exists():
+    if not (LLAMA_DIR / "node_modules" / "node-llama-cpp").exists():
         raise SystemExit("error: llama.cpp is not installed: run `make llama-cpp` first")
+    shutil.copyfile(ROOT / "tools" / "llama_cpp" / "bench.mjs", LLAMA_DIR / "bench.mjs")  # this checkout's
     formats = [f.strip() for f in args.formats.split(",") if f.strip()]
     unknown = sorted(set(formats) - set(PAIRS))
     if unknown:
@@ -234,6 +258,7 @@ def main(argv: list[str] | None = None) -> int:
             "new_tokens": args.new_tokens,
             # what `gptlab compile` loads it as: the worker's weights (float32 for F32, the file's own else)
             "dtype": "fp32" if PAIRS[fmt] == "fp32" else "auto",
+            **({"sampling": SAMPLING} if args.sampled else {}),
         }
         compile_s = None if args.compile_cache is None else round(keep_step(job, args.compile_cache), 1)
         rows: dict[str, list[dict]] = {"llama_cpp": [], "gptlab": []}

@@ -5,7 +5,8 @@
 // loaded_at_ms is wall-clock (Date.now()) once the model is loaded, so the caller can subtract its spawn time.
 // prefill: the prompt ids evaluated into an empty sequence until the first token comes out, twice (the
 // sequence is cleared between). decode: greedy, exactly new_tokens tokens after decode_ids; the rate
-// counts the tokens after the first (the first one is the prompt's prefill).
+// counts the tokens after the first (the first one is the prompt's prefill). With "sampling" in the job,
+// the same decode once more with those sampling options (sampled_decode_tokens_per_s).
 import {getLlama} from "node-llama-cpp";
 
 const chunks = [];
@@ -39,9 +40,25 @@ for await (const token of sequence.evaluate(job.decode_ids, {temperature: 0})) {
 const decodeS = (performance.now() - firstAt) / 1000;
 const rss = process.memoryUsage().rss / 2 ** 20;
 const maxRss = process.resourceUsage().maxRSS / 1024;
+
+// with job.sampling ({temperature, top_k, top_p, min_p, seed}): the same decode, sampled
+let sampledTps = null;
+if (job.sampling) {
+    const s = job.sampling;
+    const options = {temperature: s.temperature, topK: s.top_k, topP: s.top_p, minP: s.min_p, seed: s.seed};
+    await sequence.clearHistory();
+    let n = 0;
+    let at = 0;
+    for await (const _token of sequence.evaluate(job.decode_ids, options)) {
+        n += 1;
+        if (n === 1) at = performance.now();
+        if (n >= job.new_tokens) break;
+    }
+    sampledTps = (n - 1) / ((performance.now() - at) / 1000);
+}
 await context.dispose();
 await model.dispose();
 process.stdout.write(JSON.stringify({
     loaded_at_ms: loadedAt, prefill_s: prefill, decode_tokens_per_s: (ids.length - 1) / decodeS,
-    generated: ids, rss_mb: rss, max_rss_mb: maxRss,
+    generated: ids, rss_mb: rss, max_rss_mb: maxRss, sampled_decode_tokens_per_s: sampledTps,
 }));
