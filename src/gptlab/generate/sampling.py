@@ -23,8 +23,9 @@ and a captured CUDA graph replays its draws with no random state inside.
 
 One request's row (``Sampler``) computes the same tokens with less work: its truncation reads only
 the sorted prefix that holds the kept tokens (``truncate_row``; the batched ``truncate`` sorts every
-row, as a graph of fixed shapes must), and a row truncated to a few tokens is hashed and drawn among
-those alone (``draw(..., tokens=…)``: each token's u is the same number either way).
+row, as a graph of fixed shapes must), and a row in which few tokens can win (a truncation or a
+grammar left few finite, or a low temperature put most far below the top: ``CONTENDING``) is hashed
+and drawn among those alone (``draw(..., tokens=…)``: each token's u is the same number either way).
 
 Extreme options cannot poison a draw: a τ too small for float32 is greedy; top-p always keeps the
 most probable token; a row left with no finite logit, or with NaN, falls back to ``argmax`` of the
