@@ -37,6 +37,7 @@ OPTIONS = {
     "cool": {"temperature": 0.7},
     "top_p": {"temperature": 0.7, "top_p": 0.9},
     "top_k": {"temperature": 0.8, "top_k": 40},
+    "llama_cli": {"temperature": 0.8, "top_k": 40, "top_p": 0.95, "min_p": 0.05},  # llama-cli's defaults
 }
 
 

@@ -205,3 +205,30 @@ def test_the_top_uniform_neither_wins_every_draw_nor_passes_a_truncation():
     z[least], z[token] = 0.0, -18.5
     assert float(z[token] + g[token]) > float(g[least])  # the fixture holds
     assert Sampler(SampleConfig(seed=seed), vocab).choose(z, position) == token
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    vocab=st.sampled_from([2, 65, 1000, 49152]),
+    top_k=st.one_of(st.none(), st.integers(1, 100)),
+    top_p=st.one_of(st.none(), st.floats(0.05, 0.99)),
+    min_p=st.one_of(st.none(), st.floats(0.01, 0.3)),
+    temperature=st.sampled_from([0.3, 0.8, 1.0, 1.7]),
+    masked=st.booleans(),
+    seed=st.integers(0, 2**62 - 1),
+)
+def test_a_request_draws_what_process_then_choose_draw(vocab, top_k, top_p, min_p, temperature, masked, seed):
+    """``Sampler(logits, history, allowed)`` (a truncating row drawn from its kept tokens, no −∞ row
+    written) gives the token ``choose(process(…))`` gives, with penalties and a grammar's mask too."""
+    g = torch.Generator().manual_seed(seed % 2**31)
+    logits = torch.randn(vocab, generator=g) * 5
+    history = torch.randint(0, vocab, (12,), generator=g).tolist()
+    allowed = torch.rand(vocab, generator=g) < 0.3 if masked else None
+    if allowed is not None:
+        allowed[history[-1]] = True  # at least one token allowed
+    config = SampleConfig(
+        temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, repetition_penalty=1.2, seed=seed
+    )
+    sampler = Sampler(config, vocab)
+    expected = sampler.choose(sampler.process(logits, history, allowed), len(history) - 1)
+    assert sampler(logits, history, allowed) == expected

@@ -4,6 +4,7 @@
                                                   output: ``grammar.Constraint``), /τ, top-k/top-p/min-p
     y    = Sampler.choose(l', position)           argmax (τ = 0) or y ~ softmax(l'), drawn with
                                                   u = h(seed, position, i): the same on every engine
+                                                  (``Sampler(l, history, allowed)`` does both)
     log p(y) = l_y − log Σ_j exp(l_j)             of the model's raw logits l, whatever the sampling
                                                   settings: OpenAI's ``logprobs`` (as vLLM's default
                                                   ``raw_logprobs``) and what the playground shades
@@ -191,8 +192,7 @@ class RequestState:
         else:
             raw = logits
             allowed = grammar.allowed() if grammar is not None else None
-            processed = self.sampler.process(logits, self.history, allowed)
-            token = self.sampler.choose(processed, len(self.history) - 1)  # the last token's position
+            token = self.sampler(logits, self.history, allowed)  # drawn at the last token's position
             if allowed is not None and not bool(allowed[token]):  # no draw was possible: an allowed one
                 token = int(torch.nonzero(allowed)[0])
         self.sampled += 1
