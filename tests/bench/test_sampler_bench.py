@@ -18,5 +18,9 @@ def test_the_sampler_benchmark_prints_one_json_line_per_option_and_vocabulary():
     assert done.returncode == 0, done.stderr[-2000:]
     (line,) = done.stdout.strip().splitlines()
     times = json.loads(line)["us_per_token"]
-    expected = {f"{o}@{v}" for o in ("greedy", "temperature", "cool", "top_p", "top_k", "llama_cli") for v in (65, 3000)}
+    expected = {
+        f"{o}@{v}"
+        for o in ("greedy", "temperature", "cool", "top_p", "top_k", "llama_cli")
+        for v in (65, 3000)
+    }
     assert set(times) == expected and all(t > 0 for t in times.values())

@@ -119,12 +119,19 @@ def test_rows_of_a_batch_draw_as_single_rows():
         assert torch.equal(batch[b], uniforms(int(seeds[b]), int(positions[b]), 300)[0])
 
 
+def truncations(most_k: int) -> dict[str, st.SearchStrategy]:
+    """Top-k, top-p and min-p, each off (None) or on."""
+    return {
+        "top_k": st.one_of(st.none(), st.integers(1, most_k)),
+        "top_p": st.one_of(st.none(), st.floats(0.01, 0.999)),
+        "min_p": st.one_of(st.none(), st.floats(0.001, 0.5)),
+    }
+
+
 @settings(max_examples=300, deadline=None)
 @given(
     vocab=st.sampled_from([1, 2, 5, 64, 65, 300, 5000]),
-    top_k=st.one_of(st.none(), st.integers(1, 6000)),
-    top_p=st.one_of(st.none(), st.floats(0.01, 0.999)),
-    min_p=st.one_of(st.none(), st.floats(0.001, 0.5)),
+    **truncations(6000),
     spread=st.sampled_from([0.05, 1.0, 4.0, 30.0]),
     bf16=st.booleans(),
     seed=st.integers(0, 2**31 - 1),
@@ -210,9 +217,7 @@ def test_the_top_uniform_neither_wins_every_draw_nor_passes_a_truncation():
 @settings(max_examples=150, deadline=None)
 @given(
     vocab=st.sampled_from([2, 65, 1000, 49152]),
-    top_k=st.one_of(st.none(), st.integers(1, 100)),
-    top_p=st.one_of(st.none(), st.floats(0.05, 0.99)),
-    min_p=st.one_of(st.none(), st.floats(0.01, 0.3)),
+    **truncations(100),
     temperature=st.sampled_from([0.3, 0.8, 1.0, 1.7]),
     masked=st.booleans(),
     seed=st.integers(0, 2**62 - 1),
