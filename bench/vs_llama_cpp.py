@@ -158,9 +158,9 @@ def worker(job: dict, weights: str, compile_mode: str, cache: str | None = None)
 
     generated: list[int] = []
 
-    def timed(ids: list[int], n: int) -> float:
+    def timed(ids: list[int], n: int, options: dict | None = None) -> float:
         t = time.perf_counter()
-        out = generate_ids(model, torch.tensor([ids]), n, temperature=0.0)
+        out = generate_ids(model, torch.tensor([ids]), n, **(options or {"temperature": 0.0}))
         elapsed = time.perf_counter() - t
         generated[:] = out[0, len(ids) :].tolist()
         return elapsed
@@ -176,12 +176,8 @@ def worker(job: dict, weights: str, compile_mode: str, cache: str | None = None)
     max_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     sampled: dict[str, float] = {}
     if job.get("sampling"):  # the same decode, sampled as llama.cpp's command line samples by default
-        options = job["sampling"]
-        t0 = time.perf_counter()
-        generate_ids(model, torch.tensor([job["decode_ids"]]), n, **options)
-        t1 = time.perf_counter()
-        generate_ids(model, torch.tensor([job["decode_ids"]]), 1, **options)
-        sampled["sampled_decode_tps"] = (n - 1) / ((t1 - t0) - (time.perf_counter() - t1))
+        ids, options = job["decode_ids"], job["sampling"]
+        sampled["sampled_decode_tps"] = (n - 1) / (timed(ids, n, options) - timed(ids, 1, options))
     if cache and engine.plan(1).step == "fused" and engine.one_token.source != "loaded":
         raise SystemExit(f"error: the kept step in {cache} was not what ran: {engine.ran()}")
     print(
