@@ -13,7 +13,9 @@ calls, in ``--rounds`` rounds (options in turns), on ``--threads`` threads.
 
 With ``--decode SRC``: the model's steady decode, tokens per second per option (64 tokens after a
 6-token prompt, less a 1-token run: the median of ``--rounds``), as ``prepare_decoding(model,
-compile="auto", compile_cache=…)`` runs it (``gptlab compile SRC --compile-cache DIR`` keeps its step first).
+compile="auto", compile_cache=…)`` runs it (``gptlab compile SRC --compile-cache DIR`` keeps its step
+first), and the microseconds a token spends outside the compiled step (``us_outside_the_step``: the
+sampler, the session's bookkeeping, the driver).
 """
 
 from __future__ import annotations
@@ -77,32 +79,54 @@ def main(argv: list[str] | None = None) -> int:
     us = {k: round(statistics.median(ts) * 1e6, 1) for k, ts in times.items()}
     out: dict[str, object] = {"us_per_token": us, "threads": args.threads, "evict_mb": args.evict_mb}
     if args.decode:
-        out["decode_tokens_per_s"] = decode_speeds(
+        out["decode_tokens_per_s"], out["us_outside_the_step"] = decode_speeds(
             args.decode, args.options.split(","), args.rounds, args.compile_cache
         )
     print(json.dumps(out))
     return 0
 
 
-def decode_speeds(source: str, options: list[str], rounds: int, cache: str | None) -> dict[str, float]:
-    """Steady tokens per second of ``source`` per sampling option (64 tokens less 1, median of ``rounds``)."""
+def decode_speeds(
+    source: str, options: list[str], rounds: int, cache: str | None
+) -> tuple[dict[str, float], dict[str, float]]:
+    """Steady tokens per second of ``source`` per sampling option (64 tokens less 1, median of ``rounds``),
+    and the microseconds a token spends outside the compiled one-row step (choosing the token, the
+    session's bookkeeping), the median of ``rounds`` means."""
     import gptlab
+    from gptlab.compiling import Compiled
     from gptlab.generate import generate_ids, prepare_decoding
 
     model, _ = gptlab.load(source)
     prepare_decoding(model, compile="auto", compile_cache=cache)
+    inside: list[float] = []
+    call = Compiled.__call__
+
+    def timed(self: Compiled, *args: object) -> object:  # the step's own time, per call
+        t = time.perf_counter()
+        out = call(self, *args)
+        inside.append(time.perf_counter() - t)
+        return out
+
+    Compiled.__call__ = timed  # type: ignore[method-assign]
     ids = torch.tensor([[1, 2, 3, 4, 5, 6]])
     speeds: dict[str, list[float]] = {}
+    outside: dict[str, list[float]] = {}
     for name in options:
         generate_ids(model, ids, 16, seed=1, **OPTIONS[name])  # type: ignore[arg-type]
     for _ in range(rounds):
         for name in options:
+            inside.clear()
             t0 = time.perf_counter()
             generate_ids(model, ids, 65, seed=1, **OPTIONS[name])  # type: ignore[arg-type]
             t1 = time.perf_counter()
+            stepped = sum(inside)
             generate_ids(model, ids, 1, seed=1, **OPTIONS[name])  # type: ignore[arg-type]
-            speeds.setdefault(name, []).append(64 / ((t1 - t0) - (time.perf_counter() - t1)))
-    return {k: round(statistics.median(v), 1) for k, v in speeds.items()}
+            loop = (t1 - t0) - (time.perf_counter() - t1)  # 64 tokens after the first
+            speeds.setdefault(name, []).append(64 / loop)
+            outside.setdefault(name, []).append((loop - stepped) / 64 * 1e6)
+    Compiled.__call__ = call  # type: ignore[method-assign]
+    median = lambda d: {k: round(statistics.median(v), 1) for k, v in d.items()}  # noqa: E731
+    return median(speeds), median(outside)
 
 
 if __name__ == "__main__":

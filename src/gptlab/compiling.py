@@ -191,8 +191,11 @@ class Compiled:
                     self._fail(exc)
             return out
         try:
-            with self.held_settings():
+            if self.source == "loaded":  # an ahead-of-time package: nothing compiles, nothing to hold
                 out = self._compiled(*args)
+            else:
+                with self.held_settings():
+                    out = self._compiled(*args)
         except Exception as exc:  # a missing header, a broken toolchain: keep working, uncompiled
             self._fail(exc)
             return self.fn(*args)

@@ -43,3 +43,23 @@ def test_the_static_step_traces_once_for_every_bucket_and_horizon(no_recompiles)
         for b, h in ((2, 8), (3, 16), (4, 24)):
             step(session, torch.empty(b), "greedy", torch.zeros(h))
     assert step.compiled_calls == 3
+
+
+def test_the_one_row_step_follows_the_cache_as_it_grows():
+    """``BatchSession`` hands the one-row step each layer's row as views made once per slot; when the
+    cache grows (new tensors) the step must be given the new ones, or it writes where nothing reads."""
+    from gptlab.generate.session import BatchSession
+
+    model = tiny_model(pos="rope", n_kv_head=2, block_size=64)
+    prompt, feed = [3, 1, 4], [1, 5, 9, 2, 6, 5, 3, 5, 8, 9, 7, 9]
+    runs = []
+    for one_token in (decode_one_token, None):
+        session = BatchSession(model, 1, capacity=2, one_token=one_token)  # grows 2 → 4 → 8 → 16
+        slot, logits = session.add(prompt)
+        steps = [logits]
+        for token in feed:
+            steps.append(session.step({slot: token})[slot])
+        runs.append(steps)
+        assert session.capacity == 16
+    for a, b in zip(*runs, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)

@@ -8,8 +8,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gptlab.generate import SampleConfig, Sampler
+from gptlab.generate.sampling import (
+    CANDIDATE_WIDTHS,
+    CONTENDING,
+    kept_tokens,
+    row_options,
+    sample_rows,
+    truncate,
+    truncate_row,
+    uniforms,
+)
 from gptlab.generate.sampling import draw as sampling_draw
-from gptlab.generate.sampling import row_options, sample_rows, truncate, truncate_row, uniforms
 
 V = 12
 
@@ -212,6 +221,8 @@ def test_the_top_uniform_neither_wins_every_draw_nor_passes_a_truncation():
     z[least], z[token] = 0.0, -18.5
     assert float(z[token] + g[token]) > float(g[least])  # the fixture holds
     assert Sampler(SampleConfig(seed=seed), vocab).choose(z, position) == token
+    # hashed on Python integers (a few tokens), it rounds and stays below 1 as the tensors do
+    assert torch.equal(uniforms(seed, position, vocab, tokens=torch.tensor([token])), u[:, [token]])
 
 
 @settings(max_examples=150, deadline=None)
@@ -237,3 +248,107 @@ def test_a_request_draws_what_process_then_choose_draw(vocab, top_k, top_p, min_
     sampler = Sampler(config, vocab)
     expected = sampler.choose(sampler.process(logits, history, allowed), len(history) - 1)
     assert sampler(logits, history, allowed) == expected
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    vocab=st.sampled_from([4097, 49152]),
+    **truncations(300),
+    temperature=st.sampled_from([0.0, 0.3, 0.8, 1.0, 1.7, 6.0]),
+    shape=st.sampled_from(["spread", "narrow", "one far above", "flat", "ties"]),
+    special=st.sampled_from([None, float("nan"), float("inf"), float("-inf"), -3.4028234663852886e38]),
+    bf16=st.booleans(),
+    seed=st.integers(0, 2**62 - 1),
+)
+def test_a_row_of_the_models_own_logits_draws_what_process_then_choose_draw(
+    vocab, top_k, top_p, min_p, temperature, shape, special, bf16, seed
+):
+    """With no penalty, bias or grammar, ``Sampler`` settles a large row from the tokens that can be
+    chosen (``Sampler._few``: the candidates near the top, widened until the k-th is inside): the token
+    ``choose(process(…))`` gives, for greedy and any temperature, any truncation, bf16 rows and their
+    ties, a row where one token stands far above the rest (its top-k reaches down past every width), a
+    flat row, and rows holding NaN, ±∞ or float32's floor (the general path's to settle)."""
+    g = torch.Generator().manual_seed(seed % 2**31)
+    logits = torch.randn(vocab, generator=g) * {"spread": 6.0, "narrow": 0.05}.get(shape, 1.0)
+    if shape == "one far above":
+        logits[int(torch.randint(0, vocab, (1,), generator=g))] = 60.0
+    elif shape == "flat":
+        logits.fill_(2.5)
+    elif shape == "ties":
+        logits = (logits * 3).round()
+    if special is not None:
+        logits[torch.randint(0, vocab, (3,), generator=g)] = special
+    if bf16:
+        logits = logits.to(torch.bfloat16)
+    history = torch.randint(0, vocab, (5,), generator=g).tolist()
+    config = SampleConfig(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed)
+    sampler = Sampler(config, vocab)
+    expected = sampler.choose(sampler.process(logits, history), len(history) - 1)
+    assert sampler(logits, history) == expected
+    if not sampler.greedy:  # the tokens it draws among, and their z, are the general path's, bit for bit
+        assert_near_top_is_the_general_paths(sampler, logits, history)
+
+
+def assert_near_top_is_the_general_paths(sampler: Sampler, logits: torch.Tensor, history: list[int]) -> None:
+    """``near_top`` is None or gives exactly the kept tokens (a truncating row) or ``choose``'s contenders
+    (``CONTENDING``) of the scaled row, ascending, with their ``z`` bit for bit."""
+    found = sampler.near_top(logits.float())
+    if found is None:
+        return
+    z = sampler._scaled(logits, history, None)
+    if found[0] is None:  # the whole row (where the row's −∞ stay −∞, and nan_to_num made them finite)
+        finite = torch.isfinite(found[1])
+        assert torch.equal(found[1][finite].view(torch.int32), z[finite].view(torch.int32))
+        assert bool((z[~finite] < -1e30).all())
+        return
+    if sampler._truncates:
+        tokens, values = kept_tokens(z, *sampler._truncation)
+    else:
+        tokens = (z >= z.max() - CONTENDING).nonzero()[:, 0]
+        values = z[tokens]
+    assert torch.equal(found[0], tokens)
+    assert torch.equal(found[1].view(torch.int32), values.view(torch.int32))
+
+
+@pytest.mark.parametrize("temperature", [0.5, 1.0, 3.0])
+def test_a_token_just_outside_the_candidates_that_ties_with_the_kth_is_kept(temperature):
+    """``near_top`` widens while its least candidate ties with the k-th largest z: a token just below the
+    candidates' bound (−5 − 1 ulp against two at −5, the top at 3) scales to the same z (−8.00000048 rounds to
+    −8), so top-k keeps it too (ties stay), and it can only be found by looking wider or at the whole row."""
+    vocab = 8192
+    logits = torch.full((vocab,), -100.0)
+    logits[10], logits[20], logits[25] = 3.0, -5.0, -5.0
+    logits[30] = torch.nextafter(torch.tensor(-5.0), torch.tensor(-6.0))
+    sampler = Sampler(SampleConfig(temperature=temperature, top_k=2, seed=5), vocab)
+    z = sampler._scaled(logits, [], None)
+    assert float(z[20]) == float(z[30]) and 3.0 - CANDIDATE_WIDTHS[0] == -5.0  # the fixture holds
+    assert kept_tokens(z, *sampler._truncation)[0].tolist() == [10, 20, 25, 30]
+    assert_near_top_is_the_general_paths(sampler, logits, [])
+    for position in range(40):  # token 30 is drawn as often as 20 is
+        assert sampler(logits, [0] * (position + 1)) == sampler.choose(sampler.process(logits, []), position)
+
+
+@pytest.mark.parametrize(
+    ("options", "row", "settled"),
+    [
+        ({"temperature": 0}, "finite", True),
+        ({"temperature": 0.8}, "finite", True),
+        ({"temperature": 0.8, "top_k": 40, "top_p": 0.95, "min_p": 0.05}, "finite", True),
+        ({"temperature": 0.8, "top_k": 40}, "nan", False),
+        ({"temperature": 0}, "inf", False),
+        ({"temperature": 0.8, "top_p": 0.9}, "finite", False),  # top-p alone needs the whole row's mass
+        ({"temperature": 0.8, "top_k": 40, "repetition_penalty": 1.1}, "finite", False),
+    ],
+)
+def test_which_rows_are_settled_from_the_tokens_near_the_top(options, row, settled):
+    """``_few`` takes the rows it can settle exactly and hands back (None) the rest, so that a row it
+    cannot settle never gets a token of its own."""
+    vocab = 49152
+    logits = torch.randn(vocab, generator=torch.Generator().manual_seed(1)) * 6
+    if row != "finite":
+        logits[17] = float(row)
+    sampler = Sampler(SampleConfig(seed=3, **options), vocab)
+    if not sampler._plain:
+        assert not settled
+        return
+    assert (sampler._few(logits, 4) is not None) == settled

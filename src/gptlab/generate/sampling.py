@@ -176,6 +176,13 @@ def uniforms(
     ``position`` ((B,) int64, or one row's integers: B = 1, on ``device``); (B, n) for the token ids
     ``tokens`` (n,) alone, each the number it has in the whole row. The top value is ``BELOW_ONE``."""
     dev = seed.device if isinstance(seed, torch.Tensor) else torch.device(device or "cpu")
+    if (
+        tokens is not None
+        and tokens.numel() <= FEW_TOKENS
+        and isinstance(seed, int)
+        and isinstance(position, int)
+    ):
+        return _few_uniforms(seed, position, tokens.tolist(), dev)
     if tokens is not None:
         col = _hashed(tokens)
     else:
@@ -185,6 +192,27 @@ def uniforms(
     u += 0.5
     u /= float(1 << 24)
     return u.clamp_(max=BELOW_ONE)
+
+
+#: up to this many tokens one row's u are hashed on Python integers (a few µs) rather than in ~20 tensor
+#: operations (each some µs on a CPU whose caches a decode step has just flushed)
+FEW_TOKENS = 64
+
+
+def _few_uniforms(seed: int, position: int, tokens: list[int], device: torch.device) -> torch.Tensor:
+    """``uniforms(seed, position, …, tokens)`` (1, n) on Python integers: the same hash, and the same
+    float32 (``(bits + ½)/2²⁴`` is exact in a double and rounds to float32 once, as the tensor's sum
+    does; the division by 2²⁴ is exact in both)."""
+    row = _mix(_mix(seed & _MASK32) ^ _mix((seed >> 32) & _MASK32) ^ _mix(position & _MASK32))
+    assert isinstance(row, int)
+    out = []
+    for t in tokens:
+        x = ((t * 0x9E3779B1) & _MASK32) ^ row
+        x = ((x >> 16) ^ x) * _MIX & _MASK32
+        x = ((x >> 16) ^ x) * _MIX & _MASK32
+        out.append((((x >> 16) ^ x) >> 8) + 0.5)
+    u = torch.tensor([out], dtype=torch.float32, device=device)
+    return u.div_(float(1 << 24)).clamp_(max=BELOW_ONE)
 
 
 #: the largest float32 below 1. ``(bits + ½)/2²⁴`` for the top bits, ``1 − 2⁻²⁵``, rounds to 1.0 in float32
@@ -248,12 +276,9 @@ def kept_tokens(z: torch.Tensor, top_k: int, top_p: float, min_p: float) -> tupl
     v = z.numel()
     threshold = None
     if top_p < 1.0:
-        p = float(torch.tensor(top_p, dtype=torch.float32))  # as the batched rows compare it
+        p = _float32(top_p)
         if top_k < v:  # top-k first: the nucleus is among the k, their softmax renormalised
-            top = z.topk(top_k).values
-            probs = torch.softmax(top, dim=-1)
-            before = torch.cumsum(probs, dim=-1) - probs
-            threshold = top[max(int((before < p).sum()) - 1, 0)]
+            threshold = _nucleus_end(z.topk(top_k).values, p)
         else:
             high = z.max()
             mass = torch.exp(z - high).sum()
@@ -270,7 +295,26 @@ def kept_tokens(z: torch.Tensor, top_k: int, top_p: float, min_p: float) -> tupl
     elif top_k < v:
         threshold = z.topk(top_k).values[-1]
     tokens = (z > float("-inf") if threshold is None else ~(z < threshold)).nonzero()[:, 0]
-    values = z[tokens]
+    return _min_p_kept(tokens, z[tokens], min_p)
+
+
+def _float32(x: float) -> float:
+    """``x`` rounded to float32 (as the batched rows compare top-p)."""
+    return float(torch.tensor(x, dtype=torch.float32))
+
+
+def _nucleus_end(top: torch.Tensor, p: float) -> torch.Tensor:
+    """Top-p's threshold among the sorted values ``top``, over their own softmax: the least probable
+    token whose mass before it is below ``p`` (the first always stays)."""
+    probs = torch.softmax(top, dim=-1)
+    before = torch.cumsum(probs, dim=-1) - probs
+    return top[max(int((before < p).sum()) - 1, 0)]
+
+
+def _min_p_kept(
+    tokens: torch.Tensor, values: torch.Tensor, min_p: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Min-p on kept ``tokens`` and their ``values``: drop ``p_i < min_p · max_j p_j``, ``p`` their softmax."""
     if min_p > 0:
         p_kept = torch.softmax(values, dim=-1)
         stay = ~(p_kept < min_p * p_kept.max())
@@ -393,6 +437,12 @@ def apply_grammar_mask(logits: torch.Tensor, allowed: torch.Tensor) -> torch.Ten
     return logits + torch.from_numpy(bits.view(np.float32))
 
 
+#: how far below a row's top logit ``Sampler`` first looks for its top-k tokens, in logits, then wider
+#: (a token that far below is rarely among a request's k; where one is, the next width, then the whole row)
+CANDIDATE_WIDTHS = (8.0, 32.0)
+_FLOAT32_MIN = torch.finfo(torch.float32).min
+
+
 class Sampler:
     """One request's logit processing and draw: the functions above on one row.
 
@@ -413,6 +463,12 @@ class Sampler:
         self._temperature = _row(t, torch.float32)
         self._truncation = (int(k), float(p), float(m))
         self._truncates = config.top_k is not None or config.top_p is not None or config.min_p is not None
+        #: no penalty and no bias: the logits are the model's, as they come (``_few``)
+        self._plain = not config.logit_bias and (config.repetition_penalty, config.frequency_penalty) == (
+            1.0,
+            0.0,
+        )
+        self._plain &= config.presence_penalty == 0.0
 
     def process(
         self, logits: torch.Tensor, history: Sequence[int], allowed: torch.Tensor | None = None
@@ -458,8 +514,15 @@ class Sampler:
         self, logits: torch.Tensor, history: Sequence[int], allowed: torch.Tensor | None = None
     ) -> int:
         """``choose(process(logits, history, allowed), position)``: the same token. A truncating row
-        draws among ``kept_tokens`` straight away: no −∞ row is written and read again."""
+        draws among ``kept_tokens`` straight away: no −∞ row is written and read again; a row of the
+        model's own finite logits (``_few``) is scaled only where a token can be chosen."""
         position = max(len(history) - 1, 0)
+        if self._plain and allowed is None and logits.device.type == "cpu":
+            token = self._few(
+                logits if logits.numel() == self.vocab_size else logits[: self.vocab_size], position
+            )
+            if token is not None:
+                return token
         if self.greedy or not self._truncates:
             return self.choose(self.process(logits, history, allowed), position)
         z = self._scaled(logits, history, allowed)
@@ -467,3 +530,68 @@ class Sampler:
         if not bool(values.max() > float("-inf")):  # no draw is possible: choose's fallback
             return self.choose(truncate_row(z, *self._truncation), position)
         return int(tokens[draw(values[None], self.seed, position, tokens)[0]])
+
+    def _few(self, logits: torch.Tensor, position: int) -> int | None:
+        """``__call__``'s token for a row of the model's own logits (V,) (no penalty, bias or grammar), in a
+        handful of operations over the row rather than ~15; None where the general path must decide (a
+        small row, a non-finite one, top-p or min-p without top-k).
+
+        Greedy: numpy's ``argmax`` (the first maximum, as ``max``'s index, ~10× faster; a NaN would win
+        it, and ``nan_to_num`` leaves a finite maximum first). Otherwise the draw among ``near_top``."""
+        if logits.numel() <= MAX_OVER_ARGMAX or logits.requires_grad:
+            return None
+        if logits.dtype != torch.float32:
+            logits = logits.float()  # exact, as process's
+        if self.greedy:
+            row = logits.numpy()
+            best = int(row.argmax())
+            return best if _FLOAT32_MIN < float(row[best]) < math.inf else None
+        found = self.near_top(logits)
+        if found is None:
+            return None
+        tokens, values = found
+        if tokens is None:  # many can win: the whole row's draw, as choose's
+            return int(draw(values[None], self.seed, position)[0])
+        return int(tokens[draw(values[None], self.seed, position, tokens)[0]])
+
+    def near_top(self, logits: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor] | None:
+        """The tokens a sampled row (float32 (V,), no penalty, bias or grammar) can draw, ascending, and
+        their ``z``: ``kept_tokens`` of the scaled row when it truncates, else ``choose``'s contenders
+        (``z_i ≥ −CONTENDING``), or, when more than ``DRAW_AMONG_KEPT`` of the row may contend, (None,
+        the whole row's z) (a −∞ logit stays −∞ there, which wins no draw either way); None where that
+        cannot be settled from the tokens near the top.
+
+        Only the candidates ``c = {i : l_i ≥ max l − w}`` are scaled, ``z_c = (l_c − max l)/τ`` (``scale``'s
+        operations on those elements: the same numbers), and the rest follows on them:
+
+        * no truncation: the contenders, all within ``w = CONTENDING·τ`` plus a margin for rounding;
+        * top-k (then top-p, min-p): ``w`` from ``CANDIDATE_WIDTHS`` until a candidate's z is below the
+          k-th largest. z is monotone in l, so every token outside scores below it too, and the kept
+          tokens and the k largest values top-p reads are all candidates.
+        """
+        top_k, top_p, min_p = self._truncation
+        if self._truncates and top_k >= self.vocab_size:
+            return None
+        top = logits.max()
+        high = float(top)
+        if not _FLOAT32_MIN < high < math.inf:  # NaN, ±∞ or the float32 floor: nan_to_num has work to do
+            return None
+        tau = float(self._temperature)
+        widths = (
+            CANDIDATE_WIDTHS if self._truncates else (CONTENDING * tau * 1.001 + 1e-3 * (1.0 + abs(high)),)
+        )
+        for width in widths:
+            candidates = (logits >= high - width).nonzero()[:, 0]
+            if not self._truncates and candidates.numel() > DRAW_AMONG_KEPT * logits.numel():
+                return None, (logits - top) / self._temperature
+            z = (logits[candidates] - top) / self._temperature
+            if not self._truncates:
+                keep = z >= -CONTENDING  # the top scales to 0
+                return candidates[keep], z[keep]
+            if candidates.numel() > top_k:
+                largest = z.topk(top_k).values
+                if bool(z.min() < largest[-1]):  # else a token outside may tie with the k-th: wider
+                    threshold = _nucleus_end(largest, _float32(top_p)) if top_p < 1.0 else largest[-1]
+                    keep = ~(z < threshold)
+                    return _min_p_kept(candidates[keep], z[keep], min_p)
+        return None
