@@ -6,7 +6,8 @@
 
 A decode step calls the request's ``Sampler`` once per token (``gptlab.generate.sampling``): greedy is
 an argmax; any temperature draws ``argmax_i(z_i − log(−log u_i))`` with ``u`` hashed from (seed,
-position, token), ~20 passes over the vocabulary. Between two calls a real step streams the model's
+position, token), over the tokens near the row's top where that settles it (``Sampler.near_top``), else
+~20 passes over the vocabulary. Between two calls a real step streams the model's
 weights through the caches, so by default each call here follows a pass over ``--evict-mb`` MB (not
 timed), as it does in decoding. Per option and vocabulary: the median microseconds of ``--calls``
 calls, in ``--rounds`` rounds (options in turns), on ``--threads`` threads.

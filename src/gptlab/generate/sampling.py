@@ -26,6 +26,8 @@ the sorted prefix that holds the kept tokens (``truncate_row``; the batched ``tr
 row, as a graph of fixed shapes must), and a row in which few tokens can win (a truncation or a
 grammar left few finite, or a low temperature put most far below the top: ``CONTENDING``) is hashed
 and drawn among those alone (``draw(..., tokens=…)``: each token's u is the same number either way).
+A row of the model's own finite logits (no penalty, bias or grammar) is settled from the tokens near
+its top (``Sampler.near_top``): only those are scaled and truncated, the rest provably out of reach.
 
 Extreme options cannot poison a draw: a τ too small for float32 is greedy; top-p always keeps the
 most probable token; a row left with no finite logit, or with NaN, falls back to ``argmax`` of the
