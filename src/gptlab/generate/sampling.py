@@ -466,11 +466,8 @@ class Sampler:
         self._truncation = (int(k), float(p), float(m))
         self._truncates = config.top_k is not None or config.top_p is not None or config.min_p is not None
         #: no penalty and no bias: the logits are the model's, as they come (``_few``)
-        self._plain = not config.logit_bias and (config.repetition_penalty, config.frequency_penalty) == (
-            1.0,
-            0.0,
-        )
-        self._plain &= config.presence_penalty == 0.0
+        penalties = (config.repetition_penalty, config.frequency_penalty, config.presence_penalty)
+        self._plain = not config.logit_bias and penalties == (1.0, 0.0, 0.0)
 
     def process(
         self, logits: torch.Tensor, history: Sequence[int], allowed: torch.Tensor | None = None
