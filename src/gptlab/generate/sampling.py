@@ -464,6 +464,7 @@ class Sampler:
         t, k, p, m = row_options(config, vocab_size, self.seed)[:4]
         self._temperature = _row(t, torch.float32)
         self._truncation = (int(k), float(p), float(m))
+        self._tau, self._top_p32 = float(self._temperature), _float32(float(p))  # as the tensors hold them
         self._truncates = config.top_k is not None or config.top_p is not None or config.min_p is not None
         #: no penalty and no bias: the logits are the model's, as they come (``_few``)
         penalties = (config.repetition_penalty, config.frequency_penalty, config.presence_penalty)
@@ -575,9 +576,10 @@ class Sampler:
         high = float(top)
         if not _FLOAT32_MIN < high < math.inf:  # NaN, ±∞ or the float32 floor: nan_to_num has work to do
             return None
-        tau = float(self._temperature)
         widths = (
-            CANDIDATE_WIDTHS if self._truncates else (CONTENDING * tau * 1.001 + 1e-3 * (1.0 + abs(high)),)
+            CANDIDATE_WIDTHS
+            if self._truncates
+            else (CONTENDING * self._tau * 1.001 + 1e-3 * (1.0 + abs(high)),)
         )
         for width in widths:
             candidates = (logits >= high - width).nonzero()[:, 0]
@@ -590,7 +592,7 @@ class Sampler:
             if candidates.numel() > top_k:
                 largest = z.topk(top_k).values
                 if bool(z.min() < largest[-1]):  # else a token outside may tie with the k-th: wider
-                    threshold = _nucleus_end(largest, _float32(top_p)) if top_p < 1.0 else largest[-1]
+                    threshold = _nucleus_end(largest, self._top_p32) if top_p < 1.0 else largest[-1]
                     keep = ~(z < threshold)
                     return _min_p_kept(candidates[keep], z[keep], min_p)
         return None
