@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 
 from gptlab.generate import prepared_of
-from gptlab.generate.prepared import PACKAGE, RECORD, StoredStep, decode_one_token
+from gptlab.generate.one_token import PACKAGE, RECORD, StoredStep, decode_one_token
 
 
 def store_a_fake(store: StoredStep, model, *, key_change: dict | None = None, damage: bool = False) -> Path:

@@ -7,7 +7,7 @@ import torch
 
 from gptlab.compiling import Compiled
 from gptlab.generate import StaticSession
-from gptlab.generate.prepared import decode_one_token
+from gptlab.generate.one_token import decode_one_token
 from gptlab.generate.static import decode_bucket
 from tests._tiny import tiny_model
 

@@ -1,4 +1,4 @@
-"""The compiled one-row step is paid for once and never waited for (``gptlab.generate.prepared``).
+"""The compiled one-row step is paid for once and never waited for (``gptlab.generate.one_token``).
 
 Properties, not timings: a later process loads the stored step instead of compiling it (its public
 counters and the engine's report say so); a damaged or foreign artefact is not loaded (a warning,
@@ -9,6 +9,7 @@ switches from the eager step to the compiled one mid-generation, and the report 
 from __future__ import annotations
 
 import json
+import operator
 import os
 import subprocess
 import sys
@@ -21,7 +22,8 @@ import torch
 import gptlab
 from gptlab.compiling import Compiled, can_compile
 from gptlab.generate import generate_ids, prepare_decoding, prepared_of
-from gptlab.generate.prepared import PACKAGE, RECORD, StoredStep, decode_one_token
+from gptlab.generate.one_token import PACKAGE, RECORD, StoredStep, decode_one_token, frozen_int8
+from gptlab.model.quantized import Int8Linear
 from tests._kept import keep_a_recording_step, store_a_fake
 from tests._tiny import tiny_model
 
@@ -157,10 +159,12 @@ print(json.dumps(dict(tokens=out, source=step.source, compiled=step.compiled_cal
 
 @pytest.mark.slow  # an ahead-of-time compilation of the tiny step: 50-100 s on 2 busy cores
 @needs_compiler
-@pytest.mark.parametrize("weights", ["float32", "int4", "int4-table"])
+@pytest.mark.parametrize("weights", ["float32", "int8", "int4", "int4-table"])
 def test_a_second_process_loads_the_stored_step_instead_of_compiling(tmp_path, weights):
-    """Float and int4 weights (the int4 kernel's group size is a tensor the package must not own), and
-    a GGUF file's 4-bit token table kept int4 (a tied head sharing its bytes, rows gathered from them)."""
+    """Float, int8 and int4 weights (the int4 kernel's group size is a tensor the package must not own),
+    and a GGUF file's 4-bit token table kept int4 (a tied head sharing its bytes, rows gathered from
+    them). Where bf16 is native the int8 matrices (and int4's int8 head) are frozen: the package holds
+    none of their blocks, the record says how to make each from the model's own tensors."""
     if weights == "int4-table":
         from gguf import GGMLQuantizationType
 
@@ -172,7 +176,7 @@ def test_a_second_process_loads_the_stored_step_instead_of_compiling(tmp_path, w
         tiny = from_gguf_kept(tmp_path / "t.gguf")
         assert isinstance(tiny.wte, Int4Embedding)
     else:
-        tiny = _model() if weights == "float32" else gptlab.quantize(_model(), "int4")
+        tiny = _model() if weights == "float32" else gptlab.quantize(_model(), weights)
     ckpt = gptlab.save(tiny, None, tmp_path / "ckpt")
     model, _ = gptlab.load(ckpt)
     eager = _eager(model)
@@ -185,6 +189,11 @@ def test_a_second_process_loads_the_stored_step_instead_of_compiling(tmp_path, w
     import hashlib
 
     assert record["sha256"] == hashlib.sha256((folder / PACKAGE).read_bytes()).hexdigest()
+    if frozen_int8(model):  # every int8 matrix multiplied as blocks made from its own tensor (tied: any name)
+        made_from = {id(operator.attrgetter(fqn[2:])(model)) for fqn, _ in record["derived"].values()}
+        assert made_from == {id(m.weight) for m in model.modules() if isinstance(m, Int8Linear)}
+    else:
+        assert record["derived"] == {}
     env = dict(os.environ, PYTHONPATH=str(ROOT / "src"), OMP_NUM_THREADS=str(torch.get_num_threads()))
     script = SECOND_PROCESS.format(prompt=PROMPT, new=NEW)
     run = subprocess.run(

@@ -1,4 +1,4 @@
-"""The compiled decode step (``gptlab.generate.prepared``) computes what the layer-by-layer step does."""
+"""The compiled decode step (``gptlab.generate.one_token``) computes what the layer-by-layer step does."""
 
 from __future__ import annotations
 

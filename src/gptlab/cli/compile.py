@@ -5,7 +5,7 @@ gptlab compile smollm2                      # what a later sample, chat or serve
 gptlab compile ckpt/ --dtype int8 --threads 2
 
 The compiled step is keyed by what its code depends on (torch, the CPU kind, the thread count, the
-model's layout, gptlab's source: ``gptlab.generate.prepared``), so it is compiled with the weight
+model's layout, gptlab's source: ``gptlab.generate.one_token``), so it is compiled with the weight
 format and thread count the later command will use. Under ``--compile auto`` a command whose compile
 cache lacks the step decodes layer by layer and starts this command once, detached and at the lowest
 CPU priority (``gptlab.cli.background``): its output goes to ``compile.log`` in the step's folder, a

@@ -26,7 +26,8 @@ The modules, read in this order (docs/design/decode-engines.md):
     sampling.py      the one sampler: penalties, bias, grammar mask, τ, top-k/p, min-p, the seeded draw
     session.py       BatchSession (the dynamic KV cache); the Session protocol and the window
     static.py        StaticSession (fixed shapes, CUDA graphs), its step, the frozen CPU step
-    prepared.py      PreparedDecoding: a model's settings and compiled steps; the fused one-row step
+    prepared.py      PreparedDecoding: a model's settings and compiled steps
+    one_token.py     the fused one-row CPU step and the package that keeps it compiled
     beam.py          beam search
     lookup.py        prompt-lookup drafts, verified in one pass
     grammar.py       structured output: a JSON schema, regex or grammar as a mask per token

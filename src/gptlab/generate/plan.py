@@ -17,7 +17,7 @@ probabilities wanted). Whether compiling pays is decided here too (``decode_comp
 one-row step and CUDA graphs, ``frozen_batches_pay`` for batches on a CPU); the figures behind the
 thresholds are in docs/benchmarks.md#decoding. The one-row CPU step weighs no payback: it compiles
 in the background while decoding goes on eagerly, and with ``compile_cache`` it is stored for later
-processes (``gptlab.generate.prepared``), so it costs no wait; ``auto`` compiles it wherever it
+processes (``gptlab.generate.one_token``), so it costs no wait; ``auto`` compiles it wherever it
 gains (a compiler, matrices that stream from memory). The frozen batch step and CUDA graphs still
 make the first step wait, so ``auto`` still weighs their payback. Library code reads no environment variable: the CLI
 turns ``--static``/``GPTLAB_STATIC=0`` and ``--compile``/``GPTLAB_COMPILE=0`` into settings, and

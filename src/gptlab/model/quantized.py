@@ -142,8 +142,8 @@ class InferenceLinear(nn.Module):
         x2 = x.reshape(-1, self.in_features)
         one_row = x2.size(0) == 1 and x2.device.type == "cpu" and not torch.is_grad_enabled()
         kernel = _GEMV.get(self.weight.dtype) if one_row and self.streams else None
-        if one_row and torch.compiler.is_compiling():  # a compiled decode step: gemv joins its graph
-            y = gemv(x2, self.weight, self.scales, self.bias)
+        if one_row and torch.compiler.is_compiling():  # a compiled decode step: its one-row product
+            y = self._compiled_row(x2)
         elif kernel is not None and kernel.enabled:  # uncompiled, gemv would materialise (N, K) floats
             # plain tensors with no storage offset: dynamo then compiles one graph for every shape
             # (it specialises on a Parameter's shape and on an offset of x)
@@ -154,6 +154,10 @@ class InferenceLinear(nn.Module):
             if self.bias is not None:
                 y = y + self.bias.to(y.dtype)
         return y.reshape(*shape[:-1], self.out_features)
+
+    def _compiled_row(self, x2: torch.Tensor) -> torch.Tensor:
+        """One row inside a compiled decode step: ``gemv``, which joins the step's graph."""
+        return gemv(x2, self.weight, self.scales, self.bias)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, {self.fmt}"
@@ -240,6 +244,20 @@ class Int8Linear(InferenceLinear):
             y: torch.Tensor = torch.ops.aten._weight_int8pack_mm(x2.contiguous(), self.weight, scales)
             return y
         return F.linear(x2, self.weight.to(x2.dtype)) * scales  # a prefill: the float kernels
+
+    def _compiled_row(self, x2: torch.Tensor) -> torch.Tensor:
+        """One row inside a compiled decode step. With bf16 activations (native bf16, where the library
+        kernels multiply a row) ``_weight_int8pack_mm``, as the eager step runs it: inductor lowers it to
+        its C++ GEMM template where the step freezes its weights (``gptlab.generate.one_token``, each
+        matrix packed once into blocks of columns: twice as fast a decode), else to the library call.
+        ``gemv`` with float32 ones, which that kernel is slow with (a CPU below native bf16)."""
+        if self.streams or not _FUSED or x2.dtype != torch.bfloat16:
+            return super()._compiled_row(x2)
+        assert self.scales is not None
+        y: torch.Tensor = torch.ops.aten._weight_int8pack_mm(
+            x2.contiguous(), self.weight, self.scales.to(x2.dtype)
+        )
+        return y if self.bias is None else y + self.bias.to(y.dtype)
 
 
 class Int8Embedding(nn.Module):

@@ -1,0 +1,437 @@
+"""The fused one-row step, a decode step as one compiled graph (CPU, one sequence): ``decode_one_token``,
+and the package that keeps it compiled (``StoredStep``).
+
+A decode step of gpt2 runs ~300 small operations: 48 one-row matrix products and, around
+them, norms, views, the cache write and read, attention and residual adds. Run one by one,
+the Python and dispatch between them cost about as much as the products
+(docs/benchmarks.md#decoding). ``decode_one_token`` is that whole step,
+
+    write k_t, v_t at cache index t = end − 1;   attend over K, V[0, end);   logits_t
+
+written over plain tensors (the session's cache rows) and an ``end`` that ``torch.compile``
+treats as a symbol, so one graph serves every length and nothing recompiles as the cache
+fills. Inside it each ``InferenceLinear`` inlines its ``gemv`` and inductor fuses the step
+into a dozen kernels per layer.
+
+``one_token_step()`` wraps it in a ``Compiled``; the model's ``PreparedDecoding``
+(``gptlab.generate.prepared``) holds that one object, so every session of the model reuses the
+graph. ``plan_decoding`` decides when it runs: a session of one row on a CPU with a float KV cache.
+Its logits equal the layer-by-layer path's (tested).
+
+**Paid for once per machine and model** (``one_token_step(store=DIR)``): the step is exported
+(``torch.export``, the cache length and capacity as symbols) and compiled ahead of time by
+AOTInductor into a package, ``DIR/<key>/step.pt2``, that a later process loads in milliseconds
+(``torch._C._aoti.AOTIModelPackageLoader``) instead of compiling again. The weights are not in
+the package: the loaded step reads the live model's tensors (``load_constants``, user-managed), so
+the key is what the compiled code depends on, not the weights' values: torch's version, the
+CPU's capability (``torch.backends.cpu.get_cpu_capability()``), the thread count inductor wrote
+into its loops, the source of gptlab's model and of this step, the model's config, the module
+tree with each tensor's name, dtype, shape and stride (the weight format, ``streams``), the cache
+dtype and the inductor options. ``step.json`` beside the package records that key and the
+package's sha256, as a checkpoint's ``checksums.json`` does; a package whose record is missing,
+foreign or whose checksum differs is not loaded (a warning; it is compiled again and replaced).
+Writes are atomic (``gptlab.fileio``). A model that AOTInductor cannot export (bf16 matrices
+multiplied through oneDNN's prepacked copies, in a model too small to stream its weights) is
+compiled by ``torch.compile`` in the process, as without a store.
+
+**Int8 matrices frozen** (``frozen_int8``: where bf16 is native, the int8 row goes through the library
+kernel, ``_weight_int8pack_mm``). The package is compiled with ``FROZEN_INT8``: its weights are
+constants, and inductor's C++ GEMM template packs each int8 matrix into blocks of ``b`` columns of Wᵀ,
+``P[j, k, i] = W[j·b + i, k]`` (``blocked``), which its one-row kernel streams about twice as fast as
+the library kernel reads W. Those blocks are not in the package either: while it compiles, each
+constant inductor makes is recorded, traced by value to the model tensor it is the blocks of
+(``_recipes``), and ``step.json`` keeps ``{constant: [tensor, b]}``; a loading process makes the blocks
+from its live tensors. Cost: one more copy of the int8 matrices, blocked, while the step is loaded (the
+eager prefill reads the originals), and a compilation that autotunes each shape once.
+
+**Never waited for** (``background=True``): the first call runs the eager step and starts the
+compilation in a thread; decoding goes on eagerly until the compiled (or loaded) step is ready,
+then switches (``Compiled.eager_calls`` / ``compiled_calls`` count the tokens of each).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import dataclasses
+import hashlib
+import json
+import operator
+import os
+import uuid
+import warnings
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+import gptlab
+from gptlab.compiling import Compiled, Job, load_package
+from gptlab.fileio import atomic_write, atomic_write_json
+from gptlab.generate.plan import Decoder, logits_of
+from gptlab.model.kvcache import KVStore, KVView
+from gptlab.model.quantized import Int8Linear, PackedBF16Linear
+
+# ------------------------------------------------------------ fused_step
+# Inductor inlines a cheap elementwise producer into each consumer. In front of a one-row
+# product that would recompute a norm's output once per output channel (50,257 times for the
+# head); realising every producer of more than a few operations computes it once.
+_OPTIONS = {"realize_opcount_threshold": 10}
+#: added for a kept step whose int8 matrices run through ``_weight_int8pack_mm`` (``frozen_int8``): the
+#: weights become constants of the graph and inductor's C++ GEMM template multiplies the row by each
+#: matrix packed once into blocks of columns, ``P[j, k, i] = W[j·b + i, k]``, which it streams about
+#: twice as fast as the library kernel reads W (docs/benchmarks.md, "Int8 weights in a kept step")
+FROZEN_INT8 = {"freezing": True, "max_autotune": True, "max_autotune_gemm_backends": "CPP,ATEN"}
+
+
+def frozen_int8(model: Decoder) -> bool:
+    """Whether ``model``'s kept step freezes its weights (``FROZEN_INT8``): some int8 matrix of it is
+    multiplied by the library kernel on a CPU (``Int8Linear._compiled_row``: bf16 activations)."""
+    return isinstance(model, nn.Module) and any(
+        isinstance(m, Int8Linear)
+        and not m.streams
+        and m.weight.device.type == "cpu"
+        and m.scales is not None
+        and m.scales.dtype == torch.bfloat16
+        for m in model.modules()
+    )
+
+
+def blocked(w: torch.Tensor, block: int) -> torch.Tensor:
+    """A matrix (N, K) as blocks of ``block`` columns of Wᵀ, (⌈N/b⌉, K, b): ``P[j, k, i] = W[j·b + i, k]``,
+    zero past row N; what inductor's GEMM template packs a frozen weight into."""
+    n, k = w.shape
+    padded = torch.zeros(k, n + (-n % block), dtype=w.dtype, device=w.device)
+    padded[:, :n] = w.t()
+    return padded.view(k, -1, block).transpose(0, 1).contiguous()
+
+
+@contextlib.contextmanager
+def _constants_made(made: dict[str, torch.Tensor]) -> Iterator[None]:
+    """Records each constant inductor adds to a graph while it compiles (a frozen weight it packed),
+    by name, so that the kept step's record can say how to make it again from the model's own."""
+    from torch._inductor.graph import GraphLowering
+
+    add = GraphLowering.add_tensor_constant
+
+    def recorded(self: GraphLowering, data: torch.Tensor, name: str | None = None) -> Any:
+        box = add(self, data, name)
+        made[box.get_name()] = data
+        return box
+
+    GraphLowering.add_tensor_constant = recorded  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        GraphLowering.add_tensor_constant = add  # type: ignore[method-assign]
+
+
+def _recipes(
+    names: list[str], made: dict[str, torch.Tensor], own: dict[str, torch.Tensor]
+) -> dict[str, list[Any]]:
+    """For each constant of a frozen package that is not one of the model's own tensors: ``[fqn, b]``,
+    the model tensor it is ``blocked(own[fqn], b)`` of, found by value; ValueError for one not found."""
+    recipes: dict[str, list[Any]] = {}
+    for name in names:
+        if name in own:
+            continue
+        data = made.get(name)
+        if data is None or data.dim() != 3:
+            raise ValueError(f"the frozen step's constant {name} is not a packed matrix")
+        rows, k, block = data.shape
+        for fqn, w in own.items():
+            if (
+                w.dim() == 2
+                and w.dtype == data.dtype
+                and w.size(1) == k
+                and -(-w.size(0) // block) == rows
+                and torch.equal(w[0], data[0, :, 0])  # (a first row that differs rules it out cheaply)
+                and torch.equal(blocked(w, block), data)
+            ):
+                recipes[name] = [fqn, block]
+                break
+        else:
+            raise ValueError(f"the frozen step's constant {name} is no blocked matrix of the model's")
+    return recipes
+
+
+def decode_one_token(
+    model: Decoder,
+    idx: torch.Tensor,  # (1, 1) the new token
+    pos: torch.Tensor,  # (1,) its position
+    keys: list[torch.Tensor],  # per layer (1, H_kv, T_max, d_k)
+    values: list[torch.Tensor],
+    end: int,  # cached positions after this step
+) -> torch.Tensor:
+    """Next-token logits (1, vocab) float32 after appending ``idx`` at cache index ``end − 1``."""
+    # each layer: write at cache index end − 1, attend over [0, end)
+    cache = [KVView(KVStore(k, v), write=end - 1, end=end) for k, v in zip(keys, values, strict=True)]
+    out = model.run(idx, pos=pos, cache=cache, last_only=True)
+    return logits_of(out)[:, -1].float()
+
+
+def one_token_step(store: str | os.PathLike[str] | None = None, background: bool = False) -> Compiled:
+    """``decode_one_token`` compiled at its first call, one graph for every length: through
+    ``torch.compile``, or, with a ``store`` directory, loaded from it or compiled ahead of time
+    into it (the module docstring); ``background``: meanwhile decode eagerly."""
+    stored = None if store is None else StoredStep(Path(store))
+    return Compiled(
+        decode_one_token,
+        "the compiled decode step",
+        dynamic=True,
+        options=_OPTIONS,
+        load=None if stored is None else stored.load,
+        build=None if stored is None else stored.build,
+        background=background,
+    )
+
+
+#: the version of the stored artefact's layout (a change makes every older one foreign)
+FORMAT = 2
+PACKAGE, RECORD = "step.pt2", "step.json"
+# the sources whose code the exported step runs: a change to any of them is a new key
+_SOURCES = ("model", "generate/one_token.py", "generate/plan.py")
+
+
+class _Step(nn.Module):
+    """``decode_one_token`` as a module to export: ``span``'s length is the cache's ``end``."""
+
+    def __init__(self, model: Decoder) -> None:
+        super().__init__()
+        self.m = model
+
+    def forward(
+        self,
+        idx: torch.Tensor,
+        pos: torch.Tensor,
+        keys: list[torch.Tensor],
+        values: list[torch.Tensor],
+        span: torch.Tensor,
+    ) -> torch.Tensor:
+        return decode_one_token(self.m, idx, pos, keys, values, span.size(0))
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _code_digest() -> str:
+    root, h = Path(gptlab.__file__).parent, hashlib.sha256()
+    for name in _SOURCES:
+        for path in sorted((root / name).rglob("*.py")) if (root / name).is_dir() else [root / name]:
+            h.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes())
+    return h.hexdigest()
+
+
+def _tensors(module: nn.Module) -> dict[str, torch.Tensor]:
+    """A module's own tensors: parameters, buffers and tensor attributes (oneDNN's packed copies)."""
+    own = {**module._parameters, **module._buffers}
+    own.update((k, v) for k, v in vars(module).items() if isinstance(v, torch.Tensor))
+    return {k: v for k, v in own.items() if v is not None}
+
+
+def _structure(model: nn.Module) -> str:
+    """The module tree, each module's class and ``streams`` flag, each tensor's dtype, shape, stride."""
+    lines = []
+    for name, module in model.named_modules():
+        lines.append(
+            f"{name} {type(module).__module__}.{type(module).__qualname__} {getattr(module, 'streams', '')}"
+        )
+        for key, t in sorted(_tensors(module).items()):
+            stride = tuple(t.stride()) if t.layout == torch.strided else str(t.layout)
+            lines.append(f"  {key} {t.dtype} {tuple(t.shape)} {stride}")
+    return hashlib.sha256("\n".join(lines).encode()).hexdigest()
+
+
+def _shared_copy(model: Decoder) -> Decoder:
+    """A copy of the module tree sharing every tensor: export swaps the copy's parameters for fake
+    ones while the original keeps decoding. A module that streams its weights never reads its
+    oneDNN copy (an opaque tensor AOTInductor cannot take): the copy drops it."""
+    memo: dict[int, Any] = {}
+    for module in model.modules():  # type: ignore[attr-defined]
+        for t in _tensors(module).values():
+            memo[id(t)] = t
+    twin = copy.deepcopy(model, memo)
+    for module in twin.modules():  # type: ignore[attr-defined]
+        if isinstance(module, PackedBF16Linear) and module.streams and module.packed is not None:
+            module._buffers["packed"] = None
+    return twin
+
+
+class StoredStep:
+    """The compiled one-row step kept in ``root``: ``load(args)`` and ``build(args)`` for ``Compiled``."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.skipped = ""  # why the step was compiled in the process instead (not storable)
+        self.stored = False  # this process compiled it into the store
+
+    def key(self, model: Decoder, cache_dtype: torch.dtype) -> dict[str, Any]:
+        """What the compiled code depends on (the module docstring)."""
+        config = getattr(model, "config", None)
+        return {
+            "format": FORMAT,
+            "torch": torch.__version__,
+            "cpu": torch.backends.cpu.get_cpu_capability(),
+            "threads": torch.get_num_threads(),
+            "code": _code_digest(),
+            "config": (
+                dataclasses.asdict(config)
+                if dataclasses.is_dataclass(config) and not isinstance(config, type)
+                else repr(config)
+            ),
+            "modules": _structure(model) if isinstance(model, nn.Module) else repr(model),
+            "cache": str(cache_dtype),
+            "options": self.options(model),
+        }
+
+    @staticmethod
+    def options(model: Decoder) -> dict[str, Any]:
+        """The inductor settings the step is compiled with: ``_OPTIONS``, and ``FROZEN_INT8`` for ``frozen_int8``."""
+        return {**_OPTIONS, **(FROZEN_INT8 if frozen_int8(model) else {})}
+
+    def folder(self, key: dict[str, Any]) -> Path:
+        digest = hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()
+        return self.root / digest[:32]
+
+    def load(self, args: tuple[Any, ...]) -> Callable[..., Any] | None:
+        """The stored step for these arguments' model and cache, verified; None when there is none
+        (or it is damaged or foreign: a warning, and it is compiled again)."""
+        model, keys = args[0], args[3]
+        key = self.key(model, keys[0].dtype)
+        folder = self.folder(key)
+        if not (folder / RECORD).exists():
+            return None
+        try:
+            record = json.loads((folder / RECORD).read_text())
+            recorded = json.loads(json.dumps(key, default=str))
+            if record.get("key") != recorded:
+                raise ValueError("its key is not this model's, CPU's or torch's")
+            if _sha256(folder / PACKAGE) != record.get("sha256"):
+                raise ValueError("its sha256 differs from the one recorded")
+            return _loaded(folder / PACKAGE, model, record.get("derived", {}))
+        except (OSError, ValueError, RuntimeError, AttributeError, TypeError) as exc:
+            warnings.warn(
+                f"the stored decode step in {folder} is not used ({exc}); compiling it again", stacklevel=2
+            )
+            return None
+
+    def build(self, args: tuple[Any, ...]) -> Job | None:
+        """Export and compile the step into the store (a job, for a thread), then load it; None
+        where the step cannot be exported (``torch.compile`` then compiles it in the process)."""
+        model, keys = args[0], args[3]
+        twin = _Step(_shared_copy(model))
+        if any(isinstance(m, PackedBF16Linear) and m.packed is not None for m in twin.modules()):
+            self.skipped = "oneDNN's prepacked bf16 weights cannot be exported"
+            return None
+        key = self.key(model, keys[0].dtype)
+        n_kv, d_k, dtype, layers = keys[0].size(1), keys[0].size(3), keys[0].dtype, len(keys)
+
+        def job() -> Callable[..., Any] | None:
+            # (made here, outside the caller's inference mode: AOTInductor runs them as ordinary tensors)
+            examples = (
+                torch.tensor([[0]]),
+                torch.tensor([1]),
+                [torch.zeros(1, n_kv, 8, d_k, dtype=dtype) for _ in range(layers)],
+                [torch.zeros(1, n_kv, 8, d_k, dtype=dtype) for _ in range(layers)],
+                torch.empty(2),
+            )
+            try:
+                return self._compile(twin, examples, key, model)
+            except Exception as exc:  # export or AOTInductor cannot take this model
+                self.skipped = (
+                    f"not stored: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+                )
+                return None
+
+        return job
+
+    def _compile(
+        self, twin: _Step, examples: tuple[Any, ...], key: dict[str, Any], model: Decoder
+    ) -> Callable[..., Any]:
+        """Export ``twin``, compile it into the store (package, then its record), load it for ``model``."""
+        from torch.export import Dim
+
+        folder, layers = self.folder(key), len(examples[2])
+        capacity, end = Dim("capacity", min=2, max=1 << 24), Dim("end", min=1, max=1 << 24)
+        shapes = {
+            "idx": None,
+            "pos": None,
+            "keys": [{2: capacity}] * layers,
+            "values": [{2: capacity}] * layers,
+            "span": {0: end},
+        }
+        with torch.inference_mode():
+            program = torch.export.export(twin, examples, dynamic_shapes=shapes, strict=False)
+        folder.mkdir(parents=True, exist_ok=True)
+        built = folder / f".{PACKAGE}.{os.getpid()}.{uuid.uuid4().hex}.pt2"
+        try:
+            from torch._inductor import aoti_compile_and_package
+
+            # every constant the package reads is the live model's (user-managed): inductor keeps each
+            # tensor it meets as the module's named tensor rather than inlining small ones (an int4
+            # layer's group size) into constants of its own, which a package without weights lacks
+            options = {
+                **self.options(model),
+                "aot_inductor.package_constants_in_so": False,
+                "always_keep_tensor_constants": True,
+            }
+            made: dict[str, torch.Tensor] = {}  # the matrices a frozen step packed, by constant name
+            with warnings.catch_warnings(), _constants_made(made):
+                # torch deprecating its own internals while it copies the program (LeafSpec) is
+                # not the user's business
+                warnings.filterwarnings("ignore", category=FutureWarning, module="copyreg")
+                aoti_compile_and_package(program, package_path=str(built), inductor_configs=options)
+            live = _Step(model)  # (the names the package reads its constants by)
+            own: dict[str, torch.Tensor] = dict(live.named_parameters(remove_duplicate=False))
+            own.update(live.named_buffers(remove_duplicate=False))
+            derived = _recipes(load_package(built).get_constant_fqns(), made, own)
+            digest = _sha256(built)
+            atomic_write(folder / PACKAGE, lambda tmp: os.replace(built, tmp))
+        finally:
+            built.unlink(missing_ok=True)
+        record = {"key": key, "sha256": digest, "file": PACKAGE, "derived": derived}
+        atomic_write_json(folder / RECORD, record)
+        self.stored = True
+        return _loaded(folder / PACKAGE, model, derived)
+
+
+def _loaded(package: Path, model: Decoder, derived: dict[str, list[Any]]) -> Callable[..., Any]:
+    """The AOTInductor package as ``decode_one_token``'s signature, reading ``model``'s own tensors;
+    ``derived``: a frozen step's packed matrices, made from the model's (``_recipes``)."""
+    loader = load_package(package)
+    wrapper = _Step(model)
+    constants = {}
+    for name in loader.get_constant_fqns():
+        if name in derived:
+            fqn, block = derived[name]
+            constants[name] = blocked(operator.attrgetter(fqn)(wrapper), int(block))
+        else:
+            constants[name] = operator.attrgetter(name)(wrapper)
+    loader.load_constants(constants, False, True, True)  # (not on device, check all, user-managed)
+    span = torch.empty(0)
+
+    def step(
+        m: Decoder,
+        idx: torch.Tensor,
+        pos: torch.Tensor,
+        keys: list[torch.Tensor],
+        values: list[torch.Tensor],
+        end: int,
+    ) -> torch.Tensor:
+        nonlocal span
+        if m is not model or keys[0].size(2) < 2:  # outside what was exported: the eager step
+            return decode_one_token(m, idx, pos, keys, values, end)
+        if span.numel() < end:
+            span = torch.empty(max(2 * end, 64))
+        out: torch.Tensor = loader.boxed_run([idx, pos, *keys, *values, span[:end]])[0]
+        return out
+
+    step.constants = constants  # type: ignore[attr-defined]  # kept alive: the loader reads them
+    return step
