@@ -23,6 +23,7 @@ import gptlab
 from gptlab.compiling import Compiled, can_compile
 from gptlab.generate import generate_ids, prepare_decoding, prepared_of
 from gptlab.generate.one_token import PACKAGE, RECORD, StoredStep, decode_one_token, frozen_int8
+from gptlab.model.kvcache import default_cache_dtype
 from gptlab.model.quantized import Int8Linear
 from tests._kept import keep_a_recording_step, store_a_fake
 from tests._tiny import tiny_model
@@ -210,6 +211,26 @@ def test_a_second_process_loads_the_stored_step_instead_of_compiling(tmp_path, w
     assert (second["source"], second["eager"], second["compiled"]) == ("loaded", 0, NEW - 1), second
     assert "loaded from" in second["report"]
     assert eager == compiled == second["tokens"]  # greedy: eager, compiled, loaded from the store
+    if frozen_int8(model):  # a weight written in place after the step was loaded: its blocks follow it
+        _follows_a_weight_written_in_place(model, engine.one_token)
+
+
+def _follows_a_weight_written_in_place(model, step: Compiled) -> None:
+    """The loaded step's logits are the eager step's after the head's first 30 rows are zeroed in place:
+    those logits become 0, where stale blocks would still give the old ones."""
+    dtype = default_cache_dtype(model.dtype, model.device)
+
+    def logits(run) -> torch.Tensor:  # after token 60 (a row left as it was)
+        keys = [torch.zeros(1, 4, 16, 8, dtype=dtype) for _ in range(2)]
+        with torch.inference_mode():
+            return run(model, torch.tensor([[60]]), torch.tensor([0]), keys, [k.clone() for k in keys], 1)
+
+    before = logits(step)
+    with torch.no_grad():
+        model.lm_head.weight[:30].zero_()
+    after, eager = logits(step), logits(decode_one_token)
+    torch.testing.assert_close(after, eager, rtol=0.05, atol=0.05)
+    assert after[:, :30].abs().max() == 0 < before[:, :30].abs().max() - 0.1
 
 
 def test_a_compiled_step_that_fails_in_the_background_falls_back_and_says_so(monkeypatch):

@@ -41,7 +41,8 @@ constants, and inductor's C++ GEMM template packs each int8 matrix into blocks o
 the library kernel reads W. Those blocks are not in the package either: while it compiles, each
 constant inductor makes is recorded, traced by value to the model tensor it is the blocks of
 (``_recipes``), and ``step.json`` keeps ``{constant: [tensor, b]}``; a loading process makes the blocks
-from its live tensors. Cost: one more copy of the int8 matrices, blocked, while the step is loaded (the
+from its live tensors, and blocks again a tensor written in place since (its version counter moved)
+before the next step. Cost: one more copy of the int8 matrices, blocked, while the step is loaded (the
 eager prefill reads the originals), and a compilation that autotunes each shape once.
 
 **Never waited for** (``background=True``): the first call runs the eager step and starts the
@@ -402,6 +403,14 @@ class StoredStep:
         return _loaded(folder / PACKAGE, model, derived)
 
 
+def _version(t: torch.Tensor) -> int:
+    """``t``'s version counter (an inference-mode tensor keeps none: 0)."""
+    try:
+        return int(t._version)
+    except RuntimeError:
+        return 0
+
+
 def _loaded(package: Path, model: Decoder, derived: dict[str, list[Any]]) -> Callable[..., Any]:
     """The AOTInductor package as ``decode_one_token``'s signature, reading ``model``'s own tensors;
     ``derived``: a frozen step's packed matrices, made from the model's (``_recipes``)."""
@@ -416,6 +425,13 @@ def _loaded(package: Path, model: Decoder, derived: dict[str, list[Any]]) -> Cal
             constants[name] = operator.attrgetter(name)(wrapper)
     loader.load_constants(constants, False, True, True)  # (not on device, check all, user-managed)
     span = torch.empty(0)
+    # the blocks are copies: a source written in place since (its version moved) is blocked again,
+    # into the same tensors the package reads, before the next step
+    sources = [
+        (constants[name], operator.attrgetter(fqn)(wrapper), int(block))
+        for name, (fqn, block) in derived.items()
+    ]
+    seen = [_version(w) for _, w, _ in sources]
 
     def step(
         m: Decoder,
@@ -430,6 +446,10 @@ def _loaded(package: Path, model: Decoder, derived: dict[str, list[Any]]) -> Cal
             return decode_one_token(m, idx, pos, keys, values, end)
         if span.numel() < end:
             span = torch.empty(max(2 * end, 64))
+        for i, (blocks, w, block) in enumerate(sources):
+            if _version(w) != seen[i]:
+                blocks.copy_(blocked(w, block))
+                seen[i] = _version(w)
         out: torch.Tensor = loader.boxed_run([idx, pos, *keys, *values, span[:end]])[0]
         return out
 
