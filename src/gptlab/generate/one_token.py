@@ -404,11 +404,11 @@ class StoredStep:
 
 
 def _version(t: torch.Tensor) -> int:
-    """``t``'s version counter (an inference-mode tensor keeps none: 0)."""
+    """``t``'s version counter (−1 for an inference-mode tensor, which keeps none)."""
     try:
         return int(t._version)
     except RuntimeError:
-        return 0
+        return -1
 
 
 def _loaded(package: Path, model: Decoder, derived: dict[str, list[Any]]) -> Callable[..., Any]:
@@ -426,12 +426,16 @@ def _loaded(package: Path, model: Decoder, derived: dict[str, list[Any]]) -> Cal
     loader.load_constants(constants, False, True, True)  # (not on device, check all, user-managed)
     span = torch.empty(0)
     # the blocks are copies: a source written in place since (its version moved) is blocked again,
-    # into the same tensors the package reads, before the next step
+    # into the same tensors the package reads, before the next step (an inference-mode tensor keeps
+    # no version: not followed)
     sources = [
         (constants[name], operator.attrgetter(fqn)(wrapper), int(block))
         for name, (fqn, block) in derived.items()
     ]
-    seen = [_version(w) for _, w, _ in sources]
+    sources = [source for source in sources if _version(source[1]) >= 0]
+    weights = [w for _, w, _ in sources]
+    seen = [w._version for w in weights]
+    total = sum(seen)  # versions only grow: an unchanged sum is no change (one pass a step)
 
     def step(
         m: Decoder,
@@ -441,15 +445,17 @@ def _loaded(package: Path, model: Decoder, derived: dict[str, list[Any]]) -> Cal
         values: list[torch.Tensor],
         end: int,
     ) -> torch.Tensor:
-        nonlocal span
+        nonlocal span, total
         if m is not model or keys[0].size(2) < 2:  # outside what was exported: the eager step
             return decode_one_token(m, idx, pos, keys, values, end)
         if span.numel() < end:
             span = torch.empty(max(2 * end, 64))
-        for i, (blocks, w, block) in enumerate(sources):
-            if _version(w) != seen[i]:
-                blocks.copy_(blocked(w, block))
-                seen[i] = _version(w)
+        if sum(w._version for w in weights) != total:
+            for i, (blocks, w, block) in enumerate(sources):
+                if w._version != seen[i]:
+                    blocks.copy_(blocked(w, block))
+                    seen[i] = w._version
+            total = sum(seen)
         out: torch.Tensor = loader.boxed_run([idx, pos, *keys, *values, span[:end]])[0]
         return out
 
