@@ -24,7 +24,7 @@ from gptlab.compiling import Compiled, can_compile
 from gptlab.generate import generate_ids, prepare_decoding, prepared_of
 from gptlab.generate.one_token import PACKAGE, RECORD, StoredStep, decode_one_token, frozen_int8
 from gptlab.model.kvcache import default_cache_dtype
-from gptlab.model.quantized import Int8Linear
+from gptlab.model.quantized import Int8Linear, PackedBF16Linear, onednn_bf16
 from tests._kept import keep_a_recording_step, store_a_fake
 from tests._tiny import tiny_model
 
@@ -149,7 +149,7 @@ SECOND_PROCESS = """
 import json, sys, torch
 import gptlab
 from gptlab.generate import generate_ids, prepare_decoding
-model, _ = gptlab.load(sys.argv[1])
+model, _ = gptlab.load(sys.argv[1], **json.loads(sys.argv[3]))
 engine = prepare_decoding(model, compile="on", compile_cache=sys.argv[2])
 out = generate_ids(model, torch.tensor({prompt}), {new}, temperature=0)[0].tolist()
 step = engine.one_token
@@ -160,12 +160,13 @@ print(json.dumps(dict(tokens=out, source=step.source, compiled=step.compiled_cal
 
 @pytest.mark.slow  # an ahead-of-time compilation of the tiny step: 50-100 s on 2 busy cores
 @needs_compiler
-@pytest.mark.parametrize("weights", ["float32", "int8", "int4", "int4-table"])
+@pytest.mark.parametrize("weights", ["float32", "bf16", "int8", "int4", "int4-table"])
 def test_a_second_process_loads_the_stored_step_instead_of_compiling(tmp_path, weights):
-    """Float, int8 and int4 weights (the int4 kernel's group size is a tensor the package must not own),
-    and a GGUF file's 4-bit token table kept int4 (a tied head sharing its bytes, rows gathered from
-    them). Where bf16 is native the int8 matrices (and int4's int8 head) are frozen: the package holds
-    none of their blocks, the record says how to make each from the model's own tensors."""
+    """Float, bf16, int8 and int4 weights (the int4 kernel's group size is a tensor the package must not
+    own), and a GGUF file's 4-bit token table kept int4 (a tied head sharing its bytes, rows gathered
+    from them). Where bf16 is native the int8 matrices (and int4's int8 head) are frozen: the package
+    holds none of their blocks, the record says how to make each from the model's own tensors; and bf16
+    layers hold oneDNN's prepacked copies, which the step does not read (nor export)."""
     if weights == "int4-table":
         from gguf import GGMLQuantizationType
 
@@ -177,9 +178,12 @@ def test_a_second_process_loads_the_stored_step_instead_of_compiling(tmp_path, w
         tiny = from_gguf_kept(tmp_path / "t.gguf")
         assert isinstance(tiny.wte, Int4Embedding)
     else:
-        tiny = _model() if weights == "float32" else gptlab.quantize(_model(), weights)
+        tiny = _model() if weights in ("float32", "bf16") else gptlab.quantize(_model(), weights)
     ckpt = gptlab.save(tiny, None, tmp_path / "ckpt")
-    model, _ = gptlab.load(ckpt)
+    load = {"quantize": "bf16"} if weights == "bf16" else {}  # (a bf16 model is made at load)
+    model, _ = gptlab.load(ckpt, **load)
+    if weights == "bf16" and onednn_bf16():
+        assert any(m.packed is not None for m in model.modules() if isinstance(m, PackedBF16Linear))
     eager = _eager(model)
     engine = prepare_decoding(model, compile="on", compile_cache=tmp_path / "store", compile_wait=True)
     compiled = _greedy(model)
@@ -198,7 +202,7 @@ def test_a_second_process_loads_the_stored_step_instead_of_compiling(tmp_path, w
     env = dict(os.environ, PYTHONPATH=str(ROOT / "src"), OMP_NUM_THREADS=str(torch.get_num_threads()))
     script = SECOND_PROCESS.format(prompt=PROMPT, new=NEW)
     run = subprocess.run(
-        [sys.executable, "-c", script, str(ckpt), str(tmp_path / "store")],
+        [sys.executable, "-c", script, str(ckpt), str(tmp_path / "store"), json.dumps(load)],
         capture_output=True,
         text=True,
         env=env,

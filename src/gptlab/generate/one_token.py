@@ -30,9 +30,10 @@ tree with each tensor's name, dtype, shape and stride (the weight format, ``stre
 dtype and the inductor options. ``step.json`` beside the package records that key and the
 package's sha256, as a checkpoint's ``checksums.json`` does; a package whose record is missing,
 foreign or whose checksum differs is not loaded (a warning; it is compiled again and replaced).
-Writes are atomic (``gptlab.fileio``). A model that AOTInductor cannot export (bf16 matrices
-multiplied through oneDNN's prepacked copies, in a model too small to stream its weights) is
-compiled by ``torch.compile`` in the process, as without a store.
+Writes are atomic (``gptlab.fileio``). The exported copy of the model leaves out bf16 layers' oneDNN
+prepacked copies (opaque tensors AOTInductor cannot take), which a compiled step never reads. A model
+that AOTInductor cannot export otherwise is compiled by ``torch.compile`` in the process, as without
+a store.
 
 **Int8 matrices frozen** (``frozen_int8``: where bf16 is native, the int8 row goes through the library
 kernel, ``_weight_int8pack_mm``). The package is compiled with ``FROZEN_INT8``: its weights are
@@ -252,15 +253,15 @@ def _structure(model: nn.Module) -> str:
 
 def _shared_copy(model: Decoder) -> Decoder:
     """A copy of the module tree sharing every tensor: export swaps the copy's parameters for fake
-    ones while the original keeps decoding. A module that streams its weights never reads its
-    oneDNN copy (an opaque tensor AOTInductor cannot take): the copy drops it."""
+    ones while the original keeps decoding. A compiled step never reads a bf16 layer's oneDNN copy
+    (an opaque tensor AOTInductor cannot take; its one row is ``_compiled_row``): the copy drops it."""
     memo: dict[int, Any] = {}
     for module in model.modules():  # type: ignore[attr-defined]
         for t in _tensors(module).values():
             memo[id(t)] = t
     twin = copy.deepcopy(model, memo)
     for module in twin.modules():  # type: ignore[attr-defined]
-        if isinstance(module, PackedBF16Linear) and module.streams and module.packed is not None:
+        if isinstance(module, PackedBF16Linear) and module.packed is not None:
             module._buffers["packed"] = None
     return twin
 
@@ -328,9 +329,6 @@ class StoredStep:
         where the step cannot be exported (``torch.compile`` then compiles it in the process)."""
         model, keys = args[0], args[3]
         twin = _Step(_shared_copy(model))
-        if any(isinstance(m, PackedBF16Linear) and m.packed is not None for m in twin.modules()):
-            self.skipped = "oneDNN's prepacked bf16 weights cannot be exported"
-            return None
         key = self.key(model, keys[0].dtype)
         n_kv, d_k, dtype, layers = keys[0].size(1), keys[0].size(3), keys[0].dtype, len(keys)
 
