@@ -60,6 +60,7 @@ import hashlib
 import json
 import operator
 import os
+import threading
 import uuid
 import warnings
 from collections.abc import Callable, Iterator
@@ -92,12 +93,7 @@ def frozen_int8(model: Decoder) -> bool:
     """Whether ``model``'s kept step freezes its weights (``FROZEN_INT8``): some int8 matrix of it is
     multiplied by the library kernel on a CPU (``Int8Linear._compiled_row``: bf16 activations)."""
     return isinstance(model, nn.Module) and any(
-        isinstance(m, Int8Linear)
-        and not m.streams
-        and m.weight.device.type == "cpu"
-        and m.scales is not None
-        and m.scales.dtype == torch.bfloat16
-        for m in model.modules()
+        isinstance(m, Int8Linear) and m.library_row and m.weight.device.type == "cpu" for m in model.modules()
     )
 
 
@@ -110,24 +106,28 @@ def blocked(w: torch.Tensor, block: int) -> torch.Tensor:
     return padded.view(k, -1, block).transpose(0, 1).contiguous()
 
 
+_RECORDING = threading.Lock()
+
+
 @contextlib.contextmanager
 def _constants_made(made: dict[str, torch.Tensor]) -> Iterator[None]:
     """Records each constant inductor adds to a graph while it compiles (a frozen weight it packed),
     by name, so that the kept step's record can say how to make it again from the model's own."""
     from torch._inductor.graph import GraphLowering
 
-    add = GraphLowering.add_tensor_constant
+    with _RECORDING:  # one compilation records at a time: the method is restored as it was found
+        add = GraphLowering.add_tensor_constant
 
-    def recorded(self: GraphLowering, data: torch.Tensor, name: str | None = None) -> Any:
-        box = add(self, data, name)
-        made[box.get_name()] = data
-        return box
+        def recorded(self: GraphLowering, data: torch.Tensor, name: str | None = None) -> Any:
+            box = add(self, data, name)
+            made[box.get_name()] = data
+            return box
 
-    GraphLowering.add_tensor_constant = recorded  # type: ignore[method-assign]
-    try:
-        yield
-    finally:
-        GraphLowering.add_tensor_constant = add  # type: ignore[method-assign]
+        GraphLowering.add_tensor_constant = recorded  # type: ignore[method-assign]
+        try:
+            yield
+        finally:
+            GraphLowering.add_tensor_constant = add  # type: ignore[method-assign]
 
 
 def _recipes(

@@ -245,13 +245,19 @@ class Int8Linear(InferenceLinear):
             return y
         return F.linear(x2, self.weight.to(x2.dtype)) * scales  # a prefill: the float kernels
 
+    @property
+    def library_row(self) -> bool:
+        """Whether a compiled step multiplies this layer's one row by ``_weight_int8pack_mm``: it does not
+        stream (bf16 is native) and computes in bf16 (its scales' dtype is the activations')."""
+        return _FUSED and not self.streams and self.scales is not None and self.scales.dtype == torch.bfloat16
+
     def _compiled_row(self, x2: torch.Tensor) -> torch.Tensor:
         """One row inside a compiled decode step. With bf16 activations (native bf16, where the library
         kernels multiply a row) ``_weight_int8pack_mm``, as the eager step runs it: inductor lowers it to
         its C++ GEMM template where the step freezes its weights (``gptlab.generate.one_token``, each
         matrix packed once into blocks of columns: twice as fast a decode), else to the library call.
         ``gemv`` with float32 ones, which that kernel is slow with (a CPU below native bf16)."""
-        if self.streams or not _FUSED or x2.dtype != torch.bfloat16:
+        if not self.library_row or x2.dtype != torch.bfloat16:
             return super()._compiled_row(x2)
         assert self.scales is not None
         y: torch.Tensor = torch.ops.aten._weight_int8pack_mm(
