@@ -11,6 +11,9 @@ environment variable: the CLI turns ``GPTLAB_COMPILE=0`` and ``$CXX`` into them)
 ``configure(compile=False)`` runs every ``Compiled`` eagerly and makes ``can_compile`` say no, so
 the decode plan says so too; ``configure(cxx="clang++")`` names the C++ compiler inductor uses.
 
+``probe_cpu_isa_early(device)``: inductor's per-process check of the CPU's vector instructions,
+started in a thread by a process that will compile.
+
 ``load_package(path)``: an AOTInductor package's loader, the folder it unpacks into removed at exit.
 """
 
@@ -77,6 +80,27 @@ def compile_blocker(device_type: str) -> str | None:
 def can_compile(device_type: str) -> bool:
     """True where ``torch.compile`` can generate kernels for ``device_type`` (``compile_blocker`` is None)."""
     return compile_blocker(device_type) is None
+
+
+def probe_cpu_isa_early(device_type: str) -> threading.Thread | None:
+    """Start inductor's CPU vector-ISA probe in a daemon thread → the thread, or None where nothing compiles.
+
+    Before a process loads or builds its first C++ kernel, inductor asks which vector instruction
+    sets both the CPU and the compiler handle. For each candidate it builds a small library and
+    loads it in a child Python process, one after another: about 1.3 s on a 2-core CPU, paid once
+    per process even when every kernel then comes from inductor's on-disk cache. The answer is kept
+    for the process (``functools.cache``). A process that knows it will compile (a training run with
+    ``compile=true``) starts the probe here, so that it runs while the model is built and Dynamo
+    traces it, not inside the first step. Should the main thread need the answer first, it probes
+    as well: the same answer, found twice.
+    """
+    if device_type != "cpu" or not can_compile(device_type):
+        return None
+    from torch._inductor import cpu_vec_isa
+
+    thread = threading.Thread(target=cpu_vec_isa.valid_vec_isa_list, name="gptlab-isa-probe", daemon=True)
+    thread.start()
+    return thread
 
 
 #: what ``Compiled``'s ``build(args)`` returns: a job that makes the compiled function, or None

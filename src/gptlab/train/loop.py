@@ -22,10 +22,12 @@ no perplexity nor bits per byte; ``eval_metrics()`` adds sums over it (``val_<na
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import math
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,6 +37,7 @@ import torch
 from gptlab import checkpoint as ckpt
 from gptlab.checkpoint import BEST_FILE, RUN_CONFIG_FILE, read_run_config, sharded
 from gptlab.checkpoint.run import io_stop
+from gptlab.compiling import probe_cpu_isa_early
 from gptlab.errors import GptlabError
 from gptlab.evaluate.loss import EvalResult
 from gptlab.fileio import atomic_write_json
@@ -53,6 +56,7 @@ from gptlab.train.runs import resolve_run
 from gptlab.train.runtime import (
     StopFlag,
     autocast,
+    compile_caches,
     compile_forward,
     rng_state,
     threads,
@@ -120,6 +124,8 @@ class _Trainer:
         self.data, self.model_config = self.objective.data, self.objective.model_config
         # what dtype/attention/compile "auto" mean on this device, for this model's context
         cfg, self.resolved = resolve_precision(cfg, info.device, self.model_config.block_size)
+        if cfg.compile:  # inductor's ISA probe (~1 s) runs while the model is built and traced
+            probe_cpu_isa_early(torch.device(info.device).type)
         self.cfg, self.run_dir, self.info, self.data_dir = cfg, run_dir, info, data_dir
         self.device = info.device
         self.device_type = torch.device(self.device).type
@@ -163,8 +169,10 @@ class _Trainer:
                 },
             )
             announce(self.resolved)
+        self.caching: Callable[[], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext
         if cfg.compile:
             self.forward = compile_forward(self.forward, self.device_type)
+            self.caching = compile_caches
 
     # ------------------------------------------------------------- resume
     def _load_latest(self) -> int | None:
@@ -257,7 +265,7 @@ class _Trainer:
         for micro in range(cfg.grad_accum):
             batch = self.objective.batch(self.step, micro, self.device)
             skip_sync = self.info.enabled and micro < cfg.grad_accum - 1
-            with self.strategy.no_sync(self.forward, skip_sync), self.autocast:
+            with self.strategy.no_sync(self.forward, skip_sync), self.autocast, self.caching():
                 loss = self.objective.loss(self.forward, batch) / cfg.grad_accum
             (self.scaler.scale(loss) if self.scaler else loss).backward()
             total += loss.detach()

@@ -51,6 +51,22 @@ def compile_forward(forward: Any, device_type: str) -> Any:
     return torch.compile(forward)
 
 
+def compile_caches() -> contextlib.AbstractContextManager[Any]:
+    """Around a compiled training forward: AOTAutograd's on-disk cache may keep a graph that holds
+    one of our ``torch.autograd.Function``s (``_CompiledGELU``, ``ChunkedHeadLoss``).
+
+    AOTAutograd keeps each traced forward–backward pair on disk, so that a later process skips
+    tracing the joint graph and partitioning it (~3 s of a run's first step on a 2-core CPU,
+    docs/benchmarks.md#training). By default it refuses any graph with a custom autograd.Function
+    in it. Dynamo traces such a Function's forward and backward into subgraphs of the graph itself,
+    and the cache key hashes the graph, subgraphs included. Changing either half is then a new key.
+    PyTorch puts this behind a flag while it tests it more widely.
+    """
+    import torch._functorch.config
+
+    return torch._functorch.config.patch(autograd_cache_allow_custom_autograd_functions=True)  # type: ignore[attr-defined,no-any-return]
+
+
 def rng_state(device_type: str) -> dict[str, torch.Tensor]:
     state = {"torch": torch.get_rng_state()}
     if device_type == "cuda":
