@@ -75,3 +75,18 @@ def test_the_isa_probe_starts_early_only_where_something_will_compile(monkeypatc
     assert thread is not None and thread.daemon
     thread.join(timeout=60)
     assert calls == [1]  # inductor's own probe ran, in that thread
+
+
+def test_a_training_step_compiled_for_a_cpu_calls_its_kernels_from_cpp(monkeypatch):
+    """``cpp_wrapper`` on a CPU (a small model's step is mostly short kernels; their Python calls
+    cost ~10 % of it, docs/benchmarks.md#training), inductor's defaults elsewhere."""
+    import torch
+
+    from gptlab.train import runtime
+
+    seen: list = []
+    monkeypatch.setattr(torch, "compile", lambda fn, **kw: seen.append(kw.get("options")) or fn)
+    monkeypatch.setattr(runtime, "can_compile", lambda device_type: True)
+    runtime.compile_forward(torch.nn.Identity(), "cpu")
+    runtime.compile_forward(torch.nn.Identity(), "cuda")
+    assert seen == [{"cpp_wrapper": True}, None]

@@ -16,6 +16,8 @@ from gptlab.errors import GptlabError
 from gptlab.train.config import TrainConfig
 
 AUTOCAST_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
+#: inductor's settings for a training step compiled for a CPU (``compile_forward``)
+CPU_TRAINING_OPTIONS: dict[str, Any] = {"cpp_wrapper": True}
 
 
 def autocast(device_type: str, dtype: str) -> contextlib.AbstractContextManager[Any]:
@@ -39,7 +41,10 @@ def compile_forward(forward: Any, device_type: str) -> Any:
     are inside it, and AOTAutograd compiles the matching backward. Outside it: the gradient
     norm and clipping (foreach kernels) and the optimizer step (one fused AdamW kernel on CUDA).
     Checkpoints save the uncompiled model, so parameter names do not change. On a CPU,
-    inductor needs a C++ compiler; without one the run warns and trains uncompiled.
+    inductor needs a C++ compiler; without one the run warns and trains uncompiled. There the
+    graphs' kernels are called from C++ (``cpp_wrapper``), not from a Python wrapper: a small
+    model's step is mostly short kernels, and calling them from Python cost ~10 % of it
+    (docs/benchmarks.md#training).
     """
     if not can_compile(device_type):
         warnings.warn(
@@ -48,7 +53,7 @@ def compile_forward(forward: Any, device_type: str) -> Any:
             stacklevel=2,
         )
         return forward
-    return torch.compile(forward)
+    return torch.compile(forward, options=CPU_TRAINING_OPTIONS if device_type == "cpu" else None)
 
 
 def compile_caches() -> contextlib.AbstractContextManager[Any]:
