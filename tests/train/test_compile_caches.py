@@ -79,7 +79,7 @@ def test_the_isa_probe_starts_early_only_where_something_will_compile(monkeypatc
 
 def test_a_training_step_compiled_for_a_cpu_calls_its_kernels_from_cpp(monkeypatch):
     """``cpp_wrapper`` on a CPU (a small model's step is mostly short kernels; their Python calls
-    cost ~10 % of it, docs/benchmarks.md#training), inductor's defaults elsewhere."""
+    cost ~6 % of it, docs/benchmarks.md#training), inductor's defaults elsewhere."""
     import torch
 
     from gptlab.train import runtime

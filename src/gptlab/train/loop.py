@@ -124,11 +124,11 @@ class _Trainer:
         self.data, self.model_config = self.objective.data, self.objective.model_config
         # what dtype/attention/compile "auto" mean on this device, for this model's context
         cfg, self.resolved = resolve_precision(cfg, info.device, self.model_config.block_size)
-        if cfg.compile:  # inductor's ISA probe (~1 s) runs while the model is built and traced
-            probe_cpu_isa_early(torch.device(info.device).type)
         self.cfg, self.run_dir, self.info, self.data_dir = cfg, run_dir, info, data_dir
         self.device = info.device
         self.device_type = torch.device(self.device).type
+        if cfg.compile:  # inductor's ISA probe (~1 s) runs while the model is built and traced
+            probe_cpu_isa_early(self.device_type)
         self.start = self.objective.start  # pretrained weights to fine-tune (init=SRC), or None
         ckpt.check_tokenizer_fits(
             self.objective.tokenizer, self.model_config.vocab_size, data_dir / "tokenizer.json"

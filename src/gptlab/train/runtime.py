@@ -43,7 +43,7 @@ def compile_forward(forward: Any, device_type: str) -> Any:
     Checkpoints save the uncompiled model, so parameter names do not change. On a CPU,
     inductor needs a C++ compiler; without one the run warns and trains uncompiled. There the
     graphs' kernels are called from C++ (``cpp_wrapper``), not from a Python wrapper: a small
-    model's step is mostly short kernels, and calling them from Python cost ~10 % of it
+    model's step is mostly short kernels, and calling them from Python cost ~6 % of it
     (docs/benchmarks.md#training).
     """
     if not can_compile(device_type):
