@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import platform
+import re
 import subprocess
 import sys
 import threading
@@ -11,6 +12,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gptlab import hardware
 from gptlab.errors import GptlabError
@@ -364,3 +367,100 @@ def test_keeping_the_heap_lets_repeated_passes_reuse_their_blocks():
     assert all(int(f) > 2000 for f in run("default")[1:])  # what the allocator does without it
     assert all(int(f) < 100 for f in run("decoding")[2:])
     assert all(int(f) < 100 for f in run("reloaded")[2:])  # a request sets it again after a load
+
+
+# ------------------------------------------------------------ huge pages for the weights
+_PAGE = 4096
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.integers(0, 24 * hardware.HUGE_PAGE), st.integers(1, 6 * hardware.HUGE_PAGE)),
+        min_size=1,
+        max_size=6,
+    )
+)
+def test_huge_page_spans_hold_only_pages_the_ranges_touch(raw: list[tuple[int, int]]) -> None:
+    """Every span is whole huge pages; every 4 KB page of a span holds bytes of some range (so backing
+    it makes nothing resident that was not); every huge page inside one range is in a span."""
+    ranges = [(start, start + length) for start, length in raw]
+    spans = hardware.huge_page_spans(ranges)
+    big = hardware.HUGE_PAGE
+    assert all(s % big == 0 and e % big == 0 and s < e for s, e in spans)
+    assert all(e0 <= s1 for (_, e0), (s1, _) in zip(spans, spans[1:], strict=False))
+    for s, e in spans:
+        for page in range(s, e, _PAGE):
+            assert any(a < page + _PAGE and page < b for a, b in ranges), hex(page)
+    for a, b in ranges:
+        for page in range(-(-a // big) * big, b // big * big, big):
+            assert any(s <= page and page + big <= e for s, e in spans), hex(page)
+
+
+def _collapse_expected() -> str | None:
+    """Why this machine cannot back memory with huge pages on demand (None: it can: Linux ≥ 6.1 has
+    ``MADV_COLLAPSE``, and transparent huge pages are not switched off)."""
+    if not sys.platform.startswith("linux"):
+        return "transparent huge pages are a Linux feature"
+    major, minor = (int(x) for x in re.findall(r"\d+", platform.release())[:2])
+    if (major, minor) < (6, 1):
+        return f"MADV_COLLAPSE needs Linux ≥ 6.1 (this kernel: {platform.release()})"
+    enabled = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+    if not enabled.exists() or "[never]" in enabled.read_text():
+        return "transparent huge pages are switched off on this machine"
+    return None
+
+
+def _huge_kb_at(address: int) -> int:
+    """The kernel's ``AnonHugePages`` for the mapping of this process that holds ``address`` (kB)."""
+    inside = False
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        if re.match(r"^[0-9a-f]+-[0-9a-f]+ ", line):
+            lo, hi = (int(x, 16) for x in line.split()[0].split("-"))
+            inside = lo <= address < hi
+        elif inside and line.startswith("AnonHugePages:"):
+            return int(line.split()[1])
+    return 0
+
+
+def test_weights_backed_with_huge_pages_keep_their_values() -> None:
+    """``back_with_huge_pages`` moves a tensor's whole huge pages onto huge pages, as the kernel
+    reports them, and every value stays; where the kernel cannot, it changes nothing."""
+    t = torch.randn(3 * hardware.HUGE_PAGE // 4)  # 6 MB: at least two whole huge pages inside
+    before = t.clone()
+    spans = hardware.huge_page_spans(hardware.storage_ranges([t, t[10:]]))  # a view: the same storage
+    assert len(spans) == 1 and spans[0][1] - spans[0][0] >= 2 * hardware.HUGE_PAGE
+    backed = hardware.back_with_huge_pages([t])
+    assert torch.equal(t, before)
+    reason = _collapse_expected()
+    if reason is not None:
+        assert backed == 0
+        pytest.skip(reason)
+    assert backed == spans[0][1] - spans[0][0]
+    assert _huge_kb_at(spans[0][0]) * 1024 >= backed
+
+
+def test_decoding_on_a_cpu_backs_the_weights_with_huge_pages() -> None:
+    """A model decoding on a CPU has its weights moved onto huge pages in a thread, started at the first
+    decode step and not by a prompt's pass alone; the weights, and so every output, stay as they were."""
+    from gptlab.generate import generate_ids, prepare_decoding
+
+    model = tiny_model(vocab_size=8192, n_embd=256)  # an 8 MB token table
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    engine = prepare_decoding(model)
+    first = generate_ids(
+        model, torch.tensor([[1, 2, 3]]), 1, temperature=0.0
+    )  # the prompt's pass gives the one token
+    assert engine.huge_pages is None
+    out = generate_ids(model, torch.tensor([[1, 2, 3]]), 4, temperature=0.0)
+    assert engine.huge_pages is not None
+    engine.huge_pages.join(timeout=60)
+    assert not engine.huge_pages.is_alive()
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+    assert torch.equal(generate_ids(model, torch.tensor([[1, 2, 3]]), 4, temperature=0.0), out)
+    assert torch.equal(out[:, :4], first)
+    reason = _collapse_expected()
+    if reason is not None:
+        pytest.skip(reason)
+    (start, _), *_ = hardware.huge_page_spans(hardware.storage_ranges([model.wte.weight]))
+    assert _huge_kb_at(start) >= hardware.HUGE_PAGE // 1024

@@ -43,7 +43,7 @@ full its next step slides a window over the text:
 from __future__ import annotations
 
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol
 
 import torch
@@ -80,12 +80,15 @@ class BatchSession:
         capacity: int | None = None,
         one_token: Compiled | None = None,
         prefix_cache: PrefixCache | None = None,
+        first_step: Callable[[], None] | None = None,
     ) -> None:
         """``one_token``: a compiled ``fused_step.decode_one_token`` to run each step that feeds one row
         (from position 0) of a float cache: the model's ``PreparedDecoding`` gives it where the plan of
         one row says ``fused`` (a session of several rows: only once the compile cache keeps the step).
         ``prefix_cache``: where prompts find the keys and values of a prefix seen before, and where
-        prompts and freed rows leave theirs (``gptlab.generate.prefix_cache``)."""
+        prompts and freed rows leave theirs (``gptlab.generate.prefix_cache``). ``first_step``: called
+        once, before the first decode step (the model's engine then moves its weights onto huge pages)."""
+        self._first_step = first_step
         config = model.config
         self.window = Window(model, max_batch, max_len)
         self.model = model
@@ -309,6 +312,9 @@ class BatchSession:
         slots = sorted(tokens)
         if not slots:
             return {}
+        first, self._first_step = self._first_step, None
+        if first is not None:
+            first()
         for s in slots:
             self._check(s)
             if self.end[s] >= self.max_len:
