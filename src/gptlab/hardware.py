@@ -510,7 +510,7 @@ def back_with_huge_pages(tensors: Iterable[Any]) -> int:
 
     A decode step streams every weight once per token, and weights beyond the caches stream from
     memory: on 4 KB pages that is a TLB miss every 4 KB, and the hardware prefetchers stop at each
-    page's end. On 2 MB pages SmolLM2's float32 step decoded 1.2× faster (docs/benchmarks.md). The
+    page's end. On 2 MB pages SmolLM2's float32 step decoded 1.11–1.24× faster (docs/benchmarks.md). The
     contents are unchanged (the kernel copies them); the cost is that copy and finding free huge
     pages, ~2.4 ms a huge page on a 2-vCPU VM, so decoding runs it in a thread
     (``back_with_huge_pages_later``). A kernel without transparent huge pages or ``MADV_COLLAPSE``
