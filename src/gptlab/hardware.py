@@ -476,11 +476,18 @@ _MADV_HUGEPAGE, _MADV_COLLAPSE = 14, 25
 
 
 def storage_ranges(tensors: Iterable[Any]) -> set[tuple[int, int]]:
-    """The ``[start, end)`` address range of each CPU tensor's storage (a storage shared by several once)."""
+    """The ``[start, end)`` address range of each CPU tensor's storage (a storage shared by several once).
+    A tensor with no plain storage (oneDNN's packed copy of a bf16 matrix, an opaque ``_mkldnn`` tensor;
+    a sparse one) has no range it exposes, and is left out."""
+    import torch  # (tensors exist: torch is imported already)
+
     return {
         (s.data_ptr(), s.data_ptr() + s.nbytes())
         for t in tensors
-        if t.device.type == "cpu" and not t.is_meta and (s := t.untyped_storage()).data_ptr()
+        if t.device.type == "cpu"
+        and t.layout == torch.strided
+        and not t.is_meta
+        and (s := t.untyped_storage()).data_ptr()
     }
 
 
@@ -533,12 +540,22 @@ def back_with_huge_pages(tensors: Iterable[Any]) -> int:
     return backed
 
 
-def back_with_huge_pages_later(tensors: Iterable[Any]) -> threading.Thread:
-    """``back_with_huge_pages`` in a daemon thread (the ``madvise`` calls release the GIL), started
-    now → the thread. It holds the tensors until it is done."""
-    held = list(tensors)
-    thread = threading.Thread(
-        target=back_with_huge_pages, args=(held,), name="gptlab-huge-pages", daemon=True
-    )
+class HugePageThread(threading.Thread):
+    """``back_with_huge_pages(tensors)`` in a daemon thread (the ``madvise`` calls release the GIL):
+    ``backed`` is its result once it has run to the end (None before, and if it raised)."""
+
+    def __init__(self, tensors: Iterable[Any]) -> None:
+        super().__init__(name="gptlab-huge-pages", daemon=True)
+        self._held: list[Any] | None = list(tensors)  # held until done
+        self.backed: int | None = None
+
+    def run(self) -> None:
+        held, self._held = self._held, None
+        self.backed = back_with_huge_pages(held or [])
+
+
+def back_with_huge_pages_later(tensors: Iterable[Any]) -> HugePageThread:
+    """``back_with_huge_pages`` in a ``HugePageThread``, started now → the thread."""
+    thread = HugePageThread(tensors)
     thread.start()
     return thread

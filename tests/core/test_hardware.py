@@ -440,12 +440,26 @@ def test_weights_backed_with_huge_pages_keep_their_values() -> None:
     assert _huge_kb_at(spans[0][0]) * 1024 >= backed
 
 
-def test_decoding_on_a_cpu_backs_the_weights_with_huge_pages() -> None:
+def test_tensors_without_a_plain_storage_have_no_range() -> None:
+    """oneDNN's packed copy of a bf16 matrix (an opaque tensor) and a sparse tensor expose no storage:
+    they are left out of the ranges, beside a plain tensor's."""
+    t = torch.randn(64, 64)
+    opaque = [t.to_mkldnn(), t.to_sparse()]
+    assert hardware.storage_ranges([*opaque, t]) == hardware.storage_ranges([t])
+    assert len(hardware.storage_ranges([t])) == 1
+
+
+@pytest.mark.parametrize("weights", ["fp32", "bf16"])
+def test_decoding_on_a_cpu_backs_the_weights_with_huge_pages(weights: str) -> None:
     """A model decoding on a CPU has its weights moved onto huge pages in a thread, started at the first
-    decode step and not by a prompt's pass alone; the weights, and so every output, stay as they were."""
+    decode step and not by a prompt's pass alone, which runs to its end (bf16 matrices hold oneDNN's
+    packed copies where bf16 is native: opaque tensors); the weights, and so every output, stay."""
+    import gptlab
     from gptlab.generate import generate_ids, prepare_decoding
 
     model = tiny_model(vocab_size=8192, n_embd=256)  # an 8 MB token table
+    if weights == "bf16":
+        gptlab.quantize(model, "bf16")
     before = {k: v.clone() for k, v in model.state_dict().items()}
     engine = prepare_decoding(model)
     first = generate_ids(
@@ -456,6 +470,7 @@ def test_decoding_on_a_cpu_backs_the_weights_with_huge_pages() -> None:
     assert engine.huge_pages is not None
     engine.huge_pages.join(timeout=60)
     assert not engine.huge_pages.is_alive()
+    assert engine.huge_pages.backed is not None  # it ran to its end
     assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
     assert torch.equal(generate_ids(model, torch.tensor([[1, 2, 3]]), 4, temperature=0.0), out)
     assert torch.equal(out[:, :4], first)

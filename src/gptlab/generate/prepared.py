@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import threading
 from pathlib import Path
 
 import torch
@@ -32,7 +31,7 @@ from gptlab.generate.plan import DecodePlan, Decoder, DecodeSettings, ModelFacts
 from gptlab.generate.prefix_cache import PrefixCache
 from gptlab.generate.session import BatchSession
 from gptlab.generate.static import FrozenSteps, StaticSession
-from gptlab.hardware import back_with_huge_pages_later, keep_heap
+from gptlab.hardware import HugePageThread, back_with_huge_pages_later, keep_heap
 from gptlab.model.kvcache import default_cache_dtype
 
 #: the model attribute that holds its engine
@@ -47,7 +46,7 @@ class PreparedDecoding:
         self.model = model
         self.settings = settings or DecodeSettings()
         #: the thread that moves the weights onto huge pages (``weights_on_huge_pages``), once started
-        self.huge_pages: threading.Thread | None = None
+        self.huge_pages: HugePageThread | None = None
         if model.device.type == "cpu":
             keep_heap()  # an eager prefill's blocks reused, not page-faulted afresh (gptlab.hardware)
         self.frozen = FrozenSteps(model)  # the frozen CPU steps, one per sampler flavour
