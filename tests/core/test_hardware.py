@@ -451,9 +451,9 @@ def test_tensors_without_a_plain_storage_have_no_range() -> None:
 
 @pytest.mark.parametrize("weights", ["fp32", "bf16"])
 def test_decoding_on_a_cpu_backs_the_weights_with_huge_pages(weights: str) -> None:
-    """A model decoding on a CPU has its weights moved onto huge pages in a thread, started at the first
-    decode step and not by a prompt's pass alone, which runs to its end (bf16 matrices hold oneDNN's
-    packed copies where bf16 is native: opaque tensors); the weights, and so every output, stay."""
+    """A model decoding on a CPU has its weights moved onto huge pages by a thread that starts at the
+    first decode step (not at a prompt's pass alone) and runs to its end, bf16 matrices included (where
+    bf16 is native they hold oneDNN's packed copies: opaque tensors); the weights, and every output, stay."""
     import gptlab
     from gptlab.generate import generate_ids, prepare_decoding
 
