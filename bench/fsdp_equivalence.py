@@ -54,7 +54,7 @@ def main() -> None:
         launch = [sys.executable, "-m", "gptlab"]
         if n > 1:
             launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={n}"]
-            launch += ["-m", "gptlab"]
+            launch += [f"--log-dir={root / 'torchrun-logs'}", "-m", "gptlab"]
         cmd = [*launch, "train", "--data", str(root / "ds"), "--out", str(root / name), *common, *extra]
         subprocess.run(cmd, check=True, env=env, capture_output=True)
     ref = _weights(root / "one", root)

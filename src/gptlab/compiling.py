@@ -14,7 +14,7 @@ the decode plan says so too; ``configure(cxx="clang++")`` names the C++ compiler
 ``probe_cpu_isa_early(device)``: inductor's per-process check of the CPU's vector instructions,
 started in a thread by a process that will compile.
 
-``load_package(path)``: an AOTInductor package's loader, the folder it unpacks into removed at exit.
+``load_package(path)``: an AOTInductor package's loader, the folder it unpacks into removed once loaded.
 """
 
 from __future__ import annotations
@@ -325,9 +325,12 @@ def load_package(package: Path) -> Any:
 
     The loader unpacks the package into a new ``aotinductor_*`` folder of the system's temporary
     directory and removes it only when the loader is destroyed, which a process's end does not do for
-    an object still referenced (a ``gptlab`` command ends with its start's objects kept, unfinalised):
-    every command that loaded a kept step left ~4 MB there. The folders that appeared while this one
-    was unpacked, holding its shared library, are removed as the process exits.
+    an object still referenced (a ``gptlab`` command ends with its start's objects kept, unfinalised),
+    nor a process killed (SIGTERM without a handler, SIGKILL): every such command left ~4 MB there.
+    A CPU package's shared library is mapped into the process once the loader is made, and nothing
+    else is read from that folder later, so the folders that appeared while this one was unpacked,
+    holding its library, are removed at once. A package with CUDA kernels (``.cubin``, loaded from
+    their files at first use) keeps its folder until the process exits.
     """
     import torch
 
@@ -335,8 +338,13 @@ def load_package(package: Path) -> Any:
     before = set(temp.glob("aotinductor_*"))
     loader = torch._C._aoti.AOTIModelPackageLoader(str(package), "model", False, 1, -1)
     with zipfile.ZipFile(package) as archive:
-        libraries = {Path(n).name for n in archive.namelist() if n.endswith(".so")}
+        names = archive.namelist()
+    libraries = {Path(n).name for n in names if n.endswith(".so")}
+    lazy = any(n.endswith(".cubin") for n in names)
     for folder in set(temp.glob("aotinductor_*")) - before:
         if any(f.name in libraries for f in folder.rglob("*.so")):  # this package's, not another's
-            atexit.register(shutil.rmtree, folder, True)
+            if lazy:
+                atexit.register(shutil.rmtree, folder, True)
+            else:
+                shutil.rmtree(folder, ignore_errors=True)
     return loader

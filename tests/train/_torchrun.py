@@ -23,12 +23,16 @@ def line_dataset(tmp_path: Path) -> Path:
 
 
 def torchrun_train(nproc: int, args: list[str], **kw: object) -> subprocess.Popen[str]:
-    """``torchrun --standalone --nproc_per_node=NPROC -m gptlab train ARGS``, one thread per rank."""
+    """``torchrun --standalone --nproc_per_node=NPROC -m gptlab train ARGS``, one thread per rank;
+    torchrun's logs go beside the run (``ARGS``'s ``--out``), not into a ``torchelastic_*`` folder of
+    the system's temporary directory that nothing removes."""
     torchrun = Path(sys.executable).with_name("torchrun")
     launcher = [str(torchrun)] if torchrun.exists() else [sys.executable, "-m", "torch.distributed.run"]
+    logs = Path(args[args.index("--out") + 1]).parent / "torchrun-logs"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(sys.path)}
     return subprocess.Popen(
-        [*launcher, "--standalone", f"--nproc_per_node={nproc}", "-m", "gptlab", "train", *args],
+        [*launcher, "--standalone", f"--nproc_per_node={nproc}", f"--log-dir={logs}"]
+        + ["-m", "gptlab", "train", *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

@@ -2,9 +2,10 @@
 
 >>> import tempfile, os
 >>> from gptlab.tokenizers import CharTokenizer
->>> path = os.path.join(tempfile.mkdtemp(), "tok.json")
->>> CharTokenizer.from_text("abc").save(path)
->>> load(path).encode("cab")
+>>> with tempfile.TemporaryDirectory() as folder:
+...     path = os.path.join(folder, "tok.json")
+...     CharTokenizer.from_text("abc").save(path)
+...     load(path).encode("cab")
 [2, 0, 1]
 """
 
