@@ -5,7 +5,11 @@ from __future__ import annotations
 
 import copy
 import json
+import subprocess
+import sys
+from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -23,6 +27,7 @@ from gptlab.model.quantized import Int8Embedding, Int8Linear  # noqa: E402
 from gptlab.tokenizers.chat import encode_chat  # noqa: E402
 from tests.interop._gguf import tiny_llama, write_llama  # noqa: E402
 
+ROOT = Path(__file__).resolve().parents[2]
 IDS = torch.tensor([[0, 5, 77, 258, 259, 100, 3, 9, 200, 31]])
 
 
@@ -184,3 +189,29 @@ def test_converting_while_loading_names_a_mismatched_checkpoint(gguf_file, tmp_p
     write_checksums(out)
     with pytest.raises(GptlabError, match=r"missing: blocks\.2\."):
         gptlab.load(out, quantize="int8")
+
+
+def test_an_f32_records_values_are_an_array_of_their_own(tmp_path):
+    """``dequantize`` of an F32 record copies it out of the file's read-only mapping: ``torch.from_numpy``
+    of the mapping warned ("The given NumPy array is not writable") when an F32 file loaded as int8 or
+    int4, and a tensor written in place would have written to the file's pages."""
+    from gptlab.interop.gguf import dequantize, read_gguf
+
+    path = tmp_path / "f32.gguf"
+    write_llama(path, tiny_llama(), Q.F32)
+    f = read_gguf(path)
+    for record in f.tensors:
+        values = dequantize(record, path)
+        assert values.flags.writeable and not np.shares_memory(values, record.data), record.name
+
+
+@pytest.mark.parametrize("quantize", ["int8", "int4"])
+def test_an_f32_file_loads_quantized_without_a_warning(tmp_path, quantize):
+    """In a process of its own (torch says it once a process): an F32 file as int8 or int4 weights."""
+    path = tmp_path / "f32.gguf"
+    write_llama(path, tiny_llama(), Q.F32)
+    code = f"import gptlab; gptlab.load({str(path)!r}, quantize={quantize!r})"
+    run = subprocess.run(
+        [sys.executable, "-W", "error", "-c", code], capture_output=True, text=True, timeout=300, cwd=ROOT
+    )
+    assert run.returncode == 0 and "Warning" not in run.stderr, run.stderr[-2000:]

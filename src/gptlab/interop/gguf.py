@@ -113,7 +113,9 @@ def read_gguf(path: str | os.PathLike[str] | GgufFile) -> GgufFile:
 
 
 def dequantize(record: Any, source: Path) -> np.ndarray:
-    """One tensor as float32 in PyTorch's dimension order (GGUF lists dimensions innermost first)."""
+    """One tensor as float32 in PyTorch's dimension order (GGUF lists dimensions innermost first), an
+    array of its own: never the file's read-only mapping, which an F32 record's values would otherwise
+    be (``torch.from_numpy`` of it warns, and a tensor written in place would write to the file's pages)."""
     from gguf.quants import dequantize as gguf_dequantize
 
     kind = record.tensor_type
@@ -121,7 +123,8 @@ def dequantize(record: Any, source: Path) -> np.ndarray:
     data = record.data
     try:
         if data.ndim < 2 or data.shape[0] <= DEQUANTIZE_ROWS:
-            return np.asarray(gguf_dequantize(data, kind), dtype=np.float32).reshape(shape)
+            values = np.asarray(gguf_dequantize(data, kind), dtype=np.float32).reshape(shape)
+            return values if values.flags.writeable else values.copy()
         # block by block of rows: the package's temporaries stay a few MB instead of several copies of a
         # large matrix (the token table: 200 MB at once for SmolLM2's Q8_0 table)
         out = np.empty((data.shape[0], int(np.prod(shape)) // data.shape[0]), dtype=np.float32)
@@ -328,8 +331,7 @@ def _read(f: GgufFile, arch: GgufArchitecture, hf: dict[str, Any], record: Any, 
     for pattern, fix in arch.fixes:
         if re.fullmatch(pattern, name):
             values = fix(values, hf)
-    values = np.ascontiguousarray(values)
-    return torch.from_numpy(values if values.flags.writeable else values.copy())
+    return torch.from_numpy(np.ascontiguousarray(values))
 
 
 def from_gguf(
