@@ -34,6 +34,7 @@ from gptlab.model.warmup import warm_up
 from gptlab.model.weight_formats import quantize as quantize_model
 
 if TYPE_CHECKING:
+    from gptlab.model.config import GPTConfig
     from gptlab.tokenizers.base import Tokenizer
 
 PathLike = str | os.PathLike[str]
@@ -182,6 +183,22 @@ def resolve_source(src: PathLike) -> Path:
     """The exact weights ``src`` names: a run directory resolves to its latest checkpoint."""
     path = source_path(src).resolve()
     return checkpoint.resolve_checkpoint(path) if source_kind(path) == "gptlab" else path
+
+
+def source_config(src: PathLike) -> GPTConfig:
+    """The ``GPTConfig`` a source describes, read without its weights: a checkpoint's (or a run's
+    latest checkpoint's) ``config.json``, a Hugging Face ``config.json``, a GGUF file's metadata."""
+    path = source_path(src)
+    kind = source_kind(path)
+    if kind == "gptlab":
+        return checkpoint.read_config(checkpoint.resolve_checkpoint(path) / checkpoint.CONFIG_FILE)
+    if kind == "hf":
+        from gptlab.interop.hf import hf_config_to_gptlab
+
+        return hf_config_to_gptlab(path)
+    gguf = gguf_module()
+    config: GPTConfig = gguf.gguf_config(gguf.read_gguf(path))[2]
+    return config
 
 
 def load_source(src: PathLike) -> tuple[GPT, Tokenizer | None]:

@@ -122,6 +122,20 @@ def test_eval_trace_and_attention_take_every_source(sources, capsys, tmp_path):
     assert (tmp_path / "a.png").stat().st_size > 0 and "layers" in out
 
 
+def test_size_reads_every_source_without_its_weights(sources, capsys):
+    """``gptlab size`` of each kind: the same counts and costs as the checkpoint's config gives."""
+    reports = {}
+    for kind, path in sources.items():
+        out, _ = _run(capsys, "size", path, "--json", "--context", "32")
+        report = json.loads(out)  # (its title names the source, and config's "extra" where it came from)
+        reports[kind] = {
+            k: report[k] for k in ("symbols", "parameters", "compute", "kv_cache", "training_memory")
+        }
+    assert reports["checkpoint"]["parameters"][-1]["value"] > 0
+    for kind in KINDS[1:]:
+        assert reports[kind] == reports["checkpoint"], kind
+
+
 def test_fill_reads_every_source_and_refuses_a_decoder_for_what_it_is(sources, capsys):
     """fill opens the source, then says the model is no masked-language encoder (not that the path is bad)."""
     for path in sources.values():
@@ -173,6 +187,9 @@ def test_serve_loads_every_source_with_its_tokenizer(sources):
         ["trace", "{}", "x"],
         ["attention", "{}", "x", "-o", "{}.png"],
         ["fill", "{}", "x [MASK]"],
+        ["size", "{}"],
+        ["quantize", "{}", "--to", "int8", "--out", "{}.out"],
+        ["compile", "{}", "--compile-cache", "{}.cache"],
         ["convert", "--from", "{}", "--out", "{}.out"],
         ["convert", "--to-hf", "{}", "--out", "{}.out"],
         ["convert", "--to-gguf", "{}", "--out", "{}.gguf"],

@@ -179,7 +179,7 @@ def test_load_config_from_json_files(tmp_path) -> None:
 
     write_config(tmp_path / "config.json", c)
     assert load_config(config_file=str(tmp_path / "config.json"))[0] == c
-    assert load_config(checkpoint=str(tmp_path))[0] == c
+    assert load_config(model=str(tmp_path))[0] == c
     (tmp_path / "bad.json").write_text('{"n_layer": "x"}')
     with pytest.raises(GptlabError):
         load_config(config_file=str(tmp_path / "bad.json"))

@@ -1,4 +1,4 @@
-"""``gptlab size --preset gpt2 | --config FILE | CKPT``: parameters, FLOPs, KV cache, training memory."""
+"""``gptlab size --preset gpt2 | --config FILE | MODEL``: parameters, FLOPs, KV cache, training memory."""
 
 from __future__ import annotations
 
@@ -11,9 +11,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "size",
         help="parameter counts, FLOPs, KV-cache and training memory, each with its formula",
-        description="Size and cost of a model configuration. Give a checkpoint directory, --preset or --config.",
+        description="Size and cost of a model configuration. Give a model, --preset or --config.",
     )
-    p.add_argument("checkpoint", nargs="?", help="checkpoint or run directory (its config.json is read)")
+    p.add_argument(
+        "model",
+        nargs="?",
+        help="a checkpoint or run directory, a Hugging Face folder, a GGUF file or smollm2 "
+        "(only its configuration is read)",
+    )
     p.add_argument("--preset", help="a named configuration, e.g. gpt2, llama-tiny")
     p.add_argument(
         "--config", dest="config_file", help="a JSON file with GPTConfig fields (or a config.json)"
@@ -34,7 +39,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from gptlab.inspect.size import load_config, size_report
 
-    config, name = load_config(args.preset, args.config_file, args.checkpoint)
+    config, name = load_config(args.preset, args.config_file, args.model)
     report = size_report(
         config,
         context=args.context,

@@ -211,17 +211,19 @@ KV_CACHES = {
 
 
 def load_config(
-    preset: str | None = None, config_file: str | None = None, checkpoint: str | None = None
+    preset: str | None = None, config_file: str | None = None, model: str | None = None
 ) -> tuple[GPTConfig, str]:
-    """The configuration to size, from exactly one of a preset name, a JSON file, or a checkpoint.
+    """The configuration to size, from exactly one of a preset name, a JSON file, or a model: a
+    checkpoint or run directory, a Hugging Face folder, a GGUF file or ``smollm2``
+    (``gptlab.sources.source_config``: its config only, no weights read).
 
     A JSON file holds either the ``GPTConfig`` fields or a checkpoint's ``config.json``.
     Returns ``(config, name)``.
     """
-    given = [s for s in (preset, config_file, checkpoint) if s is not None]
+    given = [s for s in (preset, config_file, model) if s is not None]
     if len(given) != 1:
         raise GptlabError(
-            "give exactly one of --preset NAME, --config FILE or a checkpoint directory "
+            "give exactly one of --preset NAME, --config FILE or a model "
             f"(presets: {', '.join(GPTConfig.preset_names())})"
         )
     if preset is not None:
@@ -241,9 +243,10 @@ def load_config(
             return GPTConfig.from_dict(data), path.name
         except GptlabError as exc:
             raise GptlabError(f"{path}: {exc}") from None
-    assert checkpoint is not None
-    directory = ckpt.resolve_checkpoint(checkpoint)
-    return ckpt.read_config(directory / ckpt.CONFIG_FILE), str(checkpoint)
+    assert model is not None
+    from gptlab.sources import source_config
+
+    return source_config(model), str(model)
 
 
 def meta_model(config: GPTConfig) -> GPT:
