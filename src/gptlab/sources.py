@@ -186,12 +186,21 @@ def resolve_source(src: PathLike) -> Path:
 
 
 def source_config(src: PathLike) -> GPTConfig:
-    """The ``GPTConfig`` a source describes, read without its weights: a checkpoint's (or a run's
-    latest checkpoint's) ``config.json``, a Hugging Face ``config.json``, a GGUF file's metadata."""
+    """The ``GPTConfig`` a source runs with, read without its weights: a checkpoint's (or a run's
+    latest checkpoint's) ``config.json`` at the context it runs at (``usable_config``; a LoRA
+    checkpoint's base's), a Hugging Face ``config.json``, a GGUF file's metadata."""
     path = source_path(src)
     kind = source_kind(path)
     if kind == "gptlab":
-        return checkpoint.read_config(checkpoint.resolve_checkpoint(path) / checkpoint.CONFIG_FILE)
+        directory = checkpoint.resolve_checkpoint(path)
+        base = (
+            lora_files.read_spec(directory).base.get("path")
+            if lora_files.is_lora_checkpoint(directory)
+            else None
+        )
+        if base and Path(base).exists():  # adapters run merged into their base: its config
+            return source_config(base)
+        return checkpoint.usable_config(directory / checkpoint.CONFIG_FILE)
     if kind == "hf":
         from gptlab.interop.hf import hf_config_to_gptlab
 

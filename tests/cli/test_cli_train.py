@@ -76,6 +76,18 @@ def test_bad_input_is_one_error_line_with_status_2(capsys, tmp_path, dataset, tr
     assert not [p for p in tmp_path.iterdir() if p.is_dir()]
 
 
+def test_a_validation_split_shorter_than_a_window_is_refused_before_the_first_step(capsys, tmp_path, dataset):
+    """A context the training split holds but the validation split does not: one error line before
+    any step, not after the steps up to the first evaluation (a minute of a fine-tune was lost so)."""
+    meta = json.loads((dataset / "meta.json").read_text())
+    T = meta["val_tokens"]  # one window of T + 1 tokens: in the training split, not in the validation one
+    assert meta["train_tokens"] > 2 * (T + 1)
+    argv = ["train", "--data", dataset, "--out", tmp_path / "r", *TINY, f"model.block_size={T}"]
+    code, _, err = _cli(capsys, *argv, "max_steps=3", "eval_every=3")
+    assert code == 2 and err.startswith("error: the validation split has") and err.count("\n") == 1, err
+    assert not (tmp_path / "r").exists()  # refused as it started: no step ran, no run directory left
+
+
 def test_download_offline_is_a_clear_error(capsys, tmp_path, monkeypatch):
     def offline(*args, **kwargs):
         raise urllib.error.URLError("network is unreachable")

@@ -236,6 +236,16 @@ def _launch(base, run, *extra, resume=False):
 
 
 @pytest.mark.slow
+def test_a_run_from_weights_trains_on_the_rows_of_instruction_data_without_being_told(base, tmp_path):
+    """Examples stored in rows of 128 tokens (``--block-size 127``), a 256-token RoPE base: without
+    ``model.block_size`` the run trains on the rows (it answered "train with model.block_size=127")."""
+    if not (base / "cds").exists():
+        _prepare(base, base / "cds")
+    settings = [f"init={base / 'base'}", "finetune=lora", "max_steps=1", "eval_every=1", "eval_batches=1"]
+    result = train(build_config("finetune", [*SETTINGS, *settings]), base / "cds", tmp_path / "run")
+    assert ckpt.read_config(result.checkpoint / ckpt.CONFIG_FILE).block_size == 127
+
+
 def test_lora_on_chat_data_survives_sigkill_bitwise(base, tmp_path):
     if not (base / "cds").exists():
         _prepare(base, base / "cds")

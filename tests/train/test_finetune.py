@@ -21,6 +21,7 @@ from gptlab.model import GPT, GPTConfig
 from gptlab.model.lora import LoRASpec, apply_lora, lora_layers, merge_lora
 from gptlab.sources import model_tokenizer
 from gptlab.tokenizers import CharTokenizer
+from gptlab.train import init
 from gptlab.train import loop as gtrain
 from gptlab.train.config import build_config
 from gptlab.train.lora import trainable_fraction
@@ -200,6 +201,30 @@ def test_init_overrides_shape_neutral_only(base, tmp_path):
             base / "ds",
             tmp_path / "d",
         )
+
+
+def test_without_model_block_size_a_longer_context_trains_on_shorter_windows(
+    base, tmp_path, monkeypatch, capsys
+):
+    """A base whose context is longer than ``init.WINDOW`` (here 16 against 32 tokens) trains on windows of
+    WINDOW tokens unless ``model.block_size`` is given, says so, and its checkpoints keep the base's
+    context: SmolLM2's 8,192-token windows had a LoRA run on a 24 GB machine killed for memory at its
+    first step, without a word. A learned position table keeps its context (it cannot be shorter)."""
+    monkeypatch.setattr(init, "WINDOW", 16)
+    capsys.readouterr()
+    result = _train(base, tmp_path / "short", "max_steps=1")
+    assert ckpt.read_config(result.checkpoint / ckpt.CONFIG_FILE).block_size == 16  # as trained
+    assert "context: windows of 16 tokens, shorter than init's 32" in capsys.readouterr().err
+    assert sources.load(tmp_path / "short")[0].config.block_size == 32  # runs at the base's context
+    result = _train(base, tmp_path / "asked", "max_steps=1", "model.block_size=32")
+    assert ckpt.read_config(result.checkpoint / ckpt.CONFIG_FILE).block_size == 32
+    assert "context:" not in capsys.readouterr().err
+    learned = tmp_path / "learned"
+    tok = CharTokenizer.from_text(TEXT, special_tokens=["<|endoftext|>"])
+    ckpt.save(_model(pos="learned", vocab=tok.vocab_size), tok, learned)
+    cfg = build_config(None, [*SETTINGS, f"init={learned}", "max_steps=1"])
+    result = gtrain.train(cfg, base / "ds", tmp_path / "learned-run")
+    assert ckpt.read_config(result.checkpoint / ckpt.CONFIG_FILE).block_size == 32
 
 
 def test_dataset_with_another_tokenizer_is_refused(base, tmp_path):

@@ -43,6 +43,7 @@ from gptlab.checkpoint.model import (
     restore_weights,
     save,
     stored_format,
+    usable_config,
 )
 from gptlab.checkpoint.run import (
     TRAIN_STATE_FILE,
@@ -99,6 +100,7 @@ __all__ = [
     "model_state",
     "prune_checkpoints",
     "read_config",
+    "usable_config",
     "read_json",
     "read_tensors",
     "read_training_checkpoint",

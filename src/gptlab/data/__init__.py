@@ -15,7 +15,7 @@ from gptlab.data.chat import ChatOptions, prepare_alpaca, prepare_chat
 from gptlab.data.dataset import DATASET_FORMAT, EOT, META_FILE, SPLITS, TOKENIZER_FILE, TokenDataset
 from gptlab.data.pieces import count_documents, iter_chunks
 from gptlab.data.prepare import build_tokenizer, prepare, token_dtype
-from gptlab.data.sampler import WindowSampler, eval_batches, n_eval_batches
+from gptlab.data.sampler import WindowSampler, eval_batches, eval_windows, n_eval_batches
 from gptlab.data.sources import describe_sources, find_sources
 
 __all__ = [
@@ -33,6 +33,7 @@ __all__ = [
     "count_documents",
     "describe_sources",
     "eval_batches",
+    "eval_windows",
     "find_sources",
     "iter_chunks",
     "n_eval_batches",

@@ -137,9 +137,7 @@ def eval_batches(
     T = block_size
     rows = mask is not None
     stride = T + 1 if rows else T
-    n = len(tokens) // stride if rows else (len(tokens) - 1) // T
-    if n < 1:
-        raise GptlabError(f"the split has {len(tokens)} tokens, fewer than one block of {T + 1}")
+    n = eval_windows(len(tokens), T, rows)
     ks = np.arange(n, dtype=np.int64)
     if max_batches is not None and max_batches * batch_size < n:
         ks = np.unique(np.linspace(0, n - 1, max_batches * batch_size).round().astype(np.int64))
@@ -147,6 +145,19 @@ def eval_batches(
     for i in range(0, len(ks), batch_size):
         x, y, kwargs = _window(tokens, mask, pos, ks[i : i + batch_size, None] * stride + offsets)
         yield (x, y, kwargs) if rows else (x, y)
+
+
+def eval_windows(n_tokens: int, block_size: int, rows: bool = False, split: str = "the split") -> int:
+    """The evaluation windows a split of ``n_tokens`` holds: ``⌊(N − 1)/T⌋`` of the token stream,
+    ``⌊N/(T + 1)⌋`` rows of instruction data; a ``GptlabError`` where it holds none (what a run checks
+    of its validation split before its first step, not at its first evaluation)."""
+    n = n_tokens // (block_size + 1) if rows else (n_tokens - 1) // block_size
+    if n < 1:
+        raise GptlabError(
+            f"{split} has {n_tokens} tokens, fewer than one block of block_size + 1 = {block_size + 1}; "
+            f"use a smaller model.block_size or more data"
+        )
+    return n
 
 
 def n_eval_batches(n_tokens: int, block_size: int, batch_size: int, max_batches: int | None) -> int:

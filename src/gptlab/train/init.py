@@ -34,26 +34,47 @@ PathLike = str | os.PathLike[str]
 
 
 # ------------------------------------------------------------------ config overrides
+def _refused(base: GPTConfig, key: str, value: Any) -> str | None:
+    """Why ``model.{key}=value`` cannot change ``base``'s pretrained weights (None where it may): it
+    changes a weight's shape, or it is a longer context than the pretrained one."""
+    with skip_init(), torch.device("meta"):  # shapes only: nothing to initialise
+        shapes = {k: v.shape for k, v in model_state(GPT(base)).items()}
+        new = {k: v.shape for k, v in model_state(GPT(base.replace(**{key: value}))).items()}
+    if new != shapes:
+        return "it changes the shapes of the pretrained weights"
+    if key == "block_size" and value > base.block_size:
+        return f"the pretrained context is {base.block_size} tokens"
+    return None
+
+
 def finetune_config(base: GPTConfig, overrides: dict[str, Any], src: PathLike) -> GPTConfig:
     """``base`` with the ``model.*`` overrides that keep every weight's shape; anything else is refused."""
     if "preset" in overrides:
         raise GptlabError(f"model.preset cannot be combined with init={src}: the model config comes from it")
-    with skip_init(), torch.device("meta"):  # shapes only: nothing to initialise
-        shapes = {k: v.shape for k, v in model_state(GPT(base)).items()}
-        for key, value in overrides.items():
-            changed = base.replace(**{key: value})
-            new = {k: v.shape for k, v in model_state(GPT(changed)).items()}
-            if new != shapes or (key == "block_size" and value > base.block_size):
-                why = (
-                    f"the pretrained context is {base.block_size} tokens"
-                    if new == shapes
-                    else "it changes the shapes of the pretrained weights"
-                )
-                raise GptlabError(
-                    f"model.{key}={value!r} cannot be used with init={src}: {why}; only settings that "
-                    f"keep the weights' shapes (dropout, a shorter block_size with rope/alibi) may change"
-                )
+    for key, value in overrides.items():
+        why = _refused(base, key, value)
+        if why is not None:
+            raise GptlabError(
+                f"model.{key}={value!r} cannot be used with init={src}: {why}; only settings that "
+                f"keep the weights' shapes (dropout, a shorter block_size with rope/alibi) may change"
+            )
     return base.replace(**overrides) if overrides else base
+
+
+#: The training windows of a run from pretrained weights over a token stream when ``model.block_size``
+#: is not given and the pretrained context is longer (where computed positions let it be shorter):
+#: Hugging Face's ``run_clm.py`` default, min(1024, the model's context). SmolLM2's 8,192-token windows
+#: would hold ~40 GB of activations in a LoRA step of batch 4 (1.16 MB a token, measured).
+WINDOW = 1024
+
+
+def shorter_context(base: GPTConfig, overrides: dict[str, Any], window: int | None) -> int | None:
+    """The ``block_size`` a run from ``base`` trains with where ``model.block_size`` is not among the
+    ``overrides``: ``window`` where it is shorter than the pretrained context and allowed
+    (``_refused``); None to keep the pretrained context."""
+    if window is None or "block_size" in overrides or window >= base.block_size:
+        return None
+    return window if _refused(base, "block_size", window) is None else None
 
 
 # ------------------------------------------------------------------ starting a run
@@ -79,6 +100,7 @@ class Start:
     model: GPT
     tokenizer: Tokenizer | None
     base: dict[str, Any] = field(default_factory=dict)  # {"path", "sha256", "kind"}
+    shortened: int | None = None  # the pretrained context, where ``shorter_context`` shortened it
 
     @property
     def config(self) -> GPTConfig:
@@ -99,8 +121,9 @@ def check_tokenizer(tokenizer: Tokenizer | None, data: TokenDataset, src: PathLi
         )
 
 
-def start(cfg: FinetuneSettings, data: TokenDataset) -> Start | None:
-    """Load ``cfg.init``, check the dataset's tokenizer, apply the shape-neutral ``model.*`` overrides.
+def start(cfg: FinetuneSettings, data: TokenDataset, window: int | None = None) -> Start | None:
+    """Load ``cfg.init``, check the dataset's tokenizer, apply the shape-neutral ``model.*`` overrides
+    (and, without ``model.block_size``, a context of ``window`` tokens where ``shorter_context`` allows it).
 
     None when the run starts from random weights (no ``init``), which only full training can.
     """
@@ -114,7 +137,11 @@ def start(cfg: FinetuneSettings, data: TokenDataset) -> Start | None:
         return None
     model, tokenizer = load_source(src)
     check_tokenizer(tokenizer, data, src, model.config.vocab_size)
-    config = finetune_config(model.config, dict(cfg.model), src)
+    overrides = dict(cfg.model)
+    shorter = shorter_context(model.config, overrides, window)
+    if shorter is not None:
+        overrides["block_size"] = shorter
+    config = finetune_config(model.config, overrides, src)
     if config != model.config:
         state = model_state(model)
         pretrained_context = model.config.block_size
@@ -122,7 +149,8 @@ def start(cfg: FinetuneSettings, data: TokenDataset) -> Start | None:
         load_model_state(model, state, src)
         model.pretrained_context = pretrained_context  # checkpoints keep it (checkpoint.context_extra)
     base = {"path": str(resolve_source(src)), "sha256": source_sha256(src), "kind": source_kind(src)}
-    return Start(model=model, tokenizer=tokenizer, base=base)
+    shortened = getattr(model, "pretrained_context", None) if shorter is not None else None
+    return Start(model=model, tokenizer=tokenizer, base=base, shortened=shortened)
 
 
 def _full(model: GPT, cfg: FinetuneSettings, base: dict[str, Any]) -> GPT:
@@ -157,11 +185,13 @@ def finetune_model(begin: Start, cfg: FinetuneSettings) -> GPT:
 
 __all__ = [
     "FINETUNE",
+    "WINDOW",
     "Start",
     "check_settings",
     "check_tokenizer",
     "finetune_config",
     "finetune_model",
+    "shorter_context",
     "start",
 ]
 

@@ -134,6 +134,8 @@ class _Trainer:
             self.objective.tokenizer, self.model_config.vocab_size, data_dir / "tokenizer.json"
         )
         T = self.model_config.block_size
+        if self.start is not None and self.start.shortened:  # said with the hardware line
+            self.resolved["context"] = {"block_size": T, "pretrained": self.start.shortened}
         self.autocast = autocast(self.device_type, cfg.dtype)
         self.tokens_per_step = cfg.batch_size * T * cfg.grad_accum * info.world_size
 

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Protocol, cast
 import numpy as np
 import torch
 
-from gptlab.data import TokenDataset, WindowSampler, eval_batches
+from gptlab.data import TokenDataset, WindowSampler, eval_batches, eval_windows
 from gptlab.errors import GptlabError
 from gptlab.evaluate.loss import target_loss_sum
 from gptlab.model import GPTConfig
@@ -102,7 +102,10 @@ class CausalLM:
         self.cfg, self.rank, self.world = cfg, rank, world_size
         self.data = self.dataset_type(data_dir)
         self.tokenizer = self._tokenizer()
-        self.start = init.start(cfg, self.data)  # pretrained weights (init=SRC), or None
+        # pretrained weights (init=SRC), or None; without model.block_size, windows of the dataset's
+        # rows (instruction data) or of at most init.WINDOW tokens
+        rows = self.data.meta.get("row_tokens")
+        self.start = init.start(cfg, self.data, int(rows) - 1 if rows else init.WINDOW)
         self.model_config = self.start.config if self.start else self._model_config()
         self._setup()
 
@@ -138,7 +141,11 @@ class CausalLM:
                 "train", self.model_config.block_size
             ),  # instruction data: loss mask, examples
         )
-        self.data.split("val")
+        # every run evaluates (at its last step at least): a split too short for one window is
+        # refused now, not after the training steps before the first evaluation
+        T = self.model_config.block_size
+        rows = bool(self.data.arrays("val", T))
+        eval_windows(len(self.data.split("val")), T, rows, "the validation split")
 
     def batch(self, step: int, micro: int, device: str) -> Batch:
         x, y, kwargs = self.sampler.inputs(step, micro)

@@ -56,6 +56,12 @@ def announce(record: dict[str, Any]) -> None:
     fields = {f.name for f in dataclasses.fields(hardware.Plan)}
     plan = hardware.Plan(**{k: v for k, v in record.items() if k in fields})
     sys.stderr.write(f"hardware: {plan.summary()}\n")
+    if "context" in record:  # a run from pretrained weights on windows shorter than its context
+        T, pretrained = record["context"]["block_size"], record["context"]["pretrained"]
+        sys.stderr.write(
+            f"context: windows of {T} tokens, shorter than init's {pretrained} (model.block_size=N "
+            f"chooses; its checkpoints keep the {pretrained}-token context)\n"
+        )
 
 
 def keep_resolved(cfg: TrainConfig, saved: dict[str, Any] | None) -> TrainConfig:
