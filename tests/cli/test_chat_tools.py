@@ -127,6 +127,32 @@ def test_chat_calls_a_tool_and_feeds_the_result_back(ckpt, tmp_path, monkeypatch
     }
 
 
+def test_the_last_round_answers_in_text(ckpt, tmp_path, monkeypatch, capsys):
+    """After ``TOOL_ROUNDS`` rounds of calls the model answers under a grammar without calls
+    (``TEXT_ONLY``): left free, SmolLM2 wrote one more ``<tool_call>`` as its answer."""
+    from gptlab import generate
+    from gptlab.cli import chat
+    from gptlab.tokenizers.tools import OPEN, TEXT_ONLY
+
+    tool_file = tmp_path / "mytools.py"
+    tool_file.write_text(TOOL_FILE)
+    grammars = []
+    real = generate.stream_events
+
+    def spy(model, tokenizer, prompt, config, **kw):
+        grammars.append(config.grammar)
+        return real(model, tokenizer, prompt, config, **kw)
+
+    monkeypatch.setattr(chat, "TOOL_ROUNDS", 1)
+    monkeypatch.setattr(generate, "stream_events", spy)
+    monkeypatch.setattr("sys.stdin", io.StringIO("paint the wall\n/exit\n"))
+    args = ["--tools", str(tool_file), "--tool-choice", "required", "--temperature", "1", "--seed", "3"]
+    assert main(["chat", str(ckpt), "--max-new-tokens", "80", *args]) == 0
+    out = capsys.readouterr().out
+    assert len(grammars) == 2 and OPEN in grammars[0] and grammars[1] == TEXT_ONLY
+    assert OPEN not in out.split("→ painted")[-1]
+
+
 @pytest.mark.parametrize(
     ("text", "message"),
     [

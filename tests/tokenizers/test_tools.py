@@ -14,6 +14,7 @@ from gptlab.tokenizers.tools import (
     CLOSE,
     GENERIC_PROMPT,
     OPEN,
+    TEXT_ONLY,
     CallStream,
     Tool,
     call_grammar,
@@ -254,6 +255,17 @@ def test_an_empty_list_means_no_call_under_auto_only():
     assert accepted and text == "None needed. <tool_call>[]</tool_call>"  # nothing may follow
     with pytest.raises(AssertionError):  # required: a call it must be
         walk(call_grammar([ADD], mode="required"), 0, b"<tool_call>[]")
+
+
+def test_the_text_only_grammar_never_starts_a_call():
+    """``gptlab chat``'s last round: any text, but not ``<tool_call>`` anywhere in it."""
+    for seed in range(5):
+        text, accepted = walk(TEXT_ONLY, seed, b"It is sunny. ", steps=60)
+        assert accepted and OPEN not in text, text
+    with pytest.raises(AssertionError):  # the last byte of the tag is refused
+        walk(TEXT_ONLY, 0, b"Let me check. " + OPEN.encode())
+    text, accepted = walk(TEXT_ONLY, 0, b"Let me check. " + OPEN.encode()[:-1])
+    assert accepted and OPEN not in text
 
 
 def test_auto_grammar_is_free_until_a_call_starts():

@@ -159,13 +159,19 @@ def tool_turn(
     import uuid
 
     from gptlab.generate import stream_events
-    from gptlab.tokenizers.tools import CallStream, call_grammar, render_with_tools, tool_from_function
+    from gptlab.tokenizers.tools import (
+        TEXT_ONLY,
+        CallStream,
+        call_grammar,
+        render_with_tools,
+        tool_from_function,
+    )
 
     tools = [tool_from_function(fn) for fn in functions.values()]
     for round_ in range(TOOL_ROUNDS + 1):
         mode = choice if round_ == 0 else "auto"
-        offered = tools if round_ < TOOL_ROUNDS else []  # the last round answers in text
-        grammar = call_grammar(tools, mode=mode) if offered else None
+        offered = tools if round_ < TOOL_ROUNDS else []  # the last round answers in text, never a call
+        grammar = call_grammar(tools, mode=mode) if offered else TEXT_ONLY
         prompt = render_with_tools(template, history, offered)
         split = CallStream(set(functions) if offered else None)
         for event in stream_events(

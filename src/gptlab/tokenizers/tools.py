@@ -450,6 +450,13 @@ def _arguments_schema(parameters: Mapping[str, Any]) -> dict[str, Any]:
     return schema
 
 
+#: text holding no ``<tool_call>`` (a Lark terminal: llguidance's ``&`` and ``~`` on regular expressions)
+_NO_CALL = "TEXT: /(?s:.*)/ & ~/(?s:.*)<tool_call>(?s:.*)/"
+#: the grammar of a reply in text alone, never a call: ``gptlab chat``'s last round, where the model
+#: must answer with what its calls returned (left free, a small model went on writing calls as text)
+TEXT_ONLY = f"start: TEXT\n{_NO_CALL}\n"
+
+
 def call_grammar(tools: Sequence[Tool], *, mode: str, parallel: bool = True, only: str | None = None) -> str:
     """The Lark grammar (llguidance) of a reply under ``tool_choice``.
 
@@ -469,7 +476,7 @@ def call_grammar(tools: Sequence[Tool], *, mode: str, parallel: bool = True, onl
     if mode == "auto":
         lines += [
             f'start: TEXT | head body tail | head "[" "]" {_lit(CLOSE)}',  # [] : "no call is needed"
-            "TEXT: /(?s:.*)/ & ~/(?s:.*)<tool_call>(?s:.*)/",
+            _NO_CALL,
             "head[lazy]: /(?s:.*)<tool_call>/",
         ]
     else:
@@ -494,6 +501,7 @@ __all__ = [
     "GENERIC_PROMPT",
     "NAME_PATTERN",
     "OPEN",
+    "TEXT_ONLY",
     "CallStream",
     "Tool",
     "call_grammar",
