@@ -227,6 +227,19 @@ def test_without_model_block_size_a_longer_context_trains_on_shorter_windows(
     assert ckpt.read_config(result.checkpoint / ckpt.CONFIG_FILE).block_size == 32
 
 
+def test_a_resumed_run_keeps_the_windows_it_started_with(base, tmp_path, monkeypatch, capsys):
+    """Started on the default's 16-token windows, resumed after the default changed: it goes on at 16
+    (the checkpoint's model settings would otherwise differ from the run's, and it would not resume)."""
+    monkeypatch.setattr(init, "WINDOW", 16)
+    run = tmp_path / "run"
+    argv = ["train", "--data", str(base / "ds"), "--out", str(run), *SETTINGS, f"init={base / 'base'}"]
+    assert main([*argv, "max_steps=1", "ckpt_every=1"]) == 0
+    monkeypatch.setattr(init, "WINDOW", 1024)
+    assert main(["train", "--out", str(run), "--resume", "max_steps=2"]) == 0, capsys.readouterr().err
+    assert ckpt.read_config(ckpt.resolve_checkpoint(run) / ckpt.CONFIG_FILE).block_size == 16
+    assert ckpt.resolve_checkpoint(run).name == "ckpt-2"
+
+
 def test_dataset_with_another_tokenizer_is_refused(base, tmp_path):
     (tmp_path / "t.txt").write_text(TEXT)
     prepare([tmp_path / "t.txt"], tmp_path / "other", tokenizer="char", block_size=16)

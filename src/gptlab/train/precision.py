@@ -65,9 +65,17 @@ def announce(record: dict[str, Any]) -> None:
 
 
 def keep_resolved(cfg: TrainConfig, saved: dict[str, Any] | None) -> TrainConfig:
-    """A resumed run: every field still ``auto`` takes the value its first run resolved to."""
+    """A resumed run: every field still ``auto`` takes the value its first run resolved to, and a run
+    from pretrained weights without ``model.block_size`` keeps the windows it started with (the
+    default for them, ``gptlab.train.init.WINDOW``, may have changed since: its checkpoints would not
+    resume)."""
     resolved = (saved or {}).get("resolved") or {}
-    kept = {k: resolved[k] for k in AUTO_FIELDS if getattr(cfg, k) == "auto" and k in resolved}
+    kept: dict[str, Any] = {
+        k: resolved[k] for k in AUTO_FIELDS if getattr(cfg, k) == "auto" and k in resolved
+    }
+    context = ((saved or {}).get("model") or {}).get("block_size")
+    if cfg.init and "block_size" not in cfg.model and isinstance(context, int):
+        kept["model"] = {**cfg.model, "block_size": context}
     return dataclasses.replace(cfg, **kept) if kept else cfg
 
 
