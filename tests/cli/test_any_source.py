@@ -136,6 +136,21 @@ def test_size_reads_every_source_without_its_weights(sources, capsys):
         assert reports[kind] == reports["checkpoint"], kind
 
 
+def test_the_tokenizer_commands_read_every_source(sources, capsys):
+    """``gptlab tokenizer encode|decode|show --tokenizer MODEL``: the tokenizer the model carries, as
+    ``gptlab prepare --tokenizer MODEL`` reads it (it answered "tokenizer file … does not exist")."""
+    from gptlab.sources import source_tokenizer
+
+    expected = source_tokenizer(sources["checkpoint"]).encode(TEXT)
+    for kind, path in sources.items():
+        out, _ = _run(capsys, "tokenizer", "encode", "--tokenizer", path, "--text", TEXT)
+        assert [int(i) for i in out.split()] == expected, kind
+        out, _ = _run(capsys, "tokenizer", "decode", "--tokenizer", path, *expected)
+        assert out == TEXT, kind
+        out, _ = _run(capsys, "tokenizer", "show", "--tokenizer", path, "--limit", "3")
+        assert "vocab_size 300" in out.splitlines()[0], kind
+
+
 def test_fill_reads_every_source_and_refuses_a_decoder_for_what_it_is(sources, capsys):
     """fill opens the source, then says the model is no masked-language encoder (not that the path is bad)."""
     for path in sources.values():

@@ -98,7 +98,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--tokenizer",
         default="char",
-        help="char, bpe:N (train a BPE of N tokens), gpt2:DIR, or a saved tokenizer file (default char)",
+        help="char, bpe:N (train a BPE of N tokens), gpt2:DIR, a saved tokenizer file, or a model whose "
+        "tokenizer to use: a checkpoint or run, a Hugging Face folder, a GGUF file, smollm2 (default char)",
     )
     p.add_argument(
         "--val-fraction",

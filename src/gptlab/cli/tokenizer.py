@@ -3,6 +3,7 @@
 gptlab tokenizer train input.txt --vocab-size 4096 --out tok.json
 echo "Hello world" | gptlab tokenizer encode --tokenizer ../shared/data/gpt2
 echo "15496 995" | gptlab tokenizer decode --tokenizer ../shared/data/gpt2
+echo "Hello world" | gptlab tokenizer encode --tokenizer smollm2   # a model's own tokenizer
 gptlab tokenizer show --tokenizer tok.json --limit 300
 """
 
@@ -11,6 +12,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from gptlab.errors import GptlabError
@@ -22,8 +24,21 @@ if TYPE_CHECKING:
     from gptlab.tokenizers.base import Tokenizer
 
 TOKENIZER_HELP = (
-    "a tokenizer JSON file (from 'train'), a GPT-2 folder (vocab.bpe + encoder.json) or a .tiktoken file"
+    "a tokenizer JSON file (from 'train'), a GPT-2 folder (vocab.bpe + encoder.json), a .tiktoken file, "
+    "or a model whose tokenizer to use (a checkpoint or run, a Hugging Face folder, a GGUF file, smollm2)"
 )
+
+
+def _tokenizer(spec: str) -> Tokenizer:
+    """``--tokenizer``: a saved tokenizer or GPT-2 folder (``tokenizers.load``), or the tokenizer a
+    model carries, read as ``gptlab prepare --tokenizer MODEL`` reads it."""
+    path = Path(spec)
+    if path.is_file() and path.suffix.lower() != ".gguf":  # a saved tokenizer: no model (nor torch) to load
+        return load(spec)
+    from gptlab.cli.prepare import model_tokenizer
+
+    tok = model_tokenizer(spec)
+    return tok if tok is not None else load(spec)  # a GPT-2 folder, or the error naming the path
 
 
 def _read_stdin_text() -> str:
@@ -60,7 +75,7 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def _encode(args: argparse.Namespace) -> int:
-    tok = load(args.tokenizer)
+    tok = _tokenizer(args.tokenizer)
     text = args.text if args.text is not None else _read_stdin_text()
     ids = tok.encode(text, allowed_special="all" if args.allow_special else frozenset())
     sys.stdout.write(" ".join(map(str, ids)) + "\n")
@@ -68,7 +83,7 @@ def _encode(args: argparse.Namespace) -> int:
 
 
 def _decode(args: argparse.Namespace) -> int:
-    tok = load(args.tokenizer)
+    tok = _tokenizer(args.tokenizer)
     ids = parse_ids(" ".join(args.ids) if args.ids else _read_stdin_text())
     sys.stdout.write(tok.decode(ids))
     if sys.stdout.isatty():
@@ -77,7 +92,7 @@ def _decode(args: argparse.Namespace) -> int:
 
 
 def _show(args: argparse.Namespace) -> int:
-    tok = load(args.tokenizer)
+    tok = _tokenizer(args.tokenizer)
     print(f"# {tok.kind} tokenizer, vocab_size {tok.vocab_size}, special tokens {tok.special_tokens}")
     for line in vocab_lines(tok, start=args.start, limit=args.limit):
         print(line)
