@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from gptlab.errors import GptlabError
@@ -30,15 +29,13 @@ TOKENIZER_HELP = (
 
 
 def _tokenizer(spec: str) -> Tokenizer:
-    """``--tokenizer``: a saved tokenizer or GPT-2 folder (``tokenizers.load``), or the tokenizer a
-    model carries, read as ``gptlab prepare --tokenizer MODEL`` reads it."""
-    path = Path(spec)
-    if path.is_file() and path.suffix.lower() != ".gguf":  # a saved tokenizer: no model (nor torch) to load
-        return load(spec)
+    """``--tokenizer``: a saved tokenizer or the tokenizer a model carries, as ``gptlab prepare
+    --tokenizer`` reads them (``gptlab.data.prepare.saved_tokenizer``)."""
     from gptlab.cli.prepare import model_tokenizer
+    from gptlab.data.prepare import saved_tokenizer
 
-    tok = model_tokenizer(spec)
-    return tok if tok is not None else load(spec)  # a GPT-2 folder, or the error naming the path
+    tok = saved_tokenizer(spec, model_tokenizer)
+    return tok if tok is not None else load(spec)  # the error naming the missing file
 
 
 def _read_stdin_text() -> str:

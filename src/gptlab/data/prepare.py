@@ -88,6 +88,20 @@ def build_tokenizer(
         return tokenizers.BPETokenizer.train((text for _, text in iter_chunks(sources)), size, progress=False)
     if spec.startswith("gpt2:"):
         return tokenizers.GPT2Tokenizer.from_dir(spec[5:])
+    tok = saved_tokenizer(spec, model_tokenizer)
+    if tok is not None:
+        return tok
+    raise GptlabError(
+        f"--tokenizer {spec!r}: choose char, bpe:N (e.g. bpe:4096), gpt2:DIR, a saved tokenizer file "
+        f"or a model (checkpoint, Hugging Face folder, GGUF file)"
+    )
+
+
+def saved_tokenizer(spec: str, model_tokenizer: ModelTokenizer | None = None) -> Tokenizer | None:
+    """A saved tokenizer (a file, a GPT-2 folder: ``tokenizers.load``) or the tokenizer of the model
+    ``spec`` names (through ``model_tokenizer``); None where ``spec`` names nothing there."""
+    from gptlab import tokenizers
+
     path = Path(spec)
     if path.is_file() and path.suffix.lower() != ".gguf":  # a saved tokenizer: no model (nor torch) to load
         return tokenizers.load(spec)
@@ -99,12 +113,7 @@ def build_tokenizer(
             f"--tokenizer {spec!r} names a model: give model_tokenizer=gptlab.sources.model_tokenizer "
             f"to read its tokenizer (gptlab prepare does)"
         )
-    if path.exists():
-        return tokenizers.load(spec)
-    raise GptlabError(
-        f"--tokenizer {spec!r}: choose char, bpe:N (e.g. bpe:4096), gpt2:DIR, a saved tokenizer file "
-        f"or a model (checkpoint, Hugging Face folder, GGUF file)"
-    )
+    return tokenizers.load(spec) if path.exists() else None
 
 
 def token_dtype(vocab_size: int) -> np.dtype:
