@@ -84,6 +84,19 @@ def test_top_p_never_emits_outside_the_nucleus(p):
             seq.append(token)
 
 
+def test_top_p_zero_keeps_the_most_probable_token_alone():
+    """p = 0 (OpenAI's API and llama.cpp take it): the nucleus is the top token, so sampling at any
+    temperature gives the greedy text, on the one-row sampler and on the batched one alike."""
+    model = hand_model(vocab=8)
+    greedy = continuation(model, [0], temperature=0, max_new_tokens=10)
+    for seed in range(5):
+        assert continuation(model, [0], top_p=0, temperature=2.0, seed=seed, max_new_tokens=10) == greedy
+    rows = generate_ids(model, torch.tensor([[0], [0]]), 10, top_p=0, temperature=2.0, seed=3)
+    assert rows[:, 1:].tolist() == [greedy, greedy]
+    logits = torch.tensor([0.5, 2.0, 1.0, 2.0 - 1e-3])
+    assert (top_p_filter(logits, 0.0) > float("-inf")).tolist() == [False, True, False, False]
+
+
 def test_min_p_keeps_exactly_the_tokens_above_the_threshold():
     logits = torch.tensor([3.0, 2.0, 0.0, -1.0, 2.9])
     probs = torch.softmax(logits, -1)
@@ -193,7 +206,8 @@ def test_sample_config_validates_and_round_trips():
     assert SampleConfig.from_dict(c.to_dict()) == c
     for bad, match in [
         (dict(temperature=-1), "temperature"),
-        (dict(top_p=0), "top_p"),
+        (dict(top_p=-0.1), "top_p"),
+        (dict(top_p=1.5), "top_p"),
         (dict(top_k=0), "top_k"),
         (dict(max_new_tokens=-1), "max_new_tokens"),
         (dict(beam_width=2, top_k=5), "beam search"),

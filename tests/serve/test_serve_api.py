@@ -127,6 +127,48 @@ def test_stop_string_cuts_the_text(client):
         assert choice["finish_reason"] == "stop"
 
 
+def test_null_is_the_default_wherever_openai_documents_or_null(client):
+    """OpenAI's reference documents temperature, top_p, n, stream, the penalties, logprobs, echo…
+    as "number or null" (or "boolean or null"), and clients send null for "unset": each such field
+    takes null as its default (the same reply as without it), and the schema says it may be null."""
+    from gptlab.serve.schemas import ChatCompletionRequest, CompletionRequest
+
+    spec = client.get("/openapi.json").json()["components"]["schemas"]
+    ask = {
+        "/v1/completions": {"prompt": "abab", "max_tokens": 6, "seed": 3},
+        "/v1/chat/completions": {"messages": [{"role": "user", "content": "ab"}], "max_tokens": 6, "seed": 3},
+    }
+    for route, model in (
+        ("/v1/completions", CompletionRequest),
+        ("/v1/chat/completions", ChatCompletionRequest),
+    ):
+        nullable = [n for n, f in model.model_fields.items() if f.json_schema_extra is not None]
+        assert {"temperature", "top_p", "n", "stream", "presence_penalty", "frequency_penalty"} <= set(
+            nullable
+        )
+        without = client.post(route, json=ask[route]).json()["choices"]
+        for name in nullable:
+            prop = spec[model.__name__]["properties"][name]
+            assert {"type": "null"} in prop["anyOf"], name
+            r = client.post(route, json={**ask[route], name: None})
+            assert r.status_code == 200, (route, name, r.text)
+            assert r.json()["choices"] == without, (route, name)
+    r = client.post("/v1/chat/completions", json={"messages": None})  # a field without a default is not
+    assert r.status_code == 400 and r.json()["error"]["param"] == "messages"
+    r = client.post("/v1/completions", json={"prompt": "a", "echo": "no"})  # strict as before
+    assert r.status_code == 400 and r.json()["error"]["param"] == "echo"
+
+
+def test_top_p_zero_is_the_most_probable_token(client):
+    """``top_p: 0`` is valid in OpenAI's API (its reference: 0 to 1): the nucleus holds the top token
+    alone, so a sampled reply is the greedy one."""
+    body = {"prompt": "abab", "max_tokens": 12}
+    greedy = client.post("/v1/completions", json={**body, "temperature": 0}).json()["choices"][0]["text"]
+    for seed in (1, 2):
+        r = client.post("/v1/completions", json={**body, "top_p": 0, "temperature": 1.5, "seed": seed})
+        assert r.status_code == 200 and r.json()["choices"][0]["text"] == greedy
+
+
 def test_echo_and_zero_max_tokens(client):
     choice = client.post("/v1/completions", json={"prompt": "abc", "max_tokens": 3, "echo": True}).json()[
         "choices"
@@ -295,7 +337,8 @@ def test_models_health_and_playground(client):
         ({"prompt": "a", "max_tokens": 1.5}, "max_tokens"),
         ({"prompt": "a", "temperature": "hot"}, "temperature"),
         ({"prompt": "a", "temperature": -1}, "temperature"),
-        ({"prompt": "a", "top_p": 0}, "top_p"),
+        ({"prompt": "a", "top_p": -0.1}, "top_p"),
+        ({"prompt": "a", "top_p": 1.5}, "top_p"),
         ({"prompt": "a", "n": True}, "n"),
         ({"prompt": "a", "n": 0}, "n"),
         ({"prompt": "a", "stream": "yes"}, "stream"),

@@ -95,8 +95,8 @@ class SampleConfig:
             f"top_k must be a positive integer or null, got {self.top_k!r}",
         )
         need(
-            self.top_p is None or (is_num(self.top_p) and 0 < self.top_p <= 1),
-            f"top_p must be in (0, 1] or null, got {self.top_p!r}",
+            self.top_p is None or (is_num(self.top_p) and 0 <= self.top_p <= 1),
+            f"top_p must be in [0, 1] or null, got {self.top_p!r}",
         )
         need(
             self.min_p is None or (is_num(self.min_p) and 0 <= self.min_p <= 1),

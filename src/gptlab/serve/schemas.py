@@ -3,7 +3,8 @@
 Validation is strict (``"5"`` is not an int, ``true`` is not a number, NaN and ±inf are
 not numbers), as in OpenAI's API, except that a whole float is an integer (``"n": 1.0``,
 as JSON clients send it); a bad value becomes a 400 with the OpenAI error object naming
-the field. Fields the API does not know are ignored, so clients that send extra OpenAI
+the field. An option OpenAI documents as "or null" (``"temperature": null``) takes null
+as its default, as OpenAI's API does (``OR_NULL``). Fields the API does not know are ignored, so clients that send extra OpenAI
 options work. Every number has the bounds it is checked against, stated in the OpenAPI
 schema: none of them can make a NaN, an infinity, an overflow or a division by zero in
 the generation loop. A new field is one line here: the routes and the schema follow.
@@ -13,7 +14,15 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    WithJsonSchema,
+    model_validator,
+)
 
 # The limits of a request body (also reported by GET /v1/gptlab/limits).
 MAX_N = 16  # choices per prompt
@@ -26,7 +35,6 @@ MAX_INSIDE_TOKENS = 128  # the Inside view (serve/inside_routes.py) keeps every 
 MAX_PROMPTS = 64  # prompts in one completions request
 MAX_STOP = 16  # stop strings
 TEMPERATURE_RANGE = (1e-4, 100.0)  # or exactly 0 (greedy): below 1e-4 sampling is greedy in all but name
-MIN_TOP_P = 1e-4  # a smaller nucleus is the single most probable token: ask for top_k 1
 PENALTY_RANGE = (0.01, 100.0)  # repetition_penalty (1 = off)
 LENGTH_PENALTY_RANGE = (-10.0, 10.0)  # beam search's α
 SEED_RANGE = (-(2**53 - 1), 2**53 - 1)  # JSON's exact integers (I-JSON): every client and validator agrees
@@ -93,15 +101,37 @@ TEXT_FORMAT = fields(
 )
 TRUNCATION_OFF: dict[str, dict[str, Any]] = {
     "top_k": {"enum": [0, None]},
-    "top_p": {"const": 1},
-    "min_p": {"const": 0},
+    "top_p": {"enum": [1, None]},
+    "min_p": {"enum": [0, None]},
 }
 
 
+def _or_null(schema: dict[str, Any]) -> None:
+    """The schema of an ``OR_NULL`` field: its own, or ``{"type": "null"}``."""
+    own = {k: schema.pop(k) for k in list(schema) if k not in ("default", "title", "description")}
+    schema["anyOf"] = [*(own["anyOf"] if list(own) == ["anyOf"] else [own]), {"type": "null"}]
+
+
+#: ``Annotated[float, …, OR_NULL] = default``: a field that also takes null, meaning its default, as
+#: OpenAI's API takes ``"temperature": null`` or ``"n": null`` (its reference documents them as
+#: "number or null"); the schema says so, and the model sees the default (``Strict``)
+OR_NULL = Field(json_schema_extra=_or_null)
+
+
 class Strict(BaseModel):
-    """The configuration of every request body: strict types, finite numbers, unknown fields ignored."""
+    """The configuration of every request body: strict types, finite numbers, unknown fields ignored,
+    and null taken as the default where a field is ``OR_NULL``."""
 
     model_config = ConfigDict(strict=True, extra="ignore", allow_inf_nan=False)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_is_default(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            nullable = {n for n, f in cls.model_fields.items() if f.json_schema_extra is _or_null}
+            if any(data.get(n, 0) is None for n in nullable):
+                return {k: v for k, v in data.items() if not (v is None and k in nullable)}
+        return data
 
 
 class StreamOptions(Strict):
@@ -178,21 +208,24 @@ class SamplingFields(Strict):
 
     model: str | None = None
     max_tokens: Annotated[int, Field(ge=0), WHOLE] | None = None  # ≤ the server's cap (its schema says which)
-    temperature: Temperature = 1.0
-    top_p: float = Field(default=1.0, ge=MIN_TOP_P, le=1.0)
+    temperature: Annotated[Temperature, OR_NULL] = 1.0
+    # p = 0: the nucleus is the most probable token alone (and any tied with it), as in OpenAI's API
+    top_p: Annotated[float, Field(ge=0.0, le=1.0), OR_NULL] = 1.0
     top_k: Annotated[int, Field(ge=0, le=MAX_TOP_K), WHOLE] | None = None
-    min_p: float = Field(default=0.0, ge=0.0, le=1.0)
-    n: Annotated[int, Field(ge=1, le=MAX_N), WHOLE] = 1
+    min_p: Annotated[float, Field(ge=0.0, le=1.0), OR_NULL] = 0.0
+    n: Annotated[int, Field(ge=1, le=MAX_N), WHOLE, OR_NULL] = 1
     stop: StopString | Annotated[list[StopString], Field(max_length=MAX_STOP)] | None = None
     seed: Annotated[int, Field(ge=SEED_RANGE[0], le=SEED_RANGE[1]), WHOLE] | None = None
-    stream: bool = False
+    stream: Annotated[bool, OR_NULL] = False
     stream_options: StreamOptions | None = None
-    frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
-    presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
-    repetition_penalty: float = Field(default=1.0, ge=PENALTY_RANGE[0], le=PENALTY_RANGE[1])
-    beam_width: Annotated[int, Field(ge=1, le=MAX_N), WHOLE] = 1
-    length_penalty: float = Field(default=1.0, ge=LENGTH_PENALTY_RANGE[0], le=LENGTH_PENALTY_RANGE[1])
-    early_stopping: bool = True
+    frequency_penalty: Annotated[float, Field(ge=-2.0, le=2.0), OR_NULL] = 0.0
+    presence_penalty: Annotated[float, Field(ge=-2.0, le=2.0), OR_NULL] = 0.0
+    repetition_penalty: Annotated[float, Field(ge=PENALTY_RANGE[0], le=PENALTY_RANGE[1]), OR_NULL] = 1.0
+    beam_width: Annotated[int, Field(ge=1, le=MAX_N), WHOLE, OR_NULL] = 1
+    length_penalty: Annotated[
+        float, Field(ge=LENGTH_PENALTY_RANGE[0], le=LENGTH_PENALTY_RANGE[1]), OR_NULL
+    ] = 1.0
+    early_stopping: Annotated[bool, OR_NULL] = True
     user: str | None = None
     logit_bias: dict[str, Annotated[float, Field(ge=-100, le=100)]] | None = None  # keys: token ids
     response_format: ResponseFormat | None = (
@@ -237,7 +270,7 @@ class CompletionRequest(SamplingFields):
         | TokenIds
         | Annotated[list[TokenIds], Field(min_length=1, max_length=MAX_PROMPTS)]
     ) = ""
-    echo: bool = False
+    echo: Annotated[bool, OR_NULL] = False
     logprobs: Annotated[int, Field(ge=0, le=MAX_LOGPROBS), WHOLE] | None = None
 
 
@@ -340,7 +373,7 @@ class ChatCompletionRequest(SamplingFields):
                 either(
                     fields(top_logprobs={"type": "null"}), fields(("logprobs",), logprobs={"const": True})
                 ),
-                either(NO_BEAM, fields(**TRUNCATION_OFF, logprobs={"const": False})),
+                either(NO_BEAM, fields(**TRUNCATION_OFF, logprobs={"enum": [False, None]})),
                 either(NO_BEAM, TEXT_FORMAT),
                 either(fields(tool_choice={"type": "null"}), fields(("tools",), tools={"type": "array"})),
                 either(NO_BEAM, fields(tools={"type": "null"})),  # a call is sampled under its grammar
@@ -359,9 +392,9 @@ class ChatCompletionRequest(SamplingFields):
         | None
     ) = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None  # needs tools
-    parallel_tool_calls: bool = True
+    parallel_tool_calls: Annotated[bool, OR_NULL] = True
     max_completion_tokens: Annotated[int, Field(ge=0), WHOLE] | None = None
-    logprobs: bool = False
+    logprobs: Annotated[bool, OR_NULL] = False
     top_logprobs: Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS), WHOLE] | None = None
 
 

@@ -25,11 +25,11 @@ function filtered(settings) {
   let sum = 0;
   for (let r = 0; r < nTopK; r++) sum += e[r];
   let nTopP = nTopK;
-  if (settings.top_p < 1) {  // drop a token once the strictly more probable ones hold ≥ p
+  if (settings.top_p < 1) {  // drop a token once the strictly more probable ones hold ≥ p (the first stays)
     let before = 0;
-    for (let r = 0; r < nTopK; r++) {
+    for (let r = 1; r < nTopK; r++) {
+      before += e[r - 1] / sum;
       if (before >= settings.top_p) { nTopP = r; break; }
-      before += e[r] / sum;
     }
   }
   let nMinP = nTopP;
