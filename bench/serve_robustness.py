@@ -40,7 +40,7 @@ TEXT = "abcdefghijklmnopqrstuvwxyz ABCDEFGHIJKLMNOPQRSTUVWXYZ:\n.,;!?'"
 
 #: (name, completions body) — each once made the shared loop or its own request fail with a 500
 BAD_NUMBERS = [
-    ("top_p 1e-300", {"prompt": "J", "top_p": 1e-300}),
+    ("top_p 1.0000001", {"prompt": "J", "top_p": 1.0000001}),  # (1e-300 is valid: the top token alone)
     ("temperature 1e-320", {"prompt": "J", "temperature": 1e-320}),
     ("repetition_penalty 1e-40", {"prompt": "J", "repetition_penalty": 1e-40}),
     ("seed 2^64", {"prompt": "J", "seed": 2**64}),

@@ -377,6 +377,32 @@ def test_bad_chat_fields_are_400(client, body, param):
     assert_error(client.post("/v1/chat/completions", json=body), 400, param)
 
 
+def test_a_400_names_the_part_of_a_list_or_object_that_is_wrong(client):
+    """A field of several types (content: a string or content parts; stop; tool_choice) sent as a list
+    or an object that only one of its types can be: the 400 names the wrong part and quotes it, and
+    never quotes a value the client did not send."""
+    image = {"type": "image_url", "image_url": {"url": "http://x/y.png"}}
+    chat = {"messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}, image]}]}
+    err = assert_error(client.post("/v1/chat/completions", json=chat), 400, "messages.0.content.1.type")
+    assert "'text'" in err["message"] and '"image_url"' in err["message"], err
+    err = assert_error(
+        client.post("/v1/completions", json={"prompt": "a", "stop": ["ok", ""]}), 400, "stop.1"
+    )
+    assert "at least 1 character" in err["message"], err
+    named = {
+        "messages": [{"role": "user", "content": "hi"}],
+        "tool_choice": {"type": "function", "function": {}},
+    }
+    err = assert_error(client.post("/v1/chat/completions", json=named), 400, "tool_choice.function.name")
+    assert "required" in err["message"].lower(), err
+    err = assert_error(client.post("/v1/completions", json={"prompt": ["a", 3]}), 400, "prompt")
+    assert err["message"].startswith("prompt: must be a string, a list") and "(got" not in err["message"], err
+    err = assert_error(
+        client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": 5}]}), 400
+    )
+    assert err["param"] == "messages.0.content" and err["message"].endswith("(got 5)"), err
+
+
 def test_malformed_json_and_non_objects_are_400(client):
     for raw in (b"{", b"not json", b"\xff\xfe", b"[1, 2]", b"null", b""):
         err = assert_error(

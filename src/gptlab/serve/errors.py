@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -105,24 +106,48 @@ def body_error(errors: Sequence[Any]) -> APIError | None:
 def validation_error(errors: Sequence[Any]) -> APIError:
     """The first validation problem as a 400, naming the field (``messages.0.role``) and the value."""
     first = errors[0] if errors else {}
-    loc = [x for x in first.get("loc", ()) if x != "body"]
+    loc = _where(first)
     got = first.get("input")
     message = first.get("msg", "invalid request")
+    shown = True  # the value is quoted after the message
     # a union's alternatives add a type tag to the location (``prompt.str``): name the field instead
     for i, part in enumerate(loc):
         if part in UNION_FIELDS and i + 1 < len(loc) and isinstance(loc[i + 1], str):
-            loc, message = loc[: i + 1], f"must be {UNION_FIELDS[part]}"
-            errors = [e for e in errors if [x for x in e.get("loc", ()) if x != "body"][: i + 1] != loc]
-            got = got if not isinstance(got, list | dict) else None
+            head = loc[: i + 1]
+            # a list or an object that only one alternative could be (content parts, a named tool
+            # choice; the others refused its kind, not its size): the problem inside it, where it is
+            # (``messages.0.content.1.type``)
+            ours = [e for e in errors if _where(e)[: i + 1] == head]
+            inside = [e for e in ours if len(_where(e)) > i + 2]
+            kind_only = all(_KIND.match(e.get("type", "")) for e in ours if len(_where(e)) == i + 2)
+            if isinstance(got, list | dict) and kind_only and len({_where(e)[i + 1] for e in inside}) == 1:
+                first = inside[0]
+                loc, message, got = (
+                    head + _where(first)[i + 2 :],
+                    first.get("msg", message),
+                    first.get("input"),
+                )
+            else:
+                loc, message, shown = head, f"must be {UNION_FIELDS[part]}", not isinstance(got, list | dict)
+            errors = [first, *(e for e in errors if _where(e)[: i + 1] != head)]  # one problem per field
             break
     param = ".".join(str(x) for x in loc) or None
     detail = f"{param}: {message}" if param else message
-    if param and not isinstance(got, dict | list):
+    if param and shown and not isinstance(got, dict | list):
         detail += f" (got {json.dumps(got) if _jsonable(got) else repr(got)})"
     more = len(errors) - 1 if errors and errors[0] is first else len(errors)
     if more > 0:
         detail += f"; and {more} more problem(s)"
     return APIError(400, detail, param=param, code=first.get("type"))
+
+
+#: pydantic's error types for a value of the wrong kind (not the wrong size or content)
+_KIND = re.compile(r"^(\w+_type|literal_error|model_attributes_type)$")
+
+
+def _where(error: Any) -> list[Any]:
+    """A validation error's location in the body (``["messages", 0, "role"]``)."""
+    return [x for x in error.get("loc", ()) if x != "body"]
 
 
 def _jsonable(value: Any) -> bool:
