@@ -46,6 +46,21 @@ def test_sample_json_schema_validates(ckpt, tmp_path, capsys):
     assert stopped >= 2
 
 
+def test_json_schema_given_inline_is_the_file_s_schema(ckpt, tmp_path, capsys):
+    """``--json-schema`` takes the schema itself, as llama.cpp's does, or a file: one seed, one text."""
+    text = json.dumps(SCHEMAS["flat"])
+    outs = []
+    for schema in (_file(tmp_path, "s.json", text), text, "  " + text):
+        assert main(["sample", str(ckpt), "--prompt", "go", "--json-schema", schema, "--seed", "4"]) == 0
+        outs.append(capsys.readouterr().out)
+    assert outs[0] == outs[1] == outs[2] and outs[0].startswith("go")
+    assert main(["sample", str(ckpt), "--prompt", "go", "--json-schema", '{"type": "object",']) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --json-schema: not JSON") and err.count("\n") == 1, err
+    assert main(["sample", str(ckpt), "--prompt", "go", "--json-schema", str(tmp_path / "none.json")]) == 2
+    assert "none.json: file not found" in capsys.readouterr().err
+
+
 def test_sample_regex_and_grammar(ckpt, tmp_path, capsys):
     assert main(["sample", str(ckpt), "--prompt", "x", "--regex", "[0-9]{3}-[a-c]+!", "--seed", "1"]) == 0
     out = capsys.readouterr().out.rstrip("\n")[1:]

@@ -256,13 +256,14 @@ def print_plan(engine: PreparedDecoding, batch: int, config: SampleConfig | None
 
 
 def add_structure_arguments(p: argparse.ArgumentParser, grammars: bool = True) -> None:
-    """``--json-schema FILE`` (and, with ``grammars``, ``--regex PATTERN`` and ``--grammar FILE``): the
-    output follows a JSON schema, a regex or a Lark grammar (``SampleConfig``'s structured output)."""
+    """``--json-schema FILE|SCHEMA`` (and, with ``grammars``, ``--regex PATTERN`` and ``--grammar FILE``):
+    the output follows a JSON schema, a regex or a Lark grammar (``SampleConfig``'s structured output)."""
     group = p.add_mutually_exclusive_group()
     group.add_argument(
         "--json-schema",
-        metavar="FILE",
-        help="the output is JSON valid against the JSON Schema in FILE ('{}' in FILE: any JSON)",
+        metavar="FILE|SCHEMA",
+        help="the output is JSON valid against this JSON Schema: a file, or the schema itself, "
+        "as llama.cpp's --json-schema takes it (text starting with '{'; '{}': any JSON)",
     )
     if grammars:
         group.add_argument("--regex", metavar="PATTERN", help="the output matches this regular expression")
@@ -293,10 +294,13 @@ def structure_from_args(args: argparse.Namespace) -> dict[str, Any]:
 
     out: dict[str, Any] = {}
     if getattr(args, "json_schema", None):
+        given: str = args.json_schema
+        inline = given.lstrip().startswith("{")  # the schema itself (a JSON Schema is an object)
         try:
-            out["json_schema"] = json.loads(read("--json-schema", args.json_schema))
+            out["json_schema"] = json.loads(given if inline else read("--json-schema", given))
         except json.JSONDecodeError as exc:
-            raise GptlabError(f"--json-schema {args.json_schema}: not JSON ({exc})") from None
+            shown = "" if inline else f" {given}"
+            raise GptlabError(f"--json-schema{shown}: not JSON ({exc})") from None
     if getattr(args, "regex", None):
         out["regex"] = args.regex
     if getattr(args, "grammar", None):
