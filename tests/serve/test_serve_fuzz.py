@@ -28,6 +28,7 @@ def server(tmp_path_factory):
     """A live ``gptlab serve`` with an API key; yields its URL."""
     ckpt = robustness.tiny_checkpoint(tmp_path_factory.mktemp("fuzz"))
     extra = ["--api-key", KEY, "--device", "cpu", "--max-tokens-cap", "16", "--model-name", "tiny"]
+    extra += ["--cors", "https://chat.example.org"]
     with robustness.serve_load.serve(str(ckpt), max_batch=4, extra=extra, timeout=120) as url:
         yield url
 
@@ -59,6 +60,20 @@ def test_the_schema_declares_every_body_status_and_stream(app):
     assert set(spec["paths"]["/v1/gptlab/generate"]["post"]["responses"]["200"]["content"]) == {
         "text/event-stream"
     }
+
+
+def test_the_command_line_s_cors_origin_is_the_one_served(server):
+    """``gptlab serve --cors ORIGIN``: that page may call the API, and no longer those of this machine."""
+    import httpx
+
+    ask = {"Access-Control-Request-Method": "POST", "Access-Control-Request-Headers": "authorization"}
+    named = httpx.options(f"{server}/v1/completions", headers={"Origin": "https://chat.example.org", **ask})
+    assert (
+        named.status_code == 200
+        and named.headers["access-control-allow-origin"] == "https://chat.example.org"
+    )
+    local = httpx.options(f"{server}/v1/completions", headers={"Origin": "http://localhost:3000", **ask})
+    assert local.status_code == 400 and "access-control-allow-origin" not in local.headers
 
 
 def test_fuzz_fast(server, tmp_path):

@@ -57,6 +57,14 @@ def register(subparsers: Any) -> None:
         help="require 'Authorization: Bearer KEY' on /v1 routes (default: $GPTLAB_API_KEY, else none)",
     )
     p.add_argument(
+        "--cors",
+        action="append",
+        metavar="ORIGIN",
+        help="a web page origin (such as https://chat.example.org) whose scripts a browser lets call the "
+        "API; repeat for more; '*' any page, 'none' no page (default: pages served from this machine, "
+        "http(s)://localhost, 127.0.0.1 or [::1] on any port)",
+    )
+    p.add_argument(
         "--model-name",
         default=None,
         help="the model id clients use (default: the model's folder or file name)",
@@ -158,6 +166,7 @@ def run(args: argparse.Namespace) -> int:
         max_body_bytes=args.max_body_bytes,
         prefix_cache_mb=args.prefix_cache_mb,
         kv_keep_s=args.kv_keep_s,
+        cors_origins=None if args.cors is None else [o for o in args.cors if o != "none"],
     )
     _show_notes(args.log_level)
     startup.started()  # the collector runs again while serving (cli/startup.py)

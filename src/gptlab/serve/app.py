@@ -15,8 +15,9 @@ Endpoints (``openai_routes.py`` and ``gptlab_routes.py``):
 
 Every error is OpenAI's error object (``errors.py``); every request body is a declared model
 (``schemas.py``) and ``GET /openapi.json`` describes them with this server's limits, every
-status code and the streamed media types (``openapi.py``). The API key and the body limit are
-plain ASGI middleware (``middleware.py``), so a client's disconnect always reaches its route.
+status code and the streamed media types (``openapi.py``). The API key, the body limit and the
+web pages a browser lets call the API (CORS) are plain ASGI middleware (``middleware.py``), so a
+client's disconnect always reaches its route.
 Generation never runs on the event loop: the ``Scheduler`` thread owns the model.
 
 A new group of routes is one ``APIRouter`` module and one line in ``ROUTERS`` (every server) or
@@ -27,7 +28,7 @@ fill route, and its refusals of the generating routes (a 400, and out of its sch
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import TYPE_CHECKING
 
 from fastapi import APIRouter, FastAPI
@@ -42,7 +43,7 @@ from gptlab.serve import (
     openapi,
     tasks,
 )
-from gptlab.serve.middleware import APIKey, BodyLimit
+from gptlab.serve.middleware import APIKey, BodyLimit, cross_origin
 from gptlab.serve.scheduler import KV_KEEP_S, PREFIX_CACHE_MB
 from gptlab.serve.service import Service
 
@@ -75,6 +76,7 @@ def create_app(
     max_body_bytes: int = 1 << 20,
     prefix_cache_mb: float = PREFIX_CACHE_MB,
     kv_keep_s: float = KV_KEEP_S,
+    cors_origins: Sequence[str] | None = None,
 ) -> FastAPI:
     """A FastAPI app serving ``model`` with ``tokenizer``; the scheduler thread starts now.
 
@@ -84,6 +86,8 @@ def create_app(
     ``max_body_bytes`` is refused with 413. ``prefix_cache_mb`` MiB hold the keys and values of
     recent prompts for the next ones that start alike (0: no prefix cache; docs/guide/serving.md);
     the batch's KV cache, grown by the requests, is kept ``kv_keep_s`` idle seconds before it shrinks.
+    ``cors_origins``: the web pages a browser lets call the API (``middleware.cross_origin``: None, those
+    served from this machine; ``["*"]`` any; ``[]`` none).
     """
     service = Service(
         model,
@@ -115,9 +119,8 @@ def create_app(
     errors.install(app)
     app.add_middleware(BodyLimit, limit=max_body_bytes)
     if api_key:
-        app.add_middleware(
-            APIKey, api_key=api_key, paths=echo.PATHS
-        )  # outermost: nothing is read before the key
+        app.add_middleware(APIKey, api_key=api_key, paths=echo.PATHS)  # nothing is read before the key
+    app.add_middleware(cross_origin, origins=cors_origins)  # outermost: a preflight carries no key
     for router in [*TASK_ROUTERS[service.task], *ROUTERS]:  # the first route that matches answers
         app.include_router(router(service))
     gptlab_routes.mount_static(app)

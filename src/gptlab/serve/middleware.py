@@ -1,4 +1,5 @@
-"""Plain ASGI middleware: the API key and the body-size limit.
+"""Plain ASGI middleware: the API key, the body-size limit, and which web pages may call the API
+(``cross_origin``).
 
 Both wrap the app at the ASGI level rather than through Starlette's ``BaseHTTPMiddleware``,
 which runs the route in a task of its own and hides the client's disconnect from it: behind
@@ -10,7 +11,7 @@ whether a key is set or not.
 from __future__ import annotations
 
 import hmac
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Awaitable, Callable, MutableMapping, Sequence
 from typing import Any
 
 from fastapi import HTTPException
@@ -31,6 +32,36 @@ def _header(scope: Scope, name: bytes) -> str:
         if key.lower() == name:
             return value.decode("latin-1")
     return ""
+
+
+#: the pages a browser may let call the server by default: those served from this machine
+#: (``http://localhost:3000``, ``http://127.0.0.1:8080``, ``https://[::1]``), as ollama allows
+LOOPBACK_ORIGINS = r"^https?://(localhost|127\.0\.0\.1|\[::1\])(:[0-9]{1,5})?$"
+
+
+def cross_origin(app: ASGIApp, origins: Sequence[str] | None) -> ASGIApp:
+    """``app`` answering browsers' cross-origin requests (CORS) from ``origins``: None, the pages of
+    this machine (``LOOPBACK_ORIGINS``); ``["*"]`` any page, as llama.cpp's and vLLM's servers allow;
+    ``[]`` none (a browser then refuses a page of another origin the answer).
+
+    A browser asks first with an ``OPTIONS`` preflight, which carries no API key: it is answered here,
+    outside the key's check, and says that any header may be sent (the key, the OpenAI client's own).
+    The answers themselves, a 401 included, say which origin may read them. No cookies are involved
+    (``allow_credentials`` off): a page sends the key as the header, as any client does.
+    """
+    from starlette.middleware.cors import CORSMiddleware
+
+    if origins is not None and not origins:
+        return app
+    anywhere = origins is not None and "*" in origins
+    return CORSMiddleware(
+        app,  # type: ignore[arg-type]
+        allow_origins=["*"] if anywhere else list(origins or ()),
+        allow_origin_regex=LOOPBACK_ORIGINS if origins is None else None,
+        allow_methods=["GET", "POST"],
+        allow_headers=["*"],
+        max_age=600,
+    )
 
 
 class APIKey:
