@@ -1,7 +1,8 @@
 """Plain ASGI middleware: the API key, the body-size limit, and which web pages may call the API
 (``cross_origin``).
 
-Both wrap the app at the ASGI level rather than through Starlette's ``BaseHTTPMiddleware``,
+All three wrap the app at the ASGI level (Starlette's ``CORSMiddleware`` is such a wrapper too)
+rather than through Starlette's ``BaseHTTPMiddleware``,
 which runs the route in a task of its own and hides the client's disconnect from it: behind
 it, a streaming request whose client hung up kept its jobs in their slots for ever. Here the
 route reads the client's own ``receive``, so a disconnect reaches it (``transport.watched``)
@@ -42,7 +43,7 @@ LOOPBACK_ORIGINS = r"^https?://(localhost|127\.0\.0\.1|\[::1\])(:[0-9]{1,5})?$"
 def cross_origin(app: ASGIApp, origins: Sequence[str] | None) -> ASGIApp:
     """``app`` answering browsers' cross-origin requests (CORS) from ``origins``: None, the pages of
     this machine (``LOOPBACK_ORIGINS``); ``["*"]`` any page, as llama.cpp's and vLLM's servers allow;
-    ``[]`` none (a browser then refuses a page of another origin the answer).
+    ``[]`` none (a browser then keeps every answer from the pages of other origins).
 
     A browser asks first with an ``OPTIONS`` preflight, which carries no API key: it is answered here,
     outside the key's check, and says that any header may be sent (the key, the OpenAI client's own).

@@ -4,8 +4,8 @@ Validation is strict (``"5"`` is not an int, ``true`` is not a number, NaN and Â
 not numbers), as in OpenAI's API, except that a whole float is an integer (``"n": 1.0``,
 as JSON clients send it); a bad value becomes a 400 with the OpenAI error object naming
 the field. An option OpenAI documents as "or null" (``"temperature": null``) takes null
-as its default, as OpenAI's API does (``OR_NULL``). Fields the API does not know are ignored, so clients that send extra OpenAI
-options work. Every number has the bounds it is checked against, stated in the OpenAPI
+as its default, as OpenAI's API does (``OR_NULL``). Fields the API does not know are
+ignored, so clients that send extra OpenAI options work. Every number has the bounds it is checked against, stated in the OpenAPI
 schema: none of them can make a NaN, an infinity, an overflow or a division by zero in
 the generation loop. A new field is one line here: the routes and the schema follow.
 """
