@@ -118,6 +118,60 @@ def test_logit_bias_cannot_force_a_token_the_grammar_forbids(model, tok):
     assert set(generate_text(model, tok, "x", config)) <= {"a", "b"}
 
 
+def test_an_integer_without_bounds_ends_at_16_digits(model, tok):
+    """A model that would write the digit 1 for ever (a greedy SmolLM2 wrote ``"population": 1111…``
+    for 150 tokens) gets I-JSON's largest integer's 16 digits at most, then valid JSON and a stop, in a
+    reply and in a tool call's arguments alike; a bound the schema gives is kept."""
+    from gptlab.tokenizers.tools import Tool, call_grammar
+
+    schema = {
+        "type": "object",
+        "properties": {"n": {"type": "integer"}},
+        "required": ["n"],
+        "additionalProperties": False,
+    }
+    one = {tok.encode("1")[0]: 100.0}
+    config = SampleConfig(json_schema=schema, logit_bias=one, temperature=0, max_new_tokens=MAX_NEW)
+    text = generate_text(model, tok, "x", config)
+    assert text == '{"n": ' + "1" * 16 + "}", text
+    capped = {**schema, "properties": {"n": {"type": "integer", "maximum": 99}}}
+    assert generate_text(model, tok, "x", config.replace(json_schema=capped)) == '{"n": 11}'
+    for n in (2**53 - 1, -(2**53 - 1), 2**53, -(2**53)):
+        assert accepts(SampleConfig(json_schema=schema), tok, tok.encode(f'{{"n": {n}}}'), complete=True) == (
+            abs(n) < 2**53
+        )
+    grammar = call_grammar([Tool("f", "", schema)], mode="required")
+    call = '<tool_call>{{"name": "f", "arguments": {{"n": {}}}}}</tool_call>'
+    words = CharTokenizer.from_text(JSON_ALPHABET + "<>/_", special_tokens=["<|endoftext|>"])
+    for n, fits in ((2**53 - 1, True), (10**16, False)):
+        assert (
+            accepts(SampleConfig(grammar=grammar), words, words.encode(call.format(n)), complete=True) == fits
+        )
+
+
+def test_integers_are_bounded_wherever_a_schema_holds_one():
+    from gptlab.tokenizers.json_writing import SAFE_INTEGER, as_written
+
+    given = {
+        "type": "object",
+        "properties": {
+            "a": {"type": "integer", "exclusiveMinimum": 0},
+            "b": {"type": ["integer", "null"], "maximum": 7},
+            "c": {"type": "array", "items": {"$ref": "#/$defs/n"}},
+            "d": {"anyOf": [{"type": "integer"}, {"type": "string"}]},
+            "e": {"const": {"type": "integer"}, "enum": [{"type": "integer"}]},  # data, not schemas
+        },
+        "$defs": {"n": {"type": "integer"}},
+    }
+    written = as_written(given)
+    props = written["properties"]
+    assert "minimum" not in props["a"] and props["a"]["maximum"] == SAFE_INTEGER
+    assert props["b"]["minimum"] == -SAFE_INTEGER and props["b"]["maximum"] == 7
+    assert written["$defs"]["n"] == {"type": "integer", "minimum": -SAFE_INTEGER, "maximum": SAFE_INTEGER}
+    assert props["d"]["anyOf"][0]["maximum"] == SAFE_INTEGER and props["d"]["anyOf"][1] == {"type": "string"}
+    assert props["e"] == given["properties"]["e"] and "maximum" not in given["$defs"]["n"]  # a copy
+
+
 def test_regex_and_lark_grammar(model, tok):
     for seed in range(5):
         text = generate_text(

@@ -6,7 +6,8 @@
     stop ids  ∈ allowed_t  ⇔  bytes(y_<t) ∈ L          (the reply may end only where it is complete)
 
 The language is compiled by the grammar engine (``llguidance``, an Earley parser over a lexer whose
-token masks are computed on a trie of the vocabulary's bytes): a JSON schema (``json_schema``), a
+token masks are computed on a trie of the vocabulary's bytes): a JSON schema (``json_schema``, written
+as ``gptlab.tokenizers.json_writing`` says: no free whitespace, integers within I-JSON's range), a
 regular expression (``regex``) or a Lark grammar (``grammar``, which may inline JSON schemas with
 ``%json{...}``). The engine sees gptlab's own tokenizer as a table ``id → bytes`` (``token_table``):
 every kind (characters, a trained BPE, GPT-2, a GGUF or Hugging Face vocabulary) is such a table.
@@ -44,6 +45,7 @@ import numpy as np
 import torch
 
 from gptlab.errors import GptlabError
+from gptlab.tokenizers.json_writing import LAYOUT, as_written
 
 if TYPE_CHECKING:
     import llguidance
@@ -51,9 +53,6 @@ if TYPE_CHECKING:
     from gptlab.generate.config import SampleConfig
     from gptlab.tokenizers.base import Tokenizer
 
-#: JSON as the engine writes it: no free whitespace (a small model cannot loop on blanks), the
-#: separators of Python's ``json.dumps`` (``{"a": 1, "b": [2, 3]}``), the tokens BPE vocabularies know best
-JSON_OPTIONS: dict[str, Any] = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 #: compiled grammars kept per tokenizer (a server sees the same few schemas again and again)
 CACHED_GRAMMARS = 64
 
@@ -173,7 +172,7 @@ def grammar_source(config: SampleConfig) -> tuple[str, str] | None:
     if config.json_schema is not None:
         try:
             return "json_schema", lg.LLMatcher.grammar_from_json_schema(
-                json.dumps(config.json_schema), defaults=JSON_OPTIONS
+                json.dumps(as_written(config.json_schema)), defaults=LAYOUT
             )
         except (ValueError, TypeError) as exc:
             raise GptlabError(f"json_schema: {exc}") from None

@@ -26,7 +26,6 @@ text that, once it writes ``<tool_call>``, must go on as a call.
 
 from __future__ import annotations
 
-import copy
 import json
 import re
 from collections.abc import Iterable, Mapping, Sequence
@@ -35,6 +34,7 @@ from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
 from gptlab.errors import GptlabError
+from gptlab.tokenizers.json_writing import LAYOUT, as_written
 
 if TYPE_CHECKING:
     from gptlab.tokenizers.chat import ChatTemplate
@@ -59,10 +59,6 @@ GENERIC_PROMPT = (
     '<tool_call>[\n{{"name": "func_name1", "arguments": {{"argument1": "value1", "argument2": "value2"}}}},\n'
     "... (more tool calls as required)\n]</tool_call>"
 )
-
-#: the JSON layout of generated arguments (llguidance's ``x-guidance`` options): the spacing of the
-#: prompt's example, no free whitespace (a model cannot pad a call forever)
-COMPACT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 
 
 @dataclass(frozen=True)
@@ -445,8 +441,10 @@ def _lit(text: str) -> str:
 
 
 def _arguments_schema(parameters: Mapping[str, Any]) -> dict[str, Any]:
-    schema = copy.deepcopy(dict(parameters))
-    schema.setdefault("x-guidance", dict(COMPACT))
+    """A call's arguments as the engine writes them (``json_writing``): the spacing of the prompt's
+    example, no free whitespace (a model cannot pad a call forever), integers within I-JSON's range."""
+    schema: dict[str, Any] = as_written(dict(parameters))
+    schema.setdefault("x-guidance", dict(LAYOUT))
     return schema
 
 
