@@ -24,9 +24,10 @@ Per engine and round (fresh process):
                   figures, which stay those of greedy decoding)
     rss_mb        resident memory after decoding; max_rss_mb the process's peak
     greedy_tokens_agreeing   how many of the decoded tokens the two engines agree on, from the first
-With ``--compile-cache DIR`` each format's one-row step is compiled into DIR first (``gptlab compile``,
-once, outside the rounds: ``compile_s``), and gptlab's processes load it there, as a command under
-``--compile auto`` does once the step is kept.
+With ``--compile-cache DIR`` each format's one-row step and prompt pass are compiled into DIR first
+(``gptlab compile``, once, outside the rounds: ``compile_s``), and gptlab's processes load them there, as
+a command under ``--compile auto`` does once they are kept (``prefill``: ``kept`` where the prefills ran
+the kept compiled pass, ``eager`` otherwise; the run stops if the plan said kept and they did not).
 The line printed holds each figure's median over the rounds and gptlab ÷ llama.cpp (for decode
 llama.cpp ÷ gptlab is not used: every ratio is "gptlab's figure over llama.cpp's").
 """
@@ -180,12 +181,16 @@ def worker(job: dict, weights: str, compile_mode: str, cache: str | None = None)
         sampled["sampled_decode_tps"] = (n - 1) / (timed(ids, n, options) - timed(ids, 1, options))
     if cache and engine.plan(1).step == "fused" and engine.one_token.source != "loaded":
         raise SystemExit(f"error: the kept step in {cache} was not what ran: {engine.ran()}")
+    prompt = engine.plan(1).prompt  # the prefills: the kept compiled pass where the cache keeps it
+    if prompt == "kept" and engine.prompt.kept_calls < len(prefill):
+        raise SystemExit(f"error: the kept prompt pass in {cache} was not what ran: {engine.prompts_ran()}")
     print(
         json.dumps(
             {
                 "loaded_at": loaded_at,
                 "prefill_first_s": prefill[0],
                 "prefill_second_s": prefill[1],
+                "prefill": prompt,
                 "decode_tps": decode,
                 **sampled,
                 "rss_mb": rss,
@@ -262,6 +267,7 @@ def main(argv: list[str] | None = None) -> int:
             rows["llama_cpp"].append(run_llama(job))
             rows["gptlab"].append(run_gptlab(job, PAIRS[fmt], args.compile, args.compile_cache))
         ours, theirs = rows["gptlab"][0].pop("generated"), rows["llama_cpp"][0].pop("generated")
+        prefills = sorted({r.pop("prefill") for r in rows["gptlab"]})  # (a word, not a figure)
         agree = next((i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b), min(len(ours), len(theirs)))
         medians = {
             engine: {k: round(statistics.median(r[k] for r in runs), 3) for k in runs[0] if k != "generated"}
@@ -273,6 +279,7 @@ def main(argv: list[str] | None = None) -> int:
             **medians,
             "gptlab_over_llama_cpp": ratios,
             "greedy_tokens_agreeing": f"{agree}/{len(theirs)}",
+            "gptlab_prefill": "/".join(prefills),
             **({} if compile_s is None else {"compile_s": compile_s}),
         }
     import torch

@@ -41,3 +41,26 @@ def keep_a_recording_step(model, root: Path) -> list[int]:
 
     prepared_of(model)._one_token = one_row  # type: ignore[assignment]  # (stands in for the loaded package)
     return calls
+
+
+def keep_a_recording_prompt(model, root: Path) -> list[int]:
+    """Keep a fake prompt pass for ``model`` in the compile cache ``root`` (beside its step's folder) and
+    make the model's engine run, in its place, ``prompt_pass`` eagerly → each prompt's length it took."""
+    from gptlab.generate.prompt_pass import PROMPT, prompt_pass
+
+    store = StoredStep(root, PROMPT)
+    folder = store.place(model, torch.float32)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / PROMPT.package).write_bytes(b"not a package")
+    digest = hashlib.sha256((folder / PROMPT.package).read_bytes()).hexdigest()
+    record = {"key": store.key(model, torch.float32), "sha256": digest, "file": PROMPT.package}
+    (folder / PROMPT.record).write_text(json.dumps(record, default=str))
+    calls: list[int] = []
+
+    def kept(m, idx, pos, keys, values):
+        calls.append(idx.size(1))
+        return prompt_pass(m, idx, pos, keys, values)  # the pass's own code
+
+    engine = prepared_of(model)
+    engine.prompt._run, engine.prompt._tried = kept, True  # (stands in for the loaded package)
+    return calls

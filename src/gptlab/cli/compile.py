@@ -1,11 +1,13 @@
-"""``gptlab compile MODEL``: compile a model's one-row decode step into the compile cache now, and the
-background compilation that ``sample``, ``chat`` and ``serve`` start under ``--compile auto``.
+"""``gptlab compile MODEL``: compile a model's one-row decode step and its prompt pass into the compile
+cache now, and the background compilation that ``sample``, ``chat`` and ``serve`` start under ``--compile
+auto``.
 
 gptlab compile smollm2                      # what a later sample, chat or serve of smollm2 loads
 gptlab compile ckpt/ --dtype int8 --threads 2
 
 The compiled step is keyed by what its code depends on (torch, the CPU kind, the thread count, the
-model's layout, gptlab's source: ``gptlab.generate.one_token``), so it is compiled with the weight
+model's layout, gptlab's source: ``gptlab.generate.one_token``; the prompt pass beside it,
+``gptlab.generate.prompt_pass``), so it is compiled with the weight
 format and thread count the later command will use. Under ``--compile auto`` a command whose compile
 cache lacks the step decodes layer by layer and starts this command once, detached and at the lowest
 CPU priority (``gptlab.cli.background``): its output goes to ``compile.log`` in the step's folder, a
@@ -65,6 +67,8 @@ def run(args: argparse.Namespace) -> int:
 
     import gptlab
     from gptlab.generate import generate_ids, prepare_decoding
+    from gptlab.generate.prompt_pass import applies, keep_prompt_pass
+    from gptlab.model.kvcache import default_cache_dtype
 
     if args.background:
         _lowest_priority()
@@ -83,21 +87,31 @@ def run(args: argparse.Namespace) -> int:
     folder = engine.step_folder()
     if folder is None:
         raise GptlabError(f"{args.checkpoint}: no one-row step to compile for this model")
+    what = f"({getattr(model, 'quantization', weights)} weights, {torch.get_num_threads()} threads)"
     if engine.step_kept():
         sys.stderr.write(f"the one-row step of {args.checkpoint} is kept already: {folder}\n")
-        return 0
-    plan = engine.plan(1)
-    if plan.step != "fused":
-        return _failed(args, folder, f"no compiled one-row step for this model here ({plan.why})")
+    else:
+        plan = engine.plan(1)
+        if plan.step != "fused":
+            return _failed(args, folder, f"no compiled one-row step for this model here ({plan.why})")
+        started = time.perf_counter()
+        generate_ids(model, torch.zeros(1, 1, dtype=torch.long), 2, temperature=0)  # its first step compiles
+        ran = engine.ran()
+        if not engine.step_kept():
+            return _failed(args, folder, f"the step was not kept ({ran})")
+        sys.stderr.write(
+            f"compiled the one-row step of {args.checkpoint} {what} in {time.perf_counter() - started:.0f} s; "
+            f"kept in {folder}\n"
+        )
     started = time.perf_counter()
-    generate_ids(model, torch.zeros(1, 1, dtype=torch.long), 2, temperature=0)  # its first step compiles
-    ran = engine.ran()
-    if not engine.step_kept():
-        return _failed(args, folder, f"the step was not kept ({ran})")
-    sys.stderr.write(
-        f"compiled the one-row step of {args.checkpoint} ({getattr(model, 'quantization', weights)} weights, "
-        f"{torch.get_num_threads()} threads) in {time.perf_counter() - started:.0f} s; kept in {folder}\n"
-    )
+    kept, how = keep_prompt_pass(model, root, default_cache_dtype(model.dtype, model.device))
+    if how == "compiled":
+        sys.stderr.write(
+            f"compiled the prompt pass of {args.checkpoint} {what} in {time.perf_counter() - started:.0f} s; "
+            f"kept in {folder}\n"
+        )
+    elif not kept and applies(model):
+        return _failed(args, folder, f"the prompt pass was not kept ({how})")
     (folder / BUILDING).unlink(missing_ok=True)
     return 0
 

@@ -240,7 +240,7 @@ def prepare_decode(
     one, batches = engine.plan(1), engine.plan(2)
     on = one.step in COMPILED_STEPS
     why = batches.why if one.device == "cpu" and on and asked == "on" else one.why
-    if later is not None and one.step == "layers" and not_for is None:
+    if later is not None and not_for is None:
         if compiles_for_later(engine.facts(), engine.settings):
             from gptlab.cli.background import compile_later
 

@@ -226,6 +226,7 @@ def run(args: argparse.Namespace) -> int:
         f"{n_tokens} tokens in {seconds:.2f} s: {rate:.1f} tokens/s ({getattr(model, 'quantization', weights)} weights)\n"
     )
     ran = engine.ran()  # which one-row step decoded how many tokens (eager while it compiled)
-    if ran:
-        sys.stderr.write(ran + "\n")
+    for line in (ran, engine.prompts_ran()):
+        if line:
+            sys.stderr.write(line + "\n")
     return 0

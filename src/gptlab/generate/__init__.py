@@ -28,6 +28,7 @@ The modules, read in this order (docs/design/decode-engines.md):
     static.py        StaticSession (fixed shapes, CUDA graphs), its step, the frozen CPU step
     prepared.py      PreparedDecoding: a model's settings and compiled steps
     one_token.py     the fused one-row CPU step and the package that keeps it compiled
+    prompt_pass.py   a prompt's pass of one row, kept compiled beside the one-row step
     beam.py          beam search
     lookup.py        prompt-lookup drafts, verified in one pass
     grammar.py       structured output: a JSON schema, regex or grammar as a mask per token

@@ -194,7 +194,7 @@ def one_token_step(store: str | os.PathLike[str] | None = None, background: bool
 FORMAT = 2
 PACKAGE, RECORD = "step.pt2", "step.json"
 # the sources whose code the exported step runs: a change to any of them is a new key
-_SOURCES = ("model", "generate/one_token.py", "generate/plan.py")
+_SOURCES = ("model", "generate/one_token.py", "generate/plan.py", "generate/prompt_pass.py")
 
 
 class _Step(nn.Module):
@@ -213,6 +213,58 @@ class _Step(nn.Module):
         span: torch.Tensor,
     ) -> torch.Tensor:
         return decode_one_token(self.m, idx, pos, keys, values, span.size(0))
+
+
+@dataclasses.dataclass(frozen=True)
+class Kind:
+    """What a kept package computes: the one-row step (``STEP``) or a prompt's pass
+    (``gptlab.generate.prompt_pass.PROMPT``). Both live in one folder per model and machine (the
+    step's key), as ``NAME.pt2`` and its record ``NAME.json``.
+
+    ``wrapper``: the function as a module to export (its tensors are the model's, under ``m.``);
+    ``examples(model, keys)``: the arguments to export it with, from the caller's cache (None where
+    it does not apply to this model); ``shapes(model, layers)``: which of their sizes are symbols;
+    ``loaded(package, model, derived)``: the package as the function's signature; ``freezes``:
+    whether its int8 matrices may be frozen (``FROZEN_INT8``)."""
+
+    name: str
+    wrapper: Callable[[Decoder], nn.Module]
+    examples: Callable[[Decoder, list[torch.Tensor]], tuple[Any, ...] | None]
+    shapes: Callable[[Decoder, int], dict[str, Any]]
+    loaded: Callable[[Path, Decoder, dict[str, list[Any]]], Callable[..., Any]]
+    freezes: bool = False
+
+    @property
+    def package(self) -> str:
+        return f"{self.name}.pt2"
+
+    @property
+    def record(self) -> str:
+        return f"{self.name}.json"
+
+
+def _step_examples(model: Decoder, keys: list[torch.Tensor]) -> tuple[Any, ...]:
+    n_kv, d_k, dtype = keys[0].size(1), keys[0].size(3), keys[0].dtype
+    return (
+        torch.tensor([[0]]),
+        torch.tensor([1]),
+        [torch.zeros(1, n_kv, 8, d_k, dtype=dtype) for _ in keys],
+        [torch.zeros(1, n_kv, 8, d_k, dtype=dtype) for _ in keys],
+        torch.empty(2),
+    )
+
+
+def _step_shapes(model: Decoder, layers: int) -> dict[str, Any]:
+    from torch.export import Dim
+
+    capacity, end = Dim("capacity", min=2, max=1 << 24), Dim("end", min=1, max=1 << 24)
+    return {
+        "idx": None,
+        "pos": None,
+        "keys": [{2: capacity}] * layers,
+        "values": [{2: capacity}] * layers,
+        "span": {0: end},
+    }
 
 
 def _sha256(path: Path) -> str:
@@ -267,17 +319,20 @@ def _shared_copy(model: Decoder) -> Decoder:
 
 
 class StoredStep:
-    """The compiled one-row step kept in ``root``: ``load(args)`` and ``build(args)`` for ``Compiled``."""
+    """A package kept in ``root`` (the one-row step, or another ``Kind``): ``load(args)`` and
+    ``build(args)`` for ``Compiled``, whose ``args`` begin ``(model, idx, pos, keys, values)``."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, kind: Kind | None = None) -> None:
         self.root = root
+        self.kind = STEP if kind is None else kind
         self.skipped = ""  # why the step was compiled in the process instead (not storable)
         self.stored = False  # this process compiled it into the store
 
     def key(self, model: Decoder, cache_dtype: torch.dtype) -> dict[str, Any]:
-        """What the compiled code depends on (the module docstring)."""
+        """What the compiled code depends on (the module docstring); another kind than the step's
+        names itself."""
         config = getattr(model, "config", None)
-        return {
+        key = {
             "format": FORMAT,
             "torch": torch.__version__,
             "cpu": torch.backends.cpu.get_cpu_capability(),
@@ -292,56 +347,67 @@ class StoredStep:
             "cache": str(cache_dtype),
             "options": self.options(model),
         }
+        if self.kind is not STEP:
+            key["kind"] = self.kind.name
+        return key
 
-    @staticmethod
-    def options(model: Decoder) -> dict[str, Any]:
-        """The inductor settings the step is compiled with: ``_OPTIONS``, and ``FROZEN_INT8`` for ``frozen_int8``."""
-        return {**_OPTIONS, **(FROZEN_INT8 if frozen_int8(model) else {})}
+    def options(self, model: Decoder) -> dict[str, Any]:
+        """The inductor settings it is compiled with: ``_OPTIONS``, and ``FROZEN_INT8`` for the step of a
+        ``frozen_int8`` model."""
+        return {**_OPTIONS, **(FROZEN_INT8 if self.kind.freezes and frozen_int8(model) else {})}
 
     def folder(self, key: dict[str, Any]) -> Path:
+        """The folder of the step with this key (every kind of the same model and machine is kept there)."""
         digest = hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()
         return self.root / digest[:32]
 
+    def place(self, model: Decoder, cache_dtype: torch.dtype) -> Path:
+        """Where ``model``'s packages over a cache of ``cache_dtype`` are kept: the step's folder."""
+        step = self if self.kind is STEP else StoredStep(self.root)
+        return self.folder(step.key(model, cache_dtype))
+
+    def kept(self, model: Decoder, cache_dtype: torch.dtype) -> bool:
+        """Whether the store holds this kind's package for ``model`` (a record beside it; ``load`` verifies)."""
+        folder = self.place(model, cache_dtype)
+        return (folder / self.kind.record).is_file() and (folder / self.kind.package).is_file()
+
     def load(self, args: tuple[Any, ...]) -> Callable[..., Any] | None:
-        """The stored step for these arguments' model and cache, verified; None when there is none
+        """The stored package for these arguments' model and cache, verified; None when there is none
         (or it is damaged or foreign: a warning, and it is compiled again)."""
         model, keys = args[0], args[3]
         key = self.key(model, keys[0].dtype)
-        folder = self.folder(key)
-        if not (folder / RECORD).exists():
+        folder = self.place(model, keys[0].dtype)
+        if not (folder / self.kind.record).exists():
             return None
         try:
-            record = json.loads((folder / RECORD).read_text())
+            record = json.loads((folder / self.kind.record).read_text())
             recorded = json.loads(json.dumps(key, default=str))
             if record.get("key") != recorded:
                 raise ValueError("its key is not this model's, CPU's or torch's")
-            if _sha256(folder / PACKAGE) != record.get("sha256"):
+            if _sha256(folder / self.kind.package) != record.get("sha256"):
                 raise ValueError("its sha256 differs from the one recorded")
-            return _loaded(folder / PACKAGE, model, record.get("derived", {}))
+            return self.kind.loaded(folder / self.kind.package, model, record.get("derived", {}))
         except (OSError, ValueError, RuntimeError, AttributeError, TypeError) as exc:
-            warnings.warn(
-                f"the stored decode step in {folder} is not used ({exc}); compiling it again", stacklevel=2
-            )
+            if self.kind is STEP:
+                what, then = "decode step", "compiling it again"
+            else:  # (nothing compiles it in a process: ``gptlab compile`` replaces it)
+                what, then = f"{self.kind.name} pass", "running the eager pass (gptlab compile replaces it)"
+            warnings.warn(f"the stored {what} in {folder} is not used ({exc}); {then}", stacklevel=2)
             return None
 
     def build(self, args: tuple[Any, ...]) -> Job | None:
-        """Export and compile the step into the store (a job, for a thread), then load it; None
-        where the step cannot be exported (``torch.compile`` then compiles it in the process)."""
-        model, keys = args[0], args[3]
-        twin = _Step(_shared_copy(model))
+        """Export and compile the package into the store (a job, for a thread), then load it; None
+        where it cannot be exported (the step: ``torch.compile`` then compiles it in the process)."""
+        model, keys = args[0], list(args[3])
+        twin = self.kind.wrapper(_shared_copy(model))
         key = self.key(model, keys[0].dtype)
-        n_kv, d_k, dtype, layers = keys[0].size(1), keys[0].size(3), keys[0].dtype, len(keys)
 
         def job() -> Callable[..., Any] | None:
             # (made here, outside the caller's inference mode: AOTInductor runs them as ordinary tensors)
-            examples = (
-                torch.tensor([[0]]),
-                torch.tensor([1]),
-                [torch.zeros(1, n_kv, 8, d_k, dtype=dtype) for _ in range(layers)],
-                [torch.zeros(1, n_kv, 8, d_k, dtype=dtype) for _ in range(layers)],
-                torch.empty(2),
-            )
+            examples = self.kind.examples(model, keys)
             try:
+                if examples is None:
+                    raise ValueError(f"no {self.kind.name} pass applies to this model")
                 return self._compile(twin, examples, key, model)
             except Exception as exc:  # export or AOTInductor cannot take this model
                 self.skipped = (
@@ -352,24 +418,15 @@ class StoredStep:
         return job
 
     def _compile(
-        self, twin: _Step, examples: tuple[Any, ...], key: dict[str, Any], model: Decoder
+        self, twin: nn.Module, examples: tuple[Any, ...], key: dict[str, Any], model: Decoder
     ) -> Callable[..., Any]:
         """Export ``twin``, compile it into the store (package, then its record), load it for ``model``."""
-        from torch.export import Dim
-
-        folder, layers = self.folder(key), len(examples[2])
-        capacity, end = Dim("capacity", min=2, max=1 << 24), Dim("end", min=1, max=1 << 24)
-        shapes = {
-            "idx": None,
-            "pos": None,
-            "keys": [{2: capacity}] * layers,
-            "values": [{2: capacity}] * layers,
-            "span": {0: end},
-        }
+        folder, kind = self.place(model, examples[2][0].dtype), self.kind
+        shapes = kind.shapes(model, len(examples[2]))
         with torch.inference_mode():
             program = torch.export.export(twin, examples, dynamic_shapes=shapes, strict=False)
         folder.mkdir(parents=True, exist_ok=True)
-        built = folder / f".{PACKAGE}.{os.getpid()}.{uuid.uuid4().hex}.pt2"
+        built = folder / f".{kind.package}.{os.getpid()}.{uuid.uuid4().hex}.pt2"
         try:
             from torch._inductor import aoti_compile_and_package
 
@@ -387,18 +444,18 @@ class StoredStep:
                 # not the user's business
                 warnings.filterwarnings("ignore", category=FutureWarning, module="copyreg")
                 aoti_compile_and_package(program, package_path=str(built), inductor_configs=options)
-            live = _Step(model)  # (the names the package reads its constants by)
+            live = kind.wrapper(model)  # (the names the package reads its constants by)
             own: dict[str, torch.Tensor] = dict(live.named_parameters(remove_duplicate=False))
             own.update(live.named_buffers(remove_duplicate=False))
             derived = _recipes(load_package(built).get_constant_fqns(), made, own)
             digest = _sha256(built)
-            atomic_write(folder / PACKAGE, lambda tmp: os.replace(built, tmp))
+            atomic_write(folder / kind.package, lambda tmp: os.replace(built, tmp))
         finally:
             built.unlink(missing_ok=True)
-        record = {"key": key, "sha256": digest, "file": PACKAGE, "derived": derived}
-        atomic_write_json(folder / RECORD, record)
+        record = {"key": key, "sha256": digest, "file": kind.package, "derived": derived}
+        atomic_write_json(folder / kind.record, record)
         self.stored = True
-        return _loaded(folder / PACKAGE, model, derived)
+        return kind.loaded(folder / kind.package, model, derived)
 
 
 def _version(t: torch.Tensor) -> int:
@@ -409,11 +466,12 @@ def _version(t: torch.Tensor) -> int:
         return -1
 
 
-def _loaded(package: Path, model: Decoder, derived: dict[str, list[Any]]) -> Callable[..., Any]:
-    """The AOTInductor package as ``decode_one_token``'s signature, reading ``model``'s own tensors;
-    ``derived``: a frozen step's packed matrices, made from the model's (``_recipes``)."""
+def load_reading(
+    package: Path, wrapper: nn.Module, derived: dict[str, list[Any]]
+) -> tuple[Any, dict[str, torch.Tensor]]:
+    """An AOTInductor package's loader whose constants are ``wrapper``'s own tensors (user-managed:
+    nothing copied) and, for ``derived`` ones, the blocks made from them (``_recipes``) → (loader, constants)."""
     loader = load_package(package)
-    wrapper = _Step(model)
     constants = {}
     for name in loader.get_constant_fqns():
         if name in derived:
@@ -422,6 +480,14 @@ def _loaded(package: Path, model: Decoder, derived: dict[str, list[Any]]) -> Cal
         else:
             constants[name] = operator.attrgetter(name)(wrapper)
     loader.load_constants(constants, False, True, True)  # (not on device, check all, user-managed)
+    return loader, constants
+
+
+def _loaded(package: Path, model: Decoder, derived: dict[str, list[Any]]) -> Callable[..., Any]:
+    """The AOTInductor package as ``decode_one_token``'s signature, reading ``model``'s own tensors;
+    ``derived``: a frozen step's packed matrices, made from the model's (``_recipes``)."""
+    wrapper = _Step(model)
+    loader, constants = load_reading(package, wrapper, derived)
     span = torch.empty(0)
     # the blocks are copies: a source written in place since (its version moved) is blocked again,
     # into the same tensors the package reads, before the next step (an inference-mode tensor keeps
@@ -459,3 +525,7 @@ def _loaded(package: Path, model: Decoder, derived: dict[str, list[Any]]) -> Cal
 
     step.constants = constants  # type: ignore[attr-defined]  # kept alive: the loader reads them
     return step
+
+
+#: the one-row step as a kept package
+STEP = Kind("step", _Step, _step_examples, _step_shapes, _loaded, freezes=True)

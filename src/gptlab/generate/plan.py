@@ -76,6 +76,9 @@ STEPS = {
 #: beam search (its own dynamic session, one search step at a time), or an encoder–decoder's source
 #: (bound alone, ``driver.bind_source``: one request at a time)
 ROUTES = {"rows": "", "beam": "beam search", "source": "each source bound alone"}
+#: how a prompt of one row is prefilled, in words (``DecodePlan.prompt``): eagerly, or from the
+#: package the compile cache keeps (``gptlab.generate.prompt_pass``: prompts of 128 tokens or more)
+PROMPTS = {"eager": "prompts eagerly", "kept": "prompts of 128+ tokens through the kept compiled pass"}
 #: the steps that run through torch.compile (the rest run module by module or eagerly)
 COMPILED_STEPS = frozenset({"fused", "frozen", "cuda-graphs", "compiled"})
 
@@ -127,6 +130,8 @@ class ModelFacts:
     one_row: str = "library"  # a CPU's layer-by-layer one-row products: "library" | "compiled" (gemv)
     # the compile cache holds this model's compiled one-row step (None: no compile cache given)
     kept_step: bool | None = None
+    # ... and its prompt pass (``gptlab.generate.prompt_pass``; None: no cache, or none applies)
+    kept_prompt: bool | None = None
 
     @classmethod
     def of(cls, model: Decoder) -> ModelFacts:
@@ -163,14 +168,16 @@ class DecodePlan:
     draft: str = "none"  # "none" | "prompt-lookup" (gptlab.generate.lookup)
     route: str = "rows"  # a key of ROUTES
     lone_rows: bool = False  # several rows, dynamic: a step that feeds one row alone runs the "fused" step
+    prompt: str = "eager"  # a key of PROMPTS: how a prompt of one row is prefilled
 
     def __str__(self) -> str:
         drafts = ", prompt-lookup drafts" if self.draft == "prompt-lookup" else ""
         route = f", {ROUTES[self.route]}" if self.route != "rows" else ""
         lone = f" (a lone row: {STEPS['fused']})" if self.lone_rows else ""
+        prompt = f", {PROMPTS[self.prompt]}" if self.prompt != "eager" else ""
         return (
             f"decode plan ({self.device}, batch {self.batch}): {self.session} cache, "
-            f"{STEPS[self.step]}{lone}, {self.sampler} sampler{drafts}{route} ({self.why})"
+            f"{STEPS[self.step]}{lone}{prompt}, {self.sampler} sampler{drafts}{route} ({self.why})"
         )
 
 
@@ -244,17 +251,17 @@ def decode_compile_pays(
 
 
 def compiles_for_later(facts: ModelFacts, settings: DecodeSettings) -> bool:
-    """Whether the caller should compile the one-row step into the compile cache in the background
-    (``gptlab compile``, a process of its own) for later processes: ``auto`` on a CPU with a
-    compiler, a model large enough to gain, a cache that does not hold the step yet, and a generation
-    that does not compile it here (``decode_compile_pays``)."""
+    """Whether the caller should compile the one-row step (and the prompt pass) into the compile cache
+    in the background (``gptlab compile``, a process of its own) for later processes: ``auto`` on a CPU
+    with a compiler, a model large enough to gain, a cache that does not hold the step or its prompt
+    pass yet, and a generation that does not compile the step here (``decode_compile_pays``)."""
     return (
         settings.compile == "auto"
         and not (settings.planned_tokens is not None and settings.planned_tokens >= PAYBACK_TOKENS)
         and facts.device == "cpu"
         and facts.compiler
         and facts.matrix_bytes >= STREAM_MIN_BYTES
-        and facts.kept_step is False
+        and (facts.kept_step is False or facts.kept_prompt is False)
     )
 
 
@@ -423,6 +430,10 @@ def plan_decoding(
     )
     if lone:
         reason += f"; a step of one row: {STEPS['fused']}, {fused_how(settings, True)}"
+    # a prompt of one row: the kept compiled pass wherever the kept step would run for one row
+    prompt = bool(facts.kept_prompt) and facts.device == "cpu" and float_cache and decide(facts, settings)[0]
+    if prompt:
+        reason += f"; a prompt's pass loaded from {settings.compile_cache}"
     return DecodePlan(
         facts.device,
         batch,
@@ -432,6 +443,7 @@ def plan_decoding(
         reason,
         _draft(config, batch, step, facts.activations),
         lone_rows=lone,
+        prompt="kept" if prompt else "eager",
     )
 
 

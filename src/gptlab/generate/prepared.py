@@ -12,7 +12,8 @@ session whose CUDA graphs later requests replay. Nothing is kept in a module-lev
 engine, and with it every compiled step, goes away with the model. A deep copy of the model starts
 without one.
 
-The fused one-row step and its kept package: ``gptlab.generate.one_token``.
+The fused one-row step and its kept package: ``gptlab.generate.one_token``; the kept prompt pass:
+``gptlab.generate.prompt_pass``.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from gptlab.generate.config import SampleConfig
 from gptlab.generate.one_token import PACKAGE, RECORD, StoredStep, one_token_step
 from gptlab.generate.plan import DecodePlan, Decoder, DecodeSettings, ModelFacts, plan_decoding
 from gptlab.generate.prefix_cache import PrefixCache
+from gptlab.generate.prompt_pass import PROMPT, KeptPrompt, applies
 from gptlab.generate.session import BatchSession
 from gptlab.generate.static import FrozenSteps, StaticSession
 from gptlab.hardware import HugePageThread, back_with_huge_pages_later, keep_heap
@@ -51,6 +53,7 @@ class PreparedDecoding:
             keep_heap()  # an eager prefill's blocks reused, not page-faulted afresh (gptlab.hardware)
         self.frozen = FrozenSteps(model)  # the frozen CPU steps, one per sampler flavour
         self._one_token: Compiled | None = None
+        self._prompt: KeptPrompt | None = None
         #: the static session later requests reuse while it is free and large enough
         self.static: StaticSession | None = None
         self._folders: dict[torch.dtype, Path] = {}
@@ -91,7 +94,11 @@ class PreparedDecoding:
         """``ModelFacts.of`` the model, with whether the compile cache keeps its one-row step."""
         facts = ModelFacts.of(self.model)
         if self.settings.compile_cache is not None and facts.device == "cpu":
-            facts = dataclasses.replace(facts, kept_step=self.step_kept(cache_dtype))
+            folder = self.step_folder(cache_dtype)
+            prompt = None
+            if folder is not None and applies(self.model):
+                prompt = (folder / PROMPT.record).is_file() and (folder / PROMPT.package).is_file()
+            facts = dataclasses.replace(facts, kept_step=self.step_kept(cache_dtype), kept_prompt=prompt)
         return facts
 
     def step_folder(self, cache_dtype: torch.dtype | None = None) -> Path | None:
@@ -123,6 +130,35 @@ class PreparedDecoding:
                 self.settings.compile_cache, background=not self.settings.compile_wait
             )
         return self._one_token
+
+    @property
+    def prompt(self) -> KeptPrompt:
+        """The kept prompt pass (``gptlab.generate.prompt_pass``), loaded from ``settings.compile_cache``
+        at the first prompt it takes; built once per model."""
+        if self._prompt is None:
+            assert self.settings.compile_cache is not None
+            self._prompt = KeptPrompt(self.settings.compile_cache)
+        return self._prompt
+
+    def prompt_pass(self, plan: DecodePlan) -> KeptPrompt | None:
+        """The kept prompt pass where ``plan`` runs it (``plan.prompt``), else None."""
+        return self.prompt if plan.prompt == "kept" else None
+
+    def prompts_ran(self) -> str:
+        """How many prompts the kept prompt pass took, in words ("" when it was never given one):
+        e.g. ``prompt pass ran: compiled 1 (loaded from DIR)``."""
+        kept = self._prompt
+        if kept is None or not (kept.kept_calls or kept.eager_calls):
+            return ""
+        parts = [f"compiled {kept.kept_calls}"] if kept.kept_calls else []
+        if kept.eager_calls:
+            parts.append(f"eager {kept.eager_calls}")
+        why = (
+            f"loaded from {self.settings.compile_cache}" if kept.kept_calls else "its package was not loaded"
+        )
+        if kept.failure is not None:
+            why += f"; it failed: {type(kept.failure).__name__}"
+        return f"prompt pass ran: {', '.join(parts)} ({why})"
 
     def ran(self) -> str:
         """Which one-row step ran for how many tokens so far, in words ("" when none was compiled):
@@ -171,6 +207,7 @@ class PreparedDecoding:
             cache_dtype,
             capacity,
             one_token=self.one_row_step(plan),
+            prompt=self.prompt_pass(plan),
             prefix_cache=prefix_cache,
             first_step=self.weights_on_huge_pages,
         )

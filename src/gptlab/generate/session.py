@@ -52,8 +52,14 @@ from gptlab.compiling import Compiled
 from gptlab.errors import GptlabError
 from gptlab.generate.plan import Decoder, logits_of
 from gptlab.generate.prefix_cache import Layout, PrefixCache
+from gptlab.generate.prompt_pass import MIN_TOKENS as PROMPT_MIN_TOKENS
 from gptlab.hardware import release_memory
 from gptlab.model.kvcache import KVView, Rows, default_cache_dtype, make_store
+
+#: a prompt's pass over one row's cache views: ``(model, idx, pos, keys, values) → logits (1, vocab)``
+PromptPass = Callable[
+    [Decoder, torch.Tensor, torch.Tensor, list[torch.Tensor], list[torch.Tensor]], torch.Tensor
+]
 
 
 def _rows(slots: Sequence[int]) -> Rows:
@@ -79,12 +85,15 @@ class BatchSession:
         cache_dtype: torch.dtype | None = None,
         capacity: int | None = None,
         one_token: Compiled | None = None,
+        prompt: PromptPass | None = None,
         prefix_cache: PrefixCache | None = None,
         first_step: Callable[[], None] | None = None,
     ) -> None:
         """``one_token``: a compiled ``fused_step.decode_one_token`` to run each step that feeds one row
         (from position 0) of a float cache: the model's ``PreparedDecoding`` gives it where the plan of
         one row says ``fused`` (a session of several rows: only once the compile cache keeps the step).
+        ``prompt``: the kept prompt pass (``gptlab.generate.prompt_pass.KeptPrompt``) to prefill a prompt
+        of one row from position 0 with no cached prefix, where the plan says ``prompt="kept"``.
         ``prefix_cache``: where prompts find the keys and values of a prefix seen before, and where
         prompts and freed rows leave theirs (``gptlab.generate.prefix_cache``). ``first_step``: called
         once, before the first decode step (the model's engine then moves its weights onto huge pages)."""
@@ -112,6 +121,8 @@ class BatchSession:
         #: row, a float cache, a CPU), or None (layer by layer); given by ``PreparedDecoding``, never
         #: re-decided here
         self.one_token = one_token
+        #: the kept prompt pass, or None (every prompt through ``_run``); given by ``PreparedDecoding``
+        self.prompt = prompt
         #: what ``GPT.run`` takes as ``cache``: one view per layer, aimed by ``_run`` before each pass
         self.layers = [KVView(s) for s in self.stores]
         #: per slot, each layer's key and value rows as views, for ``one_token`` (made once per slot and capacity)
@@ -269,7 +280,12 @@ class BatchSession:
             mask = (seen | (j[None, None, :] == i[None, :, None]))[:, None]  # (n, 1, T − Q0, T)
         else:
             pos, mask = torch.arange(T, device=device), None
-        logits = self._run(idx, pos, mask, _rows(slots), q0, T)
+        if self.prompt is not None and n == 1 and mask is None and T >= PROMPT_MIN_TOKENS:
+            keys, values = self._views_of(slots[0])  # (one row from position 0, no cached prefix)
+            logits = self.prompt(self.model, idx, pos, keys, values)
+            release_after_pass(idx)
+        else:
+            logits = self._run(idx, pos, mask, _rows(slots), q0, T)
         for b, s in enumerate(slots):
             self.start[s], self.end[s], self.tokens[s] = pads[b], T, list(ids[b])
         return [logits[b] for b in range(n)]

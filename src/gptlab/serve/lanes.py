@@ -90,13 +90,18 @@ class Lanes:
 
         Asks at most once every ``RECHECK_S`` seconds (``now``: ``time.monotonic()``)."""
         now = time.monotonic() if now is None else now
-        if self.dynamic.one_token is not None or now - self._checked < RECHECK_S:
+        lane = self.dynamic
+        if (lane.one_token is not None and lane.prompt is not None) or now - self._checked < RECHECK_S:
             return False
         self._checked = now
-        step = self._engine.one_row_step(self._engine.plan(self.max_batch, want_probs=True))
-        if step is None:
+        plan = self._engine.plan(self.max_batch, want_probs=True)
+        step, prompt = self._engine.one_row_step(plan), self._engine.prompt_pass(plan)
+        adopted = (lane.one_token is None and step is not None) or (
+            lane.prompt is None and prompt is not None
+        )
+        if not adopted:
             return False
-        self.dynamic.one_token = step
+        lane.one_token, lane.prompt = lane.one_token or step, lane.prompt or prompt
         self.plan = self._engine.plan(self.max_batch)
         return True
 

@@ -268,8 +268,8 @@ class Scheduler:
         for job in beams:
             self._guarded(job, self._start_beam)
         if batch:
-            if self.session.adopt_kept_step():  # a background `gptlab compile` has kept the step
-                log.info("decode: the compile cache keeps the one-row step now; %s", self.session.plan)
+            if self.session.adopt_kept_step():  # a background `gptlab compile` has kept the step (or pass)
+                log.info("decode: the compile cache keeps the compiled step now; %s", self.session.plan)
             self._starting = batch
             self._start(batch)
             self._starting = []
