@@ -91,6 +91,13 @@ def test_auto_compiles_the_prompt_pass_for_later_where_the_cache_keeps_only_the_
 
 def test_a_prompt_pass_applies_to_a_decoder_whose_context_holds_a_long_prompt():
     assert applies(_model()) and not applies(_model(block_size=64))
+    assert applies(gptlab.quantize(_model(), "int4")) and applies(_model().to(torch.bfloat16))
+    # int8 weights with float32 activations (the activations int8 takes on this CPU kind, or as if so):
+    # measured slower compiled (1.05x), not kept
+    int8 = gptlab.quantize(_model(), "int8")
+    assert applies(int8) == (int8.dtype != torch.float32)
+    int8.quantization = "int8"
+    assert not applies(int8.float()) and applies(int8.to(torch.bfloat16))
     # one path for every layer: the int4 and int8 few-row kernels end below MIN_TOKENS rows
     assert MIN_TOKENS >= max(INT4_DEQUANT_ROWS.values())
     assert MIN_TOKENS >= max(max(rows) for rows in INT8_FLOAT_ROWS.values())
