@@ -183,7 +183,10 @@ def keep_prompt_pass(model: Decoder, root: str | Path, cache_dtype: torch.dtype)
     (whether it is kept now, what was done or why not): ``gptlab compile``'s second package."""
     store = StoredStep(Path(root), PROMPT)
     if not applies(model):
-        return False, f"no prompt of {MIN_TOKENS} tokens fits the model's context"
+        return (
+            False,
+            f"no prompt pass for this model (a context under {_EXAMPLE + 1} tokens, or its weight format)",
+        )
     config = model.config
     n_kv = config.n_kv_head or config.n_head
     keys = [torch.zeros(1, n_kv, 2, config.head_dim, dtype=cache_dtype) for _ in range(config.n_layer)]
