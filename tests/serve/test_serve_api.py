@@ -515,3 +515,21 @@ def test_cli_serve_bad_input_is_one_error_line(tmp_path, capsys):
     assert capsys.readouterr().err.startswith("error: ")
     assert main(["serve", str(tmp_path), "--max-batch", "0"]) == 2
     assert "--max-batch" in capsys.readouterr().err
+
+
+def test_best_of_and_suffix_are_refused_unless_off(client):
+    """OpenAI's legacy ``best_of`` and ``suffix``: their "off" values (1, "", null) are taken, and a request
+    for a best-of choice or a fill-in-the-middle is a 400 that names the field, never a reply that
+    silently is neither."""
+    body = {"prompt": "abab", "max_tokens": 4, "temperature": 0}
+    plain = client.post("/v1/completions", json=body).json()["choices"]
+    for off in ({"best_of": 1}, {"best_of": None}, {"best_of": 1.0}, {"suffix": ""}, {"suffix": None}):
+        r = client.post("/v1/completions", json={**body, **off})
+        assert r.status_code == 200 and r.json()["choices"] == plain, off
+    for on, words in (({"best_of": 3}, "best_of above 1"), ({"suffix": "ba"}, "fill-in-the-middle")):
+        r = client.post("/v1/completions", json={**body, **on})
+        error = r.json()["error"]
+        assert r.status_code == 400 and error["param"] == next(iter(on)) and words in error["message"], r.text
+    spec = client.get("/openapi.json").json()["components"]["schemas"]["CompletionRequest"]["properties"]
+    assert {"type": "integer", "const": 1} in spec["best_of"]["anyOf"]
+    assert {"type": "string", "const": ""} in spec["suffix"]["anyOf"]

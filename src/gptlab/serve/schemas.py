@@ -257,8 +257,33 @@ class SamplingFields(Strict):
         return self.stream_options is not None and self.stream_options.include_usage
 
 
+def _one_draw(value: int) -> int:
+    if value != 1:
+        raise ValueError(
+            "gptlab draws no extra completions to choose the best from (best_of above 1); "
+            "leave it at 1 (or null) and ask for n completions"
+        )
+    return value
+
+
+def _no_suffix(value: str) -> str:
+    if value:
+        raise ValueError(
+            "text after the insertion (fill-in-the-middle) is not supported; leave suffix empty (or null)"
+        )
+    return value
+
+
+#: OpenAI's legacy ``best_of`` at its "off" value, 1 (or null): a larger one is a 400 that says so
+BestOf = Annotated[int, WHOLE, AfterValidator(_one_draw), WithJsonSchema({"type": "integer", "const": 1})]
+#: OpenAI's legacy ``suffix`` at its "off" value, "" (or null): text there is a 400 that says so
+Suffix = Annotated[str, AfterValidator(_no_suffix), WithJsonSchema({"type": "string", "const": ""})]
+
+
 class CompletionRequest(SamplingFields):
-    """``POST /v1/completions``: ``prompt`` is a string, a list of strings, or token ids."""
+    """``POST /v1/completions``: ``prompt`` is a string, a list of strings, or token ids. OpenAI's
+    ``best_of`` and ``suffix`` are taken at their "off" values only (``BestOf``, ``Suffix``), so that a
+    request for a best-of choice or a fill-in-the-middle is told so rather than answered otherwise."""
 
     model_config = ConfigDict(
         json_schema_extra={
@@ -277,6 +302,8 @@ class CompletionRequest(SamplingFields):
     ) = ""
     echo: Annotated[bool, OR_NULL] = False
     logprobs: Annotated[int, Field(ge=0, le=MAX_LOGPROBS), WHOLE] | None = None
+    best_of: BestOf | None = None
+    suffix: Suffix | None = None
 
 
 class ContentPart(Strict):
