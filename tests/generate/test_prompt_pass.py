@@ -234,6 +234,9 @@ def test_gptlab_compile_keeps_the_pass_and_sample_runs_it(tmp_path, large, capsy
     store = tmp_path / "compiled"
     assert main(["compile", str(ckpt), "--compile-cache", str(store), "--dtype", "fp32"]) == 0
     assert "compiled the prompt pass of" in capsys.readouterr().err
+    assert main(["compile", str(ckpt), "--compile-cache", str(store), "--dtype", "fp32"]) == 0
+    again = capsys.readouterr().err  # a second time: nothing compiles, and it says so for both
+    assert "one-row step of" in again and "prompt pass of" in again and again.count("kept already") == 2
     prompt = (text * 20)[:200]
     args = ["sample", str(ckpt), "--prompt", prompt, "--max-new-tokens", "6", "--temperature", "0"]
     args += ["--compile-cache", str(store), "--dtype", "fp32", "--verbose"]

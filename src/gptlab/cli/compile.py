@@ -110,8 +110,12 @@ def run(args: argparse.Namespace) -> int:
             f"compiled the prompt pass of {args.checkpoint} {what} in {time.perf_counter() - started:.0f} s; "
             f"kept in {folder}\n"
         )
-    elif not kept and applies(model):
+    elif kept:
+        sys.stderr.write(f"the prompt pass of {args.checkpoint} is kept already: {folder}\n")
+    elif applies(model):
         return _failed(args, folder, f"the prompt pass was not kept ({how})")
+    else:
+        sys.stderr.write(how + "\n")
     (folder / BUILDING).unlink(missing_ok=True)
     return 0
 

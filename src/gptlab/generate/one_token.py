@@ -242,6 +242,10 @@ class Kind:
     def record(self) -> str:
         return f"{self.name}.json"
 
+    def kept_in(self, folder: Path) -> bool:
+        """Whether ``folder`` holds this kind's package and its record (``StoredStep.load`` verifies them)."""
+        return (folder / self.record).is_file() and (folder / self.package).is_file()
+
 
 def _step_examples(model: Decoder, keys: list[torch.Tensor]) -> tuple[Any, ...]:
     n_kv, d_k, dtype = keys[0].size(1), keys[0].size(3), keys[0].dtype
@@ -368,8 +372,7 @@ class StoredStep:
 
     def kept(self, model: Decoder, cache_dtype: torch.dtype) -> bool:
         """Whether the store holds this kind's package for ``model`` (a record beside it; ``load`` verifies)."""
-        folder = self.place(model, cache_dtype)
-        return (folder / self.kind.record).is_file() and (folder / self.kind.package).is_file()
+        return self.kind.kept_in(self.place(model, cache_dtype))
 
     def load(self, args: tuple[Any, ...]) -> Callable[..., Any] | None:
         """The stored package for these arguments' model and cache, verified; None when there is none

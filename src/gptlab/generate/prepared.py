@@ -27,7 +27,7 @@ from torch import nn
 
 from gptlab.compiling import Compiled
 from gptlab.generate.config import SampleConfig
-from gptlab.generate.one_token import PACKAGE, RECORD, StoredStep, one_token_step
+from gptlab.generate.one_token import STEP, StoredStep, one_token_step
 from gptlab.generate.plan import DecodePlan, Decoder, DecodeSettings, ModelFacts, plan_decoding
 from gptlab.generate.prefix_cache import PrefixCache
 from gptlab.generate.prompt_pass import PROMPT, KeptPrompt, applies
@@ -95,9 +95,7 @@ class PreparedDecoding:
         facts = ModelFacts.of(self.model)
         if self.settings.compile_cache is not None and facts.device == "cpu":
             folder = self.step_folder(cache_dtype)
-            prompt = None
-            if folder is not None and applies(self.model):
-                prompt = (folder / PROMPT.record).is_file() and (folder / PROMPT.package).is_file()
+            prompt = PROMPT.kept_in(folder) if folder is not None and applies(self.model) else None
             facts = dataclasses.replace(facts, kept_step=self.step_kept(cache_dtype), kept_prompt=prompt)
         return facts
 
@@ -118,7 +116,7 @@ class PreparedDecoding:
         """Whether the compile cache holds this model's one-row step (``step_folder``): a record
         beside a package; ``StoredStep.load`` verifies them when the step first runs."""
         folder = self.step_folder(cache_dtype)
-        return folder is not None and (folder / RECORD).is_file() and (folder / PACKAGE).is_file()
+        return folder is not None and STEP.kept_in(folder)
 
     @property
     def one_token(self) -> Compiled:

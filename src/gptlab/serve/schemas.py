@@ -39,10 +39,8 @@ MAX_STOP = 16  # stop strings
 TEMPERATURE_RANGE = (1e-4, 100.0)  # or exactly 0 (greedy): below 1e-4 sampling is greedy in all but name
 PENALTY_RANGE = (0.01, 100.0)  # repetition_penalty (1 = off)
 LENGTH_PENALTY_RANGE = (-10.0, 10.0)  # beam search's α
-SEED_RANGE = (
-    -SAFE_INTEGER,
-    SAFE_INTEGER,
-)  # JSON's exact integers (I-JSON): every client and validator agrees
+# JSON's exact integers (I-JSON): every client and validator agrees
+SEED_RANGE = (-SAFE_INTEGER, SAFE_INTEGER)
 MAX_TOP_K = 2**31 - 1
 MAX_TOOLS = 128  # tools in one chat request, calls in one message (OpenAI's limit)
 
