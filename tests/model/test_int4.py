@@ -56,6 +56,24 @@ def test_a_dequantised_matrix_is_each_weight_rounded_once(n, dtype):
     assert torch.equal(w, parts.dequantize().to(dtype))
 
 
+@pytest.mark.parametrize("block", [64, 32])  # AVX-512's and AVX2's blocked layouts
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_the_compiled_dequantisation_gives_the_same_weights(block, dtype, monkeypatch):
+    """The form a compiled prompt pass dequantises in (``_blocks_dequantized``: contiguous reads that
+    inductor vectorizes) gives eager's ``dequantized`` bit for bit, in either blocked layout; under
+    ``torch.compiler.is_compiling()`` ``dequantized`` takes it."""
+    from gptlab.model.int4 import _blocks_dequantized, _repack, kernel_scales
+
+    n, k = 192, 96  # three blocks of 64 or six of 32
+    parts = random_parts(n, k, seed=block)
+    exact = parts.dequantize().to(dtype)  # (N, K)
+    packed = _repack(pack_nibbles(parts.q), block, True)
+    assert torch.equal(_blocks_dequantized(packed, kernel_scales(parts), n, k, block, dtype).t(), exact)
+    lin = layer(parts)
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    assert torch.equal(lin.dequantized(dtype), exact)
+
+
 @pytest.mark.parametrize("layout", [(64, True), (32, True), (64, False), (32, False)])
 def test_every_packed_layout_unpacks_to_its_rows(layout):
     """The layouts ``kernel_layout`` tells apart (AVX-512 and AVX2 blocks), read as (K, N): byte

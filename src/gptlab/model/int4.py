@@ -166,6 +166,42 @@ def q8_planes(q: torch.Tensor, d: torch.Tensor) -> Int4Parts:
     return Int4Parts(nibbles, torch.cat([16 * d, d], 1), torch.cat([torch.zeros_like(d), 8 * d], 1), planes=2)
 
 
+def _groups_dequantized(
+    packed: torch.Tensor, sz: torch.Tensor, n: int, k: int, layout: tuple[int, bool], dtype: torch.dtype
+) -> torch.Tensor:
+    """``Wᵀ`` (K, N) in ``dtype`` from the kernel's packed bytes (N, K/2) in ``layout`` and its (K/32, N, 2)
+    scales and offsets, eagerly: one scale and offset row serves each group's 32 rows,
+    ``Wᵀ[k] = (qᵀ[k] − 8)·s[k/32] + z[k/32]`` (one ``addcmul``; |q − 8| ≤ 8 and the bf16 scale make each
+    product exact in the float arithmetic it is computed in). A 1536×576 matrix dequantises in 0.36 ms
+    against 0.82 ms as (N, K) in five operations (docs/benchmarks.md)."""
+    s = sz[..., 0].to(dtype).contiguous().view(k // INT4_GROUP, 1, n)  # rows of N, not every other
+    z = sz[..., 1].to(dtype).contiguous().view(k // INT4_GROUP, 1, n)
+    q = _unpack(packed, n, k, *layout).view(torch.int8).sub_(8)  # q − 8 (K, N)
+    return torch.addcmul(z, q.view(k // INT4_GROUP, INT4_GROUP, n), s).view(k, n)
+
+
+def _blocks_dequantized(
+    packed: torch.Tensor, sz: torch.Tensor, n: int, k: int, block: int, dtype: torch.dtype
+) -> torch.Tensor:
+    """``_groups_dequantized``'s ``Wᵀ`` (K, N) as a compiled graph computes it fast: the same numbers
+    (each weight ``(q − 8)·s + z`` computed in float32 and rounded once), written so that inductor's
+    kernel reads every operand contiguously and is vectorized. Its input ``k`` of row ``j`` of a
+    ``blocked`` layout's block ``c`` of ``B`` rows is byte ``(c, k, j mod B/2)``, the low nibble for
+    ``j < B/2``: so the weights are made as (K/32, 32, blocks, 2, B/2), which is (K, N), nibble by nibble, and the
+    scales and offsets, which the kernel keeps in pairs (K/32, N, 2), are first set apart into two
+    rows each (one ``cat``: inductor makes it a buffer of its own). Read through the pairs' stride of
+    2, inductor's kernel was scalar and several times slower than ATen's calls; this one is faster than
+    they are (``python bench/int4_rows.py --dequantise``; docs/benchmarks.md, "A prompt's pass compiled
+    ahead of time"). Eagerly, ``_groups_dequantized``'s calls are the faster."""
+    groups, half = k // INT4_GROUP, block // 2
+    apart = torch.cat([sz[..., 0], sz[..., 1]])  # (2·K/32, N): the scales, then the offsets
+    s = apart[:groups].view(groups, 1, n // block, 2, half).float()
+    z = apart[groups:].view(groups, 1, n // block, 2, half).float()
+    b = packed.view(n // block, groups, INT4_GROUP, half).permute(1, 2, 0, 3).unsqueeze(3)
+    q = torch.cat([b & 15, b >> 4], 3).float() - 8  # (K/32, 32, blocks, 2, B/2): rows j, then j + B/2
+    return (q * s + z).to(dtype).view(k, n)
+
+
 def _planes_dequantized(qt: torch.Tensor, sz: torch.Tensor, k: int, dtype: torch.dtype) -> torch.Tensor:
     """``W = q·d`` transposed, (K, N) in ``dtype``, from two planes' nibbles transposed (2K, N) and their
     (2K/32, N, 2) scales and zeros (``q8_planes``): ``q = 16·(h − 8) + l`` exactly in int16 and ``d`` the
@@ -294,6 +330,7 @@ class Int4Linear(InferenceLinear):
         # the group size as a tensor, as the kernel's tensor form takes it: a compiled step reads it
         # as this module's own buffer (an ahead-of-time package names it, so it loads from the model)
         self.register_buffer("group", torch.tensor(INT4_GROUP), persistent=False)
+        self.layout = kernel_layout()  # found here, not while a compiled graph is traced
 
     def unpacked(self) -> torch.Tensor:
         """q (N, K) uint8, read back from the kernel's layout (``kernel_layout``); (N, 2K) for two planes."""
@@ -301,19 +338,17 @@ class Int4Linear(InferenceLinear):
 
     def dequantized(self, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
         """``W = (q − 8)·s + z`` (N, K) in ``dtype``, each weight rounded once from its exact value:
-        what many rows multiply. Built as Wᵀ (K, N), a transposed view: the kernel's blocks of rows
-        unpack in that order without a copy, and one scale and offset row then serves each group's
-        32 rows, ``Wᵀ[k] = (qᵀ[k] − 8)·s[k/32] + z[k/32]`` (one ``addcmul``; |q − 8| ≤ 8 and the bf16
-        scale make each product exact in the float arithmetic it is computed in). A 1536×576 matrix
-        dequantises in 0.36 ms against 0.82 ms as (N, K) in five operations (docs/benchmarks.md)."""
+        what many rows multiply, as a transposed view of Wᵀ (K, N), the order the kernel's blocks of
+        rows unpack in without a copy: eagerly ``_groups_dequantized``, in a compiled graph
+        ``_blocks_dequantized`` (the same numbers; each is the faster where it runs)."""
         n, k = self.out_features, self.in_features
         sz = self.scales_and_zeros
         if self.planes == 2:
             return _planes_packed_dequantized(self.weight, sz, n, k, dtype).t()
-        s = sz[..., 0].to(dtype).contiguous().view(k // INT4_GROUP, 1, n)  # rows of N, not every other
-        z = sz[..., 1].to(dtype).contiguous().view(k // INT4_GROUP, 1, n)
-        q = _unpack(self.weight, n, k, *kernel_layout()).view(torch.int8).sub_(8)  # q − 8 (K, N)
-        return torch.addcmul(z, q.view(k // INT4_GROUP, INT4_GROUP, n), s).view(k, n).t()
+        block, blocked = self.layout
+        if torch.compiler.is_compiling() and blocked and n % block == 0:
+            return _blocks_dequantized(self.weight, sz, n, k, block, dtype).t()
+        return _groups_dequantized(self.weight, sz, n, k, self.layout, dtype).t()
 
     def parts(self) -> Int4Parts:
         """The matrix as held: q, and the bf16 scales and zeros widened to float32."""
