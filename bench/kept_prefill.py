@@ -1,6 +1,7 @@
 """A prompt's pass kept compiled, against the eager pass, in one process. One JSON line.
 
     python bench/kept_prefill.py MODEL [--tokens 505] [--rounds 3] [--compile-cache DIR]
+    python bench/kept_prefill.py MODEL --compile-cache DIR --also OLD/prompt.pt2   # beside another commit's pass
 
 MODEL is any model source (a GGUF file, ``smollm2``, a checkpoint). The pass is the one ``gptlab
 compile`` keeps beside the one-row step (``gptlab.generate.prompt_pass``): a prompt of T tokens from
@@ -10,6 +11,11 @@ without ``--compile-cache`` into a temporary folder, removed afterwards), then l
 a command loads it (``KeptPrompt``), and timed against the eager pass (``prompt_pass``) on the same ids
 in alternating blocks of ``--calls``; the figures are the medians per round, with the largest logit
 difference and whether the greedy token is the same.
+
+``--also PACKAGE``: a ``prompt.pt2`` kept by another commit (say, the one before a change), loaded
+unverified over the same model's tensors and timed in the same alternating blocks (``also_s``,
+``also_ratio`` against this commit's package), with its largest logit difference from this commit's: a
+"no speed lost" check across commits in one process, on the same machine state.
 """
 
 from __future__ import annotations
@@ -28,7 +34,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 import gptlab  # noqa: E402
-from gptlab.generate.prompt_pass import KeptPrompt, keep_prompt_pass, prompt_pass  # noqa: E402
+from gptlab.generate.one_token import load_reading  # noqa: E402
+from gptlab.generate.prompt_pass import KeptPrompt, _Prompt, keep_prompt_pass, prompt_pass  # noqa: E402
 from gptlab.model.kvcache import default_cache_dtype  # noqa: E402
 
 
@@ -41,6 +48,19 @@ def cache(model: Any, capacity: int, dtype: torch.dtype) -> tuple[list[torch.Ten
     )
 
 
+def other_package(package: Path, model: Any) -> Any:
+    """``package`` (a prompt pass kept by another commit) as ``prompt_pass``'s signature over ``model``'s
+    tensors, unverified (its key names that commit's sources, not this one's)."""
+    loader, constants = load_reading(package, _Prompt(model), {})
+
+    def run(m: Any, idx: torch.Tensor, pos: torch.Tensor, keys: Any, values: Any) -> torch.Tensor:
+        out: torch.Tensor = loader.boxed_run([idx, pos, *keys, *values])[0]
+        return out
+
+    run.constants = constants  # type: ignore[attr-defined]  # kept alive: the loader reads them
+    return run
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("model")
@@ -48,6 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--calls", type=int, default=4)
     parser.add_argument("--compile-cache", type=Path, default=None)
+    parser.add_argument("--also", type=Path, help="another commit's prompt.pt2, timed beside this one's")
     args = parser.parse_args(argv)
     model = gptlab.load(args.model)[0]
     dtype = default_cache_dtype(model.dtype, model.device)
@@ -75,19 +96,33 @@ def main(argv: list[str] | None = None) -> int:
                 times.append(time.perf_counter() - start)
             return statistics.median(times)
 
-        eager, compiled = [], []
+        also = None if args.also is None else other_package(args.also, model)
+        eager, compiled, others = [], [], []
         with torch.inference_mode():
             for _ in range(args.rounds):
                 eager.append(round(timed(prompt_pass), 3))
                 compiled.append(round(timed(kept), 3))
+                if also is not None:
+                    others.append(round(timed(also), 3))
             reference = prompt_pass(model, ids, pos, *cache(model, args.tokens + 1, dtype))
             got = kept(model, ids, pos, *cache(model, args.tokens + 1, dtype))
+            if also is not None:
+                theirs = also(model, ids, pos, *cache(model, args.tokens + 1, dtype))
+                out["also_max_logit_diff"] = round(float((theirs - got).abs().max()), 4)
         if kept.eager_calls:
             raise SystemExit(f"error: the kept pass was not what ran ({kept.eager_calls} eager calls)")
     out.update(
         eager_s=eager,
         kept_s=compiled,
         ratio=round(statistics.median(compiled) / statistics.median(eager), 3),
+        **(
+            {
+                "also_s": others,
+                "also_ratio": round(statistics.median(others) / statistics.median(compiled), 3),
+            }
+            if others
+            else {}
+        ),
         max_logit_diff=round(float((got - reference).abs().max()), 4),
         same_argmax=bool(int(got.argmax()) == int(reference.argmax())),
         threads=torch.get_num_threads(),

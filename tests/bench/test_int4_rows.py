@@ -24,3 +24,17 @@ def test_one_line_with_both_ways_per_row_count(capsys):
     }
     assert result["dequantised_faster_from"] == wins
     assert capsys.readouterr().out.count("\n") == 1
+
+
+@pytest.mark.slow  # two torch.compile calls
+def test_dequantise_times_four_ways_that_agree(capsys):
+    """``--dequantise``: the eager and the compiled-graph dequantisations, each eager and compiled, per
+    shape; the bench stops if any two give different weights."""
+    from bench import int4_rows
+
+    result = int4_rows.main(["--dequantise", "--shapes", "128x64", "--rounds", "1", "--calls", "2"])
+    assert result["dequantise"] and set(result["shapes"]) == {"128x64"}
+    ways = result["shapes"]["128x64"]
+    assert set(ways) == {f"{w}_{how}_ms" for w in ("groups", "blocks") for how in ("eager", "compiled")}
+    assert all(ms > 0 for ms in ways.values())
+    assert capsys.readouterr().out.count("\n") == 1
