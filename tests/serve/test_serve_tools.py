@@ -233,6 +233,35 @@ def test_bad_tool_messages_are_400s(client):
     assert info.value.body["param"] == "messages.1.tool_calls.0.function.arguments"
 
 
+def test_calls_and_results_out_of_turn(client, http):
+    """A tool message without its call's id, and calls on a message not an assistant's, are 400s (the
+    schema says so of each message); a result that answers no call before it, or a call left
+    unanswered, which OpenAI's API also refuses but no schema can state, is served with a warning
+    naming the message."""
+    call = {"id": "call_1", "type": "function", "function": {"name": "add", "arguments": '{"a": 1, "b": 2}'}}
+    calls = {"role": "assistant", "content": None, "tool_calls": [call]}
+    result = {"role": "tool", "tool_call_id": "call_1", "content": "3"}
+    for messages, param in [
+        ([*ASK, calls, {"role": "tool", "content": "3"}], "messages.2.tool_call_id"),
+        ([{**ASK[0], "tool_calls": [call]}], "messages.0.tool_calls"),
+    ]:
+        with pytest.raises(openai.BadRequestError) as info:
+            client.chat.completions.create(model="tiny", messages=messages, tools=TOOLS, max_tokens=4)
+        assert info.value.body["param"] == param, info.value.body
+    for messages, where in [
+        ([*ASK, result], "messages.1: a role 'tool' message must answer a call"),
+        ([*ASK, calls, *ASK], "messages.1.tool_calls: no tool message answers the call 'call_1'"),
+        ([*ASK, calls, {**result, "tool_call_id": "call_2"}], "messages.2.tool_call_id 'call_2'"),
+    ]:
+        body = {"model": "tiny", "messages": messages, "tools": TOOLS, "max_tokens": 4}
+        r = http.post("/v1/chat/completions", json=body)
+        assert r.status_code == 200 and any(w.startswith(where) for w in r.json()["warnings"]), r.json()
+    ok = http.post(
+        "/v1/chat/completions", json={"model": "tiny", "messages": [*ASK, calls, result], "max_tokens": 4}
+    )
+    assert ok.status_code == 200 and "warnings" not in ok.json()
+
+
 def test_the_schema_declares_the_tool_fields(http):
     spec = http.get("/openapi.json").json()["components"]["schemas"]
     chat = spec["ChatCompletionRequest"]["properties"]

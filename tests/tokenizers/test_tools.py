@@ -19,10 +19,12 @@ from gptlab.tokenizers.tools import (
     Tool,
     call_grammar,
     format_calls,
+    message_problem,
     parse_calls,
     render_with_tools,
     takes_tools,
     tool_problem,
+    turn_problem,
 )
 from tests._structured import matches
 
@@ -283,3 +285,68 @@ def test_auto_grammar_is_free_until_a_call_starts():
             matches({"get_weather": WEATHER, "add": ADD}[n].parameters, json.loads(a)) for n, a in calls
         )
     assert called >= 5
+
+
+# ------------------------------------------------------------------ the order of calls and results
+def _call(i: str) -> dict:
+    return {"id": i, "type": "function", "function": {"name": "f", "arguments": "{}"}}
+
+
+USER = {"role": "user", "content": "hi"}
+CALLS = {"role": "assistant", "content": None, "tool_calls": [_call("a"), _call("b")]}
+
+
+def _result(i: str | None) -> dict:
+    return {"role": "tool", "content": "ok", **({"tool_call_id": i} if i is not None else {})}
+
+
+@pytest.mark.parametrize(
+    "messages",
+    [
+        [USER],
+        [USER, CALLS, _result("a"), _result("b")],
+        [USER, CALLS, _result("b"), _result("a"), {"role": "assistant", "content": "done"}, USER],
+        [USER, CALLS, _result("a"), _result("b"), CALLS, _result("b"), _result("a")],  # ids reused later
+    ],
+)
+def test_calls_each_answered_in_turn_are_in_order(messages):
+    assert turn_problem(messages) is None
+
+
+@pytest.mark.parametrize(
+    ("messages", "param", "words"),
+    [
+        ([USER, CALLS, _result(None), _result("b")], "messages.2.tool_call_id", "has no tool_call_id"),
+        ([{**USER, "tool_calls": [_call("a")]}], "messages.0.tool_calls", "only an assistant's"),
+        ([{**USER, "tool_calls": []}], "messages.0.tool_calls", "only an assistant's"),
+    ],
+)
+def test_a_message_wrong_on_its_own_is_named(messages, param, words):
+    """What the server's schema states of each message (a 400): a tool message names its call, and
+    only an assistant's message holds calls."""
+    problem = message_problem(messages)
+    assert problem is not None and problem[0] == param and words in problem[1], problem
+    assert message_problem([USER, CALLS, _result("a"), _result("b")]) is None
+
+
+@pytest.mark.parametrize(
+    ("messages", "param", "words"),
+    [
+        ([USER, _result("a")], "messages.1", "must answer a call"),
+        ([USER, CALLS, _result("a"), _result("c")], "messages.3.tool_call_id", "'c' is not the id of a call"),
+        ([USER, CALLS, _result("a"), _result("a")], "messages.3.tool_call_id", "answered that call already"),
+        ([USER, CALLS, _result("a"), USER], "messages.1.tool_calls", "no tool message answers the call 'b'"),
+        ([USER, CALLS], "messages.1.tool_calls", "the calls 'a', 'b'"),
+        ([USER, CALLS, USER, _result("a")], "messages.1.tool_calls", "calls 'a', 'b'"),
+        (
+            [USER, {**CALLS, "tool_calls": [_call("a"), _call("a")]}, _result("a")],
+            "messages.1.tool_calls.1.id",
+            "also the id of tool_calls.0",
+        ),
+    ],
+)
+def test_calls_and_results_out_of_order_are_named(messages, param, words):
+    """As OpenAI's API refuses them: a result with no call before it, a call left unanswered, an id
+    that is no call's or is answered twice, two calls of one id."""
+    problem = turn_problem(messages)
+    assert problem is not None and problem[0] == param and words in problem[1], problem

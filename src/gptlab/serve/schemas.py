@@ -379,6 +379,18 @@ class ChatMessage(Strict):
     message may hold ``tool_calls`` (its content then may be null), a ``tool`` message answers the call
     ``tool_call_id``."""
 
+    model_config = ConfigDict(
+        json_schema_extra={
+            "allOf": [  # a tool message names its call; only an assistant's holds calls (a 400 otherwise)
+                either(
+                    fields(role={"not": {"const": "tool"}}),
+                    fields(("tool_call_id",), tool_call_id={"type": "string"}),
+                ),
+                either(fields(role={"const": "assistant"}), fields(tool_calls={"type": "null"})),
+            ]
+        }
+    )
+
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[ContentPart] | None = None
     name: str | None = None

@@ -40,7 +40,14 @@ from gptlab.serve.schemas import (
 )
 from gptlab.serve.tasks import cannot_generate, mask_token, task_of
 from gptlab.tokenizers.chat import FALLBACK_STOPS, ChatTemplate, stop_ids, template_for
-from gptlab.tokenizers.tools import Tool, call_grammar, render_with_tools, tool_problem
+from gptlab.tokenizers.tools import (
+    Tool,
+    call_grammar,
+    message_problem,
+    render_with_tools,
+    tool_problem,
+    turn_problem,
+)
 
 if TYPE_CHECKING:
     from gptlab.model import GPT
@@ -364,6 +371,10 @@ class Service:
         max_tokens = self.max_tokens(req, self.default_max_tokens()["chat"])
         plan = self.tool_plan(req)
         warnings: list[str] = []
+        if (order := turn_problem(_dicts(req.messages))) is not None:
+            # OpenAI's API refuses such a chat; a schema cannot say so (it relates one message to the
+            # next), so it is served as the template writes it, with this said
+            warnings.append(f"{order[1]} (OpenAI's API refuses this order)")
         ids = self.chat_ids(req.messages, max_tokens, warnings, plan.tools)
         top_n = (req.top_logprobs or 0) if req.logprobs else None
         gen = self.start(
@@ -408,7 +419,8 @@ class Service:
             )
             for t in req.tools or []
         ]
-        if (problem := tool_problem(tools)) is not None:
+        own = [m.model_dump(include={"role", "tool_calls", "tool_call_id"}) for m in req.messages]
+        if (problem := tool_problem(tools) or message_problem(own)) is not None:
             param, message = problem
             raise APIError(400, message, param=param)
         choice = req.tool_choice if req.tool_choice is not None else ("auto" if tools else "none")

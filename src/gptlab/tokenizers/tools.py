@@ -104,6 +104,74 @@ def tool_problem(tools: Sequence[Tool]) -> tuple[str, str] | None:
     return None
 
 
+def message_problem(messages: Sequence[Mapping[str, Any]]) -> tuple[str, str] | None:
+    """The first message that is wrong on its own as ``(param, message)``, or None: a ``tool`` message
+    names the call it answers (``tool_call_id``); only an assistant message holds ``tool_calls``
+    (what the server's schema states of each message)."""
+    for i, m in enumerate(messages):
+        role = m.get("role")
+        if role == "tool" and m.get("tool_call_id") is None:
+            return f"messages.{i}.tool_call_id", (
+                f"messages.{i} (role 'tool') has no tool_call_id: give the id of the call it answers"
+            )
+        if m.get("tool_calls") is not None and role != "assistant":
+            return (
+                f"messages.{i}.tool_calls",
+                f"messages.{i}: a {role} message holds tool_calls; only an assistant's does",
+            )
+    return None
+
+
+def turn_problem(messages: Sequence[Mapping[str, Any]]) -> tuple[str, str] | None:
+    """The first call or result out of the order OpenAI's API holds a chat to, as ``(param, message)``,
+    or None (each message itself right, ``message_problem``): a call's id is unique in its message; a
+    ``tool`` message follows the assistant message that made the call it answers, or another ``tool``
+    message answering it; every call is answered, once, before the next message of another role (or
+    the end of the chat)."""
+    open_calls: dict[str, int] = {}  # the last calls' ids → their index in tool_calls
+    answered: dict[str, int] = {}  # id → the message that answered it
+    caller = -1  # the assistant message whose calls the tool messages now answer
+    for i, m in enumerate([*messages, {"role": "end"}]):
+        role = m.get("role")
+        if role != "tool" and caller >= 0:
+            missing = [c for c in open_calls if c not in answered]
+            if missing:
+                return f"messages.{caller}.tool_calls", (
+                    f"messages.{caller}.tool_calls: no tool message answers the call"
+                    f"{'s' if len(missing) > 1 else ''} {', '.join(map(repr, missing))}; each call is "
+                    "answered by a role 'tool' message with its tool_call_id, right after the call"
+                )
+            caller, open_calls, answered = -1, {}, {}
+        calls = m.get("tool_calls") or []
+        for j, call in enumerate(calls):
+            if call["id"] in open_calls:
+                return f"messages.{i}.tool_calls.{j}.id", (
+                    f"messages.{i}.tool_calls.{j}.id {call['id']!r} is also the id of tool_calls.{open_calls[call['id']]}"
+                )
+            open_calls[call["id"]] = j
+        if calls:
+            caller = i
+        if role != "tool":
+            continue
+        call_id = m.get("tool_call_id")
+        if caller < 0:
+            return f"messages.{i}", (
+                f"messages.{i}: a role 'tool' message must answer a call of the assistant message before "
+                "it (an assistant message with tool_calls, then one tool message for each call)"
+            )
+        if call_id not in open_calls:
+            return f"messages.{i}.tool_call_id", (
+                f"messages.{i}.tool_call_id {call_id!r} is not the id of a call in messages.{caller}.tool_calls "
+                f"({', '.join(map(repr, open_calls))})"
+            )
+        if call_id in answered:
+            return f"messages.{i}.tool_call_id", (
+                f"messages.{i}.tool_call_id {call_id!r}: messages.{answered[call_id]} answered that call already"
+            )
+        answered[call_id] = i
+    return None
+
+
 # ------------------------------------------------------------------ a Python function as a tool
 #: Python type → JSON Schema, for ``tool_from_function``
 PY_TYPES: dict[Any, dict[str, Any]] = {
