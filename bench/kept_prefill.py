@@ -34,8 +34,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 import gptlab  # noqa: E402
-from gptlab.generate.one_token import load_reading  # noqa: E402
-from gptlab.generate.prompt_pass import KeptPrompt, _Prompt, keep_prompt_pass, prompt_pass  # noqa: E402
+from gptlab.generate.prompt_pass import KeptPrompt, _loaded, keep_prompt_pass, prompt_pass  # noqa: E402
 from gptlab.model.kvcache import default_cache_dtype  # noqa: E402
 
 
@@ -46,19 +45,6 @@ def cache(model: Any, capacity: int, dtype: torch.dtype) -> tuple[list[torch.Ten
         [torch.zeros(shape, dtype=dtype) for _ in range(cfg.n_layer)],
         [torch.zeros(shape, dtype=dtype) for _ in range(cfg.n_layer)],
     )
-
-
-def other_package(package: Path, model: Any) -> Any:
-    """``package`` (a prompt pass kept by another commit) as ``prompt_pass``'s signature over ``model``'s
-    tensors, unverified (its key names that commit's sources, not this one's)."""
-    loader, constants = load_reading(package, _Prompt(model), {})
-
-    def run(m: Any, idx: torch.Tensor, pos: torch.Tensor, keys: Any, values: Any) -> torch.Tensor:
-        out: torch.Tensor = loader.boxed_run([idx, pos, *keys, *values])[0]
-        return out
-
-    run.constants = constants  # type: ignore[attr-defined]  # kept alive: the loader reads them
-    return run
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -96,7 +82,8 @@ def main(argv: list[str] | None = None) -> int:
                 times.append(time.perf_counter() - start)
             return statistics.median(times)
 
-        also = None if args.also is None else other_package(args.also, model)
+        # another commit's package over this model's tensors, unverified (its key names that commit's sources)
+        also = None if args.also is None else _loaded(args.also, model, {})
         eager, compiled, others = [], [], []
         with torch.inference_mode():
             for _ in range(args.rounds):
